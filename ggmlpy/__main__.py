@@ -1,0 +1,3 @@
+from ggmlpy.cli import main
+
+raise SystemExit(main())

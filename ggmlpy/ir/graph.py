@@ -1,0 +1,98 @@
+"""`Graph`: the tensors reachable from the outputs, in topological order, and its signature."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from ggmlpy.ir.symbolic import dim_str
+from ggmlpy.ir.tensor import Flag, Tensor
+
+
+def topological_order(outputs: Iterable[Tensor]) -> list[Tensor]:
+    """Depth-first post-order from the outputs, sources in order (as ggml_build_forward)."""
+    order: list[Tensor] = []
+    seen: set[int] = set()
+    for out in outputs:
+        stack: list[tuple[Tensor, bool]] = [(out, False)]
+        while stack:
+            t, expanded = stack.pop()
+            if t.id in seen:
+                continue
+            if expanded:
+                seen.add(t.id)
+                order.append(t)
+                continue
+            stack.append((t, True))
+            deps = list(t.src) + ([t.view_src] if t.view_src is not None else [])
+            for s in reversed(deps):
+                if s.id not in seen:
+                    stack.append((s, False))
+    return order
+
+
+@dataclass
+class Graph:
+    """A computation: `leafs` (no op) and `nodes` (ops) in an order that respects data flow."""
+
+    outputs: list[Tensor]
+    tensors: list[Tensor] = field(default_factory=list)
+
+    @staticmethod
+    def from_outputs(outputs: Iterable[Tensor]) -> "Graph":
+        outs = list(outputs)
+        for o in outs:
+            o.flags |= Flag.OUTPUT
+        return Graph(outs, topological_order(outs))
+
+    @property
+    def leafs(self) -> list[Tensor]:
+        return [t for t in self.tensors if t.is_leaf]
+
+    @property
+    def nodes(self) -> list[Tensor]:
+        return [t for t in self.tensors if not t.is_leaf]
+
+    def find(self, name: str) -> Tensor:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(f"no tensor named {name!r} in the graph")
+
+    def consumers(self) -> dict[int, list[Tensor]]:
+        users: dict[int, list[Tensor]] = {t.id: [] for t in self.tensors}
+        for t in self.tensors:
+            for s in t.src:
+                users[s.id].append(t)
+        return users
+
+    def describe(self) -> list[tuple[Any, ...]]:
+        """A canonical, id-free description of every tensor: what the signature hashes."""
+        index = {t.id: i for i, t in enumerate(self.tensors)}
+        rows = []
+        for t in self.tensors:
+            bound = t.flags & (Flag.INPUT | Flag.WEIGHT | Flag.CACHE)
+            rows.append((
+                t.op, t.type.name, tuple(dim_str(d) for d in t.ne), tuple(dim_str(d) for d in t.nb),
+                tuple(sorted((k, _canonical(v)) for k, v in t.params.items())),
+                tuple(index[s.id] for s in t.src),
+                index[t.view_src.id] if t.view_src is not None else None, dim_str(t.view_offs),
+                t.flags.value, t.name if bound else "",
+            ))
+        rows.append(("outputs", tuple(index[o.id] for o in self.outputs)))
+        return rows
+
+    def signature(self) -> str:
+        """Stable hash of structure, types, static shapes, params and roles; never of data
+        or of symbol values, so every ubatch size shares one signature."""
+        return hashlib.sha256(repr(self.describe()).encode()).hexdigest()[:24]
+
+
+def _canonical(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return tuple(_canonical(x) for x in v)
+    if isinstance(v, float):
+        return repr(v)
+    if hasattr(v, "terms"):
+        return dim_str(v)
+    return v

@@ -1,0 +1,139 @@
+"""Elementwise ops: binary arithmetic with ggml broadcasting, scale, activations, GLUs."""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from ggmlpy.ir.ops.common import can_repeat, repeat_to, require
+from ggmlpy.ir.ops.registry import Inferred, Kind, OpCase, OpDef, SrcSpec, register
+from ggmlpy.ir.types import GGMLType
+
+F32 = GGMLType.F32
+
+
+def _binary_infer(op: str):
+    def infer(srcs: Sequence[Any], params: dict) -> Inferred:
+        a, b = srcs
+        require(can_repeat(b.ne, a.ne), op, f"cannot broadcast {b.shape_str()} to {a.shape_str()}")
+        return Inferred(F32, a.ne)
+    return infer
+
+
+def _binary_cases() -> list[OpCase]:
+    shapes = [((7, 3, 2, 1), (7, 3, 2, 1)), ((7, 3, 2, 1), (7, 1, 1, 1)),
+              ((16, 4, 3, 2), (16, 2, 3, 1)), ((5, 1, 1, 1), (1, 1, 1, 1)), ((33, 5, 1, 1), (33, 5, 1, 1))]
+    cases = [OpCase((SrcSpec(F32, a), SrcSpec(F32, b)), label=f"{a}x{b}") for a, b in shapes]
+    cases.append(OpCase((SrcSpec(F32, (6, 4, 3, 1), permute=(0, 2, 1, 3)), SrcSpec(F32, (6, 1, 1, 1))),
+                        label="noncontiguous"))
+    return cases
+
+
+def _binary(name: str, fn) -> OpDef:
+    def reference(x: Sequence[np.ndarray], params: dict) -> np.ndarray:
+        return fn(x[0], repeat_to(x[1], x[0].shape)).astype(np.float32)
+
+    def api(b, x, y):
+        return b.make(name, (x, y))
+
+    return OpDef(name, Kind.ELEMENTWISE, _binary_infer(name), reference, api={name: api},
+                 cases=_binary_cases, inplace=True, doc=f"ggml_{name}(a, b) with b broadcast to a")
+
+
+register(_binary("add", np.add))
+register(_binary("sub", np.subtract))
+register(_binary("mul", np.multiply))
+register(_binary("div", np.divide))
+
+
+def _unary(name: str, fn, doc: str) -> OpDef:
+    def infer(srcs: Sequence[Any], params: dict) -> Inferred:
+        return Inferred(F32, srcs[0].ne)
+
+    def reference(x: Sequence[np.ndarray], params: dict) -> np.ndarray:
+        return fn(x[0].astype(np.float32), params).astype(np.float32)
+
+    def api(b, x):
+        return b.make(name, (x,))
+
+    def cases() -> list[OpCase]:
+        return [OpCase((SrcSpec(F32, ne),), label=str(ne)) for ne in
+                [(7, 3, 1, 1), (64, 5, 2, 1), (1, 1, 1, 1)]] + [
+            OpCase((SrcSpec(F32, (6, 4, 3, 1), permute=(0, 2, 1, 3)),), label="noncontiguous")]
+
+    return OpDef(name, Kind.ELEMENTWISE, infer, reference, api={name: api}, cases=cases,
+                 inplace=True, doc=doc)
+
+
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(SQRT_2_OVER_PI * x * (1.0 + 0.044715 * x * x)))
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+register(_unary("silu", lambda x, p: silu(x), "x * sigmoid(x)"))
+register(_unary("gelu", lambda x, p: gelu_tanh(x), "GELU, tanh approximation (ggml_gelu)"))
+register(_unary("gelu_erf", lambda x, p: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))), "exact GELU"))
+register(_unary("tanh", lambda x, p: np.tanh(x), "tanh"))
+register(_unary("relu", lambda x, p: np.maximum(x, 0), "max(x, 0)"))
+register(_unary("sqr", lambda x, p: x * x, "x * x"))
+register(_unary("sqrt", lambda x, p: np.sqrt(x), "square root"))
+
+
+def _scale_infer(srcs: Sequence[Any], params: dict) -> Inferred:
+    return Inferred(F32, srcs[0].ne)
+
+
+def _scale_ref(x: Sequence[np.ndarray], params: dict) -> np.ndarray:
+    return (x[0] * np.float32(params["s"]) + np.float32(params.get("b", 0.0))).astype(np.float32)
+
+
+def _scale_api(b, x, s: float):
+    return b.make("scale", (x,), {"s": float(s), "b": 0.0})
+
+
+def _scale_bias_api(b, x, s: float, bias: float):
+    return b.make("scale", (x,), {"s": float(s), "b": float(bias)})
+
+
+register(OpDef("scale", Kind.ELEMENTWISE, _scale_infer, _scale_ref,
+               api={"scale": _scale_api, "scale_bias": _scale_bias_api},
+               cases=lambda: [OpCase((SrcSpec(F32, (9, 4, 1, 1)),), (("s", 0.125), ("b", 0.0))),
+                              OpCase((SrcSpec(F32, (9, 4, 2, 1)),), (("s", -2.0), ("b", 0.5)))],
+               inplace=True, doc="x * s + b (ggml_scale / ggml_scale_bias)"))
+
+
+def _glu(name: str, act, doc: str) -> OpDef:
+    """ggml's split GLUs: act(a) * b, both halves given as separate tensors."""
+
+    def infer(srcs: Sequence[Any], params: dict) -> Inferred:
+        a, g = srcs
+        require(tuple(a.ne) == tuple(g.ne), name, f"halves differ: {a.shape_str()} vs {g.shape_str()}")
+        return Inferred(F32, a.ne)
+
+    def reference(x: Sequence[np.ndarray], params: dict) -> np.ndarray:
+        return (act(x[0].astype(np.float32)) * x[1]).astype(np.float32)
+
+    def api(b, a, g):
+        return b.make(name, (a, g))
+
+    def cases() -> list[OpCase]:
+        return [OpCase((SrcSpec(F32, ne), SrcSpec(F32, ne)), label=str(ne))
+                for ne in [(7, 3, 1, 1), (96, 5, 1, 1)]]
+
+    return OpDef(name, Kind.ELEMENTWISE, infer, reference, api={name: api}, cases=cases,
+                 inplace=True, doc=doc)
+
+
+register(_glu("swiglu", silu, "silu(a) * b (ggml_swiglu_split)"))
+register(_glu("geglu", gelu_tanh, "gelu(a) * b (ggml_geglu_split)"))

@@ -1,0 +1,99 @@
+"""The op registry: one `OpDef` per op is the single source of truth (DESIGN.md decision 2).
+
+An op module defines its shape/type rule, numpy reference, fusion kind, builder functions
+(the ggml-like API) and test cases in one place and registers them here; backends register
+lowerings by op name elsewhere, and tests walk this registry.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from ggmlpy.ir.symbolic import Dim
+from ggmlpy.ir.types import GGMLType
+
+
+class Kind(enum.Enum):
+    """How an op may be fused (passes) and scheduled."""
+
+    ELEMENTWISE = "elementwise"  # out[i] depends on in[i] (with broadcasting)
+    ROW = "row"                  # independent per row of ne[0] (norms, softmax, rope)
+    MATMUL = "matmul"
+    VIEW = "view"                # no computation: new ne/nb over the source's memory
+    WRITE = "write"              # writes into its first source (cpy, set_rows); result is that memory
+    OPAQUE = "opaque"            # anything else (gathers, concat)
+
+
+@dataclass
+class Inferred:
+    """What an op's rule decides about its result."""
+
+    type: GGMLType
+    ne: tuple[Dim, ...]
+    nb: tuple[Dim, ...] | None = None  # None: contiguous
+    view_src: Any = None               # a Tensor for views and writes
+    view_offs: Dim = 0
+
+
+@dataclass(frozen=True)
+class SrcSpec:
+    """A test input: type, ggml shape and how to fill it."""
+
+    type: GGMLType
+    ne: tuple[int, ...]
+    fill: str = "normal"  # normal | positive | rows:N (row indices < N) | pos (positions) | mask
+    permute: tuple[int, int, int, int] | None = None  # feed as a permuted (non-contiguous) view
+
+
+@dataclass(frozen=True)
+class OpCase:
+    """One registry-generated test case: inputs and op parameters."""
+
+    srcs: tuple[SrcSpec, ...]
+    params: tuple[tuple[str, Any], ...] = ()
+    label: str = ""
+
+    def param_dict(self) -> dict[str, Any]:
+        return dict(self.params)
+
+
+Reference = Callable[[Sequence[np.ndarray], dict[str, Any]], np.ndarray]
+WriteReference = Callable[[np.ndarray, Sequence[np.ndarray], dict[str, Any]], None]
+
+
+@dataclass
+class OpDef:
+    name: str
+    kind: Kind
+    infer: Callable[[Sequence[Any], dict[str, Any]], Inferred]
+    reference: Reference | None = None        # inputs as float32/int arrays, numpy order, 4-D
+    write: WriteReference | None = None       # for WRITE ops: mutate the destination in place
+    api: dict[str, Callable[..., Any]] = field(default_factory=dict)  # builder functions
+    cases: Callable[[], Iterable[OpCase]] | None = None
+    inplace: bool = False                     # result may reuse src[0]'s memory
+    doc: str = ""
+
+
+OPS: dict[str, OpDef] = {}
+API: dict[str, Callable[..., Any]] = {}
+
+
+def register(op: OpDef) -> OpDef:
+    if op.name in OPS:
+        raise ValueError(f"op {op.name} registered twice")
+    OPS[op.name] = op
+    for api_name, fn in op.api.items():
+        if api_name in API:
+            raise ValueError(f"builder function {api_name} registered twice")
+        API[api_name] = fn
+    return op
+
+
+def get_op(name: str) -> OpDef:
+    try:
+        return OPS[name]
+    except KeyError:
+        raise KeyError(f"unknown op {name!r}; known: {', '.join(sorted(OPS))}") from None

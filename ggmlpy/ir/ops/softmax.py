@@ -1,0 +1,71 @@
+"""soft_max_ext: softmax over ne[0] of (a * scale + mask), with ALiBi slopes when max_bias > 0.
+
+The mask [n_kv, >= n_tokens, ...] broadcasts over heads (dims 2, 3); -inf masks a cell.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from ggmlpy.ir.ops.common import require
+from ggmlpy.ir.ops.registry import Inferred, Kind, OpCase, OpDef, SrcSpec, register
+from ggmlpy.ir.types import GGMLType
+
+F32 = GGMLType.F32
+
+
+def _infer(srcs: Sequence[Any], params: dict) -> Inferred:
+    a = srcs[0]
+    if len(srcs) > 1:
+        m = srcs[1]
+        require(m.ne[0] == a.ne[0], "soft_max", f"mask {m.shape_str()} does not match {a.shape_str()}")
+        require(m.type in (F32, GGMLType.F16), "soft_max", "mask must be F32 or F16")
+    return Inferred(F32, a.ne)
+
+
+def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
+    """ggml's per-head ALiBi slope (1 for every head when max_bias is 0)."""
+    if max_bias <= 0:
+        return np.ones(n_head, dtype=np.float32)
+    n_head_log2 = 1 << int(math.floor(math.log2(n_head)))
+    m0 = 2.0 ** (-max_bias / n_head_log2)
+    m1 = 2.0 ** (-(max_bias / 2.0) / n_head_log2)
+    h = np.arange(n_head)
+    return np.where(h < n_head_log2, m0 ** (h + 1), m1 ** (2 * (h - n_head_log2) + 1)).astype(np.float32)
+
+
+def _reference(x: Sequence[np.ndarray], params: dict) -> np.ndarray:
+    a = x[0].astype(np.float32) * np.float32(params["scale"])
+    if len(x) > 1:
+        m = x[1].astype(np.float32)[:, :, : a.shape[2], :]  # mask rows may be padded
+        r2, r3 = a.shape[1] // m.shape[1], a.shape[0] // m.shape[0]
+        m = np.tile(m, (r3, r2, 1, 1)) if (r2 > 1 and m.shape[1] > 1) or (r3 > 1 and m.shape[0] > 1) else m
+        slopes = alibi_slopes(a.shape[1], params.get("max_bias", 0.0)).reshape(1, -1, 1, 1)
+        a = a + slopes * m
+    a = a - np.max(a, axis=-1, keepdims=True)
+    e = np.exp(a)
+    return (e / np.sum(e, axis=-1, keepdims=True)).astype(np.float32)
+
+
+def _api(b, a, mask=None, scale: float = 1.0, max_bias: float = 0.0):
+    srcs = (a,) if mask is None else (a, mask)
+    return b.make("soft_max", srcs, {"scale": float(scale), "max_bias": float(max_bias)})
+
+
+def _cases() -> list[OpCase]:
+    return [
+        OpCase((SrcSpec(F32, (7, 3, 1, 1)),), (("scale", 1.0), ("max_bias", 0.0)), label="plain"),
+        OpCase((SrcSpec(F32, (10, 4, 3, 1)), SrcSpec(F32, (10, 4, 1, 1), fill="mask")),
+               (("scale", 0.125), ("max_bias", 0.0)), label="mask"),
+        OpCase((SrcSpec(F32, (10, 4, 3, 1)), SrcSpec(GGMLType.F16, (10, 6, 1, 1), fill="mask")),
+               (("scale", 0.5), ("max_bias", 0.0)), label="padded f16 mask"),
+        OpCase((SrcSpec(F32, (10, 4, 8, 1)), SrcSpec(F32, (10, 4, 1, 1), fill="mask")),
+               (("scale", 1.0), ("max_bias", 8.0)), label="alibi"),
+    ]
+
+
+register(OpDef("soft_max", Kind.ROW, _infer, _reference, api={"soft_max_ext": _api,
+               "soft_max": lambda b, a: _api(b, a)}, cases=_cases,
+               doc="softmax(a * scale + slope * mask) over ne[0] (ggml_soft_max_ext)"))

@@ -1,0 +1,93 @@
+"""The numpy reference backend: every op through its OpDef reference. The oracle in tests and
+the scheduler's last fallback, never the production path (DESIGN.md decision 9)."""
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import numpy as np
+
+from ggmlpy.ir.graph import Graph
+from ggmlpy.ir.ops import OPS, Kind
+from ggmlpy.ir.symbolic import evaluate, evaluate_params
+from ggmlpy.ir.tensor import Flag, Tensor
+from ggmlpy.ir.types import GGMLType, is_quantized
+from ggmlpy.quants import dequantize, dequantize_rows
+from ggmlpy.sched.store import TensorStore
+
+
+class RefBackend:
+    """Runs graphs with numpy. Weights converted to float32 are cached per backend instance
+    (one per context), so a quantised model is dequantised once, not per token."""
+
+    name = "ref"
+
+    def __init__(self) -> None:
+        self._weights_f32: dict[str, np.ndarray] = {}
+        self.overrides: dict[str, Callable[["RefSplit", Tensor, TensorStore, Mapping[str, int]], np.ndarray]] = {
+            "get_rows": _get_rows,
+        }
+
+    def supports_op(self, node: Tensor) -> bool:
+        op = OPS.get(node.op)
+        return op is not None and (op.kind == Kind.VIEW or op.reference is not None or op.write is not None)
+
+    def compile(self, graph: Graph, nodes: list[Tensor]) -> "RefSplit":
+        return RefSplit(self, nodes)
+
+    def as_float(self, t: Tensor, store: TensorStore, env: Mapping[str, int]) -> np.ndarray:
+        """t's values as a float32 (or integer) array in numpy order."""
+        if t.type in (GGMLType.I32, GGMLType.I64, GGMLType.F32):
+            return store.array(t, env)
+        cacheable = bool(t.flags & Flag.WEIGHT) and t.view_src is None
+        if cacheable and t.name in self._weights_f32:
+            return self._weights_f32[t.name]
+        raw = store.array(t, env)
+        if t.type == GGMLType.F16:
+            values = raw.astype(np.float32)
+        elif t.type == GGMLType.BF16:
+            values = (raw.astype(np.uint32) << 16).view(np.float32)
+        elif is_quantized(t.type):
+            ne = [evaluate(d, env) for d in t.ne]
+            values = dequantize(np.ascontiguousarray(raw), t.type, ne)
+        else:
+            values = raw.astype(np.float32)
+        if cacheable:
+            self._weights_f32[t.name] = values
+        return values
+
+
+class RefSplit:
+    def __init__(self, backend: RefBackend, nodes: list[Tensor]):
+        self.backend = backend
+        self.nodes = nodes
+
+    def run(self, store: TensorStore, env: Mapping[str, int]) -> None:
+        for node in self.nodes:
+            op = OPS[node.op]
+            if op.kind == Kind.VIEW:
+                continue  # views are strided windows: TensorStore.array realises them
+            params = evaluate_params(node.params, env)
+            if op.kind == Kind.WRITE:
+                dst = store.array(node, env)
+                inputs = [self.backend.as_float(s, store, env) for s in node.src[1:]]
+                op.write(dst, [dst, *inputs], params)
+                continue
+            override = self.backend.overrides.get(node.op)
+            if override is not None:
+                result = override(self, node, store, env)
+            else:
+                inputs = [self.backend.as_float(s, store, env) for s in node.src]
+                result = op.reference(inputs, params)
+            store.set_result(node, result, env)
+
+
+def _get_rows(split: RefSplit, node: Tensor, store: TensorStore, env: Mapping[str, int]) -> np.ndarray:
+    """Embedding lookups decode only the rows asked for instead of the whole table."""
+    table, idx = node.src
+    if not is_quantized(table.type) or table.ne[2] != 1 or table.ne[3] != 1 or idx.ne[1] != 1:
+        inputs = [split.backend.as_float(s, store, env) for s in node.src]
+        return OPS["get_rows"].reference(inputs, node.params)
+    rows = store.array(idx, env).reshape(-1)
+    ne = [evaluate(d, env) for d in table.ne]
+    raw = store.array(table, env)
+    return dequantize_rows(np.ascontiguousarray(raw).reshape(-1), table.type, ne[:2], rows)

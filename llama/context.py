@@ -1,0 +1,200 @@
+"""`Context`: KV cache, graphs and logits for one model; `decode` as llama_decode (SPEC 7-14).
+
+decode(batch): validate and fill the batch, split it into ubatches, find a KV slot for every
+ubatch before any runs, then per ubatch: apply the slot, reuse the previous graph when its
+params match (else build it and fetch the compiled graph by signature), set inputs, compute,
+and append the flagged logits in batch order. Return codes are llama.cpp's.
+"""
+from __future__ import annotations
+
+import logging
+from collections import ChainMap
+from typing import Callable
+
+import numpy as np
+
+from ggmlpy.sched.cache import GraphCache
+from ggmlpy.sched.registry import create_backend
+from ggmlpy.sched.scheduler import CompiledGraph
+from ggmlpy.sched.store import TensorStore
+from llama.batch import Batch, BatchAllocator, BatchError, UBatch
+from llama.graph import BuiltGraph, KVLayout, LlmGraph
+from llama.graph_inputs import GraphParams, InputState
+from llama.kshift import build_k_shift
+from llama.kv_cache import KV_TYPES, KVCache
+from llama.model import Model
+
+log = logging.getLogger("llama.context")
+
+DECODE_OK = 0
+DECODE_NO_KV_SLOT = 1
+DECODE_ABORTED = 2
+DECODE_INVALID_BATCH = -1
+DECODE_FATAL = -3
+MAX_SEQ = 256
+
+
+def _pad(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+class Context:
+    def __init__(self, model: Model, n_ctx: int = 512, n_batch: int = 512, n_ubatch: int = 512,
+                 n_seq_max: int = 1, n_threads: int = 2, n_threads_batch: int | None = None,
+                 backend: str | None = None, type_k: str = "f16", type_v: str = "f16",
+                 abort_callback: Callable[[], bool] | None = None):
+        hp = model.hparams
+        if model.w is None:
+            raise ValueError("the model was loaded with vocab_only=True: it has no weights to run")
+        for name, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch),
+                            ("n_threads", n_threads)):
+            if not isinstance(value, (int, np.integer)) or value < 0 or (value == 0 and name != "n_ctx"):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not 1 <= n_seq_max <= MAX_SEQ:
+            raise ValueError(f"n_seq_max must be in [1, {MAX_SEQ}], got {n_seq_max}")
+        if type_k not in KV_TYPES or type_v not in KV_TYPES:
+            raise ValueError(f"KV cache types must be one of {sorted(KV_TYPES)}")
+        self.model = model
+        self.n_ctx = _pad(n_ctx or hp.n_ctx_train, 256)
+        self.n_batch = min(self.n_ctx, n_batch) if hp.causal_attn else n_batch
+        if n_ubatch > n_batch:
+            raise ValueError(f"n_ubatch ({n_ubatch}) must not exceed n_batch ({n_batch})")
+        self.n_ubatch = min(self.n_batch, n_ubatch)
+        self.n_seq_max = n_seq_max
+        self.n_threads = n_threads
+        self.n_threads_batch = n_threads_batch or n_threads
+        self.abort_callback = abort_callback
+        self.memory = KVCache(hp, self.n_ctx, n_seq_max, type_k=KV_TYPES[type_k], type_v=KV_TYPES[type_v])
+        self.kv_layout = KVLayout(self.n_ctx, KV_TYPES[type_k], KV_TYPES[type_v])
+        self.backends = [create_backend(backend)]
+        self.graph_cache = GraphCache()
+        self.n_reused = 0
+        self.n_compute = 0
+        self._prev: BuiltGraph | None = None
+        self._prev_compiled: CompiledGraph | None = None
+        self._weights = model.weight_arrays()
+        self._logits = np.zeros((0, hp.n_vocab), np.float32)
+        self._output_ids = np.zeros(0, np.int64)
+        self._reserve()
+
+    @property
+    def n_vocab(self) -> int:
+        return self.model.hparams.n_vocab
+
+    @property
+    def backend_name(self) -> str:
+        return self.backends[0].name
+
+    # graphs -----------------------------------------------------------------------------------
+    def build_graph(self, params: GraphParams) -> BuiltGraph:
+        g = LlmGraph(self.model, self.kv_layout, params)
+        return g.finish(self.model.arch.build(g))
+
+    def _compile(self, built: BuiltGraph) -> CompiledGraph:
+        sig = built.graph.signature()
+        return self.graph_cache.get_or_compile(sig, lambda: CompiledGraph(built.graph, self.backends))
+
+    def _reserve(self) -> None:
+        """Build and compile the prompt-sized and the one-token graph up front, as llama.cpp
+        reserves its worst-case compute buffers when a context is created."""
+        for n_tokens in (self.n_ubatch, 1):
+            params = GraphParams("single" if n_tokens == 1 else "multi", False, self.n_ctx)
+            self._compile(self.build_graph(params))
+
+    def _graph_for(self, params: GraphParams) -> tuple[BuiltGraph, CompiledGraph]:
+        prev = self._prev
+        if prev is not None and prev.params == params and all(i.can_reuse(params) for i in prev.inputs):
+            self.n_reused += 1
+            return prev, self._prev_compiled  # type: ignore[return-value]
+        built = self.build_graph(params)
+        compiled = self._compile(built)
+        self._prev, self._prev_compiled = built, compiled
+        return built, compiled
+
+    # decode -----------------------------------------------------------------------------------
+    def decode(self, batch: Batch) -> int:
+        """0 ok, 1 no KV slot (nothing written), 2 aborted, -1 invalid batch, < -1 fatal."""
+        try:
+            ab = BatchAllocator.init(batch, self.n_vocab, self.n_seq_max, self.memory)
+        except BatchError as e:
+            log.error("decode: invalid batch: %s", e)
+            return DECODE_INVALID_BATCH
+        if ab.n_tokens > self.n_batch:
+            log.error("decode: %d tokens exceed n_batch %d", ab.n_tokens, self.n_batch)
+            return DECODE_INVALID_BATCH
+        mode = "simple" if self.n_seq_max == 1 else "equal"
+        ubatches = ab.split_all(self.n_ubatch, mode)
+        if ubatches is None:
+            log.error("decode: the batch could not be split into ubatches")
+            return DECODE_INVALID_BATCH
+        slots = self.memory.cells.prepare(ubatches)
+        if slots is None:
+            return DECODE_NO_KV_SLOT
+
+        n_outputs = int(ab.output.sum())
+        self._logits = np.zeros((n_outputs, self.n_vocab), np.float32)
+        self._output_ids = np.full(ab.n_tokens, -1, np.int64)
+        self._output_ids[np.flatnonzero(ab.output)] = np.arange(n_outputs)
+
+        self._apply_k_shift()
+        for ub, slot in zip(ubatches, slots):
+            if self.abort_callback is not None and self.abort_callback():
+                return DECODE_ABORTED
+            state = self.memory.snapshot()
+            try:
+                self.memory.cells.apply_ubatch(slot, ub)
+                logits = self._process_ubatch(ub, slot)
+            except Exception:
+                self.memory.restore(state)  # the failed ubatch leaves no trace in the cache
+                log.exception("decode: computing a ubatch failed")
+                return DECODE_FATAL
+            rows = self._output_ids[ub.idxs[ub.output]]
+            self._logits[rows] = logits
+        return DECODE_OK
+
+    def _process_ubatch(self, ub: UBatch, slot) -> np.ndarray:
+        params = GraphParams.for_ubatch(ub, self.n_ctx)
+        built, compiled = self._graph_for(params)
+        n_kv = self.memory.cells.get_n_kv()
+        state = InputState(self.memory.cells, slot, n_kv)
+        inputs: dict[str, np.ndarray] = {}
+        for inp in built.inputs:
+            inputs.update(inp.set_input(ub, state))
+        env = {"n_tokens": ub.n_tokens, "n_kv": n_kv, "n_outputs": int(ub.output.sum())}
+        store = TensorStore(ChainMap(inputs, self.memory.bindings(), self._weights))
+        compiled.run(store, env)
+        self.n_compute += 1
+        out = store.array(compiled.graph.outputs[0], env)
+        return out.reshape(-1, self.n_vocab)
+
+    def _apply_k_shift(self) -> None:
+        """Re-rotate cached keys after seq_add/seq_div moved positions (llama.cpp's K-shift)."""
+        cells = self.memory.cells
+        if not cells.has_shift:
+            return
+        built = build_k_shift(self.model, self.kv_layout)
+        compiled = self._compile(built)
+        store = TensorStore(ChainMap({"inp_k_shift": cells.k_shift().astype(np.int32)},
+                                     self.memory.bindings(), self._weights))
+        compiled.run(store, {})
+        cells.reset_shift()
+
+    # logits -----------------------------------------------------------------------------------
+    def get_logits(self) -> np.ndarray:
+        """All output rows of the last decode, in batch order: [n_outputs, n_vocab]."""
+        return self._logits
+
+    def get_logits_ith(self, i: int) -> np.ndarray:
+        """Logits of batch position i (which must have been flagged), or of the i-th output
+        from the end when i < 0 (-1: the last)."""
+        n_out = len(self._logits)
+        if i < 0:
+            if -i > n_out:
+                raise IndexError(f"get_logits_ith({i}): only {n_out} outputs in the last batch")
+            return self._logits[n_out + i]
+        if i >= len(self._output_ids):
+            raise IndexError(f"get_logits_ith({i}): the last batch had {len(self._output_ids)} tokens")
+        row = self._output_ids[i]
+        if row < 0:
+            raise IndexError(f"get_logits_ith({i}): batch position {i} was not flagged for logits")
+        return self._logits[row]

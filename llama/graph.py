@@ -1,0 +1,175 @@
+"""Shared graph builders, as llama.cpp's llm_graph_context: inputs, norms, FFN, attention.
+
+Architecture files (llama/models/*.py) compose these the way src/models/*.cpp compose
+build_norm, build_ffn and build_attn, so a reader of llama.cpp finds the same structure.
+Every tensor gets a layer-indexed name (`attn_norm-3`) so dumps read well.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ggmlpy.ir import N_KV, N_OUTPUTS, N_TOKENS, GGMLType, Graph, GraphBuilder, Tensor
+from llama.graph_inputs import (
+    GraphInput, GraphParams, InpAttnKV, InpEmbd, InpOutIds, InpPos, InpTokens,
+)
+from llama.hparams import HParams
+from llama.weights import WeightRef
+
+if TYPE_CHECKING:
+    from llama.model import Model
+
+
+@dataclass
+class KVLayout:
+    """The KV cache as the graph sees it: cell count and element types."""
+
+    kv_size: int
+    type_k: GGMLType = GGMLType.F16
+    type_v: GGMLType = GGMLType.F16
+
+
+@dataclass
+class BuiltGraph:
+    graph: Graph
+    logits: Tensor
+    inputs: list[GraphInput]
+    params: GraphParams
+
+
+@dataclass
+class LlmGraph:
+    model: "Model"
+    kv: KVLayout
+    params: GraphParams
+    b: GraphBuilder = field(default_factory=GraphBuilder)
+    inputs: list[GraphInput] = field(default_factory=list)
+    _leaves: dict[str, Tensor] = field(default_factory=dict)
+
+    @property
+    def hp(self) -> HParams:
+        return self.model.hparams
+
+    # weights ---------------------------------------------------------------------------------
+    def w(self, ref: WeightRef | None) -> Tensor | None:
+        """The graph leaf for a model weight (None stays None: optional tensors)."""
+        if ref is None:
+            return None
+        t = self._leaves.get(ref.name)
+        if t is None:
+            t = self.b.weight(ref.name, ref.type, ref.ne)
+            self._leaves[ref.name] = t
+        return t
+
+    def cb(self, t: Tensor, name: str, il: int = -1) -> Tensor:
+        return self.b.name(t, name, il)
+
+    # inputs ----------------------------------------------------------------------------------
+    def build_inp_embd(self, tok_embd: WeightRef) -> Tensor:
+        if self.params.use_embd:
+            self.inputs.append(InpEmbd())
+            return self.b.input("inp_embd", GGMLType.F32, (self.hp.n_embd, N_TOKENS))
+        self.inputs.append(InpTokens())
+        tokens = self.b.input("inp_tokens", GGMLType.I32, (N_TOKENS,))
+        return self.cb(self.b.get_rows(self.w(tok_embd), tokens), "inp_embd")
+
+    def build_inp_pos(self) -> Tensor:
+        self.inputs.append(InpPos())
+        return self.b.input("inp_pos", GGMLType.I32, (N_TOKENS,))
+
+    def build_inp_out_ids(self) -> Tensor:
+        self.inputs.append(InpOutIds())
+        return self.b.input("inp_out_ids", GGMLType.I32, (N_OUTPUTS,))
+
+    def build_attn_inp_kv(self) -> "AttnInput":
+        hp = self.hp
+        inp = InpAttnKV(n_swa=hp.n_swa if hp.swa_layers else 0, swa_type=hp.extra.get("swa_type", 1),
+                        causal=hp.causal_attn)
+        self.inputs.append(inp)
+        k_idxs = self.b.input("inp_k_idxs", GGMLType.I64, (N_TOKENS,))
+        mask = self.b.input("inp_kq_mask", GGMLType.F32, (N_KV, N_TOKENS))
+        mask_swa = self.b.input("inp_kq_mask_swa", GGMLType.F32, (N_KV, N_TOKENS)) if inp.n_swa else None
+        return AttnInput(k_idxs, mask, mask_swa)
+
+    # blocks ----------------------------------------------------------------------------------
+    def build_norm(self, cur: Tensor, w: WeightRef | None, bias: WeightRef | None, kind: str,
+                   il: int = -1) -> Tensor:
+        hp = self.hp
+        if kind == "rms":
+            cur = self.b.rms_norm(cur, hp.f_norm_rms_eps)
+        elif kind == "norm":
+            cur = self.b.norm(cur, hp.f_norm_eps)
+        else:
+            raise ValueError(f"unknown norm kind {kind!r}")
+        if w is not None:
+            cur = self.b.mul(cur, self.w(w))
+        if bias is not None:
+            cur = self.b.add(cur, self.w(bias))
+        return cur
+
+    def build_lora_mm(self, w: WeightRef, cur: Tensor, bias: WeightRef | None = None) -> Tensor:
+        out = self.b.mul_mat(self.w(w), cur)
+        return self.b.add(out, self.w(bias)) if bias is not None else out
+
+    def build_ffn(self, cur: Tensor, up: WeightRef, up_b: WeightRef | None, gate: WeightRef | None,
+                  gate_b: WeightRef | None, down: WeightRef, down_b: WeightRef | None,
+                  act: str, il: int) -> Tensor:
+        """down(act(gate(x)) * up(x)) with a gate (parallel GLU), down(act(up(x))) without."""
+        b = self.b
+        tmp = self.cb(self.build_lora_mm(up, cur, up_b), "ffn_up", il)
+        if gate is not None:
+            g = self.cb(self.build_lora_mm(gate, cur, gate_b), "ffn_gate", il)
+            glu = {"silu": b.swiglu, "gelu": b.geglu}[act]
+            cur = self.cb(glu(g, tmp), f"ffn_{act}glu", il)
+        else:
+            cur = {"silu": b.silu, "gelu": b.gelu, "relu": b.relu}[act](tmp)
+        return self.cb(self.build_lora_mm(down, cur, down_b), "ffn_out", il)
+
+    def build_attn(self, inp: "AttnInput", wo: WeightRef, wo_b: WeightRef | None, q_cur: Tensor,
+                   k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int,
+                   softcap: float = 0.0) -> Tensor:
+        """Store K and V for this ubatch in the cache, attend over the n_kv cells read back.
+
+        q_cur [head_dim, n_head, n_tokens]; k_cur, v_cur [head_dim, n_head_kv, n_tokens].
+        The cached views depend on the set_rows results, so the store always precedes the read.
+        """
+        b, hp, kv = self.b, self.hp, self.kv
+        hk, hv, n_head_kv = hp.n_embd_head_k, hp.n_embd_head_v, hp.n_head_kv[il]
+        cache_k = b.cache(f"cache_k_l{il}", kv.type_k, (hp.n_embd_k_gqa(il), kv.kv_size))
+        cache_v = b.cache(f"cache_v_l{il}", kv.type_v, (hp.n_embd_v_gqa(il), kv.kv_size))
+        k_rows = b.reshape(k_cur, hp.n_embd_k_gqa(il), N_TOKENS)
+        v_rows = b.reshape(v_cur, hp.n_embd_v_gqa(il), N_TOKENS)
+        k_all = self.cb(b.set_rows(cache_k, k_rows, inp.k_idxs), "k_stored", il)
+        v_all = self.cb(b.set_rows(cache_v, v_rows, inp.k_idxs), "v_stored", il)
+        esz_k, esz_v = cache_k.nb[0], cache_v.nb[0]
+        k = b.view(k_all, (hk, n_head_kv, N_KV), (esz_k * hk, cache_k.nb[1]))
+        v = b.view(v_all, (hv, n_head_kv, N_KV), (esz_v * hv, cache_v.nb[1]))
+        q = b.permute(q_cur, 0, 2, 1, 3)                           # [hk, n_tokens, n_head]
+        k = b.permute(k, 0, 2, 1, 3)                               # [hk, n_kv, n_head_kv]
+        kq = self.cb(b.mul_mat(k, q), "kq", il)                    # [n_kv, n_tokens, n_head]
+        if softcap:
+            kq = b.scale(b.tanh(b.scale(kq, kq_scale / softcap)), softcap)
+            kq_scale = 1.0
+        mask = inp.mask_swa if (inp.mask_swa is not None and hp.is_swa(il)) else inp.mask
+        kq = self.cb(b.soft_max_ext(kq, mask, kq_scale, 0.0), "kq_soft_max", il)
+        v = b.permute(v, 1, 2, 0, 3)                               # [n_kv, hv, n_head_kv]
+        kqv = b.mul_mat(v, kq)                                     # [hv, n_tokens, n_head]
+        cur = b.permute(kqv, 0, 2, 1, 3)                           # [hv, n_head, n_tokens]
+        cur = self.cb(b.cont(cur, hv * hp.n_head[il], N_TOKENS), "kqv_out", il)
+        return self.cb(self.build_lora_mm(wo, cur, wo_b), "attn_out", il)
+
+    def finish(self, logits: Tensor) -> BuiltGraph:
+        self.cb(logits, "result_output")
+        return BuiltGraph(self.b.build([logits]), logits, self.inputs, self.params)
+
+    @staticmethod
+    def default_kq_scale(hp: HParams) -> float:
+        return 1.0 / math.sqrt(hp.n_embd_head_k)
+
+
+@dataclass
+class AttnInput:
+    k_idxs: Tensor
+    mask: Tensor
+    mask_swa: Tensor | None = None

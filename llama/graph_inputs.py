@@ -1,0 +1,110 @@
+"""Graph inputs, as llama.cpp's llm_graph_input_*: each owns some input leaves, fills them for
+a ubatch (`set_input`) and says whether a graph built earlier can serve new params
+(`can_reuse`). Together they decide graph reuse (SPEC step 13)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from llama.batch import UBatch
+    from llama.kv_cells import KVCells, SlotInfo
+
+
+@dataclass(frozen=True)
+class GraphParams:
+    """Everything about a ubatch that shapes the graph's topology (not its sizes)."""
+
+    tokens_class: str  # "single" (decode: one token) or "multi" (prompt); see README
+    use_embd: bool     # embeddings instead of token ids
+    kv_size: int
+
+    @staticmethod
+    def for_ubatch(ub: "UBatch", kv_size: int) -> "GraphParams":
+        return GraphParams("single" if ub.n_tokens == 1 else "multi", ub.embd is not None, kv_size)
+
+
+@dataclass
+class InputState:
+    """What set_input needs besides the ubatch: the cache cells and this ubatch's slot."""
+
+    cells: "KVCells"
+    slot: "SlotInfo"
+    n_kv: int
+
+
+class GraphInput:
+    names: tuple[str, ...] = ()
+
+    def set_input(self, ub: "UBatch", state: InputState) -> dict[str, np.ndarray]:
+        raise NotImplementedError  # every input class defines it
+
+    def can_reuse(self, params: GraphParams) -> bool:
+        return True
+
+
+class InpTokens(GraphInput):
+    names = ("inp_tokens",)
+
+    def set_input(self, ub, state):
+        return {"inp_tokens": np.ascontiguousarray(ub.tokens, dtype=np.int32)}
+
+    def can_reuse(self, params):
+        return not params.use_embd
+
+
+class InpEmbd(GraphInput):
+    names = ("inp_embd",)
+
+    def set_input(self, ub, state):
+        return {"inp_embd": np.ascontiguousarray(ub.embd, dtype=np.float32)}
+
+    def can_reuse(self, params):
+        return params.use_embd
+
+
+class InpPos(GraphInput):
+    names = ("inp_pos",)
+
+    def set_input(self, ub, state):
+        return {"inp_pos": np.ascontiguousarray(ub.pos, dtype=np.int32)}
+
+
+class InpOutIds(GraphInput):
+    """Rows of the ubatch whose logits are wanted; the last layer keeps only those."""
+
+    names = ("inp_out_ids",)
+
+    def set_input(self, ub, state):
+        return {"inp_out_ids": np.flatnonzero(ub.output).astype(np.int32)}
+
+
+@dataclass
+class InpAttnKV(GraphInput):
+    """KV write indices and the attention mask (and the sliding-window mask when used)."""
+
+    n_swa: int = 0
+    swa_type: int = 0
+    causal: bool = True
+
+    @property
+    def names(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("inp_k_idxs", "inp_kq_mask") + (("inp_kq_mask_swa",) if self.n_swa else ())
+
+    def set_input(self, ub, state):
+        from llama.kv_cells import SWAType
+
+        cells = state.cells
+        out = {
+            "inp_k_idxs": cells.k_idxs(state.slot).astype(np.int64),
+            "inp_kq_mask": cells.kq_mask(ub, state.n_kv, causal=self.causal, swa_type=SWAType.NONE),
+        }
+        if self.n_swa:
+            out["inp_kq_mask_swa"] = cells.kq_mask(ub, state.n_kv, causal=self.causal,
+                                                   swa_type=SWAType(self.swa_type), n_swa=self.n_swa)
+        return out
+
+    def can_reuse(self, params):
+        return True

@@ -1,0 +1,136 @@
+"""Model hyperparameters read from GGUF metadata, as llama_model::load_hparams does.
+
+Common keys first (`{arch}.context_length`, `embedding_length`, ...; head counts may be
+per-layer arrays), then the architecture's own keys (its `load_hparams`), rope type last.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+
+class HParamsError(ValueError):
+    """A required hyperparameter is missing or has an impossible value."""
+
+
+@dataclass
+class HParams:
+    arch: str
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_ff: list[int]
+    n_head: list[int]
+    n_head_kv: list[int]
+    n_embd_head_k: int
+    n_embd_head_v: int
+    n_rot: int
+    n_vocab: int
+    rope_freq_base: float = 10000.0
+    rope_freq_scale: float = 1.0
+    rope_scaling_type: str = "none"
+    n_ctx_orig_yarn: int = 0
+    rope_type: int = 0  # 0 = normal (adjacent pairs), 2 = NeoX (halves)
+    f_norm_eps: float = 0.0
+    f_norm_rms_eps: float = 0.0
+    causal_attn: bool = True
+    n_swa: int = 0
+    swa_layers: list[bool] = field(default_factory=list)
+    rope_freq_base_swa: float = 10000.0
+    rope_freq_scale_swa: float = 1.0
+    f_attn_logit_softcapping: float = 0.0
+    f_final_logit_softcapping: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def n_embd_k_gqa(self, il: int) -> int:
+        return self.n_embd_head_k * self.n_head_kv[il]
+
+    def n_embd_v_gqa(self, il: int) -> int:
+        return self.n_embd_head_v * self.n_head_kv[il]
+
+    def is_swa(self, il: int) -> bool:
+        return bool(self.swa_layers) and self.swa_layers[il]
+
+
+class MetadataReader:
+    """Typed access to `{arch}.*` keys with errors that name the key."""
+
+    def __init__(self, metadata: Mapping[str, Any], arch: str):
+        self.md = metadata
+        self.arch = arch
+
+    def key(self, suffix: str) -> str:
+        return f"{self.arch}.{suffix}"
+
+    def has(self, suffix: str) -> bool:
+        return self.key(suffix) in self.md
+
+    def get(self, suffix: str, default: Any = None, *, required: bool = False) -> Any:
+        k = self.key(suffix)
+        if k not in self.md:
+            if required:
+                raise HParamsError(f"required key {k} is missing from the model file")
+            return default
+        return self.md[k]
+
+    def int(self, suffix: str, default: int | None = None, *, required: bool = False) -> int:
+        v = self.get(suffix, default, required=required)
+        if v is None:
+            return None  # type: ignore[return-value]
+        if isinstance(v, np.ndarray) or isinstance(v, (list, tuple)):
+            raise HParamsError(f"{self.key(suffix)} is an array, a single integer was expected")
+        return int(v)
+
+    def per_layer(self, suffix: str, n_layer: int, default: int | None = None, *,
+                  required: bool = False) -> list[int]:
+        """A scalar for every layer, or an array with one value per layer."""
+        v = self.get(suffix, default, required=required)
+        if isinstance(v, (np.ndarray, list, tuple)):
+            if len(v) != n_layer:
+                raise HParamsError(f"{self.key(suffix)} has {len(v)} entries for {n_layer} layers")
+            return [int(x) for x in v]
+        return [int(v)] * n_layer
+
+
+def load_common(md: Mapping[str, Any], arch: str) -> HParams:
+    r = MetadataReader(md, arch)
+    n_layer = r.int("block_count", required=True)
+    n_embd = r.int("embedding_length", required=True)
+    if n_layer <= 0 or n_embd <= 0:
+        raise HParamsError(f"{arch}: block_count {n_layer} and embedding_length {n_embd} must be positive")
+    n_head = r.per_layer("attention.head_count", n_layer, required=True)
+    n_head_kv = r.per_layer("attention.head_count_kv", n_layer, default=None) if r.has(
+        "attention.head_count_kv") else list(n_head)
+    if n_head[0] <= 0 or any(h <= 0 for h in n_head_kv) or any(h % kv for h, kv in zip(n_head, n_head_kv)):
+        raise HParamsError(f"{arch}: head counts {n_head[0]} / {n_head_kv[0]} are not a valid grouping")
+    head_k = r.int("attention.key_length", n_embd // n_head[0])
+    head_v = r.int("attention.value_length", n_embd // n_head[0])
+    n_vocab = r.int("vocab_size", 0)
+    if not n_vocab and "tokenizer.ggml.tokens" in md:
+        n_vocab = len(md["tokenizer.ggml.tokens"])
+    hp = HParams(
+        arch=arch,
+        n_ctx_train=r.int("context_length", required=True),
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_ff=r.per_layer("feed_forward_length", n_layer, 0),
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_embd_head_k=head_k,
+        n_embd_head_v=head_v,
+        n_rot=r.int("rope.dimension_count", head_k),
+        n_vocab=n_vocab,
+        rope_freq_base=float(r.get("rope.freq_base", 10000.0)),
+        f_norm_eps=float(r.get("attention.layer_norm_epsilon", 0.0)),
+        f_norm_rms_eps=float(r.get("attention.layer_norm_rms_epsilon", 0.0)),
+        causal_attn=bool(r.get("attention.causal", True)),
+    )
+    scaling = r.get("rope.scaling.type", "none")
+    hp.rope_scaling_type = str(scaling)
+    factor = float(r.get("rope.scaling.factor", 0.0))
+    if factor and scaling != "none":
+        hp.rope_freq_scale = 1.0 / factor
+    hp.n_ctx_orig_yarn = r.int("rope.scaling.original_context_length", hp.n_ctx_train)
+    return hp

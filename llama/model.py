@@ -1,0 +1,123 @@
+"""`Model.load`: GGUF -> architecture -> hparams -> vocab -> checked weights (SPEC steps 2-6).
+
+Weights stay in the file's memory map (zero copy); a half-built model is never handed out:
+any failure, or a progress callback returning False, closes the file and raises.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable
+
+import numpy as np
+
+from ggmlpy.gguf import GGUFFile
+from ggmlpy.hub import resolve_model
+from llama.arch import Architecture, get_arch
+from llama.hparams import HParams, MetadataReader, load_common
+from llama.vocab import Vocab
+from llama.weights import TensorTable, WeightRef
+
+ProgressCallback = Callable[[float], "bool | None"]
+
+
+class LoadCancelled(RuntimeError):
+    """The progress callback returned False (llama.cpp's status -2)."""
+
+
+class Model:
+    """A loaded model: hparams, vocab and weights (views into the GGUF memory map)."""
+
+    def __init__(self, path: Path, gguf: GGUFFile, arch: Architecture, hparams: HParams, vocab: Vocab,
+                 w: SimpleNamespace | None, layers: list[SimpleNamespace], n_gpu_layers: int,
+                 load_ms: float):
+        self.path = path
+        self.gguf = gguf
+        self.arch = arch
+        self.hparams = hparams
+        self.vocab = vocab
+        self.w = w
+        self.layers = layers
+        self.n_gpu_layers = n_gpu_layers
+        self.load_ms = load_ms
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, n_gpu_layers: int = 0, vocab_only: bool = False,
+             progress: ProgressCallback | None = None, *, download: bool = True) -> "Model":
+        """Load a GGUF file (or a known model name such as `smollm2-135m`)."""
+        t0 = time.perf_counter()
+        resolved = resolve_model(path, download=download)
+        gguf = GGUFFile(resolved)
+        try:
+            arch_name = gguf.metadata.get("general.architecture")
+            if not isinstance(arch_name, str):
+                raise ValueError(f"{resolved}: general.architecture is missing")
+            arch = get_arch(arch_name)
+            hp = load_common(gguf.metadata, arch_name)
+            arch.load_hparams(MetadataReader(gguf.metadata, arch_name), hp)
+            vocab = Vocab.from_metadata(gguf.metadata)
+            if not hp.n_vocab:
+                hp.n_vocab = vocab.n_vocab
+            w, layers = None, []
+            if not vocab_only:
+                table = TensorTable()
+                arch.tensors(hp, table)
+                w, layers = table.resolve(gguf.tensors)
+                _report_progress(progress, len(gguf.tensors))
+        except BaseException:
+            gguf.close()
+            raise
+        return cls(Path(resolved), gguf, arch, hp, vocab, w, layers, n_gpu_layers,
+                   (time.perf_counter() - t0) * 1000)
+
+    # weights ----------------------------------------------------------------------------------
+    def weight_arrays(self) -> dict[str, np.ndarray]:
+        """Every weight's bytes by name, zero-copy from the memory map."""
+        return {name: info.data for name, info in self.gguf.tensors.items()}
+
+    def weight_refs(self) -> list[WeightRef]:
+        refs = [r for r in vars(self.w).values() if r is not None] if self.w else []
+        for layer in self.layers:
+            refs += [r for r in vars(layer).values() if r is not None]
+        return refs
+
+    @property
+    def n_params(self) -> int:
+        return sum(int(np.prod(info.ne)) for info in self.gguf.tensors.values())
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(info.nbytes for info in self.gguf.tensors.values())
+
+    # vocab shortcuts (the public API of SPEC steps 9 and 16) ----------------------------------
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def token_to_piece(self, token: int, special: bool = False) -> bytes:
+        return self.vocab.token_to_piece(token, special=special)
+
+    def detokenize(self, ids, remove_special: bool = False, unparse_special: bool = False) -> str:
+        return self.vocab.detokenize(ids, remove_special=remove_special, unparse_special=unparse_special)
+
+    @property
+    def n_vocab(self) -> int:
+        return self.vocab.n_vocab
+
+    def close(self) -> None:
+        self.gguf.close()
+
+    def __repr__(self) -> str:
+        hp = self.hparams
+        return (f"Model({self.path.name}: {hp.arch}, {hp.n_layer} layers, n_embd {hp.n_embd}, "
+                f"n_vocab {self.n_vocab})")
+
+
+def _report_progress(progress: ProgressCallback | None, n: int) -> None:
+    """Tensors are mapped, not read, so progress moves per tensor checked (0.0 .. 1.0)."""
+    if progress is None:
+        return
+    for i in range(n + 1):
+        if progress(i / max(n, 1)) is False:
+            raise LoadCancelled("model loading cancelled by the progress callback")

@@ -1,0 +1,1 @@
+"""CUDA C templates (jinja2), installed as the package `ggmlpy.templates`."""
