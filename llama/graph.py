@@ -161,7 +161,9 @@ class LlmGraph:
 
     def finish(self, logits: Tensor) -> BuiltGraph:
         self.cb(logits, "result_output")
-        return BuiltGraph(self.b.build([logits]), logits, self.inputs, self.params)
+        graph = self.b.build([logits])
+        graph.hints["tokens"] = self.params.tokens_class
+        return BuiltGraph(graph, logits, self.inputs, self.params)
 
     @staticmethod
     def default_kq_scale(hp: HParams) -> float:

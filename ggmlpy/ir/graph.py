@@ -37,6 +37,9 @@ class Graph:
 
     outputs: list[Tensor]
     tensors: list[Tensor] = field(default_factory=list)
+    # what the builder knows beyond the tensors and wants backends to specialise on, e.g.
+    # {"tokens": "single"} for one-token decode graphs; part of the signature
+    hints: dict[str, Any] = field(default_factory=dict)
 
     @staticmethod
     def from_outputs(outputs: Iterable[Tensor]) -> "Graph":
@@ -80,6 +83,7 @@ class Graph:
                 t.flags.value, t.name if bound else "",
             ))
         rows.append(("outputs", tuple(index[o.id] for o in self.outputs)))
+        rows.append(("hints", tuple(sorted(self.hints.items()))))
         return rows
 
     def signature(self) -> str:

@@ -70,7 +70,12 @@ class RefSplit:
             if op.kind == Kind.WRITE:
                 dst = store.array(node, env)
                 inputs = [self.backend.as_float(s, store, env) for s in node.src[1:]]
-                op.write(dst, [dst, *inputs], params)
+                if node.type == GGMLType.BF16:  # numpy holds bfloat16 as raw uint16 bits
+                    values = self.backend.as_float(node, store, env)
+                    op.write(values, [values, *inputs], params)
+                    dst[...] = _to_bf16_bits(values)
+                else:
+                    op.write(dst, [dst, *inputs], params)
                 continue
             override = self.backend.overrides.get(node.op)
             if override is not None:
@@ -79,6 +84,12 @@ class RefSplit:
                 inputs = [self.backend.as_float(s, store, env) for s in node.src]
                 result = op.reference(inputs, params)
             store.set_result(node, result, env)
+
+
+def _to_bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits, rounding to nearest even as ggml_fp32_to_bf16 does."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
 
 
 def _get_rows(split: RefSplit, node: Tensor, store: TensorStore, env: Mapping[str, int]) -> np.ndarray:

@@ -47,7 +47,7 @@ register(_binary("mul", np.multiply))
 register(_binary("div", np.divide))
 
 
-def _unary(name: str, fn, doc: str) -> OpDef:
+def _unary(name: str, fn, doc: str, fill: str = "normal") -> OpDef:
     def infer(srcs: Sequence[Any], params: dict) -> Inferred:
         return Inferred(F32, srcs[0].ne)
 
@@ -58,9 +58,9 @@ def _unary(name: str, fn, doc: str) -> OpDef:
         return b.make(name, (x,))
 
     def cases() -> list[OpCase]:
-        return [OpCase((SrcSpec(F32, ne),), label=str(ne)) for ne in
+        return [OpCase((SrcSpec(F32, ne, fill),), label=str(ne)) for ne in
                 [(7, 3, 1, 1), (64, 5, 2, 1), (1, 1, 1, 1)]] + [
-            OpCase((SrcSpec(F32, (6, 4, 3, 1), permute=(0, 2, 1, 3)),), label="noncontiguous")]
+            OpCase((SrcSpec(F32, (6, 4, 3, 1), fill, permute=(0, 2, 1, 3)),), label="noncontiguous")]
 
     return OpDef(name, Kind.ELEMENTWISE, infer, reference, api={name: api}, cases=cases,
                  inplace=True, doc=doc)
@@ -87,7 +87,7 @@ register(_unary("gelu_erf", lambda x, p: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0
 register(_unary("tanh", lambda x, p: np.tanh(x), "tanh"))
 register(_unary("relu", lambda x, p: np.maximum(x, 0), "max(x, 0)"))
 register(_unary("sqr", lambda x, p: x * x, "x * x"))
-register(_unary("sqrt", lambda x, p: np.sqrt(x), "square root"))
+register(_unary("sqrt", lambda x, p: np.sqrt(x), "square root", fill="positive"))
 
 
 def _scale_infer(srcs: Sequence[Any], params: dict) -> Inferred:

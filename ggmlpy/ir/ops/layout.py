@@ -120,7 +120,7 @@ register(OpDef("cont", Kind.ELEMENTWISE, _cont_infer, _cont_ref, api={"cont": _c
 
 # cpy ----------------------------------------------------------------------------------------
 def _cpy_infer(srcs: Sequence[Any], params: dict) -> Inferred:
-    a, dst = srcs
+    dst, a = srcs  # WRITE ops take their destination first
     require(_nelements(a.ne) == dst.nelements(), "cpy", f"{a.shape_str()} into {dst.shape_str()}: "
             "element counts differ")
     require(dst.type in (F32, GGMLType.F16, GGMLType.BF16), "cpy",
@@ -130,16 +130,17 @@ def _cpy_infer(srcs: Sequence[Any], params: dict) -> Inferred:
 
 
 def _cpy_write(dst: np.ndarray, x: Sequence[np.ndarray], params: dict) -> None:
-    dst[...] = np.ascontiguousarray(x[0]).reshape(dst.shape)
+    dst[...] = np.ascontiguousarray(x[1]).reshape(dst.shape)
 
 
 def _cpy_api(b, a, dst):
-    return b.make("cpy", (a, dst))
+    """ggml_cpy(a, dst): copy a into dst (the op's sources are stored as (dst, a))."""
+    return b.make("cpy", (dst, a))
 
 
 register(OpDef("cpy", Kind.WRITE, _cpy_infer, write=_cpy_write, api={"cpy": _cpy_api},
-               cases=lambda: [OpCase((SrcSpec(F32, (8, 3, 1, 1)), SrcSpec(GGMLType.F16, (8, 3, 1, 1)))),
-                              OpCase((SrcSpec(F32, (8, 3, 1, 1)), SrcSpec(F32, (24, 1, 1, 1))))],
+               cases=lambda: [OpCase((SrcSpec(GGMLType.F16, (8, 3, 1, 1), fill="zeros"), SrcSpec(F32, (8, 3, 1, 1)))),
+                              OpCase((SrcSpec(F32, (24, 1, 1, 1), fill="zeros"), SrcSpec(F32, (8, 3, 1, 1))))],
                doc="copy a into dst's memory, converting the type; the result is dst"))
 
 

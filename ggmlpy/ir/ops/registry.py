@@ -23,7 +23,8 @@ class Kind(enum.Enum):
     ROW = "row"                  # independent per row of ne[0] (norms, softmax, rope)
     MATMUL = "matmul"
     VIEW = "view"                # no computation: new ne/nb over the source's memory
-    WRITE = "write"              # writes into its first source (cpy, set_rows); result is that memory
+    WRITE = "write"              # writes into src[0], its destination (cpy, set_rows); the
+                                 # result is that memory; `write(dst, [dst, *other srcs])`
     OPAQUE = "opaque"            # anything else (gathers, concat)
 
 

@@ -1,0 +1,467 @@
+"""The bookkeeping half of the KV cache: which cell holds which position of which sequences.
+
+This follows llama.cpp's `llama_kv_cells` (src/llama-kv-cells.h) and the metadata side of
+`llama_kv_cache` (src/llama-kv-cache.cpp) for one unified stream (all sequences share the
+cells, as llama.cpp with `kv_unified`). The tensor storage lives elsewhere; it asks this
+module where each ubatch token goes (`k_idxs`), how many cells a graph must read (`get_n_kv`)
+and which of them each token may attend (`kq_mask`).
+
+A cell is empty (pos -1) or holds one position shared by a set of sequences (a row of the
+`seq` bool matrix). Every sequence keeps a multiset of its positions so `seq_pos_min/max`
+are O(1). `shift` accumulates the deltas of `seq_add`/`seq_div` since the last
+`reset_shift()`, for the K-shift (re-RoPE) the graph side applies when `has_shift` is set.
+
+Decode flow: `prepare(ubatches)` finds a slot for every ubatch on the live state and then
+restores it (all or nothing, nothing changes); then, for each ubatch, `apply_ubatch(slot,
+ubatch)` writes the cells, `get_n_kv()` and `kq_mask` give the graph inputs.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+from llama.batch import LLAMA_MAX_SEQ, POS_MAX, UBatch
+
+
+class SWAType(IntEnum):
+    """llama_swa_type: how a sliding-window attention layer limits what a token sees."""
+
+    NONE = 0
+    STANDARD = 1     # see the last n_swa positions: masked when p1 - p0 >= n_swa
+    CHUNKED = 2      # see only its own chunk of n_swa positions
+    SYMMETRIC = 3    # see |p1 - p0| <= n_swa // 2 (non-causal models)
+
+
+def is_masked_swa(n_swa: int, swa_type: SWAType | int, p0, p1):
+    """Whether a token at p1 may NOT see the cell at p0 because of the window (llama.cpp's
+    llama_hparams::is_masked_swa). Works on ints and on broadcast numpy arrays."""
+    swa_type = SWAType(swa_type)
+    p0 = np.asarray(p0)
+    p1 = np.asarray(p1)
+    if swa_type == SWAType.NONE:
+        out = np.zeros(np.broadcast_shapes(p0.shape, p1.shape), dtype=bool)
+    elif swa_type == SWAType.STANDARD:
+        out = p1 - p0 >= n_swa
+    elif swa_type == SWAType.CHUNKED:
+        out = p0 < (p1 // n_swa) * n_swa
+    else:
+        diff = p1 - p0
+        half = n_swa // 2
+        out = (diff < -half) | (diff > half)
+    return bool(out) if out.ndim == 0 else out
+
+
+def _check_swa(swa_type: SWAType | int, n_swa: int) -> SWAType:
+    try:
+        swa_type = SWAType(swa_type)
+    except ValueError:
+        raise ValueError(f"unknown swa_type {swa_type!r} (0..3: none, standard, chunked, "
+                         f"symmetric)") from None
+    if swa_type != SWAType.NONE and n_swa <= 0:
+        raise ValueError(f"swa_type {swa_type.name} needs n_swa > 0, got {n_swa}")
+    return swa_type
+
+
+class _PosMultiset:
+    """Positions of one sequence with counts, keys kept sorted: min/max O(1), add O(log n)
+    search (a cell may repeat a position, e.g. for embedding inputs)."""
+
+    __slots__ = ("count", "keys")
+
+    def __init__(self) -> None:
+        self.count: dict[int, int] = {}
+        self.keys: list[int] = []
+
+    def add(self, p: int) -> None:
+        c = self.count.get(p, 0)
+        if c == 0:
+            bisect.insort(self.keys, p)
+        self.count[p] = c + 1
+
+    def remove(self, p: int) -> None:
+        c = self.count[p]
+        if c == 1:
+            del self.count[p]
+            del self.keys[bisect.bisect_left(self.keys, p)]
+        else:
+            self.count[p] = c - 1
+
+    def copy(self) -> "_PosMultiset":
+        other = _PosMultiset()
+        other.count = dict(self.count)
+        other.keys = list(self.keys)
+        return other
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    """The cell index of every token of one ubatch, in ubatch order (llama.cpp's slot_info
+    for a single stream)."""
+
+    idxs: np.ndarray      # int64 [n_tokens]
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.idxs)
+
+
+@dataclass(frozen=True)
+class KVCellsState:
+    """A copy of the cell metadata, from `snapshot()`, for `restore()`."""
+
+    pos: np.ndarray
+    seq: np.ndarray
+    shift: np.ndarray
+    seq_pos: tuple
+    head: int
+    has_shift: bool
+
+
+class KVCells:
+    """Cell metadata of a unified KV cache of `size` cells for `n_seq_max` sequences.
+
+    n_pad: `get_n_kv` rounds the cells read up to a multiple of it, so the graph shape
+    changes rarely (llama.cpp uses max(n_pad, 256)). swa_type/n_swa: the window of the layers
+    this cache serves; cells outside every token's window may be overwritten by `find_slot`
+    and are masked by `kq_mask`.
+    """
+
+    def __init__(self, size: int, n_seq_max: int = 1, *, n_pad: int = 256,
+                 swa_type: SWAType | int = SWAType.NONE, n_swa: int = 0) -> None:
+        if size < 1:
+            raise ValueError(f"KV cache size must be at least 1, got {size}")
+        if not 1 <= n_seq_max <= LLAMA_MAX_SEQ:
+            raise ValueError(f"n_seq_max = {n_seq_max} is not in [1, {LLAMA_MAX_SEQ}]")
+        if n_pad < 1:
+            raise ValueError(f"n_pad must be at least 1, got {n_pad}")
+        self.size = int(size)
+        self.n_seq_max = int(n_seq_max)
+        self.n_pad = int(n_pad)
+        self.swa_type = _check_swa(swa_type, n_swa)
+        self.n_swa = int(n_swa)
+        self.pos = np.full(self.size, -1, dtype=np.int32)
+        self.seq = np.zeros((self.size, self.n_seq_max), dtype=bool)
+        self.shift = np.zeros(self.size, dtype=np.int32)
+        self.has_shift = False
+        self.head = 0
+        self._seq_pos = [_PosMultiset() for _ in range(self.n_seq_max)]
+
+    # -- queries ---------------------------------------------------------------------------
+
+    @property
+    def used(self) -> int:
+        """Number of non-empty cells."""
+        return int(np.count_nonzero(self.pos >= 0))
+
+    def used_max_p1(self) -> int:
+        """Index of the last non-empty cell + 1 (0 when all are empty)."""
+        nz = np.flatnonzero(self.pos >= 0)
+        return int(nz[-1]) + 1 if len(nz) else 0
+
+    def is_empty(self, i: int) -> bool:
+        return bool(self.pos[i] < 0)
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        """Smallest position of `seq_id` in the cells, -1 when it has none."""
+        keys = self._seq_pos[self._check_seq(seq_id)].keys
+        return keys[0] if keys else -1
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """Largest position of `seq_id` in the cells, -1 when it has none."""
+        keys = self._seq_pos[self._check_seq(seq_id)].keys
+        return keys[-1] if keys else -1
+
+    def get_n_kv(self, n_pad: int | None = None) -> int:
+        """Cells the graph reads: the last used cell + 1 padded up to n_pad (at least n_pad),
+        capped by the size. Call it after `apply_ubatch` so the ubatch's own cells count."""
+        pad = self.n_pad if n_pad is None else int(n_pad)
+        used = self.used_max_p1()
+        padded = -(-used // pad) * pad
+        return min(self.size, max(pad, padded))
+
+    def k_shift(self) -> np.ndarray:
+        """int32 [size]: the pending shift of every cell (0 for empty ones), the K-shift input."""
+        return np.where(self.pos >= 0, self.shift, 0).astype(np.int32)
+
+    def reset_shift(self) -> None:
+        """Call after the K-shift has been applied to the K tensors."""
+        self.shift[:] = 0
+        self.has_shift = False
+
+    # -- slots -----------------------------------------------------------------------------
+
+    def find_slot(self, ubatch: UBatch, cont: bool = False) -> SlotInfo | None:
+        """Cells for every token of `ubatch`, searching from the head and wrapping around;
+        None when there is no room. Usable cells are empty ones, and cells of a single
+        sequence whose position is outside that sequence's window (SWA caches only). With
+        `cont` the cells must be consecutive. Nothing is modified."""
+        n_tokens = ubatch.n_tokens
+        if n_tokens > self.size or n_tokens == 0:
+            return None
+        head = self.head
+        # plenty of free cells before the head: better to fill the cache from the start
+        if head > self.used + 2 * n_tokens:
+            head = 0
+        usable = self._usable_cells()
+        if cont:
+            return self._find_contiguous(usable, head, n_tokens)
+        idx = np.flatnonzero(usable)
+        ordered = np.concatenate([idx[idx >= head], idx[idx < head]])
+        if len(ordered) < n_tokens:
+            return None
+        return SlotInfo(ordered[:n_tokens].astype(np.int64))
+
+    def _usable_cells(self) -> np.ndarray:
+        usable = self.pos < 0
+        if self.swa_type == SWAType.NONE:
+            return usable
+        single = (self.pos >= 0) & (self.seq.sum(axis=1) == 1)
+        seq_of = self.seq.argmax(axis=1)
+        pos_max = np.array([self.seq_pos_max(s) for s in range(self.n_seq_max)], np.int64)
+        masked = is_masked_swa(self.n_swa, self.swa_type, self.pos.astype(np.int64),
+                               pos_max[seq_of] + 1)
+        return usable | (single & masked)
+
+    def _find_contiguous(self, usable: np.ndarray, head: int, n: int) -> SlotInfo | None:
+        # llama.cpp tests windows [head, head+n) and moves on past a blocking cell; we test
+        # every start once, in the order its scan reaches them
+        for start in list(range(head, self.size)) + list(range(0, head)):
+            if start + n <= self.size and usable[start:start + n].all():
+                return SlotInfo(np.arange(start, start + n, dtype=np.int64))
+        return None
+
+    def prepare(self, ubatches: list[UBatch]) -> list[SlotInfo] | None:
+        """Slots for all ubatches, each found after placing the previous ones; the state is
+        restored afterwards whatever happens, so the result is all or nothing (None)."""
+        state = self.snapshot()
+        slots = []
+        try:
+            for ub in ubatches:
+                slot = self.find_slot(ub)
+                if slot is None:
+                    return None
+                slots.append(slot)
+                self.apply_ubatch(slot, ub)
+        finally:
+            self.restore(state)
+        return slots
+
+    def apply_ubatch(self, slot: SlotInfo, ubatch: UBatch) -> None:
+        """Write the positions and sequences of `ubatch` into its cells and move the head."""
+        if slot.n_tokens != ubatch.n_tokens:
+            raise ValueError(f"slot has {slot.n_tokens} cells for a ubatch of "
+                             f"{ubatch.n_tokens} tokens")
+        for seqs in ubatch.seq_ids:
+            for s in seqs:
+                self._check_seq(s)
+        pos_max_rm: dict[int, int] = {}
+        for i, idx in enumerate(slot.idxs.tolist()):
+            if self.pos[idx] >= 0:
+                # an SWA cell we may overwrite: remember what the sequence loses
+                for s in np.flatnonzero(self.seq[idx]).tolist():
+                    pos_max_rm[s] = max(pos_max_rm.get(s, -1), int(self.pos[idx]))
+                self._rm(idx)
+            p = int(ubatch.pos[i])
+            self.pos[idx] = p
+            for s in ubatch.seq_ids[i]:
+                self.seq[idx, s] = True
+                self._seq_pos[s].add(p)
+        # keep every position between pos_min and pos_max of a sequence present
+        for s, pmax in pos_max_rm.items():
+            if self.seq_pos_min(s) <= pmax:
+                self.seq_rm(s, self.seq_pos_min(s), pmax + 1)
+        self.head = int(slot.idxs[-1]) + 1
+
+    # -- sequence operations ---------------------------------------------------------------
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        """Remove `seq_id` (-1: every sequence) from the cells with pos in [p0, p1); p0 < 0
+        means 0 and p1 < 0 means infinity. Cells left with no sequence become empty."""
+        p0, p1 = _range(p0, p1)
+        in_range = (self.pos >= p0) & (self.pos < p1)
+        if seq_id == -1:
+            freed = np.flatnonzero(in_range)
+            for i in freed.tolist():
+                self._rm(i)
+        else:
+            s = self._check_seq(seq_id)
+            hit = np.flatnonzero(in_range & self.seq[:, s])
+            for i in hit.tolist():
+                self._seq_pos[s].remove(int(self.pos[i]))
+            self.seq[hit, s] = False
+            freed = hit[~self.seq[hit].any(axis=1)]
+            self.pos[freed] = -1
+            self.shift[freed] = 0
+        if len(freed) and int(freed[0]) < self.head:
+            self.head = int(freed[0])
+        return True
+
+    def seq_cp(self, seq_src: int, seq_dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Make `seq_dst` share the cells of `seq_src` with pos in [p0, p1) (no data copy)."""
+        src, dst = self._check_seq(seq_src), self._check_seq(seq_dst)
+        if src == dst:
+            return
+        p0, p1 = _range(p0, p1)
+        hit = np.flatnonzero((self.pos >= p0) & (self.pos < p1) & self.seq[:, src]
+                             & ~self.seq[:, dst])
+        self.seq[hit, dst] = True
+        for i in hit.tolist():
+            self._seq_pos[dst].add(int(self.pos[i]))
+
+    def seq_keep(self, seq_id: int) -> None:
+        """Remove every other sequence: cells of `seq_id` keep only it, the rest are freed."""
+        s = self._check_seq(seq_id)
+        keep = np.flatnonzero(self.seq[:, s])
+        others = [t for t in range(self.n_seq_max) if t != s]
+        for i in keep.tolist():
+            for t in others:
+                if self.seq[i, t]:
+                    self._seq_pos[t].remove(int(self.pos[i]))
+        self.seq[np.ix_(keep, others)] = False
+        freed = np.flatnonzero((self.pos >= 0) & ~self.seq[:, s])
+        for i in freed.tolist():
+            self._rm(i)
+        if len(freed) and int(freed[0]) < self.head:
+            self.head = int(freed[0])
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        """Shift the positions of the cells of `seq_id` in [p0, p1) by `delta` (the whole cell
+        moves, with every sequence sharing it); cells pushed below 0 are removed."""
+        s = self._check_seq(seq_id)
+        if delta == 0:
+            return
+        p0, p1 = _range(p0, p1)
+        if p0 == p1:
+            return
+        hit = np.flatnonzero((self.pos >= p0) & (self.pos < p1) & self.seq[:, s])
+        new_head = None
+        for i in hit.tolist():
+            self.has_shift = True
+            new_pos = int(self.pos[i]) + delta
+            if new_pos < 0:
+                self._rm(i)
+                new_head = i if new_head is None else new_head
+            else:
+                self._seq_pos_update(i, new_pos)
+                self.shift[i] += delta
+        self.head = new_head if new_head is not None else 0
+
+    def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
+        """Integer-divide the positions of the cells of `seq_id` in [p0, p1) by `d`."""
+        s = self._check_seq(seq_id)
+        if d < 1:
+            raise ValueError(f"seq_div divisor must be at least 1, got {d}")
+        if d == 1:
+            return
+        p0, p1 = _range(p0, p1)
+        if p0 == p1:
+            return
+        hit = np.flatnonzero((self.pos >= p0) & (self.pos < p1) & self.seq[:, s])
+        for i in hit.tolist():
+            old = int(self.pos[i])
+            self._seq_pos_update(i, old // d)
+            self.shift[i] += old - old // d
+            self.has_shift = True
+
+    def clear(self) -> None:
+        """Empty every cell (llama_memory_clear)."""
+        self.pos[:] = -1
+        self.seq[:] = False
+        self.shift[:] = 0
+        self.has_shift = False
+        self.head = 0
+        self._seq_pos = [_PosMultiset() for _ in range(self.n_seq_max)]
+
+    # -- state -----------------------------------------------------------------------------
+
+    def snapshot(self) -> KVCellsState:
+        return KVCellsState(self.pos.copy(), self.seq.copy(), self.shift.copy(),
+                            tuple(m.copy() for m in self._seq_pos), self.head, self.has_shift)
+
+    def restore(self, state: KVCellsState) -> None:
+        if state.pos.shape != self.pos.shape or state.seq.shape != self.seq.shape:
+            raise ValueError("snapshot was taken from a KV cache of another size")
+        self.pos = state.pos.copy()
+        self.seq = state.seq.copy()
+        self.shift = state.shift.copy()
+        self._seq_pos = [m.copy() for m in state.seq_pos]
+        self.head = state.head
+        self.has_shift = state.has_shift
+
+    # -- graph inputs ----------------------------------------------------------------------
+
+    def kq_mask(self, ubatch: UBatch, n_kv: int, *, causal: bool = True,
+                swa_type: SWAType | int | None = None, n_swa: int | None = None) -> np.ndarray:
+        """float32 [n_tokens, n_kv]: 0 where token i may attend cell j, -inf otherwise.
+
+        A token sees non-empty cells of its first sequence (llama.cpp assumes the sequences
+        of a shared token are equivalent), not in its future when `causal`, inside the window
+        of `swa_type`/`n_swa` (None: this cache's own window; pass SWAType.NONE for none).
+        """
+        if not 0 <= n_kv <= self.size:
+            raise ValueError(f"n_kv = {n_kv} is not in [0, {self.size}]")
+        swa = self.swa_type if swa_type is None else swa_type
+        window = self.n_swa if n_swa is None else n_swa
+        swa = _check_swa(swa, window)
+        p0 = self.pos[:n_kv].astype(np.int64)[None, :]
+        p1 = np.asarray(ubatch.pos, dtype=np.int64)[:, None]
+        first = np.array([seqs[0] for seqs in ubatch.seq_ids], dtype=np.int64)
+        if len(first) and (first.min() < 0 or first.max() >= self.n_seq_max):
+            raise ValueError(f"ubatch sequence ids must be in [0, {self.n_seq_max})")
+        allowed = (p0 >= 0) & self.seq[:n_kv][:, first].T
+        if causal:
+            allowed &= p0 <= p1
+        if swa != SWAType.NONE:
+            allowed &= ~is_masked_swa(window, swa, p0, p1)
+        mask = np.full(allowed.shape, -np.inf, dtype=np.float32)
+        mask[allowed] = 0.0
+        return mask
+
+    @staticmethod
+    def k_idxs(slot: SlotInfo) -> np.ndarray:
+        """int64 [n_tokens]: the cell (K row) each ubatch token writes to."""
+        return np.asarray(slot.idxs, dtype=np.int64).copy()
+
+    def v_idxs(self, slot: SlotInfo, n_embd_v_gqa: int | None = None) -> np.ndarray:
+        """int64 V destinations: as `k_idxs` for a V cache stored by rows; for a transposed V
+        cache ([n_embd_v_gqa][size], no flash attention) give n_embd_v_gqa to get one index
+        per element, j * size + cell for j in range(n_embd_v_gqa), token-major."""
+        idxs = self.k_idxs(slot)
+        if n_embd_v_gqa is None:
+            return idxs
+        j = np.arange(n_embd_v_gqa, dtype=np.int64)
+        return (idxs[:, None] + j[None, :] * self.size).reshape(-1)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _check_seq(self, seq_id: int) -> int:
+        if not 0 <= seq_id < self.n_seq_max:
+            raise ValueError(f"sequence id {seq_id} is out of range [0, {self.n_seq_max})")
+        return int(seq_id)
+
+    def _rm(self, i: int) -> None:
+        """Empty a non-empty cell."""
+        p = int(self.pos[i])
+        for s in np.flatnonzero(self.seq[i]).tolist():
+            self._seq_pos[s].remove(p)
+        self.seq[i] = False
+        self.pos[i] = -1
+        self.shift[i] = 0
+
+    def _seq_pos_update(self, i: int, new_pos: int) -> None:
+        """Move non-empty cell i to new_pos >= 0, in the multisets of its sequences too."""
+        old = int(self.pos[i])
+        for s in np.flatnonzero(self.seq[i]).tolist():
+            self._seq_pos[s].remove(old)
+            self._seq_pos[s].add(new_pos)
+        self.pos[i] = new_pos
+
+
+def _range(p0: int, p1: int) -> tuple[int, int]:
+    """llama.cpp's range convention: p0 < 0 -> 0, p1 < 0 -> infinity (clamped to int32)."""
+    p0 = 0 if p0 < 0 else min(int(p0), POS_MAX)
+    p1 = POS_MAX if p1 < 0 else min(int(p1), POS_MAX)
+    return p0, p1

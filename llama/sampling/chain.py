@@ -1,0 +1,129 @@
+"""`SamplerChain` (llama_sampler_chain) and `make_sampler` (common_sampler_init's chain)."""
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from .candidates import Candidates
+from .params import check_float, check_int, check_unit
+from .pick import Dist, Greedy, check_seed
+from .samplers import LogitBias, MinP, Penalties, Sampler, Temperature, TopK, TopP, Typical
+
+
+class SamplerChain(Sampler):
+    """Samplers applied in order to the candidates built from one logits row.
+
+    `sample(logits)` returns the selected token id and does not record it: call
+    `accept(token)` for every token that is actually emitted (and, to have the prompt count
+    for the repetition penalties as llama.cpp's CLI does, for the prompt tokens). This is the
+    `common_sampler_sample` / `common_sampler_accept` split; `sample(..., accept=True)` does
+    both, like `llama_sampler_sample`. The chain keeps its own `history` of accepted tokens.
+
+    `n_vocab` fixes the expected logits length; when omitted it is taken from a LogitBias in
+    the chain, or else from the first `sample` call.
+    """
+
+    name = "chain"
+
+    def __init__(self, samplers: Iterable[Sampler], *, n_vocab: int | None = None) -> None:
+        self.samplers = list(samplers)
+        for s in self.samplers:
+            if not isinstance(s, Sampler):
+                raise ValueError(f"SamplerChain takes Sampler objects, got {type(s).__name__}")
+        bias_vocab = {s.n_vocab for s in self.samplers if isinstance(s, LogitBias)}
+        if n_vocab is None and len(bias_vocab) == 1:
+            n_vocab = bias_vocab.pop()
+        self.n_vocab = None if n_vocab is None else check_int("n_vocab", n_vocab, 1)
+        if bias_vocab - {self.n_vocab}:
+            raise ValueError(f"LogitBias n_vocab {sorted(bias_vocab)} does not match the "
+                             f"chain's n_vocab {self.n_vocab}")
+        self.history: list[int] = []
+        self.n_sample = 0
+        self.last: Candidates | None = None  # the candidates after the last sample()
+
+    def __str__(self) -> str:
+        """llama.cpp's chain print: `logits -> top-k -> ... -> dist`."""
+        return " -> ".join(["logits"] + [s.name for s in self.samplers])
+
+    def apply(self, cur: Candidates) -> None:
+        for s in self.samplers:
+            s.apply(cur)
+
+    def sample(self, logits: np.ndarray, *, accept: bool = False) -> int:
+        """Run the chain over a float logits row and return the selected token id."""
+        row = np.asarray(logits)
+        if row.ndim != 1 or not np.issubdtype(row.dtype, np.floating):
+            raise ValueError(f"logits must be a 1-D float array, got shape {row.shape} "
+                             f"dtype {row.dtype}")
+        if self.n_vocab is None:
+            if len(row) == 0:
+                raise ValueError("logits is empty")
+            self.n_vocab = len(row)
+        if len(row) != self.n_vocab:
+            raise ValueError(f"logits has length {len(row)}, expected n_vocab = {self.n_vocab}")
+        cur = Candidates.from_logits(row)
+        top = cur.logits.max()
+        if np.isnan(top) or top == np.inf:
+            raise ValueError("logits contain NaN or +inf")
+        self.apply(cur)
+        if not 0 <= cur.selected < len(cur):
+            raise ValueError(f"no sampler selected a token in chain '{self}'; "
+                             "end it with Dist or Greedy")
+        self.last = cur
+        token = cur.selected_id
+        if accept:
+            self.accept(token)
+        return token
+
+    def accept(self, token: int) -> None:
+        token = check_int("token", token, 0)
+        if self.n_vocab is not None and token >= self.n_vocab:
+            raise ValueError(f"token {token} is out of range [0, {self.n_vocab})")
+        for s in self.samplers:
+            s.accept(token)
+        self.history.append(token)
+        self.n_sample += 1
+
+    def accept_many(self, tokens: Iterable[int]) -> None:
+        """`accept` each token in order (e.g. the prompt)."""
+        for token in tokens:
+            self.accept(token)
+
+    def reset(self) -> None:
+        for s in self.samplers:
+            s.reset()
+        self.history.clear()
+        self.n_sample = 0
+        self.last = None
+
+
+def make_sampler(*, n_vocab: int, temp: float = 0.8, top_k: int = 40, top_p: float = 0.95,
+                 min_p: float = 0.05, typical_p: float = 1.0, repeat_penalty: float = 1.0,
+                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                 repeat_last_n: int = 64, logit_bias: Mapping[int, float] | None = None,
+                 seed: int | None = None) -> SamplerChain:
+    """The chain llama.cpp's common sampler builds (see the package docstring).
+
+    temp > 0: [logit-bias] -> penalties -> top-k -> typical -> top-p -> min-p -> temp -> dist.
+    temp <= 0: [logit-bias] -> penalties -> greedy.
+    """
+    n_vocab = check_int("n_vocab", n_vocab, 1)
+    temp = check_float("temp", temp)
+    top_k = check_int("top_k", top_k)
+    for name, value in (("top_p", top_p), ("min_p", min_p), ("typical_p", typical_p)):
+        check_unit(name, value)
+    seed = check_seed(seed)
+
+    samplers: list[Sampler] = []
+    if logit_bias is not None:
+        bias = LogitBias(n_vocab, logit_bias)
+        if bias.biases:
+            samplers.append(bias)
+    samplers.append(Penalties(repeat_last_n, repeat_penalty, frequency_penalty, presence_penalty))
+    if temp <= 0.0:
+        samplers.append(Greedy())
+    else:
+        samplers += [TopK(top_k), Typical(typical_p, 1), TopP(top_p, 1), MinP(min_p, 1),
+                     Temperature(temp), Dist(seed)]
+    return SamplerChain(samplers, n_vocab=n_vocab)

@@ -1,0 +1,339 @@
+"""The samplers that reshape the candidate list, after llama.cpp's `src/llama-sampling.cpp`.
+
+Each class mirrors one `llama_sampler_init_*`: same no-op conditions, same cut rules (>=
+versus >, min_keep), same float32 arithmetic, same effect on the `sorted` flag. Where this
+code departs from llama.cpp it says so in the class docstring.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Mapping
+
+import numpy as np
+
+from .candidates import F32, Candidates, logf, logf_scalar, order_desc, seq_sum_f32
+from .params import check_float, check_int, check_unit
+
+
+class Sampler:
+    """One step of a chain: `apply` edits the candidates, `accept` sees each chosen token."""
+
+    name = "sampler"
+
+    def apply(self, cur: Candidates) -> None:
+        raise NotImplementedError
+
+    def accept(self, token: int) -> None:
+        """Record a token that was emitted (most samplers keep no history)."""
+
+    def reset(self) -> None:
+        """Forget the history (and restart the random stream, for Dist)."""
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        return f"{type(self).__name__}({fields})"
+
+
+class LogitBias(Sampler):
+    """llama_sampler_init_logit_bias: add a fixed bias to the logits of some tokens.
+
+    A bias may be -inf (ban the token); NaN and +inf are refused. Unlike llama.cpp we clear
+    `sorted` when a bias was applied, since the order may no longer hold.
+    """
+
+    name = "logit-bias"
+
+    def __init__(self, n_vocab: int, biases: Mapping[int, float]) -> None:
+        self.n_vocab = check_int("LogitBias n_vocab", n_vocab, 1)
+        if not isinstance(biases, Mapping):
+            raise ValueError("logit_bias must be a mapping of token id to bias, "
+                             f"got {type(biases).__name__}")
+        tokens, values = [], []
+        for token, bias in biases.items():
+            token = check_int("logit_bias token id", token)
+            if not 0 <= token < self.n_vocab:
+                raise ValueError(f"logit_bias token id {token} is out of range [0, {self.n_vocab})")
+            tokens.append(token)
+            values.append(check_float(f"logit_bias[{token}]", bias, allow_neg_inf=True))
+        self.biases = dict(zip(tokens, values))
+        self._tokens = np.array(tokens, dtype=np.int64)
+        self._values = np.array(values, dtype=F32)
+
+    def apply(self, cur: Candidates) -> None:
+        if len(self._tokens) == 0:
+            return
+        pos = cur.positions(self._tokens)
+        found = pos >= 0
+        if found.any():
+            logits = cur.logits.copy()
+            logits[pos[found]] += self._values[found]
+            cur.logits = logits
+            cur.sorted = False
+
+
+class Penalties(Sampler):
+    """llama_sampler_init_penalties: repetition, frequency and presence penalties.
+
+    The last `last_n` accepted tokens are kept in a ring buffer with their counts. A
+    candidate seen `count` > 0 times gets `logit / repeat` if its logit is > 0, else
+    `logit * repeat`, then `- count * freq - present`. `last_n == 0` disables the sampler;
+    llama.cpp's `-1` ("the whole context") must be resolved by the caller.
+    """
+
+    name = "penalties"
+
+    def __init__(self, last_n: int = 64, repeat: float = 1.0, freq: float = 0.0,
+                 present: float = 0.0) -> None:
+        self.last_n = check_int("repeat_last_n", last_n, 0)
+        self.repeat = check_float("repeat_penalty", repeat)
+        if self.repeat <= 0.0:
+            raise ValueError(f"repeat_penalty must be > 0, got {self.repeat}")
+        self.freq = check_float("frequency_penalty", freq)
+        self.present = check_float("presence_penalty", present)
+        self._ring: deque[int] = deque(maxlen=max(self.last_n, 1))
+        self._counts: dict[int, int] = {}
+
+    @property
+    def enabled(self) -> bool:
+        neutral = self.repeat == 1.0 and self.freq == 0.0 and self.present == 0.0
+        return self.last_n > 0 and not neutral
+
+    @property
+    def counts(self) -> dict[int, int]:
+        """Occurrences of each token among the last `last_n` accepted."""
+        return dict(self._counts)
+
+    def accept(self, token: int) -> None:
+        if self.last_n == 0:
+            return
+        self._counts[token] = self._counts.get(token, 0) + 1
+        if len(self._ring) >= self.last_n:
+            old = self._ring[0]  # the deque drops it on append
+            self._counts[old] -= 1
+            if self._counts[old] == 0:
+                del self._counts[old]
+        self._ring.append(token)
+
+    def reset(self) -> None:
+        self._ring.clear()
+        self._counts.clear()
+
+    def apply(self, cur: Candidates) -> None:
+        if not self.enabled:
+            return
+        if self._counts:
+            tokens = np.fromiter(self._counts.keys(), dtype=np.int64, count=len(self._counts))
+            counts = np.fromiter(self._counts.values(), dtype=np.int64, count=len(self._counts))
+            pos = cur.positions(tokens)
+            found = pos >= 0
+            pos, counts = pos[found], counts[found]
+            logit = cur.logits[pos]
+            logit = np.where(logit <= 0, logit * F32(self.repeat), logit / F32(self.repeat))
+            present = (counts > 0).astype(F32) * F32(self.present)
+            logit -= counts.astype(F32) * F32(self.freq) + present
+            logits = cur.logits.copy()
+            logits[pos] = logit
+            cur.logits = logits
+        cur.sorted = False
+
+
+class TopK(Sampler):
+    """llama_sampler_init_top_k: keep the k largest logits, sorted. k <= 0 disables it."""
+
+    name = "top-k"
+
+    def __init__(self, k: int) -> None:
+        self.k = check_int("top_k", k)
+
+    def apply(self, cur: Candidates) -> None:
+        if self.k <= 0:
+            return
+        k = min(self.k, len(cur))
+        if cur.sorted:
+            cur.truncate(k)
+        else:
+            cur.sort_top(k)
+
+
+class TopP(Sampler):
+    """llama_sampler_init_top_p: keep the smallest prefix (by probability, descending)
+    whose float32 cumulative sum reaches p, and at least min_keep. p = 1 disables it.
+
+    Leaves the candidates sorted and `probs` holding the softmax over the candidates as they
+    were before the cut (not renormalised), like llama.cpp. Unsorted candidates are ranked
+    256 first, as llama.cpp does, then 16 times more each time p is not reached (llama.cpp
+    sorts everything then), which gives the same cut with less sorting.
+    """
+
+    name = "top-p"
+
+    def __init__(self, p: float, min_keep: int = 1) -> None:
+        self.p = check_unit("top_p", p)
+        self.min_keep = check_int("min_keep", min_keep, 0)
+
+    def apply(self, cur: Candidates) -> None:
+        p = F32(self.p)
+        if p >= 1.0:
+            return
+        cur.softmax(do_sort=False)
+        size = len(cur)
+        order = None
+        if cur.sorted:
+            last = self._cut(cur.probs, p)
+        else:
+            # rank the best 256 first (llama.cpp's heuristic) and widen until p is reached;
+            # a longer ranked prefix starts with the shorter one, so the cut is the same
+            k = 256 if size > 1024 else size
+            while True:
+                order = order_desc(cur.logits, k)
+                last = self._cut(cur.probs[order], p)
+                if last is not None or k >= size:
+                    break
+                k = min(16 * k, size)
+        if last is None:
+            last = size
+        if order is None:
+            cur.truncate(last)
+        else:
+            cur.take(order[:last])
+            cur.sorted = True
+
+    def _cut(self, probs: np.ndarray, p: np.float32) -> int | None:
+        """1 + the first i with cumsum >= p and i + 1 >= min_keep, or None."""
+        cum = np.cumsum(probs, dtype=F32)
+        ok = (cum >= p) & (np.arange(1, len(cum) + 1) >= self.min_keep)
+        hit = int(np.argmax(ok))
+        return hit + 1 if ok[hit] else None
+
+
+class MinP(Sampler):
+    """llama_sampler_init_min_p: keep tokens whose probability is at least p times the
+    largest one, i.e. logit >= max_logit + logf(p); at least min_keep. p = 0 disables it.
+
+    Unsorted candidates are filtered in place (order kept, still unsorted); when that keeps
+    fewer than min_keep, or the candidates are sorted, the sorted prefix rule is used.
+    """
+
+    name = "min-p"
+
+    def __init__(self, p: float, min_keep: int = 1) -> None:
+        self.p = check_unit("min_p", p)
+        self.min_keep = check_int("min_keep", min_keep, 0)
+
+    def apply(self, cur: Candidates) -> None:
+        if F32(self.p) <= 0.0 or len(cur) == 0:
+            return
+        log_p = logf_scalar(self.p)
+        if not cur.sorted:
+            min_logit = cur.logits.max() + log_p
+            keep = np.flatnonzero(cur.logits >= min_logit)
+            if len(keep) and len(keep) >= self.min_keep:
+                cur.take(keep)
+                return
+            cur.sort_top(len(cur))
+        min_logit = cur.logits[0] + log_p
+        rest = np.arange(1, len(cur))
+        stop = (cur.logits[1:] < min_logit) & (rest >= self.min_keep)
+        cur.truncate(int(rest[np.argmax(stop)]) if stop.any() else len(cur))
+
+
+class Typical(Sampler):
+    """llama_sampler_init_typical: locally typical sampling.
+
+    Sorts, computes the entropy H of the softmax, orders tokens by |-log p - H| ascending
+    and keeps the shortest such prefix whose probability sum exceeds p (strictly), and at
+    least min_keep. p = 1 disables it. The result is left unsorted with the pre-cut probs.
+    Departure: a probability that underflows to 0 adds 0 to the entropy (llama.cpp would
+    add 0 * log 0 = NaN and lose the order); such tokens rank last.
+    """
+
+    name = "typical"
+
+    def __init__(self, p: float, min_keep: int = 1) -> None:
+        self.p = check_unit("typical_p", p)
+        self.min_keep = check_int("min_keep", min_keep, 0)
+
+    def apply(self, cur: Candidates) -> None:
+        p = F32(self.p)
+        if p >= 1.0:
+            return
+        cur.softmax(do_sort=True)
+        log_probs = logf(cur.probs)
+        with np.errstate(invalid="ignore"):
+            terms = np.where(cur.probs > 0, -cur.probs * log_probs, F32(0.0)).astype(F32)
+        entropy = seq_sum_f32(terms)
+        shifted = np.abs(-log_probs - entropy)
+        order = np.argsort(shifted, kind="stable")
+        cum = np.cumsum(cur.probs[order], dtype=F32)
+        ok = (cum > p) & (np.arange(len(cum)) >= self.min_keep - 1)
+        hit = int(np.argmax(ok))
+        last = hit + 1 if ok[hit] else len(cum)
+        cur.take(order[:last])
+        cur.sorted = False
+
+
+def _temperature(cur: Candidates, temp: np.float32) -> None:
+    """llama_sampler_temp_impl: divide logits by temp; temp <= 0 keeps only the first max."""
+    if temp <= 0.0:
+        best = int(np.argmax(cur.logits))
+        logits = np.full(len(cur), -np.inf, dtype=F32)
+        logits[best] = cur.logits[best]
+        cur.logits = logits
+        return
+    cur.logits = cur.logits / temp
+
+
+class Temperature(Sampler):
+    """llama_sampler_init_temp: logits / t. t <= 0 sets every logit but the (first) largest
+    to -inf, which makes any later pick greedy. The sorted flag is left as it was."""
+
+    name = "temp"
+
+    def __init__(self, t: float) -> None:
+        self.t = check_float("temperature", t)
+
+    def apply(self, cur: Candidates) -> None:
+        _temperature(cur, F32(self.t))
+
+
+class TemperatureExt(Sampler):
+    """llama_sampler_init_temp_ext: dynamic temperature (what llama.cpp's CLI chain uses).
+
+    With delta > 0 the temperature moves within [max(0, t - delta), t + delta] with the
+    normalised entropy of the candidates raised to `exponent`; with delta = 0 it is
+    `Temperature(t)`.
+    """
+
+    name = "temp-ext"
+
+    def __init__(self, t: float, delta: float = 0.0, exponent: float = 1.0) -> None:
+        self.t = check_float("temperature", t)
+        self.delta = check_float("dynatemp_range", delta)
+        if self.delta < 0:
+            raise ValueError(f"dynatemp_range must be >= 0, got {self.delta}")
+        self.exponent = check_float("dynatemp_exponent", exponent)
+
+    def apply(self, cur: Candidates) -> None:
+        t, delta = F32(self.t), F32(self.delta)
+        if delta <= 0:
+            _temperature(cur, t)
+            return
+        if len(cur) <= 1:
+            return
+        min_temp = max(F32(0.0), F32(t - delta))
+        max_temp = F32(t + delta)
+        max_entropy = -logf_scalar(F32(1.0) / F32(len(cur)))
+        cur.softmax(do_sort=True)
+        positive = cur.probs > 0
+        log_probs = logf(np.where(positive, cur.probs, F32(1.0)))
+        terms = np.where(positive, cur.probs * log_probs, F32(0.0)).astype(F32)
+        entropy = -seq_sum_f32(terms)
+        normalized = F32(entropy / max_entropy)
+        power = F32(math.pow(float(normalized), float(F32(self.exponent))))
+        dyn = F32(min_temp + (max_temp - min_temp) * power)
+        _temperature(cur, dyn)
+        # llama.cpp renormalises here in double precision
+        p64 = np.exp(cur.logits.astype(np.float64) - float(cur.logits[0]))
+        total = float(np.cumsum(p64)[-1])
+        cur.probs = (p64.astype(F32).astype(np.float64) / total).astype(F32)

@@ -1,0 +1,214 @@
+"""Byte-level BPE (`tokenizer.ggml.model == "gpt2"`), as llama.cpp's llm_tokenizer_bpe_session.
+
+A word from the pre-tokenizer is turned into GPT-2's printable "byte characters" (one code
+point per UTF-8 byte), split into those characters, and merged pair by pair: always the
+adjacent pair with the lowest merge rank, the leftmost one on ties. Each resulting symbol is
+a token; a symbol missing from the vocabulary falls back to the tokens of its single ASCII
+bytes (llama.cpp looks up each byte of the symbol's text as a one-byte string, which only
+ever finds ASCII or raw-byte tokens; others are dropped).
+
+Words repeat a lot in real text, so results are cached per word.
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+from typing import Any
+
+from llama.vocab.common import SpecialIds, VocabError, VocabFlags
+from llama.vocab.model import TokenizerModel, register_tokenizer_model
+from llama.vocab.pretokenizers import PreTokenizer, pre_spec
+
+log = logging.getLogger(__name__)
+
+
+def _bytes_to_unicode() -> list[str]:
+    """GPT-2's table: byte -> printable character (printable Latin-1 stays, the rest shifts)."""
+    keep = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    table = [""] * 256
+    for b in keep:
+        table[b] = chr(b)
+    n = 0
+    for b in range(256):
+        if not table[b]:
+            table[b] = chr(256 + n)
+            n += 1
+    return table
+
+
+BYTE_TO_UNICODE = _bytes_to_unicode()
+UNICODE_TO_BYTE = {ch: b for b, ch in enumerate(BYTE_TO_UNICODE)}
+# str.translate table taking a latin-1 decoded byte string to the byte characters
+_ENCODE_TABLE = {b: ch for b, ch in enumerate(BYTE_TO_UNICODE)}
+
+MERGE_HEAP_THRESHOLD = 64  # longer words use the heap; shorter ones the plain rescans
+
+
+def byte_encode(word: str) -> str:
+    """The word's UTF-8 bytes as GPT-2 byte characters."""
+    return word.encode("utf-8").decode("latin-1").translate(_ENCODE_TABLE)
+
+
+def byte_decode(text: str) -> bytes:
+    """Inverse of byte_encode, with llama.cpp's marker for characters outside the table."""
+    out = bytearray()
+    for ch in text:
+        b = UNICODE_TO_BYTE.get(ch)
+        if b is not None:
+            out.append(b)
+        else:  # llama_decode_text: "[UNK_BYTE_0x" + hex of the character + whole text + "]"
+            # a raw byte (surrogate) is invalid UTF-8, which llama.cpp reads as U+FFFD
+            raw = "\ufffd".encode() if "\ud800" <= ch <= "\udfff" else ch.encode("utf-8")
+            out += b"[UNK_BYTE_0x" + raw.hex().encode() + text.encode("utf-8", "surrogateescape") + b"]"
+    return bytes(out)
+
+
+def parse_merges(merges: Any) -> dict[tuple[str, str], int]:
+    """Merge ranks: "left right" at index i has rank i; the first duplicate wins.
+
+    Split at the first space after position 0 (a merge may start with a space); a line with
+    none becomes the pair ("", ""), both as llama.cpp does.
+    """
+    ranks: dict[tuple[str, str], int] = {}
+    for i, line in enumerate(merges):
+        if not isinstance(line, str):
+            raise VocabError(f"tokenizer.ggml.merges[{i}] is {type(line).__name__}, expected str")
+        pos = line.find(" ", 1)
+        pair = (line[:pos], line[pos + 1:]) if pos != -1 else ("", "")
+        ranks.setdefault(pair, i)
+    return ranks
+
+
+def merge_simple(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
+    """Repeatedly merge the lowest-ranked adjacent pair (leftmost on ties)."""
+    syms = list(symbols)
+    get = ranks.get
+    while len(syms) > 1:
+        best_i = -1
+        best_rank = None
+        prev = syms[0]
+        for i in range(1, len(syms)):
+            cur = syms[i]
+            r = get((prev, cur))
+            if r is not None and (best_rank is None or r < best_rank):
+                best_rank = r
+                best_i = i - 1
+            prev = cur
+        if best_i < 0:
+            break
+        syms[best_i:best_i + 2] = [syms[best_i] + syms[best_i + 1]]
+    return syms
+
+
+def merge_heap(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
+    """Same result as merge_simple in O(n log n): llama.cpp's priority queue of bigrams.
+
+    Entries are (rank, left index, right index, merged text); an entry is stale when either
+    side has changed since it was pushed, which shows as a text mismatch.
+    """
+    text = list(symbols)
+    n = len(text)
+    if n < 2:
+        return text
+    nxt = list(range(1, n + 1))
+    nxt[-1] = -1
+    prv = list(range(-1, n - 1))
+    heap: list[tuple[int, int, int, str]] = []
+
+    def push(left: int, right: int) -> None:
+        if left == -1 or right == -1:
+            return
+        r = ranks.get((text[left], text[right]))
+        if r is not None:
+            heapq.heappush(heap, (r, left, right, text[left] + text[right]))
+
+    for i in range(1, n):
+        push(i - 1, i)
+    while heap:
+        _, left, right, merged = heapq.heappop(heap)
+        if not text[left] or not text[right] or text[left] + text[right] != merged:
+            continue
+        text[left] = merged
+        text[right] = ""
+        nxt[left] = nxt[right]
+        if nxt[right] != -1:
+            prv[nxt[right]] = left
+        push(prv[left], left)
+        push(left, nxt[left])
+    return [t for t in text if t]
+
+
+@register_tokenizer_model("gpt2")
+class BPEModel(TokenizerModel):
+    """GPT-2 style byte-level BPE with the pre-tokenizer named by `tokenizer.ggml.pre`."""
+
+    name = "gpt2"
+    cache_size = 1 << 17
+
+    def __init__(self, md: dict[str, Any]):
+        super().__init__(md)
+        self.pre_name = md.get("tokenizer.ggml.pre")
+        if not self.pre_name:
+            log.warning("missing pre-tokenizer type (tokenizer.ggml.pre), using 'default'; "
+                        "generation quality will be degraded")
+        self.pre = pre_spec(self.pre_name)
+        self.pretokenizer = PreTokenizer.named(self.pre.regex_set)
+        merges = md.get("tokenizer.ggml.merges")
+        if merges is None:
+            raise VocabError("cannot find tokenizer merges (tokenizer.ggml.merges) in model file")
+        if isinstance(merges, (str, bytes)):
+            raise VocabError("tokenizer.ggml.merges must be an array of strings")
+        self.ranks = parse_merges(merges)
+        self._cache: dict[str, tuple[int, ...]] = {}
+
+    def defaults(self) -> tuple[VocabFlags, SpecialIds]:
+        flags = VocabFlags(add_space_prefix=False, escape_whitespaces=False,
+                           clean_spaces=self.pre.clean_spaces, ignore_merges=self.pre.ignore_merges,
+                           add_bos=self.pre.add_bos, add_sep=self.pre.add_sep)
+        ids = SpecialIds(bos=None if self.pre.null_bos else 11, eos=11)
+        return flags, ids
+
+    def attach(self, vocab: Any) -> None:
+        super().attach(vocab)
+        self._token_to_id = vocab.token_to_id
+        self._ignore_merges = vocab.flags.ignore_merges
+        self._cache.clear()
+
+    def encode(self, text: str) -> list[int]:
+        out: list[int] = []
+        cache = self._cache
+        for word in self.pretokenizer.split(text):
+            ids = cache.get(word)
+            if ids is None:
+                ids = self.encode_word(word)
+                if len(cache) >= self.cache_size:
+                    del cache[next(iter(cache))]  # drop the oldest entry
+                cache[word] = ids
+            out.extend(ids)
+        return out
+
+    def encode_word(self, word: str) -> tuple[int, ...]:
+        """Token ids of one pre-tokenized word (uncached)."""
+        token_to_id = self._token_to_id
+        encoded = byte_encode(word)
+        if self._ignore_merges:
+            tid = token_to_id.get(encoded)
+            if tid is not None:
+                return (tid,)
+        chars = list(encoded)
+        merge = merge_heap if len(chars) > MERGE_HEAP_THRESHOLD else merge_simple
+        ids: list[int] = []
+        for sym in merge(chars, self.ranks):
+            tid = token_to_id.get(sym)
+            if tid is not None:
+                ids.append(tid)
+                continue
+            for b in sym.encode("utf-8"):
+                # a one-byte token text: ASCII, or a raw byte kept by surrogateescape decoding
+                tid = token_to_id.get(chr(b) if b < 0x80 else chr(0xDC00 + b))
+                if tid is not None:
+                    ids.append(tid)
+        return tuple(ids)
+
+    def normal_piece(self, text: str) -> bytes:
+        return byte_decode(text)
