@@ -1,0 +1,155 @@
+"""ggml's scale searches for the K-quants, vectorised over sub-blocks.
+
+ggml picks each sub-block's scale (and min) by trying a few candidate scales and keeping the
+one with the smallest weighted error (make_qx_quants, make_q3_quants, make_qkx2_quants in
+ggml-quants.c). To reproduce its bytes exactly, these versions keep the C code's float32
+evaluation order: every sum is accumulated element by element in index order (a Python loop
+over the 16 or 32 positions of a sub-block, each step a vector operation over all sub-blocks;
+numpy's own sum would add pairwise and round differently), every product is rounded before it
+is added, and per-sub-block decisions become masks.
+
+Arrays are laid out transposed, `x[i, b]` = element i of sub-block b, so each step of a sum
+reads one contiguous row.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ggmlpy.quants.rounding import F32, first_absmax, nearest_int
+
+GROUP_MAX_EPS = F32(1e-15)
+
+
+def seq_sum(terms: np.ndarray) -> np.ndarray:
+    """Sum over axis 0 in index order, starting from 0.0f, as a C loop does."""
+    acc = np.zeros(terms.shape[1], dtype=F32)
+    for row in terms:
+        acc += row
+    return acc
+
+
+def _rmse_sums(x: np.ndarray, w: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """sum(w*x*l) and sum(w*l*l), each product evaluated left to right."""
+    lf = levels.astype(F32)
+    return seq_sum(w * x * lf), seq_sum(w * lf * lf)
+
+
+def make_qx_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric levels in [-nmax, nmax) with weights x*x (rmse_type 1, no importance).
+
+    Returns (scale per sub-block, levels + nmax as uint8), like ggml's make_qx_quants.
+    """
+    mx, amax = first_absmax(x, axis=0)
+    w = x * x
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        levels, scale, best = None, None, None
+        for step in [0] + [s for s in range(-9, 10) if s != 0]:
+            if step == 0:
+                iscale = F32(-nmax) / mx
+            else:
+                iscale = -(F32(nmax) + F32(0.1) * F32(step)) / mx
+            cand = np.clip(nearest_int(iscale * x), -nmax, nmax - 1)
+            sumlx, suml2 = _rmse_sums(x, w, cand)
+            if step == 0:
+                levels = cand
+                scale = np.where(suml2 != 0, sumlx / suml2, F32(0.0)).astype(F32)
+                best = scale * sumlx
+                continue
+            better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
+            levels = np.where(better, cand, levels)
+            scale = np.where(better, sumlx / suml2, scale).astype(F32)
+            best = np.where(better, scale * sumlx, best).astype(F32)
+    zero = amax < GROUP_MAX_EPS
+    scale = np.where(zero, F32(0.0), scale).astype(F32)
+    out = np.where(zero, 0, levels + nmax).astype(np.uint8)
+    return scale, out
+
+
+def make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's make_q3_quants with do_rmse: start from the max-based levels, then up to five
+    sweeps that move single levels when that improves the weighted fit.
+
+    ggml stops sweeping a sub-block once a sweep changes nothing; a further sweep from the
+    same state changes nothing either, so running all five for every sub-block is identical.
+    """
+    mx, amax = first_absmax(x, axis=0)
+    w = x * x
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        iscale = F32(-nmax) / mx
+        levels = np.clip(nearest_int(iscale * x), -nmax, nmax - 1)
+        sumlx, suml2 = _rmse_sums(x, w, levels)
+        for _sweep in range(5):
+            for i in range(x.shape[0]):
+                xi, wi, li = x[i], w[i], levels[i].astype(F32)
+                slx = sumlx - wi * xi * li
+                sl2 = suml2 - wi * li * li
+                new = np.clip(nearest_int(xi * sl2 / slx), -nmax, nmax - 1)
+                newf = new.astype(F32)
+                slx_new = slx + wi * xi * newf
+                sl2_new = sl2 + wi * newf * newf
+                accept = ((slx > 0) & (new != levels[i]) & (sl2_new > 0)
+                          & (slx_new * slx_new * suml2 > sumlx * sumlx * sl2_new))
+                levels[i] = np.where(accept, new, levels[i])
+                sumlx = np.where(accept, slx_new, sumlx)
+                suml2 = np.where(accept, sl2_new, suml2)
+        scale = np.where(suml2 > 0, sumlx / suml2, F32(0.0)).astype(F32)
+    zero = amax < GROUP_MAX_EPS
+    scale = np.where(zero, F32(0.0), scale).astype(F32)
+    out = np.where(zero, 0, levels + nmax).astype(np.uint8)
+    return scale, out
+
+
+def _weighted_error(x: np.ndarray, w: np.ndarray, levels: np.ndarray, scale: np.ndarray,
+                    minimum: np.ndarray, use_mad: bool) -> np.ndarray:
+    diff = scale * levels.astype(F32) + minimum - x
+    diff = np.abs(diff) if use_mad else diff * diff
+    return seq_sum(w * diff)
+
+
+def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float,
+                     nstep: int, use_mad: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Asymmetric levels in [0, nmax] with a min, searched over nstep+1 candidate scales.
+
+    Returns (scale, the_min = -min >= 0, levels as uint8), like ggml's make_qkx2_quants. As
+    in C, an accepted candidate's min shifts the grid of every later candidate.
+    """
+    mx = x.max(axis=0)
+    mn = x.min(axis=0)
+    sum_w = w[0].copy()
+    sum_x = sum_w * x[0]
+    for i in range(1, x.shape[0]):
+        sum_w += w[i]
+        sum_x += w[i] * x[i]
+    mn = np.where(mn > 0, F32(0.0), mn).astype(F32)
+    flat = mx == mn  # C returns here, before the search can move the min
+    flat_min = mn
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        iscale = F32(nmax) / (mx - mn)
+        scale = (F32(1.0) / iscale).astype(F32)
+        levels = np.clip(nearest_int(iscale * (x - mn)), 0, nmax)
+        best = _weighted_error(x, w, levels, scale, mn, use_mad)
+        for step in range(nstep + 1):
+            factor = F32(rmin) + F32(rdelta) * F32(step) + F32(nmax)
+            iscale = factor / (mx - mn)
+            cand = np.clip(nearest_int(iscale * (x - mn)), 0, nmax)
+            cf = cand.astype(F32)
+            wl = w * cf
+            sum_l = seq_sum(wl)
+            sum_l2 = seq_sum(wl * cf)
+            sum_xl = seq_sum(wl * x)
+            det = sum_w * sum_l2 - sum_l * sum_l
+            this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
+            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
+            clamp = this_min > 0
+            this_min = np.where(clamp, F32(0.0), this_min).astype(F32)
+            this_scale = np.where(clamp, sum_xl / sum_l2, this_scale).astype(F32)
+            err = _weighted_error(x, w, cand, this_scale, this_min, use_mad)
+            better = (det > 0) & (err < best)
+            levels = np.where(better, cand, levels)
+            best = np.where(better, err, best)
+            scale = np.where(better, this_scale, scale)
+            mn = np.where(better, this_min, mn)
+    scale = np.where(flat, F32(0.0), scale).astype(F32)
+    levels = np.where(flat, 0, levels).astype(np.uint8)
+    mn = np.where(flat, flat_min, mn).astype(F32)
+    return scale, -mn, levels

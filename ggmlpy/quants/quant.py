@@ -1,0 +1,59 @@
+"""`quantize`: float32 rows to ggml block bytes, as ggml's reference quantisers write them."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ggmlpy.ir.types import GGMLType, block_size, type_size
+from ggmlpy.quants import quant_blocks, quant_k
+from ggmlpy.quants.checks import as_type, row_bytes
+
+Encoder = Callable[[np.ndarray], np.ndarray]
+
+ENCODERS: dict[GGMLType, Encoder] = {
+    GGMLType.F32: quant_blocks.f32,
+    GGMLType.F16: quant_blocks.f16,
+    GGMLType.BF16: quant_blocks.bf16,
+    GGMLType.Q4_0: quant_blocks.q4_0,
+    GGMLType.Q4_1: quant_blocks.q4_1,
+    GGMLType.Q5_0: quant_blocks.q5_0,
+    GGMLType.Q5_1: quant_blocks.q5_1,
+    GGMLType.Q8_0: quant_blocks.q8_0,
+    GGMLType.Q8_1: quant_blocks.q8_1,
+    GGMLType.Q2_K: quant_k.q2_k,
+    GGMLType.Q3_K: quant_k.q3_k,
+    GGMLType.Q4_K: quant_k.q4_k,
+    GGMLType.Q5_K: quant_k.q5_k,
+    GGMLType.Q6_K: quant_k.q6_k,
+    GGMLType.Q8_K: quant_k.q8_k,
+}
+
+# elements per call of an encoder: bounds the K-quant searches' temporaries (~40 arrays)
+CHUNK_ELEMENTS = 1 << 16
+
+
+def quantize(x: np.ndarray, type: GGMLType | int) -> np.ndarray:
+    """Encode `x` (float32, any shape, last axis = ne[0]) as ggml type `type`.
+
+    Returns uint8 of shape x.shape[:-1] + (bytes per row,). Inputs of another float dtype are
+    first rounded to float32, since ggml's quantisers read float32.
+    """
+    t = as_type(type)
+    encode = ENCODERS.get(t)
+    if encode is None:
+        raise NotImplementedError(f"quantization to {t.name} is not implemented")
+    arr = np.asarray(x)
+    if arr.ndim == 0:
+        raise ValueError(f"cannot quantize a 0-d value to {t.name}: need rows (last axis = ne[0])")
+    if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+        raise TypeError(f"cannot quantize an array of dtype {arr.dtype} to {t.name}")
+    width = row_bytes(t, arr.shape[-1], list(reversed(arr.shape)))
+    bs = block_size(t)
+    blocks = np.ascontiguousarray(arr, dtype=np.float32).reshape(-1, bs)
+    out = np.empty((len(blocks), type_size(t)), dtype=np.uint8)
+    step = max(1, CHUNK_ELEMENTS // bs)
+    for start in range(0, len(blocks), step):
+        encoded = encode(blocks[start:start + step])
+        out[start:start + step] = encoded.view(np.uint8).reshape(len(encoded), -1)
+    return out.reshape(arr.shape[:-1] + (width,))
