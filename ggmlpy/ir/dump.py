@@ -14,6 +14,7 @@ symbolic dimensions by name, e.g. [576, n_tokens].
 """
 from __future__ import annotations
 
+import enum
 import json
 import math
 from collections import Counter
@@ -80,6 +81,8 @@ def jsonable(value: Any) -> Any:
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
+    if isinstance(value, enum.Enum):  # before int: GGMLType is an IntEnum
+        return value.name
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
     if isinstance(value, float):
@@ -88,8 +91,6 @@ def jsonable(value: Any) -> Any:
         return int(value)
     if hasattr(value, "item"):  # numpy scalar
         return jsonable(value.item())
-    if hasattr(value, "name"):  # enum
-        return value.name
     return repr(value)
 
 

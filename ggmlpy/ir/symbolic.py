@@ -121,3 +121,6 @@ def dim_str(x: Dim) -> str:
 N_TOKENS = SymExpr.symbol("n_tokens")
 N_KV = SymExpr.symbol("n_kv")
 N_OUTPUTS = SymExpr.symbol("n_outputs")
+# Cells read from the separate sliding-window cache of an iSWA model (llama.cpp's
+# llama_kv_cache_iswa): smaller than the main cache, so it needs its own symbol.
+N_KV_SWA = SymExpr.symbol("n_kv_swa")

@@ -45,7 +45,9 @@ class SrcSpec:
 
     type: GGMLType
     ne: tuple[int, ...]
-    fill: str = "normal"  # normal | positive | rows:N (row indices < N) | pos (positions) | mask
+    # normal | positive | zeros | rows:N (row indices < N) | unique_rows:N (distinct per index
+    # row) | pos (positions) | mask (0 / -inf, a 0 in every row); see ops/testing.py
+    fill: str = "normal"
     permute: tuple[int, int, int, int] | None = None  # feed as a permuted (non-contiguous) view
 
 

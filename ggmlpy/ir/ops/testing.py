@@ -245,6 +245,18 @@ def run_case(op_name: str, case: OpCase, backend: Any, inputs: Mapping[str, np.n
 
 
 # comparison ----------------------------------------------------------------------------------
+def compare_backends(op_name: str, case: OpCase, backend: Any, reference: Any,
+                     rng: np.random.Generator) -> float:
+    """NMSE of `backend` against `reference` on one case, both fed the same inputs."""
+    inputs = make_inputs(case, rng)
+    expected, _ = run_case(op_name, case, reference, inputs=inputs)
+    result, _ = run_case(op_name, case, backend, inputs=inputs)
+    if result.shape != expected.shape:
+        raise ValueError(f"{op_name}: {getattr(backend, 'name', backend)} gave shape {result.shape}, "
+                         f"{getattr(reference, 'name', reference)} {expected.shape}")
+    return normalized_error(result, expected)
+
+
 def normalized_error(a: np.ndarray, b: np.ndarray) -> float:
     """ggml's NMSE, sum((a - b)^2) / sum(b^2), with b the reference.
 

@@ -1,0 +1,151 @@
+"""`ggmlpy run -p PROMPT`: generate text the way llama-cli does and report its timings.
+
+The generated text streams to stdout as it is produced (nothing else goes there, so it can
+be piped); llama.cpp-style timings go to stderr at the end. `--json` prints one object
+(model, prompt, ids, text, stop reason, seed, timings) instead. Sampling defaults are
+llama.cpp's (temp 0.8, top-k 40, top-p 0.95, min-p 0.05, random seed); --temp 0 is greedy.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from ggmlpy.hub import DEFAULT_MODEL, KNOWN_MODELS
+from llama.context import Context
+from llama.generate import Generation, GenerationError, stream
+from llama.model import Model
+from llama.sampling import Dist, SamplerChain, make_sampler
+
+DEFAULT_N_PREDICT = 128
+DEFAULT_N_CTX = 4096  # llama-cli's default context
+
+
+def add_model_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", default=DEFAULT_MODEL,
+                   help=f"a GGUF file, or a known model name ({', '.join(sorted(KNOWN_MODELS))}; "
+                        f"default {DEFAULT_MODEL})")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "run", help="generate text from a prompt",
+        description="Generate text from a prompt and print llama.cpp-style timings on stderr.")
+    add_model_arg(p)
+    p.add_argument("-p", "--prompt", required=True, help="the prompt (special tokens are parsed)")
+    p.add_argument("-n", "--n-predict", type=int, default=DEFAULT_N_PREDICT,
+                   help=f"tokens to generate; -1 = until end of generation or a full context "
+                        f"(default {DEFAULT_N_PREDICT})")
+    s = p.add_argument_group("sampling (llama.cpp defaults)")
+    s.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
+    s.add_argument("--top-k", type=int, default=40, help="top-k, <= 0 off (default 40)")
+    s.add_argument("--top-p", type=float, default=0.95, help="top-p, 1 off (default 0.95)")
+    s.add_argument("--min-p", type=float, default=0.05, help="min-p, 0 off (default 0.05)")
+    s.add_argument("--repeat-penalty", type=float, default=1.0, help="1 off (default 1.0)")
+    s.add_argument("--repeat-last-n", type=int, default=64,
+                   help="tokens the repeat penalty looks back over (default 64)")
+    s.add_argument("--seed", type=int, default=-1, help="sampling seed; -1 = random (default)")
+    c = p.add_argument_group("context")
+    c.add_argument("-c", "--n-ctx", type=int, default=DEFAULT_N_CTX,
+                   help=f"context size in tokens; 0 = the model's (default {DEFAULT_N_CTX})")
+    c.add_argument("-t", "--threads", type=int, default=2, help="threads (default 2)")
+    c.add_argument("--backend", default=None,
+                   help="compute backend by name (default: the best available)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object at the end instead of streaming text")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    t_start = time.perf_counter()
+    if args.n_predict < -1:
+        raise ValueError(f"-n must be >= 0, or -1 for no limit, got {args.n_predict}")
+    model = Model.load(args.model)
+    sampler = make_sampler(n_vocab=model.n_vocab, temp=args.temp, top_k=args.top_k,
+                           top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
+                           repeat_last_n=args.repeat_last_n, seed=args.seed)
+    ctx = Context(model, n_ctx=args.n_ctx, n_threads=args.threads, backend=args.backend)
+    load_ms = (time.perf_counter() - t_start) * 1000
+    max_tokens = ctx.n_ctx if args.n_predict == -1 else args.n_predict
+
+    gen = Generation([])
+    out = sys.stdout
+    try:
+        for piece in stream(ctx, args.prompt, max_tokens=max_tokens, sampler=sampler,
+                            parse_special=True, result=gen):
+            if not args.json:
+                out.write(piece)
+                out.flush()
+    except GenerationError as e:
+        print(f"ggmlpy run: error: {e}", file=sys.stderr)
+        return 1
+    total_ms = (time.perf_counter() - t_start) * 1000
+    timings = run_timings(gen, load_ms, total_ms)
+
+    if args.json:
+        json.dump({
+            "model": str(model.path), "backend": ctx.backend_name, "n_ctx": ctx.n_ctx,
+            "seed": sampler_seed(sampler), "prompt": args.prompt, "prompt_ids": gen.prompt_tokens,
+            "ids": gen.tokens, "text": gen.text, "stop_reason": gen.stop_reason,
+            "timings": timings,
+        }, out, ensure_ascii=False)
+        out.write("\n")
+    else:
+        out.write("\n")
+        out.flush()
+        seed = sampler_seed(sampler)
+        sys.stderr.write(f"\nggmlpy: {model.path.name}, backend {ctx.backend_name}, n_ctx {ctx.n_ctx}, "
+                         f"{'seed ' + str(seed) if seed is not None else 'greedy'}, "
+                         f"stop: {gen.stop_reason}\n")
+        sys.stderr.write(format_timings(timings))
+    return 0
+
+
+def sampler_seed(sampler: SamplerChain) -> int | None:
+    """The seed the chain's Dist drew with (the random one when -1 was asked), None if greedy."""
+    for s in sampler.samplers:
+        if isinstance(s, Dist):
+            return int(s.seed_cur)
+    return None
+
+
+def eval_runs(gen: Generation) -> int:
+    """Single-token decodes after the prompt (llama.cpp's n_eval): every generated token is
+    fed back, except the last one when generation stopped on length or a full context."""
+    if gen.stop_reason == "eog":
+        return len(gen.tokens)
+    return max(len(gen.tokens) - 1, 0)
+
+
+def run_timings(gen: Generation, load_ms: float, total_ms: float) -> dict[str, float]:
+    n_eval = eval_runs(gen)
+    t = gen.timings()
+    t.update({
+        "load_ms": round(load_ms, 3),
+        "eval_runs": n_eval,
+        "eval_ms": round(gen.gen_ms, 3),
+        "eval_tok_s": round(n_eval / gen.gen_ms * 1000, 3) if gen.gen_ms and n_eval else 0.0,
+        "total_ms": round(total_ms, 3),
+    })
+    return t
+
+
+def _rate(ms: float, n: int) -> str:
+    per = ms / n if n else 0.0
+    per_s = n / ms * 1000 if ms and n else 0.0
+    return f"({per:8.2f} ms per token, {per_s:8.2f} tokens per second)"
+
+
+def format_timings(t: dict[str, float]) -> str:
+    """llama_perf_context_print's lines: load, prompt eval, eval and total time."""
+    n_p, n_e = int(t["prompt_tokens"]), int(t["eval_runs"])
+    return (
+        f"ggmlpy:        load time = {t['load_ms']:10.2f} ms\n"
+        f"ggmlpy: prompt eval time = {t['prompt_ms']:10.2f} ms / {n_p:5d} tokens "
+        f"{_rate(t['prompt_ms'], n_p)}\n"
+        f"ggmlpy:        eval time = {t['eval_ms']:10.2f} ms / {n_e:5d} runs   "
+        f"{_rate(t['eval_ms'], n_e)}\n"
+        f"ggmlpy:       total time = {t['total_ms']:10.2f} ms / {n_p + n_e:5d} tokens\n"
+    )

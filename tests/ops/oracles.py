@@ -1,0 +1,289 @@
+"""Naive oracles for every computing op, written independently of ggmlpy/ir/ops.
+
+Each oracle takes the sources in ggml index order (`x[i0, i1, i2, i3]`, float64, or ints for
+indices) and loops over ggml indices the way ggml's C kernels do, with scalar math written
+differently from the numpy references where a formula allows it (sigmoid forms of silu and
+gelu, erfc, per-pair complex rotation for rope). Slow, but the test shapes are small.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ggmlpy.ir.ops.registry import OpCase
+from ggmlpy.ir.types import GGMLType
+
+Oracle = Callable[[Sequence[np.ndarray], dict, OpCase], np.ndarray]
+
+
+def indices(shape: Sequence[int]):
+    """Every ggml index (i0, i1, i2, i3), i0 fastest: the order of a contiguous tensor."""
+    for rev in itertools.product(*(range(n) for n in reversed(tuple(shape)))):
+        yield tuple(reversed(rev))
+
+
+def pad4(ne: Sequence[int]) -> tuple[int, ...]:
+    return tuple(ne) + (1,) * (4 - len(ne))
+
+
+def round_to(ttype: GGMLType, v: float) -> float:
+    """A float32 value as stored in `ttype` and read back."""
+    if ttype == GGMLType.F16:
+        return float(np.float16(np.float32(v)))
+    if ttype == GGMLType.BF16:
+        bits = int(np.float32(v).view(np.uint32))
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # round to nearest even
+        return float(np.uint32(bits << 16).view(np.float32))
+    return float(np.float32(v))
+
+
+def sigmoid(x: float) -> float:
+    return 0.5 * (1.0 + math.tanh(0.5 * x))
+
+
+# elementwise ---------------------------------------------------------------------------------
+def binary(fn: Callable[[float, float], float]) -> Oracle:
+    def oracle(x, p, case):
+        a, b = x
+        out = np.empty(a.shape)
+        for i in indices(a.shape):
+            j = tuple(k % n for k, n in zip(i, b.shape))  # ggml tiles b over a
+            out[i] = fn(a[i], b[j])
+        return out
+    return oracle
+
+
+def unary(fn: Callable[[float], float]) -> Oracle:
+    def oracle(x, p, case):
+        out = np.empty(x[0].shape)
+        for i in indices(x[0].shape):
+            out[i] = fn(float(x[0][i]))
+        return out
+    return oracle
+
+
+def gelu_tanh(v: float) -> float:
+    # 0.5 * (1 + tanh(z)) == sigmoid(2z)
+    z = math.sqrt(2.0 / math.pi) * (v + 0.044715 * v ** 3)
+    return v * sigmoid(2.0 * z)
+
+
+def silu(v: float) -> float:
+    return v * sigmoid(v)
+
+
+def glu(act: Callable[[float], float]) -> Oracle:
+    def oracle(x, p, case):
+        a, g = x
+        out = np.empty(a.shape)
+        for i in indices(a.shape):
+            out[i] = act(float(a[i])) * g[i]
+        return out
+    return oracle
+
+
+def scale(x, p, case):
+    out = np.empty(x[0].shape)
+    for i in indices(x[0].shape):
+        out[i] = x[0][i] * p["s"] + p["b"]
+    return out
+
+
+# layout --------------------------------------------------------------------------------------
+def cont(x, p, case):
+    a = x[0]
+    values = [a[i] for i in indices(a.shape)]
+    ne = pad4(p["ne"]) if p.get("ne") else a.shape
+    out = np.empty(ne)
+    for v, j in zip(values, indices(ne)):
+        out[j] = v
+    return out
+
+
+def cpy(x, p, case):
+    dst, a = x  # write ops take their destination first
+    dst_type = case.srcs[0].type
+    out = np.empty(dst.shape)
+    for v, j in zip((a[i] for i in indices(a.shape)), indices(dst.shape)):
+        out[j] = round_to(dst_type, v)
+    return out
+
+
+def concat(x, p, case):
+    a, c = x
+    dim = p["dim"]
+    ne = list(a.shape)
+    ne[dim] += c.shape[dim]
+    out = np.empty(ne)
+    for i in indices(ne):
+        if i[dim] < a.shape[dim]:
+            out[i] = a[i]
+        else:
+            j = list(i)
+            j[dim] -= a.shape[dim]
+            out[i] = c[tuple(j)]
+    return out
+
+
+# matmul --------------------------------------------------------------------------------------
+def mul_mat(x, p, case, tile: bool = False):
+    """out[i0, i1, i2, i3] = a row i0 . b row i1; a's batch index is i2 // r2 (ggml repeats
+    each a-matrix r2 times in a row). `tile` uses i2 % ne02 instead, to show that matters."""
+    a, b = x
+    r2, r3 = b.shape[2] // a.shape[2], b.shape[3] // a.shape[3]
+    out = np.empty((a.shape[1], b.shape[1], b.shape[2], b.shape[3]))
+    for i0, i1, i2, i3 in indices(out.shape):
+        j2, j3 = (i2 % a.shape[2], i3 % a.shape[3]) if tile else (i2 // r2, i3 // r3)
+        out[i0, i1, i2, i3] = np.dot(a[:, i0, j2, j3], b[:, i1, i2, i3])
+    return out
+
+
+# norms ---------------------------------------------------------------------------------------
+def rms_norm(x, p, case):
+    a = x[0]
+    out = np.empty(a.shape)
+    for i1, i2, i3 in itertools.product(*(range(n) for n in a.shape[1:])):
+        row = [float(v) for v in a[:, i1, i2, i3]]
+        mean_sq = sum(v * v for v in row) / len(row)
+        inv = 1.0 / math.sqrt(mean_sq + p["eps"])
+        out[:, i1, i2, i3] = [v * inv for v in row]
+    return out
+
+
+def norm(x, p, case):
+    a = x[0]
+    out = np.empty(a.shape)
+    for i1, i2, i3 in itertools.product(*(range(n) for n in a.shape[1:])):
+        row = [float(v) for v in a[:, i1, i2, i3]]
+        mean = sum(row) / len(row)
+        var = sum((v - mean) ** 2 for v in row) / len(row)
+        out[:, i1, i2, i3] = [(v - mean) / math.sqrt(var + p["eps"]) for v in row]
+    return out
+
+
+# rope ----------------------------------------------------------------------------------------
+def yarn_corr_dims(p: dict) -> tuple[float, float]:
+    """ggml_rope_yarn_corr_dims: the pair range over which YaRN blends in extrapolation."""
+    n_dims, base = p["n_dims"], p["freq_base"]
+
+    def dim_for(n_rot: float) -> float:
+        return n_dims * math.log(p["n_ctx_orig"] / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(0.0, math.floor(dim_for(p["beta_fast"])))
+    high = min(n_dims - 1.0, math.ceil(dim_for(p["beta_slow"])))
+    return low, high
+
+
+def rope_rotation(pos: int, pair: int, p: dict, freq_factor: float) -> complex:
+    """The complex number pair `pair` of a token at `pos` is multiplied by (rope_yarn)."""
+    theta_extrap = pos * p["freq_base"] ** (-2.0 * pair / p["n_dims"]) / freq_factor
+    theta = p["freq_scale"] * theta_extrap
+    mscale = p["attn_factor"]
+    if p["ext_factor"] != 0.0:
+        low, high = yarn_corr_dims(p)
+        y = (pair - low) / max(0.001, high - low)
+        mix = (1.0 - min(1.0, max(0.0, y))) * p["ext_factor"]
+        theta = theta * (1.0 - mix) + theta_extrap * mix
+        mscale *= 1.0 + 0.1 * math.log(1.0 / p["freq_scale"])
+    return mscale * complex(math.cos(theta), math.sin(theta))
+
+
+def rope(x, p, case):
+    a, pos = x[0], x[1]
+    ff = x[2][:, 0, 0, 0] if len(x) > 2 else None
+    n_dims, half = p["n_dims"], p["n_dims"] // 2
+    out = a.copy()  # dims past n_dims pass through
+    for i1, i2, i3 in itertools.product(*(range(n) for n in a.shape[1:])):
+        for pair in range(half):
+            rot = rope_rotation(int(pos[i2, 0, 0, 0]), pair, p, 1.0 if ff is None else float(ff[pair]))
+            j0, j1 = (pair, pair + half) if p["mode"] == 2 else (2 * pair, 2 * pair + 1)
+            z = complex(a[j0, i1, i2, i3], a[j1, i1, i2, i3]) * rot
+            out[j0, i1, i2, i3], out[j1, i1, i2, i3] = z.real, z.imag
+    return out
+
+
+# rows ----------------------------------------------------------------------------------------
+def get_rows(x, p, case):
+    a, idx = x
+    out = np.empty((a.shape[0],) + idx.shape[:3], dtype=a.dtype)
+    for i10, i11, i12 in itertools.product(*(range(n) for n in idx.shape[:3])):
+        row = int(idx[i10, i11, i12, 0])
+        out[:, i10, i11, i12] = a[:, row, i11 % a.shape[2], i12 % a.shape[3]]
+    return out
+
+
+def set_rows(x, p, case):
+    dst, src, idx = x
+    dst_type = case.srcs[0].type
+    out = dst.copy()
+    for i01, i02, i03 in itertools.product(*(range(n) for n in src.shape[1:])):
+        row = int(idx[i01, i02 % idx.shape[1], i03 % idx.shape[2], 0])
+        out[:, row, i02, i03] = [round_to(dst_type, v) for v in src[:, i01, i02, i03]]
+    return out
+
+
+# softmax -------------------------------------------------------------------------------------
+def alibi_slope(head: int, n_head: int, max_bias: float) -> float:
+    if max_bias <= 0.0:
+        return 1.0
+    n_log2 = 2 ** int(math.floor(math.log2(n_head)))
+    if head < n_log2:
+        return (2.0 ** (-max_bias / n_log2)) ** (head + 1)
+    return (2.0 ** (-max_bias / 2.0 / n_log2)) ** (2 * (head - n_log2) + 1)
+
+
+def soft_max(x, p, case):
+    a = x[0]
+    mask = x[1] if len(x) > 1 else None
+    out = np.empty(a.shape)
+    for i1, i2, i3 in itertools.product(*(range(n) for n in a.shape[1:])):
+        slope = alibi_slope(i2, a.shape[2], p["max_bias"])
+        logits = []
+        for i0 in range(a.shape[0]):
+            v = float(a[i0, i1, i2, i3]) * p["scale"]
+            if mask is not None:  # mask row i1 (rows may be padded), tiled over heads
+                v += slope * float(mask[i0, i1, i2 % mask.shape[2], i3 % mask.shape[3]])
+            logits.append(v)
+        top = max(logits)
+        exps = [math.exp(v - top) for v in logits]
+        total = sum(exps)
+        out[:, i1, i2, i3] = [e / total for e in exps]
+    return out
+
+
+ORACLES: dict[str, Oracle] = {
+    "add": binary(lambda u, v: u + v),
+    "sub": binary(lambda u, v: u - v),
+    "mul": binary(lambda u, v: u * v),
+    "div": binary(lambda u, v: u / v),
+    "silu": unary(silu),
+    "gelu": unary(gelu_tanh),
+    "gelu_erf": unary(lambda v: 0.5 * v * math.erfc(-v / math.sqrt(2.0))),
+    "tanh": unary(lambda v: 2.0 * sigmoid(2.0 * v) - 1.0),
+    "relu": unary(lambda v: v if v > 0 else 0.0),
+    "sqr": unary(lambda v: v ** 2),
+    "sqrt": unary(math.sqrt),
+    "scale": scale,
+    "swiglu": glu(silu),
+    "geglu": glu(gelu_tanh),
+    "cont": cont,
+    "cpy": cpy,
+    "concat": concat,
+    "mul_mat": mul_mat,
+    "rms_norm": rms_norm,
+    "norm": norm,
+    "rope": rope,
+    "get_rows": get_rows,
+    "set_rows": set_rows,
+    "soft_max": soft_max,
+}
+
+
+def run_oracle(op_name: str, values: Sequence[np.ndarray], params: dict[str, Any], case: OpCase,
+               **kw: Any) -> np.ndarray:
+    """Apply the oracle to numpy-ordered source values; returns a numpy-ordered result."""
+    ggml_order = [v.T if v.dtype.kind in "iu" else v.T.astype(np.float64) for v in values]
+    return np.asarray(ORACLES[op_name](ggml_order, params, case, **kw)).T
