@@ -22,6 +22,7 @@ from llama.graph import BuiltGraph, KVLayout, LlmGraph
 from llama.graph_inputs import GraphParams, InputState
 from llama.kshift import build_k_shift
 from llama.kv_cache import KV_TYPES, KVCache
+from llama.kv_cache_iswa import KVCacheISWA
 from llama.model import Model
 
 log = logging.getLogger("llama.context")
@@ -42,7 +43,7 @@ class Context:
     def __init__(self, model: Model, n_ctx: int = 512, n_batch: int = 512, n_ubatch: int = 512,
                  n_seq_max: int = 1, n_threads: int = 2, n_threads_batch: int | None = None,
                  backend: str | None = None, type_k: str = "f16", type_v: str = "f16",
-                 abort_callback: Callable[[], bool] | None = None):
+                 abort_callback: Callable[[], bool] | None = None, swa_full: bool = False):
         hp = model.hparams
         if model.w is None:
             raise ValueError("the model was loaded with vocab_only=True: it has no weights to run")
@@ -64,9 +65,17 @@ class Context:
         self.n_threads = n_threads
         self.n_threads_batch = n_threads_batch or n_threads
         self.abort_callback = abort_callback
-        self.memory = KVCache(hp, self.n_ctx, n_seq_max, type_k=KV_TYPES[type_k], type_v=KV_TYPES[type_v])
-        self.kv_layout = KVLayout(self.n_ctx, KV_TYPES[type_k], KV_TYPES[type_v])
+        self.swa_full = swa_full
+        self.memory = self._make_memory(KV_TYPES[type_k], KV_TYPES[type_v])
+        self.kv_layout: KVLayout = self.memory.layout()
         self.backends = [create_backend(backend)]
+        if self.backends[0].name != "ref":
+            self.backends.append(create_backend("ref"))  # the fallback for ops without a lowering
+        for be in self.backends:
+            if hasattr(be, "set_limits"):
+                be.set_limits({"n_tokens": self.n_ubatch, "n_kv": self.n_ctx, "n_outputs": self.n_ubatch})
+            if hasattr(be, "set_threads"):
+                be.set_threads(self.n_threads)
         self.graph_cache = GraphCache()
         self.n_reused = 0
         self.n_compute = 0
@@ -76,6 +85,15 @@ class Context:
         self._logits = np.zeros((0, hp.n_vocab), np.float32)
         self._output_ids = np.zeros(0, np.int64)
         self._reserve()
+
+    def _make_memory(self, type_k, type_v) -> KVCache | KVCacheISWA:
+        """Models with sliding-window layers get llama.cpp's iSWA cache (a small cache for
+        the windowed layers, full-size with `swa_full`); the others one unified cache."""
+        hp = self.model.hparams
+        if hp.n_swa > 0 and any(hp.swa_layers) and hp.extra.get("swa_type", 1) != 0:
+            return KVCacheISWA(hp, self.n_ctx, self.n_seq_max, self.n_ubatch, swa_full=self.swa_full,
+                               type_k=type_k, type_v=type_v)
+        return KVCache(hp, self.n_ctx, self.n_seq_max, type_k=type_k, type_v=type_v)
 
     @property
     def n_vocab(self) -> int:
@@ -127,7 +145,7 @@ class Context:
         if ubatches is None:
             log.error("decode: the batch could not be split into ubatches")
             return DECODE_INVALID_BATCH
-        slots = self.memory.cells.prepare(ubatches)
+        slots = self.memory.prepare(ubatches)  # every ubatch placed, or none
         if slots is None:
             return DECODE_NO_KV_SLOT
 
@@ -142,7 +160,7 @@ class Context:
                 return DECODE_ABORTED
             state = self.memory.snapshot()
             try:
-                self.memory.cells.apply_ubatch(slot, ub)
+                self.memory.apply_ubatch(slot, ub)
                 logits = self._process_ubatch(ub, slot)
             except Exception:
                 self.memory.restore(state)  # the failed ubatch leaves no trace in the cache
@@ -155,12 +173,15 @@ class Context:
     def _process_ubatch(self, ub: UBatch, slot) -> np.ndarray:
         params = GraphParams.for_ubatch(ub, self.n_ctx)
         built, compiled = self._graph_for(params)
-        n_kv = self.memory.cells.get_n_kv()
-        state = InputState(self.memory.cells, slot, n_kv)
+        threads = self.n_threads if ub.n_tokens == 1 else self.n_threads_batch
+        for be in self.backends:
+            if hasattr(be, "set_threads"):
+                be.set_threads(threads)
+        state: InputState = self.memory.input_state(slot)
         inputs: dict[str, np.ndarray] = {}
         for inp in built.inputs:
             inputs.update(inp.set_input(ub, state))
-        env = {"n_tokens": ub.n_tokens, "n_kv": n_kv, "n_outputs": int(ub.output.sum())}
+        env = {"n_tokens": ub.n_tokens, "n_outputs": int(ub.output.sum()), **state.symbols()}
         store = TensorStore(ChainMap(inputs, self.memory.bindings(), self._weights))
         compiled.run(store, env)
         self.n_compute += 1
@@ -169,15 +190,13 @@ class Context:
 
     def _apply_k_shift(self) -> None:
         """Re-rotate cached keys after seq_add/seq_div moved positions (llama.cpp's K-shift)."""
-        cells = self.memory.cells
-        if not cells.has_shift:
+        if not self.memory.has_shift:
             return
         built = build_k_shift(self.model, self.kv_layout)
         compiled = self._compile(built)
-        store = TensorStore(ChainMap({"inp_k_shift": cells.k_shift().astype(np.int32)},
-                                     self.memory.bindings(), self._weights))
+        store = TensorStore(ChainMap(self.memory.k_shift_inputs(), self.memory.bindings(), self._weights))
         compiled.run(store, {})
-        cells.reset_shift()
+        self.memory.reset_shift()
 
     # logits -----------------------------------------------------------------------------------
     def get_logits(self) -> np.ndarray:

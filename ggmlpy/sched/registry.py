@@ -34,4 +34,11 @@ def _ref() -> Backend:
     return RefBackend()
 
 
+def _cpu() -> Backend:
+    from ggmlpy.codegen_cpu.backend import CpuBackend
+
+    return CpuBackend()
+
+
 register_backend("ref", _ref, priority=99)
+register_backend("cpu", _cpu, priority=0)

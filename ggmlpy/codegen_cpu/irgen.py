@@ -1,0 +1,282 @@
+"""A small kit for writing kernels with llvmlite.ir: the kernel ABI, loops, thread ranges,
+typed loads and stores, symbolic dims as code, and vectorisable math (exp, tanh).
+
+Every kernel has the same signature, so the graph function can call any of them:
+
+    void kernel(ptr dst, ptr src0, ptr src1, ptr src2, ptr src3,
+                ptr ctx, ptr scratch, ptr barrier, i32 ith, i32 nth)
+
+`ctx` starts with the symbol values (n_tokens, n_kv, n_outputs as i64), so shapes that
+depend on the ubatch are computed at run time and one kernel serves every size.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Sequence
+
+import llvmlite.ir as ir
+
+from ggmlpy.ir.symbolic import Dim, SymExpr
+from ggmlpy.ir.types import GGMLType
+
+I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
+PTR = ir.PointerType()
+VOID = ir.VoidType()
+FAST = ("fast",)
+
+# order of the symbol values at the start of the ctx array
+SYMBOLS = ("n_tokens", "n_kv", "n_outputs")
+KERNEL_ARGS = ("dst", "src0", "src1", "src2", "src3", "ctx", "scratch", "barrier", "ith", "nth")
+KERNEL_TYPE = ir.FunctionType(VOID, [PTR] * 8 + [I32, I32])
+BARRIER_TYPE = ir.FunctionType(VOID, [PTR, I32])
+
+
+def i64(v: int) -> ir.Constant:
+    return ir.Constant(I64, int(v))
+
+
+def f32(v: float) -> ir.Constant:
+    return ir.Constant(F32, float(v))
+
+
+class KernelBuilder:
+    """Builds one kernel function; `b` is the IRBuilder positioned in its body."""
+
+    def __init__(self, module: ir.Module, name: str):
+        self.module = module
+        self.fn = ir.Function(module, KERNEL_TYPE, name)
+        self.fn.linkage = "internal"
+        self.fn.attributes.add("noinline")  # kernels are shared; inlining ~1000 calls would bloat compile time
+        for arg, n in zip(self.fn.args, KERNEL_ARGS):
+            arg.name = n
+        self.args = {n: a for n, a in zip(KERNEL_ARGS, self.fn.args)}
+        self._entry = self.fn.append_basic_block("entry")
+        body = self.fn.append_basic_block("body")
+        self.b = ir.IRBuilder(body)
+        self._sym_cache: dict[str, ir.Value] = {}
+        self.ith = self.b.sext(self.args["ith"], I64, name="ith64")
+        self.nth = self.b.sext(self.args["nth"], I64, name="nth64")
+
+    # values ---------------------------------------------------------------------------------
+    def arg(self, name: str) -> ir.Value:
+        return self.args[name]
+
+    def sym(self, name: str) -> ir.Value:
+        if name not in self._sym_cache:
+            with self.b.goto_block(self._entry):
+                p = self.b.gep(self.args["ctx"], [i64(SYMBOLS.index(name))], source_etype=I64)
+                self._sym_cache[name] = self.b.load(p, name=name, typ=I64)
+        return self._sym_cache[name]
+
+    def dim(self, d: Dim) -> ir.Value:
+        """A (possibly symbolic) dimension or stride as an i64 value."""
+        if not isinstance(d, SymExpr):
+            return i64(d)
+        total: ir.Value | None = None
+        for mono, coef in d.terms.items():
+            term: ir.Value = i64(coef)
+            for s in mono:
+                term = self.b.mul(term, self.sym(s))
+            total = term if total is None else self.b.add(total, term)
+        return total if total is not None else i64(0)
+
+    def var(self, typ: ir.Type, init: ir.Value, name: str = "") -> ir.AllocaInstr:
+        """A mutable local (an alloca in the entry block; LLVM promotes it to a register)."""
+        with self.b.goto_block(self._entry):
+            slot = self.b.alloca(typ, name=name)
+        self.b.store(init, slot)
+        return slot
+
+    def finish(self) -> ir.Function:
+        self.b.ret_void()
+        with self.b.goto_block(self._entry):
+            self.b.branch(self.fn.blocks[1])
+        return self.fn
+
+    # control flow ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def loop(self, start: ir.Value, stop: ir.Value, name: str = "i", step: int = 1) -> Iterator[ir.Value]:
+        b = self.b
+        pre = b.block
+        head = b.append_basic_block(f"{name}.head")
+        body = b.append_basic_block(f"{name}.body")
+        done = b.append_basic_block(f"{name}.done")
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(I64, name=name)
+        i.add_incoming(start, pre)
+        b.cbranch(b.icmp_signed("<", i, stop), body, done)
+        b.position_at_end(body)
+        yield i
+        i.add_incoming(b.add(i, i64(step)), b.block)
+        b.branch(head)
+        b.position_at_end(done)
+
+    @contextlib.contextmanager
+    def if_then(self, cond: ir.Value) -> Iterator[None]:
+        with self.b.if_then(cond):
+            yield
+
+    def thread_range(self, n: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """This thread's share [start, end) of n items, as ggml splits rows."""
+        b = self.b
+        per = b.sdiv(b.add(n, b.sub(self.nth, i64(1))), self.nth)
+        start = b.mul(per, self.ith)
+        end = b.add(start, per)
+        start = b.select(b.icmp_signed("<", start, n), start, n)
+        end = b.select(b.icmp_signed("<", end, n), end, n)
+        return start, end
+
+    def barrier(self) -> None:
+        fn = self.module.globals.get("ggmlpy_barrier")
+        self.b.call(fn, [self.args["barrier"], self.args["nth"]])
+
+    # memory ---------------------------------------------------------------------------------
+    def byte_ptr(self, base: ir.Value, offset: ir.Value) -> ir.Value:
+        return self.b.gep(base, [offset], source_etype=I8)
+
+    def elem_ptr(self, base: ir.Value, index: ir.Value, typ: ir.Type) -> ir.Value:
+        return self.b.gep(base, [index], source_etype=typ)
+
+    def load(self, ptr: ir.Value, t: GGMLType) -> ir.Value:
+        """An element of type t, as f32."""
+        b = self.b
+        if t == GGMLType.F32:
+            return b.load(ptr, typ=F32, align=4)
+        if t == GGMLType.F16:
+            return b.fpext(b.load(ptr, typ=F16, align=2), F32)
+        if t == GGMLType.BF16:
+            bits = b.zext(b.load(ptr, typ=I16, align=2), I32)
+            return b.bitcast(b.shl(bits, ir.Constant(I32, 16)), F32)
+        if t == GGMLType.I32:
+            return b.sitofp(b.load(ptr, typ=I32, align=4), F32)
+        raise NotImplementedError(f"load of {t.name}")
+
+    def store(self, ptr: ir.Value, value: ir.Value, t: GGMLType) -> None:
+        b = self.b
+        if t == GGMLType.F32:
+            b.store(value, ptr, align=4)
+        elif t == GGMLType.F16:
+            b.store(b.fptrunc(value, F16), ptr, align=2)
+        elif t == GGMLType.BF16:
+            bits = b.bitcast(value, I32)
+            # round to nearest even, as ggml_compute_fp32_to_bf16
+            rounded = b.add(bits, b.add(ir.Constant(I32, 0x7FFF), b.and_(b.lshr(bits, ir.Constant(I32, 16)), ir.Constant(I32, 1))))
+            b.store(b.trunc(b.lshr(rounded, ir.Constant(I32, 16)), I16), ptr, align=2)
+        else:
+            raise NotImplementedError(f"store of {t.name}")
+
+    def load_i64(self, ptr: ir.Value, t: GGMLType) -> ir.Value:
+        if t == GGMLType.I32:
+            return self.b.sext(self.b.load(ptr, typ=I32, align=4), I64)
+        if t == GGMLType.I64:
+            return self.b.load(ptr, typ=I64, align=8)
+        raise NotImplementedError(f"index load of {t.name}")
+
+    # math -----------------------------------------------------------------------------------
+    def fadd(self, x, y):
+        return self.b.fadd(x, y, flags=FAST)
+
+    def fmul(self, x, y):
+        return self.b.fmul(x, y, flags=FAST)
+
+    def fsub(self, x, y):
+        return self.b.fsub(x, y, flags=FAST)
+
+    def fdiv(self, x, y):
+        return self.b.fdiv(x, y, flags=FAST)
+
+    def intrinsic(self, name: str, args: Sequence[ir.Value], typ: ir.Type = F32) -> ir.Value:
+        """Call an overloaded math intrinsic (llvm.sqrt, llvm.maxnum ...) on `typ` values."""
+        suffix = {F32: "f32", F64: "f64", F16: "f16"}[typ]
+        full = f"{name}.{suffix}"
+        fn = self.module.globals.get(full)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(typ, [typ] * len(args)), full)
+        return self.b.call(fn, list(args))
+
+    def fmax(self, x, y):
+        return self.intrinsic("llvm.maxnum", [x, y])
+
+    def sqrt(self, x):
+        return self.intrinsic("llvm.sqrt", [x])
+
+    def exp(self, x: ir.Value) -> ir.Value:
+        """exp(x) with a polynomial (no libm call), so loops using it vectorise.
+
+        Range reduction x = n*ln2 + r, |r| <= ln2/2, then a degree-6 polynomial for e^r and
+        2^n built in the exponent bits; relative error about 2e-7 over float32's range.
+        """
+        b = self.b
+        x = self.intrinsic("llvm.maxnum", [self.intrinsic("llvm.minnum", [x, f32(88.3762626647949)]), f32(-88.0)])
+        n = self.intrinsic("llvm.rint", [self.fmul(x, f32(1.44269504088896341))])
+        r = self.fsub(x, self.fmul(n, f32(0.693359375)))
+        r = self.fadd(r, self.fmul(n, f32(2.12194440e-4)))
+        p = f32(1.9875691500e-4)
+        for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+            p = self.fadd(self.fmul(p, r), f32(c))
+        p = self.fadd(self.fmul(self.fmul(p, r), r), self.fadd(r, f32(1.0)))
+        ni = b.fptosi(n, I32)
+        scale = b.bitcast(b.shl(b.add(ni, ir.Constant(I32, 127)), ir.Constant(I32, 23)), F32)
+        return self.fmul(p, scale)
+
+    def tanh(self, x: ir.Value) -> ir.Value:
+        """tanh(x) = 1 - 2 / (exp(2x) + 1), saturating cleanly for large |x|."""
+        e = self.exp(self.fmul(x, f32(2.0)))
+        return self.fsub(f32(1.0), self.fdiv(f32(2.0), self.fadd(e, f32(1.0))))
+
+
+def declare_barrier(module: ir.Module) -> ir.Function:
+    """Declare the barrier; its body (BARRIER_IR) is appended to the module's text, since
+    llvmlite's builder cannot emit atomic stores through opaque pointers."""
+    return ir.Function(module, BARRIER_TYPE, "ggmlpy_barrier")
+
+
+def barrier_ir(triple: str) -> str:
+    """A sense-reversing spin barrier over {i32 count, i32 phase} shared by the threads.
+
+    After a short spin a waiting thread yields its core: on a loaded machine the thread it
+    waits for may have been preempted, and spinning would only keep it off the CPU."""
+    pause = "call void @llvm.x86.sse2.pause()" if triple.startswith("x86_64") else ""
+    text = BARRIER_IR.replace("PAUSE", pause)
+    text += "declare i32 @sched_yield()\n"
+    return text + ("declare void @llvm.x86.sse2.pause()\n" if pause else "")
+
+
+BARRIER_IR = r"""
+define internal void @ggmlpy_barrier(ptr %state, i32 %nth) {
+entry:
+  %one = icmp sle i32 %nth, 1
+  br i1 %one, label %ret, label %work
+work:
+  %phase_p = getelementptr i32, ptr %state, i64 1
+  %phase = load atomic i32, ptr %phase_p acquire, align 4
+  %arrived = atomicrmw add ptr %state, i32 1 acq_rel
+  %lastn = sub i32 %nth, 1
+  %last = icmp eq i32 %arrived, %lastn
+  br i1 %last, label %release, label %spin
+release:
+  store atomic i32 0, ptr %state monotonic, align 4
+  %next = add i32 %phase, 1
+  store atomic i32 %next, ptr %phase_p release, align 4
+  br label %ret
+spin:
+  %n = phi i32 [0, %work], [%n1, %yield], [%n1, %relax]
+  %now = load atomic i32, ptr %phase_p acquire, align 4
+  %same = icmp eq i32 %now, %phase
+  br i1 %same, label %pause, label %ret
+pause:
+  %n1 = add i32 %n, 1
+  %long = icmp sgt i32 %n, 2000
+  br i1 %long, label %yield, label %relax
+yield:
+  %r = call i32 @sched_yield()
+  br label %spin
+relax:
+  PAUSE
+  br label %spin
+ret:
+  ret void
+}
+"""

@@ -1,0 +1,122 @@
+"""Elementwise kernels: arithmetic with broadcasting, activations, GLUs, scale, and the copies
+(cont, cpy) that convert types or make data contiguous.
+
+Each op is a scalar formula over f32 values; the kernel walks this thread's rows and runs the
+formula in an inner loop over ne[0] that LLVM vectorises (the math helpers avoid libm calls).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import llvmlite.ir as ir
+
+from ggmlpy.codegen_cpu.irgen import KernelBuilder, f32, i64
+from ggmlpy.codegen_cpu.kernels.common import (
+    elem_ptr, n_rows, row_ptr, src_row_ptr, unravel_row,
+)
+from ggmlpy.codegen_cpu.lowering import lowering
+from ggmlpy.ir.tensor import Tensor
+from ggmlpy.ir.types import GGMLType
+
+Formula = Callable[[KernelBuilder, Sequence[ir.Value], dict], ir.Value]
+PLAIN = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+
+
+def silu(kb: KernelBuilder, x: ir.Value) -> ir.Value:
+    return kb.fdiv(x, kb.fadd(f32(1.0), kb.exp(kb.b.fneg(x))))
+
+
+def gelu(kb: KernelBuilder, x: ir.Value) -> ir.Value:
+    inner = kb.fmul(kb.fmul(f32(math.sqrt(2.0 / math.pi)), x),
+                    kb.fadd(f32(1.0), kb.fmul(f32(0.044715), kb.fmul(x, x))))
+    return kb.fmul(kb.fmul(f32(0.5), x), kb.fadd(f32(1.0), kb.tanh(inner)))
+
+
+FORMULAS: dict[str, Formula] = {
+    "add": lambda kb, x, p: kb.fadd(x[0], x[1]),
+    "sub": lambda kb, x, p: kb.fsub(x[0], x[1]),
+    "mul": lambda kb, x, p: kb.fmul(x[0], x[1]),
+    "div": lambda kb, x, p: kb.b.fdiv(x[0], x[1]),
+    "scale": lambda kb, x, p: kb.fadd(kb.fmul(x[0], f32(p["s"])), f32(p.get("b", 0.0))),
+    "silu": lambda kb, x, p: silu(kb, x[0]),
+    "gelu": lambda kb, x, p: gelu(kb, x[0]),
+    "tanh": lambda kb, x, p: kb.tanh(x[0]),
+    "relu": lambda kb, x, p: kb.fmax(x[0], f32(0.0)),
+    "sqr": lambda kb, x, p: kb.fmul(x[0], x[0]),
+    "sqrt": lambda kb, x, p: kb.sqrt(x[0]),
+    "swiglu": lambda kb, x, p: kb.fmul(silu(kb, x[0]), x[1]),
+    "geglu": lambda kb, x, p: kb.fmul(gelu(kb, x[0]), x[1]),
+    "cont": lambda kb, x, p: x[0],
+}
+
+
+def _plain(node: Tensor) -> bool:
+    return node.type in PLAIN and all(s.type in PLAIN for s in node.src)
+
+
+def emit_map(kb: KernelBuilder, node: Tensor, srcs: Sequence[Tensor], src_args: Sequence[ir.Value],
+             formula: Formula) -> None:
+    """dst[i] = formula(src_0[i], src_1[i], ...) with every source broadcast to dst's shape."""
+    b = kb.b
+    start, end = kb.thread_range(n_rows(kb, node))
+    ne0 = kb.dim(node.ne[0])
+    with kb.loop(start, end, "r") as r:
+        i1, i2, i3 = unravel_row(kb, node, r)
+        drow = row_ptr(kb, kb.arg("dst"), node, i1, i2, i3)
+        srows = [src_row_ptr(kb, a, s, node, i1, i2, i3) for s, a in zip(srcs, src_args)]
+        with kb.loop(i64(0), ne0, "i0") as i0:
+            vals = []
+            for s, row in zip(srcs, srows):
+                j = i0 if s.ne[0] == node.ne[0] else (i64(0) if s.ne[0] == 1 else b.srem(i0, kb.dim(s.ne[0])))
+                vals.append(kb.load(elem_ptr(kb, row, s, j), s.type))
+            kb.store(elem_ptr(kb, drow, node, i0), formula(kb, vals, node.params), node.type)
+
+
+def emit_flat_copy(kb: KernelBuilder, node: Tensor, src: Tensor, src_arg: ir.Value) -> None:
+    """Copy in ggml's logical element order into a contiguous destination of another shape."""
+    b = kb.b
+    start, end = kb.thread_range(n_rows(kb, src))
+    ne0, ne1, ne2 = kb.dim(src.ne[0]), kb.dim(src.ne[1]), kb.dim(src.ne[2])
+    esize = kb.dim(node.nb[0])
+    with kb.loop(start, end, "r") as r:
+        i1, i2, i3 = unravel_row(kb, src, r)
+        srow = row_ptr(kb, src_arg, src, i1, i2, i3)
+        flat_row = b.mul(b.add(i1, b.mul(ne1, b.add(i2, b.mul(ne2, i3)))), ne0)
+        with kb.loop(i64(0), ne0, "i0") as i0:
+            v = kb.load(elem_ptr(kb, srow, src, i0), src.type)
+            kb.store(kb.byte_ptr(kb.arg("dst"), b.mul(b.add(flat_row, i0), esize)), v, node.type)
+
+
+@lowering(*[op for op in FORMULAS if op != "cont"], supports=_plain)
+def _elementwise(kb: KernelBuilder, node: Tensor) -> None:
+    emit_map(kb, node, node.src, [kb.arg(f"src{i}") for i in range(len(node.src))], FORMULAS[node.op])
+
+
+def _same_shape(a: Tensor, b: Tensor) -> bool:
+    return tuple(a.ne) == tuple(b.ne)
+
+
+@lowering("cont", supports=_plain)
+def _cont(kb: KernelBuilder, node: Tensor) -> None:
+    src = node.src[0]
+    if _same_shape(node, src):
+        emit_map(kb, node, [src], [kb.arg("src0")], FORMULAS["cont"])
+    else:
+        emit_flat_copy(kb, node, src, kb.arg("src0"))
+
+
+def _cpy_supported(node: Tensor) -> bool:
+    dst, src = node.src
+    return _plain(node) and (_same_shape(dst, src) or dst.is_contiguous)
+
+
+@lowering("cpy", supports=_cpy_supported)
+def _cpy(kb: KernelBuilder, node: Tensor) -> None:
+    dst, src = node.src  # WRITE ops: the destination first; the kernel's dst is its memory
+    if _same_shape(node, src):
+        emit_map(kb, node, [src], [kb.arg("src1")], FORMULAS["cont"])
+    else:
+        emit_flat_copy(kb, node, src, kb.arg("src1"))
+
+

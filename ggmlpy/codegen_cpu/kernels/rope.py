@@ -1,0 +1,73 @@
+"""RoPE: per token, the cos/sin table for its position is built once and applied to every
+head (as ggml's rope cache), pairs adjacent (mode 0) or split in halves (mode 2, NeoX)."""
+from __future__ import annotations
+
+import llvmlite.ir as ir
+
+from ggmlpy.codegen_cpu.irgen import F32, I32, KernelBuilder, f32, i64
+from ggmlpy.codegen_cpu.kernels.common import elem_ptr, row_ptr
+from ggmlpy.codegen_cpu.lowering import lowering
+from ggmlpy.ir.ops.rope import ROPE_TYPE_NEOX
+from ggmlpy.ir.tensor import Tensor
+from ggmlpy.ir.types import GGMLType
+
+
+
+def _supported(node: Tensor) -> bool:
+    return (node.params["ext_factor"] == 0.0 and node.src[0].type in (GGMLType.F32, GGMLType.F16)
+            and node.type == GGMLType.F32 and isinstance(node.params["n_dims"], int))
+
+
+@lowering("rope", supports=_supported)
+def _rope(kb: KernelBuilder, node: Tensor) -> None:
+    b = kb.b
+    p = node.params
+    src = node.src[0]  # src1: positions (I32), src2: optional frequency factors
+    freq = node.src[2] if len(node.src) > 2 else None
+    n_dims = p["n_dims"]
+    half = n_dims // 2
+    theta_scale = p["freq_base"] ** (-2.0 / n_dims)
+    # ggml's theta for pair i is pos * theta_scale**i (computed by repeated multiplication)
+    powers, t = [], 1.0
+    for _ in range(half):
+        powers.append(t)
+        t *= theta_scale
+    table = ir.GlobalVariable(kb.module, ir.ArrayType(F32, half), f"rope_theta_{kb.fn.name}")
+    table.initializer = ir.Constant(ir.ArrayType(F32, half), [f32(v) for v in powers])
+    table.global_constant = True
+    table.linkage = "internal"
+    with b.goto_block(kb.fn.entry_basic_block):
+        cos_t = b.alloca(ir.ArrayType(F32, half), name="cos")
+        sin_t = b.alloca(ir.ArrayType(F32, half), name="sin")
+
+    ne1, ne2 = kb.dim(node.ne[1]), kb.dim(node.ne[2])
+    n_tok = b.mul(ne2, kb.dim(node.ne[3]))
+    start, end = kb.thread_range(n_tok)
+    mscale = f32(p["attn_factor"])
+    with kb.loop(start, end, "t") as t_:
+        i2 = b.srem(t_, ne2)
+        i3 = b.sdiv(t_, ne2)
+        position = b.sitofp(b.load(kb.elem_ptr(kb.arg("src1"), i2, I32), typ=I32), F32)
+        with kb.loop(i64(0), i64(half), "k") as k:
+            theta = kb.fmul(kb.fmul(position, b.load(b.gep(table, [i64(0), k]), typ=F32)), f32(p["freq_scale"]))
+            if freq is not None:
+                theta = b.fdiv(theta, kb.load(kb.elem_ptr(kb.arg("src2"), k, F32), GGMLType.F32))
+            b.store(kb.fmul(kb.intrinsic("llvm.cos", [theta]), mscale), b.gep(cos_t, [i64(0), k]))
+            b.store(kb.fmul(kb.intrinsic("llvm.sin", [theta]), mscale), b.gep(sin_t, [i64(0), k]))
+        with kb.loop(i64(0), ne1, "h") as h:
+            srow = row_ptr(kb, kb.arg("src0"), src, h, i2, i3)
+            drow = row_ptr(kb, kb.arg("dst"), node, h, i2, i3)
+            with kb.loop(i64(0), i64(half), "k") as k:
+                c = b.load(b.gep(cos_t, [i64(0), k]), typ=F32)
+                s = b.load(b.gep(sin_t, [i64(0), k]), typ=F32)
+                if p["mode"] == ROPE_TYPE_NEOX:
+                    j0, j1 = k, b.add(k, i64(half))
+                else:
+                    j0 = b.mul(k, i64(2))
+                    j1 = b.add(j0, i64(1))
+                x0 = kb.load(elem_ptr(kb, srow, src, j0), src.type)
+                x1 = kb.load(elem_ptr(kb, srow, src, j1), src.type)
+                kb.store(elem_ptr(kb, drow, node, j0), kb.fsub(kb.fmul(x0, c), kb.fmul(x1, s)), node.type)
+                kb.store(elem_ptr(kb, drow, node, j1), kb.fadd(kb.fmul(x0, s), kb.fmul(x1, c)), node.type)
+            with kb.loop(i64(n_dims), kb.dim(node.ne[0]), "rest") as i0:
+                kb.store(elem_ptr(kb, drow, node, i0), kb.load(elem_ptr(kb, srow, src, i0), src.type), node.type)

@@ -1,0 +1,60 @@
+"""Row gathers and scatters: get_rows (embedding lookup, output selection) and set_rows
+(writing K and V rows into their cache cells)."""
+from __future__ import annotations
+
+from ggmlpy.codegen_cpu.irgen import F16, F32, I8, KernelBuilder, i64
+from ggmlpy.codegen_cpu.kernels.common import elem_ptr, n_rows, row_ptr, unravel_row
+from ggmlpy.codegen_cpu.lowering import lowering
+from ggmlpy.ir.tensor import Tensor
+from ggmlpy.ir.types import GGMLType
+
+PLAIN = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+
+
+def _get_rows_supported(node: Tensor) -> bool:
+    table = node.src[0]
+    return node.type == GGMLType.F32 and (table.type in PLAIN or table.type == GGMLType.Q8_0)
+
+
+@lowering("get_rows", supports=_get_rows_supported)
+def _get_rows(kb: KernelBuilder, node: Tensor) -> None:
+    b = kb.b
+    table, idx = node.src
+    start, end = kb.thread_range(n_rows(kb, node))
+    ne0 = kb.dim(node.ne[0])
+    with kb.loop(start, end, "r") as r:
+        i1, i2, i3 = unravel_row(kb, node, r)
+        ip = row_ptr(kb, kb.arg("src1"), idx, i2, i3, i64(0))
+        row = kb.load_i64(elem_ptr(kb, ip, idx, i1), idx.type)
+        srow = row_ptr(kb, kb.arg("src0"), table, row, i2, i3)
+        drow = row_ptr(kb, kb.arg("dst"), node, i1, i2, i3)
+        if table.type == GGMLType.Q8_0:
+            with kb.loop(i64(0), ne0, "i0") as i0:
+                blk = kb.byte_ptr(srow, b.mul(b.sdiv(i0, i64(32)), i64(34)))
+                d = b.fpext(b.load(blk, typ=F16, align=1), F32)
+                q = b.load(kb.byte_ptr(blk, b.add(i64(2), b.srem(i0, i64(32)))), typ=I8, align=1)
+                kb.store(elem_ptr(kb, drow, node, i0), kb.fmul(d, b.sitofp(q, F32)), node.type)
+        else:
+            with kb.loop(i64(0), ne0, "i0") as i0:
+                v = kb.load(elem_ptr(kb, srow, table, i0), table.type)
+                kb.store(elem_ptr(kb, drow, node, i0), v, node.type)
+
+
+def _set_rows_supported(node: Tensor) -> bool:
+    dst, src, idx = node.src
+    return dst.type in PLAIN and src.type == GGMLType.F32
+
+
+@lowering("set_rows", supports=_set_rows_supported)
+def _set_rows(kb: KernelBuilder, node: Tensor) -> None:
+    _, src, idx = node.src  # the kernel's dst is the destination's memory
+    start, end = kb.thread_range(n_rows(kb, src))
+    ne0 = kb.dim(src.ne[0])
+    with kb.loop(start, end, "r") as r:
+        i1, i2, i3 = unravel_row(kb, src, r)
+        ip = row_ptr(kb, kb.arg("src2"), idx, i2, i3, i64(0))
+        row = kb.load_i64(elem_ptr(kb, ip, idx, i1), idx.type)
+        srow = row_ptr(kb, kb.arg("src1"), src, i1, i2, i3)
+        drow = row_ptr(kb, kb.arg("dst"), node, row, i2, i3)
+        with kb.loop(i64(0), ne0, "i0") as i0:
+            kb.store(elem_ptr(kb, drow, node, i0), kb.load(elem_ptr(kb, srow, src, i0), src.type), node.type)

@@ -1,0 +1,172 @@
+"""One compiled split: every node's kernel plus the entry function that runs them in order.
+
+    void graph(ptr ctx, i32 ith, i32 nth)
+
+`ctx` (int64 words) holds the three symbol values and the address of the node table, then
+one pointer per external buffer (weights, KV cache layers, inputs, tensors computed by
+another split), then the arena. The node table (built per run from a static plan: a few
+numpy operations) gives every node its kernel address and operand pointers, so the module
+holds only the distinct kernels and LLVM never sees a 1,000-call function. Intermediate tensors live at fixed offsets in the arena, planned
+for the worst case (n_ubatch tokens, a full KV cache), so the same machine code serves
+every ubatch.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Mapping
+
+import llvmlite.ir as ir
+import numpy as np
+
+from ggmlpy.codegen_cpu import kernels as _kernels  # noqa: F401  (fills the lowering table)
+from ggmlpy.codegen_cpu.irgen import KernelBuilder, barrier_ir, declare_barrier
+from ggmlpy.codegen_cpu.lowering import LOWERINGS, kernel_key
+from ggmlpy.codegen_cpu.planner import plan_arena
+from ggmlpy.codegen_cpu.target import host
+from ggmlpy.ir.ops import OPS, Kind
+from ggmlpy.ir.symbolic import Dim, SymExpr
+from ggmlpy.ir.tensor import Tensor
+
+log = logging.getLogger("ggmlpy.codegen_cpu")
+
+N_SYM_WORDS = 4
+
+
+def root_of(t: Tensor) -> Tensor:
+    return t.view_src if t.view_src is not None else t
+
+
+@dataclass
+
+class ProgramLayout:
+    externals: list[Tensor]          # roots whose memory comes from the store, by ctx slot
+    arena_offsets: dict[int, int]    # root id -> byte offset in the arena
+    arena_bytes: int
+    scratch_bytes: int
+
+    @property
+    def arena_slot(self) -> int:
+        return N_SYM_WORDS + len(self.externals)
+
+    @property
+    def ctx_words(self) -> int:
+        return self.arena_slot + 1
+
+
+class ProgramBuilder:
+    """Lowers `nodes` (one split of a graph) to an LLVM module."""
+
+    def __init__(self, nodes: list[Tensor], worst_env: Mapping[str, int], produced_elsewhere: set[int]):
+        self.nodes = [n for n in nodes if OPS[n.op].kind != Kind.VIEW]
+        self.worst_env = dict(worst_env)
+        own = {n.id for n in nodes}
+        externals: dict[int, Tensor] = {}
+        arena_roots: list[Tensor] = []
+        for n in nodes:
+            for t in (n, *n.src):
+                r = root_of(t)
+                bound = r.is_leaf or r.id in produced_elsewhere or (r.id not in own)
+                if bound:
+                    externals.setdefault(r.id, r)
+                elif r not in arena_roots:
+                    arena_roots.append(r)
+        offsets, arena_bytes = plan_arena(self.nodes, arena_roots, self.worst_env)
+        scratch = max([LOWERINGS[n.op].scratch_bytes(n, self.worst_env) for n in self.nodes] + [0])
+        self.layout = ProgramLayout(list(externals.values()), offsets, arena_bytes, scratch)
+
+    def build_ir(self) -> str:
+        """The module: each distinct kernel once, and the entry function that walks the node
+        table (kernel address and five pointers per node) with a barrier after every node."""
+        module = ir.Module(name="ggmlpy_graph")
+        module.triple = host().triple
+        declare_barrier(module)
+        self.kernel_names: list[str] = []  # per node, the kernel it calls
+        kernels: dict[str, str] = {}
+        for node in self.nodes:
+            key = kernel_key(node)
+            if key not in kernels:
+                kb = KernelBuilder(module, f"k{len(kernels)}_{node.op}")
+                LOWERINGS[node.op].emit(kb, node)
+                kb.finish()
+                kb.fn.linkage = "external"
+                kernels[key] = kb.fn.name
+            self.kernel_names.append(kernels[key])
+        text = str(module).replace('declare void @"ggmlpy_barrier"(ptr %".1", i32 %".2")', "")
+        return text + barrier_ir(module.triple) + ENTRY_IR
+
+    def pointer_plan(self) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, Dim]]]:
+        """Per node and operand (dst, src0..src3): which base pointer (ctx word) and which
+        static byte offset; symbolic view offsets are listed separately, evaluated per run."""
+        lay = self.layout
+        slot_of = {r.id: N_SYM_WORDS + i for i, r in enumerate(lay.externals)}
+        slots = np.full((len(self.nodes), 5), -1, dtype=np.int64)
+        offs = np.zeros((len(self.nodes), 5), dtype=np.int64)
+        dynamic: list[tuple[int, int, Dim]] = []
+        for i, node in enumerate(self.nodes):
+            for j, t in enumerate((node, *node.src)):
+                r = root_of(t)
+                if r.id in slot_of:
+                    slots[i, j] = slot_of[r.id]
+                else:
+                    slots[i, j] = lay.arena_slot
+                    offs[i, j] = lay.arena_offsets[r.id]
+                if t.view_src is not None:
+                    if isinstance(t.view_offs, SymExpr):
+                        dynamic.append((i, j, t.view_offs))
+                    else:
+                        offs[i, j] += t.view_offs
+        return slots, offs, dynamic
+
+
+# The entry function: node i calls table[i].fn(table[i].ptr[0..4], ctx, scratch, barrier,
+# ith, nth), then waits at the barrier. table rows are 6 words: fn, dst, src0..src3.
+# ctx words: [0..3] symbols, then externals, arena, scratch, barrier; the table pointer and
+# node count come as arguments through the ctx header (words 3 and the last+1).
+ENTRY_IR = r"""
+define void @graph(ptr %ctx, i32 %ith, i32 %nth) {
+entry:
+  %tab_pp = getelementptr i64, ptr %ctx, i64 3
+  %tab_i = load i64, ptr %tab_pp, align 8
+  %tab = inttoptr i64 %tab_i to ptr
+  %n = load i64, ptr %tab, align 8
+  %nodes = getelementptr i64, ptr %tab, i64 3
+  %sc_pp = getelementptr i64, ptr %tab, i64 1
+  %sc_i = load i64, ptr %sc_pp, align 8
+  %scratch = inttoptr i64 %sc_i to ptr
+  %ba_pp = getelementptr i64, ptr %tab, i64 2
+  %ba_i = load i64, ptr %ba_pp, align 8
+  %barrier = inttoptr i64 %ba_i to ptr
+  br label %head
+head:
+  %i = phi i64 [0, %entry], [%i1, %body]
+  %more = icmp slt i64 %i, %n
+  br i1 %more, label %body, label %done
+body:
+  %row = mul i64 %i, 6
+  %rp = getelementptr i64, ptr %nodes, i64 %row
+  %fn = load ptr, ptr %rp, align 8
+  %p0 = getelementptr i64, ptr %rp, i64 1
+  %d = load ptr, ptr %p0, align 8
+  %p1 = getelementptr i64, ptr %rp, i64 2
+  %s0 = load ptr, ptr %p1, align 8
+  %p2 = getelementptr i64, ptr %rp, i64 3
+  %s1 = load ptr, ptr %p2, align 8
+  %p3 = getelementptr i64, ptr %rp, i64 4
+  %s2 = load ptr, ptr %p3, align 8
+  %p4 = getelementptr i64, ptr %rp, i64 5
+  %s3 = load ptr, ptr %p4, align 8
+  call void %fn(ptr %d, ptr %s0, ptr %s1, ptr %s2, ptr %s3, ptr %ctx, ptr %scratch, ptr %barrier, i32 %ith, i32 %nth)
+  call void @ggmlpy_barrier(ptr %barrier, i32 %nth)
+  %i1 = add i64 %i, 1
+  br label %head
+done:
+  ret void
+}
+"""
+
+
+def ir_hash(ir_text: str) -> str:
+    return hashlib.sha256(ir_text.encode()).hexdigest()
+
