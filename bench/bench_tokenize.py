@@ -1,8 +1,10 @@
-"""Tokenization throughput on SmolLM2's vocabulary; prints one JSON object.
+"""Tokenization throughput on SmolLM2's (BPE) and Gemma 3's (SPM) vocabularies; one JSON object.
 
 The golden perplexity text repeated to about 1 MB, tokenized with a fresh word cache
 ("cold": every distinct word merged once) and again with the cache warm. The target is at
-least 1 MB/s. Run: python bench/bench_tokenize.py [--model PATH] [--mb 1.0]
+least 1 MB/s for each vocabulary. The top-level keys are for --model (SmolLM2 by default);
+the same keys for the second vocabulary (--also, Gemma 3 by default) are under its name.
+Run: python bench/bench_tokenize.py [--model PATH] [--also NAME|none] [--mb 1.0]
 """
 from __future__ import annotations
 
@@ -38,20 +40,11 @@ def load_metadata(path: Path) -> dict:
     return md
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--mb", type=float, default=1.0)
-    args = ap.parse_args()
-
-    text_path = REPO.parent / "shared" / "golden" / "smollm2-135m-q4_1" / "ppl_text.txt"
-    base = text_path.read_text(encoding="utf-8")
-    target = int(args.mb * 1_000_000)
-    text = base * max(1, -(-target // len(base.encode("utf-8"))))
+def measure(model: str, text: str) -> dict:
+    """Vocabulary load time and cold / warm tokenization speed of `text` for one model."""
     n_bytes = len(text.encode("utf-8"))
-
     t0 = time.perf_counter()
-    vocab = Vocab.from_metadata(load_metadata(resolve_model(args.model)))
+    vocab = Vocab.from_metadata(load_metadata(resolve_model(model)))
     load_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -62,7 +55,7 @@ def main() -> None:
     warm_s = time.perf_counter() - t0
     assert ids == ids2
 
-    print(json.dumps({
+    return {
         "bytes_per_s": round(n_bytes / cold_s),
         "warm_bytes_per_s": round(n_bytes / warm_s),
         "bytes": n_bytes,
@@ -72,7 +65,25 @@ def main() -> None:
         "warm_s": round(warm_s, 4),
         "vocab_load_s": round(load_s, 3),
         "distinct_words_cached": len(vocab.model._cache),
-    }))
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--also", default="gemma3-270m", help="a second model, or 'none'")
+    ap.add_argument("--mb", type=float, default=1.0)
+    args = ap.parse_args()
+
+    text_path = REPO.parent / "shared" / "golden" / "smollm2-135m-q4_1" / "ppl_text.txt"
+    base = text_path.read_text(encoding="utf-8")
+    target = int(args.mb * 1_000_000)
+    text = base * max(1, -(-target // len(base.encode("utf-8"))))
+
+    result = measure(args.model, text)
+    if args.also and args.also != "none":
+        result[args.also] = measure(args.also, text)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

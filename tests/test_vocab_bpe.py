@@ -267,8 +267,8 @@ def test_detokenize_cleans_spaces_like_llama_cpp():
 
 
 def test_bad_metadata_is_named():
-    with pytest.raises(VocabError, match="'llama'.*not supported yet"):
-        Vocab.from_metadata({**tiny_md([], []), "tokenizer.ggml.model": "llama"})
+    with pytest.raises(VocabError, match="'rwkv'.*not supported yet"):
+        Vocab.from_metadata({**tiny_md([], []), "tokenizer.ggml.model": "rwkv"})
     with pytest.raises(VocabError, match="unknown tokenizer model 'foo'"):
         Vocab.from_metadata({**tiny_md([], []), "tokenizer.ggml.model": "foo"})
     with pytest.raises(VocabError, match="unknown pre-tokenizer type 'nope'"):

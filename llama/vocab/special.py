@@ -55,8 +55,9 @@ def detect_special_ids(ids: SpecialIds, token_to_id: dict[str, int], attrs: list
 
 def mark_unused(tokens: list[str], attrs: list[int]) -> None:
     """Control tokens whose text contains "unused" are also UNUSED."""
+    control = int(TokenAttr.CONTROL)  # plain ints: IntFlag arithmetic is slow on 262k tokens
     for tid, text in enumerate(tokens):
-        if attrs[tid] & TokenAttr.CONTROL and "unused" in text:
+        if attrs[tid] & control and "unused" in text:
             attrs[tid] |= TokenAttr.UNUSED
 
 
@@ -92,7 +93,7 @@ def eog_ids(ids: SpecialIds, tokens: list[str], token_to_id: dict[str, int],
 
 def special_token_order(tokens: list[str], attrs: list[int]) -> list[int]:
     """Control, user-defined and unknown tokens, longest UTF-8 text first (ties: lower id)."""
-    mask = TokenAttr.CONTROL | TokenAttr.USER_DEFINED | TokenAttr.UNKNOWN
+    mask = int(TokenAttr.CONTROL | TokenAttr.USER_DEFINED | TokenAttr.UNKNOWN)
     ids = [i for i, a in enumerate(attrs) if a & mask]
     return sorted(ids, key=lambda i: -len(tokens[i].encode("utf-8", "surrogateescape")))
 
@@ -130,7 +131,9 @@ def partition(text: str, specials: list[tuple[int, str, int]], parse_special: bo
     only take part when parse_special is set; user-defined tokens always do.
     """
     frags: list[str | int] = [text]
-    skip = TokenAttr.CONTROL | TokenAttr.UNKNOWN
+    # plain ints: IntFlag arithmetic costs microseconds, and this runs per special token
+    skip = int(TokenAttr.CONTROL | TokenAttr.UNKNOWN)
+    lstrip, rstrip = int(TokenAttr.LSTRIP), int(TokenAttr.RSTRIP)
     for tid, ttext, attr in specials:
         if not parse_special and attr & skip:
             continue
@@ -149,13 +152,13 @@ def partition(text: str, specials: list[tuple[int, str, int]], parse_special: bo
                         out.append(frag[start:])
                     break
                 left = frag[start:m]
-                if attr & TokenAttr.LSTRIP:
+                if attr & lstrip:
                     left = left.rstrip(_C_SPACES)
                 if left:
                     out.append(left)
                 out.append(tid)
                 start = m + len(ttext)
-                if attr & TokenAttr.RSTRIP:
+                if attr & rstrip:
                     while start < len(frag) and frag[start] in _C_SPACES:
                         start += 1
         frags = out

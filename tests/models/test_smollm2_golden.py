@@ -1,5 +1,5 @@
 """SmolLM2-135M Q4_1 against llama.cpp's outputs (../shared/golden/smollm2-135m-q4_1), on the
-reference backend, with the bars of the golden README."""
+reference and the CPU backend, with the bars of the golden README."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import pytest
 import llama
 from tests.models import golden
 
-BACKEND = "ref"
+BACKENDS = ["ref", "cpu"]
 
 
 @pytest.fixture(scope="module")
@@ -31,18 +31,31 @@ def test_tokenize_every_golden_case(model, gdir):
         assert model.token_to_piece(int(tok), special=True) == bytes.fromhex(hexed)
 
 
-def test_logits_within_golden_bars(model, gdir):
-    r = golden.check_logits(model, gdir, BACKEND)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_logits_within_golden_bars(model, gdir, backend):
+    r = golden.check_logits(model, gdir, backend)
     assert r["top1_mismatch_confident"] == 0
     assert r["mean"] <= golden.MEAN_BAR, r
     assert r["max"] <= golden.MAX_BAR, r
 
 
-def test_greedy_matches_golden(model, gdir):
-    for r in golden.check_greedy(model, gdir, BACKEND):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_matches_golden(model, gdir, backend):
+    for r in golden.check_greedy(model, gdir, backend):
         assert r["ours"] == r["golden"], r["prompt"]
 
 
-def test_perplexity_within_one_percent(model, gdir):
-    ours, ref = golden.check_perplexity(model, gdir, BACKEND)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_perplexity_within_one_percent(model, gdir, backend):
+    ours, ref = golden.check_perplexity(model, gdir, backend)
     assert abs(ours - ref) / ref <= golden.PPL_REL, (ours, ref)
+
+
+def test_cpu_backend_runs_smollm2_without_fallbacks(model):
+    ctx = llama.Context(model, n_ctx=256, backend="cpu")
+    assert ctx.decode(llama.Batch.from_tokens(model.tokenize("Hello"))) == 0
+    compiled = list(ctx.graph_cache.entries.values())
+    assert len(compiled) == 2  # the prompt graph and the one-token graph
+    for cg in compiled:
+        assert cg.fallbacks == []
+        assert {s.backend.name for s in cg.splits} == {"cpu"}
