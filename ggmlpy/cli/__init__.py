@@ -8,6 +8,7 @@ import sys
 # subcommand name -> module under ggmlpy.cli that defines it
 COMMANDS = {
     "inspect": "ggmlpy.cli.inspect_cmd",
+    "bench": "ggmlpy.cli.bench_cmd",
     "run": "ggmlpy.cli.run_cmd",
     "tokenize": "ggmlpy.cli.tokenize_cmd",
     "graph": "ggmlpy.cli.graph_cmd",

@@ -4,26 +4,29 @@ Float operands (attention over the f16 KV cache, f32/f16 weights): a dot-product
 both operands are contiguous along K, an axpy form when `a` is contiguous along its rows
 (the transposed V view), and a strided fallback.
 
-Quantised weights (Q4_0, Q4_1, Q5_0, Q8_0): as ggml, the activations are first quantised to
-8-bit blocks (phase 1, rows split over threads, then a barrier), and the dot products work
-on the integer blocks directly (phase 2, weight rows split over threads, every token for each
-weight row so the row stays in cache). The activation block is internal to this kernel:
-{f32 d, i32 sum of q, 32 x i8 q} (40 bytes), more precise than ggml's f16 scales.
+Quantised weights (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K): as ggml, the activations are
+first quantised to 8-bit blocks in scratch (phase 1, kernels/qact.py, rows split over
+threads, then a barrier), and the dot products work on the integer blocks directly (phase 2,
+kernels/qdot.py: vpdpbusd where the CPU has AVX-512 VNNI, portable vector IR elsewhere).
+Phase 2 splits the weight rows over the threads; each thread computes register tiles of a
+few weight rows by a few tokens (prefill), or streams its rows once per token (decode).
 """
 from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from ggmlpy.codegen_cpu.irgen import F16, F32, I8, I32, KernelBuilder, f32, i64
+from ggmlpy.codegen_cpu.irgen import F32, KernelBuilder, f32, i64
 from ggmlpy.codegen_cpu.kernels.common import elem_ptr, n_rows, row_ptr, unravel_row
+from ggmlpy.codegen_cpu.kernels.qact import aligned_scratch, quantize_rows
+from ggmlpy.codegen_cpu.kernels.qdot import KINDS, QKind
+from ggmlpy.codegen_cpu.kernels.qvec import V16F32, reduce_add_f32, zeros
 from ggmlpy.codegen_cpu.lowering import lowering
 from ggmlpy.ir.symbolic import evaluate
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import GGMLType, type_size
 
 FLOAT = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
-QUANT = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q8_0)
-QBLOCK = 40  # bytes of one activation block
+QUANT = tuple(KINDS)
 
 
 def _supported(node: Tensor) -> bool:
@@ -33,7 +36,7 @@ def _supported(node: Tensor) -> bool:
     if a.type in FLOAT:
         return True
     return (a.type in QUANT and a.ne[2] == 1 and a.ne[3] == 1 and b.is_contiguous
-            and isinstance(a.ne[0], int) and a.ne[0] % 32 == 0)
+            and isinstance(a.ne[0], int) and a.ne[0] % KINDS[a.type].fmt.block == 0)
 
 
 def _scratch(node: Tensor, env: dict) -> int:
@@ -41,7 +44,7 @@ def _scratch(node: Tensor, env: dict) -> int:
     if a.type in FLOAT:
         return 0
     rows = evaluate(b.ne[1], env) * evaluate(b.ne[2], env) * evaluate(b.ne[3], env)
-    return rows * (a.ne[0] // 32) * QBLOCK
+    return KINDS[a.type].fmt.scratch_bytes(a.ne[0], rows)
 
 
 @lowering("mul_mat", supports=_supported, scratch_bytes=_scratch)
@@ -92,91 +95,85 @@ def _float_mul_mat(kb: KernelBuilder, node: Tensor) -> None:
 
 
 # quantised ------------------------------------------------------------------------------------
-def _quantize_activations(kb: KernelBuilder, x: Tensor, n_blocks: int) -> None:
-    """Phase 1: every row of x becomes n_blocks activation blocks in scratch."""
-    b = kb.b
-    start, end = kb.thread_range(n_rows(kb, x))
-    with kb.loop(start, end, "r") as r:
-        i1, i2, i3 = unravel_row(kb, x, r)
-        xrow = row_ptr(kb, kb.arg("src1"), x, i1, i2, i3)
-        qrow = kb.byte_ptr(kb.arg("scratch"), b.mul(r, i64(n_blocks * QBLOCK)))
-        with kb.loop(i64(0), i64(n_blocks), "blk") as blk:
-            xs = kb.elem_ptr(xrow, b.mul(blk, i64(32)), F32)
-            amax = kb.var(F32, f32(0.0), "amax")
-            with kb.loop(i64(0), i64(32), "l") as l:
-                v = b.load(kb.elem_ptr(xs, l, F32), typ=F32)
-                b.store(kb.fmax(b.load(amax), kb.intrinsic("llvm.fabs", [v])), amax)
-            d = kb.fdiv(b.load(amax), f32(127.0))
-            inv = b.select(b.fcmp_ordered(">", d, f32(0.0)), kb.fdiv(f32(1.0), d), f32(0.0))
-            out = kb.byte_ptr(qrow, b.mul(blk, i64(QBLOCK)))
-            qsum = kb.var(I32, ir.Constant(I32, 0), "qsum")
-            with kb.loop(i64(0), i64(32), "l") as l:
-                v = b.load(kb.elem_ptr(xs, l, F32), typ=F32)
-                q = b.fptosi(kb.intrinsic("llvm.round", [kb.fmul(v, inv)]), I32)
-                b.store(b.trunc(q, I8), kb.byte_ptr(out, b.add(l, i64(8))), align=1)
-                b.store(b.add(b.load(qsum), q), qsum)
-            b.store(d, out, align=4)
-            b.store(b.load(qsum), kb.byte_ptr(out, i64(4)), align=4)
-
-
-def _weight_block_dot(kb: KernelBuilder, wt: GGMLType, wblk: ir.Value, qblk: ir.Value) -> ir.Value:
-    """Integer dot of one weight block with one activation block, scaled to f32."""
-    b = kb.b
-    dq = b.load(qblk, typ=F32, align=4)
-    qsum = b.sitofp(b.load(kb.byte_ptr(qblk, i64(4)), typ=I32, align=4), F32)
-    q8 = kb.byte_ptr(qblk, i64(8))
-    dw = b.fpext(b.load(wblk, typ=F16, align=1), F32)
-    acc = kb.var(I32, ir.Constant(I32, 0), "isum")
-
-    def q8_at(l):
-        return b.sext(b.load(kb.byte_ptr(q8, l), typ=I8, align=1), I32)
-
-    if wt == GGMLType.Q8_0:
-        with kb.loop(i64(0), i64(32), "l") as l:
-            w = b.sext(b.load(kb.byte_ptr(wblk, b.add(l, i64(2))), typ=I8, align=1), I32)
-            b.store(b.add(b.load(acc), b.mul(w, q8_at(l))), acc)
-        return kb.fmul(kb.fmul(dw, dq), b.sitofp(b.load(acc), F32))
-    qs_off = {GGMLType.Q4_0: 2, GGMLType.Q4_1: 4, GGMLType.Q5_0: 6}[wt]
-    qh = b.load(kb.byte_ptr(wblk, i64(2)), typ=I32, align=1) if wt == GGMLType.Q5_0 else None
-    with kb.loop(i64(0), i64(16), "l") as l:
-        byte = b.zext(b.load(kb.byte_ptr(wblk, b.add(l, i64(qs_off))), typ=I8, align=1), I32)
-        lo = b.and_(byte, ir.Constant(I32, 15))
-        hi = b.lshr(byte, ir.Constant(I32, 4))
-        if qh is not None:  # the fifth bit of element l and of element l + 16
-            l32 = b.trunc(l, I32)
-            lo = b.or_(lo, b.shl(b.and_(b.lshr(qh, l32), ir.Constant(I32, 1)), ir.Constant(I32, 4)))
-            hi = b.or_(hi, b.shl(b.and_(b.lshr(qh, b.add(l32, ir.Constant(I32, 16))), ir.Constant(I32, 1)),
-                                 ir.Constant(I32, 4)))
-        s = b.add(b.mul(lo, q8_at(l)), b.mul(hi, q8_at(b.add(l, i64(16)))))
-        b.store(b.add(b.load(acc), s), acc)
-    isum = b.sitofp(b.load(acc), F32)
-    if wt == GGMLType.Q4_1:
-        m = b.fpext(b.load(kb.byte_ptr(wblk, i64(2)), typ=F16, align=1), F32)
-        return kb.fadd(kb.fmul(kb.fmul(dw, dq), isum), kb.fmul(kb.fmul(m, dq), qsum))
-    offset = f32(8.0 if wt == GGMLType.Q4_0 else 16.0)
-    return kb.fmul(kb.fmul(dw, dq), kb.fsub(isum, kb.fmul(offset, qsum)))
-
-
 def _quant_mul_mat(kb: KernelBuilder, node: Tensor) -> None:
-    b = kb.b
+    """Phase 1 quantises the activations into scratch (rows over threads); after a barrier,
+    phase 2 computes register tiles of (weight rows x tokens) over the weight rows of this
+    thread, so a few weight rows stay in L1 while every token passes by."""
     a, x = node.src
-    n_blocks = a.ne[0] // 32
-    wblock = type_size(a.type)
-    _quantize_activations(kb, x, n_blocks)
+    kind = KINDS[a.type]
+    base = aligned_scratch(kb)
+    quantize_rows(kb, x, kind.fmt, a.ne[0], base)
     kb.barrier()
-    n_tok = n_rows(kb, x)
-    start, end = kb.thread_range(kb.dim(a.ne[1]))
-    with kb.loop(start, end, "row") as i:
-        wrow = kb.byte_ptr(kb.arg("src0"), b.mul(i, kb.dim(a.nb[1])))
-        with kb.loop(i64(0), n_tok, "tok") as j:
-            i1, i2, i3 = unravel_row(kb, node, j)
-            qrow = kb.byte_ptr(kb.arg("scratch"), b.mul(j, i64(n_blocks * QBLOCK)))
-            acc = kb.var(F32, f32(0.0), "acc")
-            with kb.loop(i64(0), i64(n_blocks), "blk") as blk:
-                dot = _weight_block_dot(kb, a.type, kb.byte_ptr(wrow, b.mul(blk, i64(wblock))),
-                                        kb.byte_ptr(qrow, b.mul(blk, i64(QBLOCK))))
-                b.store(kb.fadd(b.load(acc), dot), acc)
+    _Tiler(kb, node, kind, base).emit()
+
+
+class _Tiler:
+    def __init__(self, kb: KernelBuilder, node: Tensor, kind: QKind, base: ir.Value):
+        a, x = node.src
+        self.kb, self.node, self.kind, self.base = kb, node, kind, base
+        self.k = a.ne[0]
+        self.act_stride = kind.fmt.row_bytes(self.k)
+        self.w_stride = kb.dim(a.nb[1])
+        self.n_tok = n_rows(kb, x)
+
+    def emit(self) -> None:
+        kb, b = self.kb, self.kb.b
+        rows_r, toks_t = self.kind.tile
+        start, end = kb.thread_range(kb.dim(self.node.src[0].ne[1]))
+        few = b.icmp_signed("<", self.n_tok, i64(toks_t))
+        with b.if_else(few) as (decode, prefill):
+            with decode:  # a lone token (or a few): weight rows stream by once per token
+                self._rows(start, end, self.kind.single_rows, 1, i64(0), self.n_tok)
+            with prefill:
+                n_full = b.mul(b.sdiv(self.n_tok, i64(toks_t)), i64(toks_t))
+                self._rows(start, end, rows_r, toks_t, i64(0), n_full)
+                self._rows(start, end, rows_r, 1, n_full, self.n_tok)
+
+    def _rows(self, start, end, rows_r: int, toks_t: int, tok_begin, tok_end) -> None:
+        """Tiles of rows_r x toks_t over rows [start, end) and tokens [tok_begin, tok_end) (a
+        multiple of toks_t apart); leftover rows one at a time."""
+        kb, b = self.kb, self.kb.b
+        n_tiles = b.sdiv(b.sub(tok_end, tok_begin), i64(toks_t))
+        full_end = start
+        if rows_r > 1:
+            full_end = b.add(start, b.mul(b.sdiv(b.sub(end, start), i64(rows_r)), i64(rows_r)))
+            with kb.loop(start, full_end, "rt", step=rows_r) as row0:
+                with kb.loop(i64(0), n_tiles, "tt") as tt:
+                    self._tile(row0, b.add(tok_begin, b.mul(tt, i64(toks_t))), rows_r, toks_t)
+        with kb.loop(full_end, end, "rr") as row0:
+            with kb.loop(i64(0), n_tiles, "tt") as tt:
+                self._tile(row0, b.add(tok_begin, b.mul(tt, i64(toks_t))), 1, toks_t)
+
+    def _tile(self, row0, tok0, n_r: int, n_t: int) -> None:
+        kb, b, kind, node = self.kb, self.kb.b, self.kind, self.node
+        wrows = [kb.byte_ptr(kb.arg("src0"), b.mul(b.add(row0, i64(r)), self.w_stride)) for r in range(n_r)]
+        toks = [b.add(tok0, i64(t)) for t in range(n_t)]
+        arows = [kb.byte_ptr(self.base, b.mul(tok, i64(self.act_stride))) for tok in toks]
+        accs = [[kb.var(V16F32, zeros(F32, 16), "acc") for _ in range(n_t)] for _ in range(n_r)]
+        n_steps, half = kind.n_steps(self.k)
+        with kb.loop(i64(0), i64(n_steps), "ks") as s:
+            self._step(s, wrows, arows, accs, tail=False)
+        if half:
+            self._step(i64(n_steps), wrows, arows, accs, tail=True)
+        for t, tok in enumerate(toks):
+            i1, i2, i3 = unravel_row(kb, node, tok)
             drow = row_ptr(kb, kb.arg("dst"), node, i1, i2, i3)
-            kb.store(elem_ptr(kb, drow, node, i), b.load(acc), node.type)
+            for r in range(n_r):
+                value = reduce_add_f32(b, b.load(accs[r][t]))
+                kb.store(elem_ptr(kb, drow, node, b.add(row0, i64(r))), value, node.type)
 
-
+    def _step(self, s, wrows, arows, accs, tail: bool) -> None:
+        kb, b, kind = self.kb, self.kb.b, self.kind
+        off = b.mul(s, i64(kind.step_bytes()))
+        rows = [kind.row(kb, kb.byte_ptr(w, off), tail) for w in wrows]
+        toks = [kind.tok(kb, arow, s, self.k, tail) for arow in arows]
+        isum = [[kind.init(kb, row, tok) for tok in toks] for row in rows]
+        for j in range(kind.chunks):
+            wq = [kind.chunk_w(kb, row, j) for row in rows]
+            for t, tok in enumerate(toks):
+                aq = kind.chunk_a(kb, tok, j)
+                for r in range(len(rows)):
+                    isum[r][t] = kind.chunk_dot(kb, isum[r][t], wq[r], aq)
+        for r, row in enumerate(rows):
+            for t, tok in enumerate(toks):
+                b.store(kind.finish(kb, b.load(accs[r][t]), isum[r][t], row, tok), accs[r][t])

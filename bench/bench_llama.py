@@ -1,0 +1,7 @@
+"""pp512 / tg128 / start-up / RSS for a model, as JSON (same as `ggmlpy bench`).
+
+Usage: python bench/bench_llama.py [-m MODEL] [-t THREADS] [--backend NAME]
+"""
+from ggmlpy.bench import main
+
+raise SystemExit(main())

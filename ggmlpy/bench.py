@@ -1,0 +1,110 @@
+"""Benchmarks in llama-bench's conventions, printed as JSON by `ggmlpy bench` and bench/.
+
+pp512: one 512-token prompt decoded as one batch (tokens/s); tg128: 128 tokens decoded one
+at a time after a one-token start. Each is the median of several runs after a warm-up. Cold
+start (empty compile cache: load, compile, first token) and warm start (disk cache hit) run in
+fresh subprocesses so nothing in this process helps them. Peak RSS is this process's maximum.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import llama
+
+
+def _tokens(model: llama.Model, n: int, seed: int = 0) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(100, model.n_vocab - 100, n)]
+
+
+def run_bench(model_name: str, *, threads: int = 2, backend: str | None = None, n_prompt: int = 512,
+              n_gen: int = 128, reps: int = 3, start_times: bool = True) -> dict:
+    t0 = time.perf_counter()
+    model = llama.Model.load(model_name)
+    load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ctx = llama.Context(model, n_ctx=1024, n_batch=n_prompt, n_ubatch=n_prompt, n_threads=threads,
+                        backend=backend)
+    ctx_s = time.perf_counter() - t0
+    toks = _tokens(model, n_prompt)
+    pp, tg, overhead = [], [], []
+    be = ctx.backends[0]
+    for rep in range(reps + 1):
+        ctx.memory.clear()
+        t0 = time.perf_counter()
+        if ctx.decode(llama.Batch.from_tokens(toks)) != 0:
+            raise RuntimeError("prompt decode failed")
+        pp_s = time.perf_counter() - t0
+        ctx.memory.clear()
+        ctx.decode(llama.Batch.from_tokens(toks[:1]))
+        native0 = getattr(be, "native_seconds", 0.0)
+        t0 = time.perf_counter()
+        for i in range(n_gen):
+            if ctx.decode(llama.Batch.from_tokens([toks[(i + 1) % n_prompt]])) != 0:
+                raise RuntimeError("generation decode failed")
+        tg_s = time.perf_counter() - t0
+        native = getattr(be, "native_seconds", 0.0) - native0
+        if rep:  # the first round is the warm-up
+            pp.append(n_prompt / pp_s)
+            tg.append(n_gen / tg_s)
+            overhead.append((tg_s - native) / n_gen * 1e6 if native else float("nan"))
+    result = {
+        "model": model.path.name, "backend": ctx.backend_name, "threads": threads,
+        f"pp{n_prompt}_tok_s": round(statistics.median(pp), 2),
+        f"tg{n_gen}_tok_s": round(statistics.median(tg), 2),
+        "python_overhead_us_per_token": round(statistics.median(overhead), 1),
+        "load_s": round(load_s, 3),
+        "context_and_compile_s": round(ctx_s, 3),
+        "compile_s_per_graph": round(ctx_s / max(len(ctx.graph_cache.entries), 1), 3),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+    if start_times:
+        result["cold_start_s"], result["warm_start_s"] = start_times_s(model_name, threads, backend)
+    return result
+
+
+_START = """
+import sys, time
+t0 = time.perf_counter()
+import llama
+m = llama.Model.load(sys.argv[1])
+ctx = llama.Context(m, n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=int(sys.argv[2]),
+                    backend=None if sys.argv[3] == "-" else sys.argv[3])
+ctx.decode(llama.Batch.from_tokens(m.tokenize("Hello")))
+ctx.get_logits_ith(-1)
+print(time.perf_counter() - t0)
+"""
+
+
+def start_times_s(model_name: str, threads: int, backend: str | None) -> tuple[float, float]:
+    """(cold, warm): a fresh process with an empty compile cache, then again with it filled."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, GGMLPY_CACHE=cache)
+        out = []
+        for _ in range(2):
+            proc = subprocess.run([sys.executable, "-c", _START, model_name, str(threads), backend or "-"],
+                                  env=env, capture_output=True, text=True, check=True)
+            out.append(round(float(proc.stdout.strip().splitlines()[-1]), 3))
+    return out[0], out[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description="llama-bench style numbers as JSON")
+    p.add_argument("-m", "--model", default="smollm2-135m")
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("--backend", default=None)
+    p.add_argument("-r", "--reps", type=int, default=3)
+    a = p.parse_args(argv)
+    print(json.dumps(run_bench(a.model, threads=a.threads, backend=a.backend, reps=a.reps)))
+    return 0

@@ -1,0 +1,31 @@
+"""`ggmlpy bench`: pp512 / tg128 tokens per second, start-up times, memory (see ggmlpy.bench)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from ggmlpy.hub import DEFAULT_MODEL
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="llama-bench style speed and memory figures")
+    p.add_argument("-m", "--model", default=DEFAULT_MODEL, help="GGUF path or known model name")
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("--backend", default=None, help="backend name (default: the best available)")
+    p.add_argument("-r", "--reps", type=int, default=3, help="timed repetitions after one warm-up")
+    p.add_argument("-p", "--n-prompt", type=int, default=512)
+    p.add_argument("-n", "--n-gen", type=int, default=128)
+    p.add_argument("--no-start-times", action="store_true", help="skip the cold/warm start subprocesses")
+    p.add_argument("--json", action="store_true", help="print one JSON object (the default output too)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ggmlpy.bench import run_bench
+
+    if args.threads < 1 or args.reps < 1 or args.n_prompt < 1 or args.n_gen < 1:
+        raise ValueError("threads, reps, n-prompt and n-gen must be positive")
+    result = run_bench(args.model, threads=args.threads, backend=args.backend, n_prompt=args.n_prompt,
+                       n_gen=args.n_gen, reps=args.reps, start_times=not args.no_start_times)
+    print(json.dumps(result))
+    return 0

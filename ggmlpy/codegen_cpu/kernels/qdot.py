@@ -1,0 +1,302 @@
+"""Quantised dot products, one emitter per weight type, on the 64-byte `dot_u8s8` step.
+
+A matrix product walks K in *steps* (two 32-blocks, or one 256-value super-block) and each
+step in *chunks* of 64 values. A kind tells the tiling loop (kernels/matmul.py) what to do:
+
+    row(wblock)          per weight row and step: scales, and what the chunks decode from
+    tok(arow, step)      per token and step: activation scales, sums, correction vectors
+    chunk_w(row, j)      the chunk's 64 weights as unsigned bytes (+ a per-lane scale)
+    chunk_a(tok, j)      the chunk's 64 activation bytes
+    init(row, tok)       the integer accumulator a step starts from
+    chunk_dot(...)       integer accumulation of one chunk
+    finish(...)          the step's integer sums into the f32 accumulator (<16 x float>)
+
+Weights are made unsigned for vpdpbusd and the offset taken back from the activation sums:
+Q4_0 stores q + 8, Q5_0 q + 16, Q8_0 gets 128 added (xor 0x80), Q6_K stores q + 32. Q4_1's
+minimum and the K-quants' minimums and offsets are f32 terms that ride in the same
+accumulator as an extra fused multiply-add of two precomputed vectors (one per row, one per
+token), so a (row, token) pair costs no more than a few vector instructions per 64 weights.
+
+Only whole blocks are ever loaded (16 or 32 bytes at a time, align 1), so nothing is read
+past the end of a weight row: the GGUF memory map has no tail padding.
+"""
+from __future__ import annotations
+
+import llvmlite.ir as ir
+
+from ggmlpy.codegen_cpu.irgen import F32, FAST, I8, I32, I64, KernelBuilder, f32, i64
+from ggmlpy.codegen_cpu.kernels.qact import Q8_32, Q8_256, ActFormat
+from ggmlpy.codegen_cpu.kernels.qvec import (
+    V16F32, V16I32, concat, const, dot_u8s8, load_f16, load_vec, mul_small, repeat_lanes, shuffle,
+    sitofp, splat, splat_const, spread, vec, zeros,
+)
+from ggmlpy.ir.types import GGMLType, type_size
+
+Vals = dict
+
+
+def fma(b: ir.IRBuilder, x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:
+    return b.fadd(b.fmul(x, y, flags=FAST), acc, flags=FAST)
+
+
+class QKind:
+    """Common parts; subclasses fill in the weight decoding."""
+    wtype: GGMLType
+    fmt: ActFormat
+    step_elems: int
+    chunks: int
+    tile: tuple[int, int] = (4, 3)   # (weight rows, tokens) per register tile
+    single_rows: int = 1              # weight rows per tile for a lone token (decode)
+
+    @property
+    def block_bytes(self) -> int:
+        return type_size(self.wtype)
+
+    def step_bytes(self) -> int:
+        return self.block_bytes * self.step_elems // (256 if self.fmt is Q8_256 else 32)
+
+    def n_steps(self, k: int) -> tuple[int, bool]:
+        """(whole steps, whether a half step follows) for rows of k values."""
+        return k // self.step_elems, k % self.step_elems != 0
+
+    def chunk_dot(self, kb: KernelBuilder, isum: ir.Value, wq: Vals, aq: ir.Value) -> ir.Value:
+        return dot_u8s8(kb, isum, wq["q"], aq)
+
+
+# 32-blocks --------------------------------------------------------------------------------------
+class Block32(QKind):
+    """Q4_0, Q4_1, Q5_0, Q8_0: a step is two blocks; lanes 0-7 belong to the first, 8-15 to
+    the second. `offset` is what the unsigned weight exceeds the signed one by."""
+    fmt = Q8_32
+    step_elems = 64
+    chunks = 1
+
+    def __init__(self, wtype: GGMLType, offset: int | None, qs_at: int):
+        self.wtype, self.offset, self.qs_at = wtype, offset, qs_at
+
+    def row(self, kb: KernelBuilder, wblock: ir.Value, tail: bool) -> Vals:
+        b = kb.b
+        p0 = wblock
+        p1 = None if tail else kb.byte_ptr(wblock, i64(self.block_bytes))
+        d = self._pair(kb, load_f16(b, p0), None if tail else load_f16(b, p1), F32)
+        vals = {"wd": repeat_lanes(b, d, 8), "q": self.decode(kb, p0, p1)}
+        if self.offset is None:  # Q4_1: the minimum, in lanes 0 and 8
+            m0 = load_f16(b, kb.byte_ptr(p0, i64(2)))
+            m1 = None if tail else load_f16(b, kb.byte_ptr(p1, i64(2)))
+            vals["m"] = spread(b, self._pair(kb, m0, m1, F32), 16, 8)
+        return vals
+
+    @staticmethod
+    def _pair(kb: KernelBuilder, x: ir.Value, y: ir.Value | None, t: ir.Type) -> ir.Value:
+        b = kb.b
+        v = b.insert_element(ir.Constant(vec(t, 2), None), x, ir.Constant(I32, 0))
+        return v if y is None else b.insert_element(v, y, ir.Constant(I32, 1))
+
+    def _nibbles(self, kb: KernelBuilder, p0: ir.Value, p1: ir.Value | None) -> ir.Value:
+        """Two blocks' 16 packed bytes -> 64 values in element order (low nibbles first)."""
+        b = kb.b
+        v0 = load_vec(b, kb.byte_ptr(p0, i64(self.qs_at)), I8, 16)
+        v1 = zeros(I8, 16) if p1 is None else load_vec(b, kb.byte_ptr(p1, i64(self.qs_at)), I8, 16)
+        v = concat(b, v0, v1)
+        lo = b.and_(v, splat_const(I8, 15, 32))
+        hi = b.lshr(v, splat_const(I8, 4, 32))
+        return shuffle(b, lo, hi, [*range(0, 16), *range(32, 48), *range(16, 32), *range(48, 64)])
+
+    def decode(self, kb: KernelBuilder, p0: ir.Value, p1: ir.Value | None) -> ir.Value:
+        b = kb.b
+        if self.wtype == GGMLType.Q8_0:
+            v0 = load_vec(b, kb.byte_ptr(p0, i64(2)), I8, 32)
+            v1 = zeros(I8, 32) if p1 is None else load_vec(b, kb.byte_ptr(p1, i64(2)), I8, 32)
+            return b.xor(concat(b, v0, v1), splat_const(I8, 0x80, 64))  # the tail's zeros meet zeros
+        q = self._nibbles(kb, p0, p1)
+        if self.wtype != GGMLType.Q5_0:
+            return q
+        # bit j of the block's qh word is bit 4 of element j
+        h0 = b.zext(b.load(kb.byte_ptr(p0, i64(2)), typ=I32, align=1), I64)
+        bits = h0
+        if p1 is not None:
+            h1 = b.zext(b.load(kb.byte_ptr(p1, i64(2)), typ=I32, align=1), I64)
+            bits = b.or_(h0, b.shl(h1, i64(32)))
+        mask = b.bitcast(bits, vec(ir.IntType(1), 64))
+        return b.or_(q, b.select(mask, splat_const(I8, 16, 64), zeros(I8, 64)))
+
+    def tok(self, kb: KernelBuilder, arow: ir.Value, step: ir.Value, k: int, tail: bool) -> Vals:
+        b = kb.b
+        blk = b.mul(step, i64(2))
+        qp = kb.byte_ptr(arow, b.mul(blk, i64(32)))
+        dp = kb.elem_ptr(kb.byte_ptr(arow, i64(self.fmt.d_offset(k))), blk, F32)
+        sp = kb.elem_ptr(kb.byte_ptr(arow, i64(self.fmt.sums_offset(k))), blk, I32)
+        if tail:
+            q = concat(b, load_vec(b, qp, I8, 32), zeros(I8, 32))
+            d = self._pair(kb, b.load(dp, typ=F32, align=4), f32(0.0), F32)
+            s = self._pair(kb, b.load(sp, typ=I32, align=4), ir.Constant(I32, 0), I32)
+        else:
+            q = load_vec(b, qp, I8, 64)
+            d = b.load(dp, typ=vec(F32, 2), align=4)
+            s = b.load(sp, typ=vec(I32, 2), align=4)
+        vals = {"q": q, "ad": repeat_lanes(b, d, 8)}
+        if self.offset is None:
+            vals["ds"] = repeat_lanes(b, b.fmul(d, sitofp(b, s), flags=FAST), 8)
+            vals["init"] = zeros(I32, 16)
+        else:
+            vals["init"] = spread(b, b.mul(s, splat_const(I32, -self.offset, 2)), 16, 8)
+        return vals
+
+    def chunk_w(self, kb: KernelBuilder, row: Vals, j: int) -> Vals:
+        return row
+
+    def chunk_a(self, kb: KernelBuilder, tok: Vals, j: int) -> ir.Value:
+        return tok["q"]
+
+    def init(self, kb: KernelBuilder, row: Vals, tok: Vals) -> ir.Value:
+        return tok["init"]
+
+    def finish(self, kb: KernelBuilder, acc: ir.Value, isum: ir.Value, row: Vals, tok: Vals) -> ir.Value:
+        b = kb.b
+        acc = fma(b, sitofp(b, isum), b.fmul(row["wd"], tok["ad"], flags=FAST), acc)
+        if self.offset is None:
+            acc = fma(b, row["m"], tok["ds"], acc)
+        return acc
+
+
+# K-quants ------------------------------------------------------------------------------------
+class KQuant(QKind):
+    """A step is one 256-value super-block in four 64-value chunks; the activation format has
+    one scale per super-block, so the integer sums of a whole super-block are exact and
+    converted once. `mf` (per row) times `bs` (per token) is the f32 correction term."""
+    fmt = Q8_256
+    step_elems = 256
+    chunks = 4
+    tile = (2, 4)
+
+    def tok(self, kb: KernelBuilder, arow: ir.Value, step: ir.Value, k: int, tail: bool) -> Vals:
+        b = kb.b
+        d = b.load(kb.elem_ptr(kb.byte_ptr(arow, i64(self.fmt.d_offset(k))), step, F32), typ=F32, align=4)
+        sp = kb.elem_ptr(kb.byte_ptr(arow, i64(self.fmt.sums_offset(k))), b.mul(step, i64(16)), ir.IntType(16))
+        sums16 = b.sext(load_vec(b, sp, ir.IntType(16), 16), V16I32)
+        return {"qp": kb.byte_ptr(arow, b.mul(step, i64(256))), "ad": splat(b, d, 16),
+                "bs": b.fmul(sitofp(b, self.correction_sums(kb, sums16)), splat(b, d, 16), flags=FAST)}
+
+    def correction_sums(self, kb: KernelBuilder, sums16: ir.Value) -> ir.Value:
+        """Per-sub-block sums of the activations, in the lanes `mf` uses (Q4_K/Q5_K: 8 sums
+        of 32 in lanes 0-7)."""
+        b = kb.b
+        pairs = b.add(shuffle(b, sums16, None, range(0, 16, 2)), shuffle(b, sums16, None, range(1, 16, 2)))
+        return shuffle(b, pairs, zeros(I32, 8), [*range(8), *[8] * 8])
+
+    def chunk_a(self, kb: KernelBuilder, tok: Vals, j: int) -> ir.Value:
+        return load_vec(kb.b, kb.byte_ptr(tok["qp"], i64(64 * j)), I8, 64)
+
+    def init(self, kb: KernelBuilder, row: Vals, tok: Vals) -> ir.Value:
+        return zeros(I32, 16)
+
+    def chunk_dot(self, kb: KernelBuilder, isum: ir.Value, wq: Vals, aq: ir.Value) -> ir.Value:
+        p = dot_u8s8(kb, zeros(I32, 16), wq["q"], aq)
+        return kb.b.add(isum, mul_small(kb, p, wq["sc"]))
+
+    def finish(self, kb: KernelBuilder, acc: ir.Value, isum: ir.Value, row: Vals, tok: Vals) -> ir.Value:
+        b = kb.b
+        acc = fma(b, sitofp(b, isum), b.fmul(row["wd"], tok["ad"], flags=FAST), acc)
+        return fma(b, row["mf"], tok["bs"], acc)
+
+
+class Q4K(KQuant):
+    """Q4_K (and Q5_K with `high_bits`): d, dmin, 12 bytes of 6-bit scales and mins, [qh],
+    qs; chunk j holds sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)."""
+
+    def __init__(self, wtype: GGMLType):
+        self.wtype = wtype
+        self.high_bits = wtype == GGMLType.Q5_K
+        self.qs_at = 48 if self.high_bits else 16
+
+    def row(self, kb: KernelBuilder, wblock: ir.Value, tail: bool) -> Vals:
+        b = kb.b
+        d = load_f16(b, wblock)
+        dmin = load_f16(b, kb.byte_ptr(wblock, i64(2)))
+        sc, mn = self._scales(kb, load_vec(b, kb.byte_ptr(wblock, i64(4)), I8, 12))
+        mf = b.fmul(sitofp(b, mn), splat(b, b.fsub(f32(0.0), dmin), 8), flags=FAST)
+        vals = {"p": wblock, "sc8": sc, "wd": splat(b, d, 16),
+                "mf": shuffle(b, mf, zeros(F32, 8), [*range(8), *[8] * 8])}
+        if self.high_bits:
+            vals["qh"] = load_vec(b, kb.byte_ptr(wblock, i64(16)), I8, 32)
+        return vals
+
+    @staticmethod
+    def _scales(kb: KernelBuilder, q: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """ggml's get_scale_min_k4 for the eight sub-blocks at once: (scales, mins) as i32."""
+        b = kb.b
+        first = [True] * 4 + [False] * 4
+        sel = const(ir.IntType(1), first)
+
+        def c(v):
+            return splat_const(I8, v, 8)
+
+        x = shuffle(b, q, None, [0, 1, 2, 3, 8, 9, 10, 11])    # q[j] (j<4) | q[j+4] (j>=4)
+        y = shuffle(b, q, None, [0, 0, 0, 0, 0, 1, 2, 3])      # q[j-4] for j>=4
+        sc = b.select(sel, b.and_(x, c(63)), b.or_(b.and_(x, c(15)), b.shl(b.lshr(y, c(6)), c(4))))
+        xm = shuffle(b, q, None, [4, 5, 6, 7, 8, 9, 10, 11])   # q[j+4]
+        ym = shuffle(b, q, None, [0, 0, 0, 0, 4, 5, 6, 7])     # q[j] for j>=4
+        mn = b.select(sel, b.and_(xm, c(63)), b.or_(b.lshr(xm, c(4)), b.shl(b.lshr(ym, c(6)), c(4))))
+        return b.zext(sc, vec(I32, 8)), b.zext(mn, vec(I32, 8))
+
+    def chunk_w(self, kb: KernelBuilder, row: Vals, j: int) -> Vals:
+        b = kb.b
+        v = load_vec(b, kb.byte_ptr(row["p"], i64(self.qs_at + 32 * j)), I8, 32)
+        q = concat(b, b.and_(v, splat_const(I8, 15, 32)), b.lshr(v, splat_const(I8, 4, 32)))
+        if self.high_bits:
+            h = row["qh"]
+            one = splat_const(I8, 1, 32)
+            lo = b.and_(b.lshr(h, splat_const(I8, 2 * j, 32)), one)
+            hi = b.and_(b.lshr(h, splat_const(I8, 2 * j + 1, 32)), one)
+            q = b.or_(q, b.shl(concat(b, lo, hi), splat_const(I8, 4, 64)))
+        sc = shuffle(kb.b, row["sc8"], None, [2 * j] * 8 + [2 * j + 1] * 8)
+        return {"q": q, "sc": sc}
+
+
+class Q6K(KQuant):
+    """Q6_K: ql[128], qh[64], 16 signed 8-bit scales, d; q + 32 stored in 6 bits. Half h
+    (128 values) comes from ql[64h..64h+63] and qh[32h..32h+31]: chunk 2h is values 0-63 of the
+    half (low nibbles, qh bits 0-1 and 2-3), chunk 2h + 1 values 64-127 (high nibbles, bits 4-7)."""
+
+    def __init__(self) -> None:
+        self.wtype = GGMLType.Q6_K
+
+    def row(self, kb: KernelBuilder, wblock: ir.Value, tail: bool) -> Vals:
+        b = kb.b
+        d = load_f16(b, kb.byte_ptr(wblock, i64(208)))
+        sc = b.sext(load_vec(b, kb.byte_ptr(wblock, i64(192)), I8, 16), V16I32)
+        mf = b.fmul(sitofp(b, sc), splat(b, b.fmul(d, f32(-32.0)), 16), flags=FAST)
+        return {"p": wblock, "sc16": sc, "wd": splat(b, d, 16), "mf": mf}
+
+    def correction_sums(self, kb: KernelBuilder, sums16: ir.Value) -> ir.Value:
+        return sums16
+
+    def chunk_w(self, kb: KernelBuilder, row: Vals, j: int) -> Vals:
+        b = kb.b
+        h, upper = divmod(j, 2)
+        ql0 = load_vec(b, kb.byte_ptr(row["p"], i64(64 * h)), I8, 32)
+        ql1 = load_vec(b, kb.byte_ptr(row["p"], i64(64 * h + 32)), I8, 32)
+        qh = load_vec(b, kb.byte_ptr(row["p"], i64(128 + 32 * h)), I8, 32)
+
+        def bits(shift):
+            return b.shl(b.and_(b.lshr(qh, splat_const(I8, shift, 32)), splat_const(I8, 3, 32)),
+                         splat_const(I8, 4, 32))
+
+        def low(v):
+            return b.lshr(v, splat_const(I8, 4, 32)) if upper else b.and_(v, splat_const(I8, 15, 32))
+
+        s = 4 * upper
+        q = concat(b, b.or_(low(ql0), bits(s)), b.or_(low(ql1), bits(s + 2)))
+        sc = shuffle(b, row["sc16"], None, [8 * h + 4 * upper + g for g in range(4) for _ in range(4)])
+        return {"q": q, "sc": sc}
+
+
+KINDS: dict[GGMLType, QKind] = {
+    GGMLType.Q4_0: Block32(GGMLType.Q4_0, 8, 2),
+    GGMLType.Q4_1: Block32(GGMLType.Q4_1, None, 4),
+    GGMLType.Q5_0: Block32(GGMLType.Q5_0, 16, 6),
+    GGMLType.Q8_0: Block32(GGMLType.Q8_0, 128, 2),
+    GGMLType.Q4_K: Q4K(GGMLType.Q4_K),
+    GGMLType.Q5_K: Q4K(GGMLType.Q5_K),
+    GGMLType.Q6_K: Q6K(),
+}

@@ -1,0 +1,95 @@
+"""The compiled-graph caches: one compile per signature in memory, object code on disk
+keyed by IR, CPU and tool versions; a corrupt or stale entry is rebuilt, never run."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import llama
+from ggmlpy.codegen_cpu.disk_cache import ObjectCache, cache_key, key_parts
+from ggmlpy.testing_models import write_tiny_llama
+
+SCRIPT = """
+import json, logging, sys
+import llama
+events = []
+class H(logging.Handler):
+    def emit(self, record):
+        events.append(record.getMessage())
+logging.getLogger("ggmlpy.cache").addHandler(H())
+logging.getLogger("ggmlpy.cache").setLevel(logging.INFO)
+m = llama.Model.load(sys.argv[1])
+ctx = llama.Context(m, n_ctx=256, backend="cpu")
+assert ctx.decode(llama.Batch.from_tokens([1, 2, 3])) == 0
+be = ctx.backends[0]
+print(json.dumps({"hits": be.object_cache.hits, "misses": be.object_cache.misses,
+                  "events": events, "logit": float(ctx.get_logits_ith(-1)[7])}))
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    return write_tiny_llama(tmp_path_factory.mktemp("cache") / "tiny.gguf", seed=11)
+
+
+def run_process(model, cache_dir) -> dict:
+    env = {"GGMLPY_CACHE": str(cache_dir), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(model)], env=env, capture_output=True,
+                         text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_compiles_nothing(tiny_path, tmp_path):
+    first = run_process(tiny_path, tmp_path)
+    # two graphs (prompt and one-token); they may lower to the same module, which then hits
+    assert first["misses"] >= 1 and first["hits"] + first["misses"] == 2
+    second = run_process(tiny_path, tmp_path)
+    assert second["misses"] == 0 and second["hits"] == 2
+    assert all("hit" in e for e in second["events"] if "object cache" in e)
+    assert second["logit"] == first["logit"]
+
+
+def test_corrupt_entry_is_discarded_and_rebuilt(tiny_path, tmp_path):
+    run_process(tiny_path, tmp_path)
+    objects = sorted((tmp_path / "cpu").glob("*.o"))
+    assert objects
+    for obj in objects:
+        data = bytearray(obj.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        obj.write_bytes(bytes(data))
+    again = run_process(tiny_path, tmp_path)
+    assert again["misses"] >= 1
+    assert any("corrupt object file" in e for e in again["events"])
+    third = run_process(tiny_path, tmp_path)  # rebuilt and stored again
+    assert third["misses"] == 0
+
+
+def test_stale_entry_is_discarded(tmp_path):
+    cache = ObjectCache(tmp_path)
+    ir_text = "; a module\n"
+    cache.store(ir_text, b"object code")
+    key = cache_key(key_parts(ir_text))
+    meta = json.loads((tmp_path / f"{key}.json").read_text())
+    meta["parts"]["cpu"] = "some-other-cpu"
+    (tmp_path / f"{key}.json").write_text(json.dumps(meta))
+    assert cache.load(ir_text) is None
+    assert cache.events[-1][0] == "discard" and "stale" in cache.events[-1][1]
+    assert not (tmp_path / f"{key}.o").exists()
+
+
+def test_one_compile_serves_every_prompt_length(tiny_path):
+    model = llama.Model.load(tiny_path)
+    ctx = llama.Context(model, n_ctx=512, n_batch=512, n_ubatch=512, backend="cpu")
+    compiled = len(ctx.graph_cache.entries)
+    for n in (2, 17, 300):
+        ctx.memory.clear()
+        assert ctx.decode(llama.Batch.from_tokens(list(range(1, n + 1)))) == 0
+    assert len(ctx.graph_cache.entries) == compiled == 2
+    assert ctx.graph_cache.misses == 2
+    ref = llama.Context(model, n_ctx=512, backend="ref")
+    assert ref.decode(llama.Batch.from_tokens(list(range(1, 301)))) == 0
+    np.testing.assert_allclose(ctx.get_logits_ith(-1), ref.get_logits_ith(-1), atol=1e-3, rtol=0)
