@@ -52,8 +52,12 @@ DEFAULT_MODEL = "smollm2-135m"
 
 
 def models_dir() -> Path:
-    """Where downloaded models live (`GGMLPY_MODELS`, else ~/.cache/ggmlpy/models)."""
-    return Path(os.environ.get("GGMLPY_MODELS", Path.home() / ".cache" / "ggmlpy" / "models"))
+    """Where downloaded models live: `GGMLPY_MODELS`, else $XDG_CACHE_HOME/ggmlpy/models
+    (~/.cache/ggmlpy/models when XDG_CACHE_HOME is unset)."""
+    if os.environ.get("GGMLPY_MODELS"):
+        return Path(os.environ["GGMLPY_MODELS"])
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "ggmlpy" / "models"
 
 
 def sha256_of(path: Path) -> str:
