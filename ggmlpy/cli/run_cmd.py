@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             "model": str(model.path), "backend": ctx.backend_name, "n_ctx": ctx.n_ctx,
             "seed": sampler_seed(sampler), "prompt": args.prompt, "prompt_ids": gen.prompt_tokens,
             "ids": gen.tokens, "text": gen.text, "stop_reason": gen.stop_reason,
-            "timings": timings,
+            "timings": timings, "compile": ctx.compile_report(),
         }, out, ensure_ascii=False)
         out.write("\n")
     else:
@@ -100,7 +100,17 @@ def run(args: argparse.Namespace) -> int:
                          f"{'seed ' + str(seed) if seed is not None else 'greedy'}, "
                          f"stop: {gen.stop_reason}\n")
         sys.stderr.write(format_timings(timings))
+        sys.stderr.write(format_compile(ctx.compile_report()))
     return 0
+
+
+def format_compile(report: dict) -> str:
+    """One line: graph compile time, or that the object cache served it."""
+    hits = sum(v for k, v in report.items() if k.endswith("_object_cache_hits"))
+    misses = sum(v for k, v in report.items() if k.endswith("_object_cache_misses"))
+    how = "object cache hit" if hits and not misses else f"{misses} compiled, {hits} from the object cache"
+    return (f"ggmlpy:     graph compile = {report['compile_ms']:10.2f} ms "
+            f"({report['graphs']} graphs: {how})\n")
 
 
 def sampler_seed(sampler: SamplerChain) -> int | None:
