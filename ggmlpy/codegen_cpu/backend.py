@@ -10,13 +10,13 @@ import numpy as np
 
 from ggmlpy.codegen_cpu.disk_cache import ObjectCache
 from ggmlpy.codegen_cpu.lowering import LOWERINGS
-from ggmlpy.codegen_cpu.planner import tensor_bytes
 from ggmlpy.codegen_cpu.program import ProgramBuilder, root_of
 from ggmlpy.codegen_cpu.runtime import JitModule, ThreadPool
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import OPS, Kind
 from ggmlpy.ir.symbolic import evaluate
 from ggmlpy.ir.tensor import Flag, Tensor
+from ggmlpy.passes.buffers import tensor_nbytes
 from ggmlpy.sched.store import TensorStore
 
 log = logging.getLogger("ggmlpy.codegen_cpu")
@@ -60,7 +60,7 @@ class CpuBackend:
         t0 = time.perf_counter()
         own = {n.id for n in nodes}
         produced_elsewhere = {t.id for t in graph.tensors if not t.is_leaf and t.id not in own}
-        builder = ProgramBuilder(nodes, self.worst_env, produced_elsewhere)
+        builder = ProgramBuilder(graph, nodes, self.worst_env, produced_elsewhere)
         ir_text = builder.build_ir()
         cached = self.object_cache.load(ir_text)
         module = JitModule(ir_text, object_code=cached)
@@ -137,4 +137,4 @@ class CpuSplit:
         self.backend.pool.run(self.fn_addr, ctx.ctypes.data)
         self.backend.native_seconds += time.perf_counter() - t0
         for t, offset in self.exports:
-            store.buffers[t.id] = self.arena[offset:offset + tensor_bytes(t, env)]
+            store.buffers[t.id] = self.arena[offset:offset + tensor_nbytes(t, env)]

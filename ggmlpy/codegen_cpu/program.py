@@ -23,9 +23,10 @@ import numpy as np
 from ggmlpy.codegen_cpu import kernels as _kernels  # noqa: F401  (fills the lowering table)
 from ggmlpy.codegen_cpu.irgen import KernelBuilder, barrier_ir, declare_barrier
 from ggmlpy.codegen_cpu.lowering import LOWERINGS, kernel_key
-from ggmlpy.codegen_cpu.planner import plan_arena
 from ggmlpy.codegen_cpu.target import host
+from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import OPS, Kind
+from ggmlpy.passes.buffers import plan_buffers
 from ggmlpy.ir.symbolic import Dim, SymExpr
 from ggmlpy.ir.tensor import Tensor
 
@@ -58,23 +59,26 @@ class ProgramLayout:
 class ProgramBuilder:
     """Lowers `nodes` (one split of a graph) to an LLVM module."""
 
-    def __init__(self, nodes: list[Tensor], worst_env: Mapping[str, int], produced_elsewhere: set[int]):
+    def __init__(self, graph: Graph, nodes: list[Tensor], worst_env: Mapping[str, int],
+                 produced_elsewhere: set[int]):
         self.nodes = [n for n in nodes if OPS[n.op].kind != Kind.VIEW]
         self.worst_env = dict(worst_env)
         own = {n.id for n in nodes}
         externals: dict[int, Tensor] = {}
-        arena_roots: list[Tensor] = []
+        arena_roots: set[int] = set()
         for n in nodes:
             for t in (n, *n.src):
                 r = root_of(t)
-                bound = r.is_leaf or r.id in produced_elsewhere or (r.id not in own)
-                if bound:
+                if r.is_leaf or r.id in produced_elsewhere or r.id not in own:
                     externals.setdefault(r.id, r)
-                elif r not in arena_roots:
-                    arena_roots.append(r)
-        offsets, arena_bytes = plan_arena(self.nodes, arena_roots, self.worst_env)
+                else:
+                    arena_roots.add(r.id)
+        # the buffer planning pass (ggml-alloc style) places every computed tensor; kernels
+        # run one node at a time, so plan without fusion groups
+        plan = plan_buffers(graph, self.worst_env, fused=False)
+        offsets = {rid: plan.offsets[rid] for rid in arena_roots}
         scratch = max([LOWERINGS[n.op].scratch_bytes(n, self.worst_env) for n in self.nodes] + [0])
-        self.layout = ProgramLayout(list(externals.values()), offsets, arena_bytes, scratch)
+        self.layout = ProgramLayout(list(externals.values()), offsets, max(plan.arena_size, 64), scratch)
 
     def build_ir(self) -> str:
         """The module: each distinct kernel once, and the entry function that walks the node

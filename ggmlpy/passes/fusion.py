@@ -1,0 +1,383 @@
+"""Fusion: mark groups of nodes that one kernel should compute. Nothing is lowered here.
+
+Representation (what a code generator reads)
+---------------------------------------------
+The graph keeps every node; the pass adds `graph.hints["fusion_groups"]`, a tuple of
+`FusionGroup(pattern, nodes, inputs, outputs)` in graph order, each field a tuple of
+positions in `graph.tensors`:
+  - `pattern`: the rule that formed the group (the emitter to use: "rms_norm_mul", ...);
+  - `nodes`: the ops the kernel computes, in order; they are consecutive among
+    `graph.nodes` (the pass reorders the graph, keeping every dependency, so that they are);
+  - `inputs`: the tensors the group reads from outside (weights, activations, views);
+  - `outputs`: the members whose values leave the group (read by other nodes, or graph
+    outputs). Every other member is interior: it is never materialised, so it gets no
+    memory (buffers.py) and the kernel keeps it in registers or a tile.
+`fusion_groups(graph)` turns the positions back into tensors and checks they still fit.
+Because every node stays, a backend without a fused emitter (and the reference backend)
+runs the graph as it is, node by node; positions are id-free, so the groups are part of the
+graph's signature. Any later pass that changes the tensor list drops the annotation
+(common.new_graph), so fusion runs last among the rewriting passes.
+
+Rules are data (FUSION_RULES): a pattern per group root and the bound names that are
+members. A member that is not a root must have no reader outside its group. A node joins at
+most one group (earlier rules win), and a group is refused when running it as one step
+would need a value it produces (a cycle through other nodes).
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+from ggmlpy.ir.graph import Graph
+from ggmlpy.ir.ops import Kind
+from ggmlpy.ir.tensor import Flag, Tensor
+from ggmlpy.passes.common import (
+    FUSION_HINT, PassError, consumers, deps, memory_order_edges, op_kind,
+)
+from ggmlpy.passes.rewrite import Bindings, Pat, match
+
+
+@dataclass(frozen=True)
+class FusionGroup:
+    """One fused kernel, by positions in graph.tensors (see the module docstring)."""
+
+    pattern: str
+    nodes: tuple[int, ...]
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+
+@dataclass
+class ResolvedGroup:
+    """A FusionGroup with tensors instead of positions."""
+
+    pattern: str
+    nodes: list[Tensor]
+    inputs: list[Tensor]
+    outputs: list[Tensor]
+
+    @property
+    def interior(self) -> list[Tensor]:
+        out = {t.id for t in self.outputs}
+        return [t for t in self.nodes if t.id not in out]
+
+
+Candidate = tuple[list[Tensor], list[Tensor]]  # (members in graph order, roots)
+
+
+@dataclass
+class _Ctx:
+    tensors: list[Tensor]
+    position: dict[int, int]
+    users: dict[int, list[Tensor]]
+    claimed: set[int]
+
+
+@dataclass(frozen=True)
+class FusionRule:
+    """Groups whose roots match `roots` (several roots: sibling ops fused side by side, bound
+    names shared between them); `members` are the bound names the kernel computes."""
+
+    name: str
+    roots: tuple[Pat, ...]
+    members: tuple[str, ...]
+    check: Callable[[Bindings], bool] | None = None
+    doc: str = ""
+
+    def candidates(self, ctx: _Ctx) -> Iterator[Candidate]:
+        per_root = [[(t, b) for t in ctx.tensors if not t.is_leaf and (b := match(p, t)) is not None]
+                    for p in self.roots]
+        for combo in _combinations(per_root, ctx.position):
+            bound: Bindings | None = {}
+            for _, b in combo:
+                bound = _merge(bound, b)
+                if bound is None:
+                    break
+            if bound is None or (self.check is not None and not self.check(bound)):
+                continue
+            members = sorted({bound[n].id: bound[n] for n in self.members}.values(),
+                             key=lambda t: ctx.position[t.id])
+            yield members, [t for t, _ in combo]
+
+
+@dataclass(frozen=True)
+class ChainRule:
+    """Maximal chains of ops of `kinds` where each link is the only reader of the previous
+    one and has its shape (broadcast operands are inputs of the chain)."""
+
+    name: str
+    kinds: tuple[Kind, ...] = (Kind.ELEMENTWISE,)
+    exclude: tuple[str, ...] = ("cont",)  # copies that change layout are not chain links
+    min_length: int = 2
+    doc: str = ""
+
+    def _eligible(self, t: Tensor, ctx: _Ctx) -> bool:
+        return op_kind(t) in self.kinds and t.op not in self.exclude and t.id not in ctx.claimed
+
+    def candidates(self, ctx: _Ctx) -> Iterator[Candidate]:
+        for t in ctx.tensors:
+            if not self._eligible(t, ctx):
+                continue
+            chain = [t]
+            while not chain[-1].flags & Flag.OUTPUT:
+                users = ctx.users[chain[-1].id]
+                if len(users) != 1 or not self._eligible(users[0], ctx) or users[0].ne != t.ne \
+                        or users[0] in chain:
+                    break
+                chain.append(users[0])
+            if len(chain) >= self.min_length:
+                yield chain, [chain[-1]]
+
+
+def _combinations(per_root, position) -> Iterator[list]:
+    """One match per root pattern, distinct nodes in increasing graph order."""
+    def rec(i: int, chosen: list) -> Iterator[list]:
+        if i == len(per_root):
+            yield list(chosen)
+            return
+        after = position[chosen[-1][0].id] if chosen else -1
+        for t, b in per_root[i]:
+            if position[t.id] > after:
+                chosen.append((t, b))
+                yield from rec(i + 1, chosen)
+                chosen.pop()
+    return rec(0, [])
+
+
+def _merge(a: Bindings | None, b: Bindings) -> Bindings | None:
+    """Both bindings together, or None when a shared name binds different tensors."""
+    if a is None:
+        return None
+    out = dict(a)
+    for k, v in b.items():
+        if k in out and out[k] is not v:
+            return None
+        out[k] = v
+    return out
+
+
+# rule conditions ------------------------------------------------------------------------------
+def _is_row(t: Tensor) -> bool:
+    return all(d == 1 for d in t.ne[1:])
+
+
+def _no_bias(t: Tensor) -> bool:
+    return t.params.get("b", 0.0) == 0.0
+
+
+def _epilogue_shape(b: Bindings) -> bool:
+    """The add's result has the matmul's shape (the residual is read, not the product)."""
+    return b["mm"].ne == b["add"].ne
+
+
+def projection_input(t: Tensor, max_steps: int = 8) -> Tensor | None:
+    """The activation x of the projection mul_mat(w, x) that t derives from through views
+    and row/elementwise ops on its first source (q and k norms included), if any."""
+    for _ in range(max_steps):
+        if t.op == "mul_mat":
+            return t.src[1]
+        if op_kind(t) not in (Kind.VIEW, Kind.ROW, Kind.ELEMENTWISE) or not t.src:
+            return None
+        t = t.src[0]
+    return None
+
+
+def _rope_pair(b: Bindings) -> bool:
+    """Two ropes with the same parameters, positions and frequency factors, applied to
+    projections of the same activation: the q and the k of one attention layer."""
+    a, c = b["rope_a"], b["rope_b"]
+    if a.params != c.params or len(a.src) != len(c.src):
+        return False
+    if any(x is not y for x, y in zip(a.src[2:], c.src[2:])):
+        return False
+    xa = projection_input(a.src[0])
+    return xa is not None and xa is projection_input(c.src[0])
+
+
+_ROPE = Pat("rope", extra_src=True, src=(Pat(), Pat(name="pos")))
+
+FUSION_RULES: tuple[FusionRule | ChainRule, ...] = (
+    FusionRule("swiglu_ffn",
+               (Pat(("swiglu", "geglu"), name="glu", src=(
+                   Pat("mul_mat", name="gate", src=(Pat(name="w_gate"), Pat(name="x"))),
+                   Pat("mul_mat", name="up", src=(Pat(name="w_up"), Pat(name="x"))))),),
+               ("gate", "up", "glu"), doc="act(x @ W_gate) * (x @ W_up): both matmuls read x once"),
+    FusionRule("rms_norm_mul",
+               (Pat("mul", name="mul", src=(Pat(("rms_norm", "norm"), name="norm"),
+                                           Pat(name="weight", where=_is_row))),),
+               ("norm", "mul"), doc="normalise a row and scale it by a weight row"),
+    FusionRule("rope_qk",
+               (Pat("rope", name="rope_a", extra_src=True, src=_ROPE.src),
+                Pat("rope", name="rope_b", extra_src=True, src=_ROPE.src)),
+               ("rope_a", "rope_b"), check=_rope_pair, doc="rotate q and k with one cos/sin table"),
+    FusionRule("scale_softmax",
+               (Pat("soft_max", name="softmax", extra_src=True,
+                    src=(Pat("scale", name="scale", where=_no_bias),)),),
+               ("scale", "softmax"), doc="a plain scale folds into the softmax's scale"),
+    FusionRule("matmul_softmax",
+               (Pat("soft_max", name="softmax", extra_src=True, src=(Pat("mul_mat", name="kq"),)),),
+               ("kq", "softmax"), doc="attention scores k.q, masked, scaled and normalised"),
+    FusionRule("matmul_epilogue",
+               (Pat("add", name="add", commutative=True,
+                    src=(Pat("mul_mat", name="mm"), Pat(name="residual"))),),
+               ("mm", "add"), check=_epilogue_shape, doc="the residual add after a matmul"),
+    ChainRule("elementwise_chain", doc="elementwise ops, each the only reader of the previous"),
+)
+
+
+# the pass -------------------------------------------------------------------------------------
+def mark_fusion_groups(graph: Graph, rules: Sequence[FusionRule | ChainRule] = FUSION_RULES) -> Graph:
+    """graph (same tensors, reordered so that each group is consecutive) with its fusion
+    groups in hints["fusion_groups"]; an earlier annotation is replaced."""
+    tensors = list(graph.tensors)
+    position = {t.id: i for i, t in enumerate(tensors)}
+    ctx = _Ctx(tensors, position, consumers(tensors), set())
+    preds, succs = _dependencies(tensors)
+    groups: list[tuple[str, list[Tensor]]] = []
+    group_of: dict[int, int] = {}
+    for rule in rules:
+        for members, roots in rule.candidates(ctx):
+            if _acceptable(members, roots, ctx) and \
+                    not _creates_cycle(members, groups, group_of, succs, position):
+                for m in members:
+                    ctx.claimed.add(m.id)
+                    group_of[m.id] = len(groups)
+                groups.append((rule.name, members))
+    order = _contiguous_order(tensors, groups, group_of, preds, position)
+    hints = dict(graph.hints)
+    hints[FUSION_HINT] = _annotations(order, groups, consumers(order))
+    return Graph(list(graph.outputs), order, hints)
+
+
+def _acceptable(members: list[Tensor], roots: list[Tensor], ctx: _Ctx) -> bool:
+    ids = {m.id for m in members}
+    if len(ids) != len(members) or ids & ctx.claimed:
+        return False
+    if any(m.is_leaf or op_kind(m) in (Kind.VIEW, Kind.WRITE) for m in members):
+        return False
+    root_ids = {r.id for r in roots}
+    for m in members:
+        if m.id not in root_ids:
+            if m.flags & Flag.OUTPUT or any(u.id not in ids for u in ctx.users[m.id]):
+                return False
+    return True
+
+
+def _dependencies(tensors: list[Tensor]) -> tuple[dict[int, list[Tensor]], dict[int, list[Tensor]]]:
+    """Predecessors and successors of every tensor: data flow plus write ordering."""
+    preds: dict[int, list[Tensor]] = {t.id: deps(t) for t in tensors}
+    for before, after in memory_order_edges(tensors):
+        preds[after.id].append(before)
+    succs: dict[int, list[Tensor]] = {t.id: [] for t in tensors}
+    for t in tensors:
+        for p in preds[t.id]:
+            succs[p.id].append(t)
+    return preds, succs
+
+
+def _creates_cycle(members, groups, group_of, succs, position) -> bool:
+    """Whether some path leaves the candidate and comes back into it, through other nodes
+    or groups already accepted (each group counts as one step)."""
+    ids = {m.id for m in members}
+    limit = max(position[m.id] for m in members)
+    stack = [s for m in members for s in succs[m.id] if s.id not in ids]
+    seen: set[int] = set()
+    while stack:
+        t = stack.pop()
+        if t.id in ids:
+            return True
+        if t.id in seen:
+            continue
+        g = group_of.get(t.id)
+        unit = groups[g][1] if g is not None else [t]
+        seen.update(u.id for u in unit)
+        if min(position[u.id] for u in unit) > limit:
+            continue  # everything after the candidate's last member cannot lead back into it
+        for u in unit:
+            stack.extend(succs[u.id])
+    return False
+
+
+def _contiguous_order(tensors, groups, group_of, preds, position) -> list[Tensor]:
+    """A topological order with each group's members consecutive, otherwise as close to
+    the original order as possible (Kahn's algorithm, earliest original position first)."""
+    def unit_key(t: Tensor) -> tuple[str, int]:
+        g = group_of.get(t.id)
+        return ("g", g) if g is not None else ("t", t.id)
+
+    units: dict[tuple[str, int], list[Tensor]] = {}
+    for t in tensors:
+        units.setdefault(unit_key(t), []).append(t)
+    indegree = {k: 0 for k in units}
+    after: dict[tuple[str, int], set] = {k: set() for k in units}
+    for key, members in units.items():
+        for m in members:
+            for p in preds[m.id]:
+                pk = unit_key(p)
+                if pk != key and key not in after[pk]:
+                    after[pk].add(key)
+                    indegree[key] += 1
+    heap = [(position[ms[0].id], k) for k, ms in units.items() if indegree[k] == 0]
+    heapq.heapify(heap)
+    order: list[Tensor] = []
+    while heap:
+        _, key = heapq.heappop(heap)
+        order.extend(units[key])
+        for nxt in after[key]:
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                heapq.heappush(heap, (position[units[nxt][0].id], nxt))
+    if len(order) != len(tensors):
+        raise PassError("fusion groups form a cycle; no order runs each as one step")
+    return order
+
+
+def _annotations(order, groups, users) -> tuple[FusionGroup, ...]:
+    position = {t.id: i for i, t in enumerate(order)}
+    out = []
+    for pattern, members in groups:
+        ids = {m.id for m in members}
+        inputs = {s.id: s for m in members for s in m.src if s.id not in ids}
+        outputs = [m for m in members
+                   if m.flags & Flag.OUTPUT or any(u.id not in ids for u in users[m.id])]
+        out.append(FusionGroup(pattern, tuple(position[m.id] for m in members),
+                               tuple(position[i] for i in inputs),
+                               tuple(position[m.id] for m in outputs)))
+    return tuple(sorted(out, key=lambda g: g.nodes[0]))
+
+
+def fusion_groups(graph: Graph) -> list[ResolvedGroup]:
+    """The graph's fusion groups as tensors ([] when it has none); PassError when the
+    annotation no longer fits the graph (a pass changed it without dropping the hint)."""
+    groups = graph.hints.get(FUSION_HINT, ())
+    tensors = graph.tensors
+    node_index = {t.id: i for i, t in enumerate(graph.nodes)}
+    out = []
+    for g in groups:
+        if any(not 0 <= p < len(tensors) for p in g.nodes + g.inputs + g.outputs):
+            raise PassError(f"fusion group {g.pattern} points outside the graph")
+        nodes = [tensors[p] for p in g.nodes]
+        idx = [node_index.get(t.id) for t in nodes]
+        if None in idx or idx != list(range(idx[0], idx[0] + len(idx))):
+            raise PassError(f"fusion group {g.pattern} is not a run of consecutive nodes")
+        out.append(ResolvedGroup(g.pattern, nodes, [tensors[p] for p in g.inputs],
+                                 [tensors[p] for p in g.outputs]))
+    return out
+
+
+def describe_groups(graph: Graph, keys: dict[int, str] | None = None) -> str:
+    """One line per group: pattern, members (key and op), outputs and inputs."""
+    from ggmlpy.ir.dump import tensor_keys
+
+    keys = keys or tensor_keys(graph)
+
+    def label(ts: list[Tensor]) -> str:
+        return ", ".join(f"{keys[t.id]} {t.name}" if t.name else keys[t.id] for t in ts)
+
+    groups = fusion_groups(graph)
+    lines = [f"fusion groups: {len(groups)}"]
+    for i, g in enumerate(groups):
+        members = ", ".join(f"{keys[t.id]} {t.op}" for t in g.nodes)
+        lines.append(f"  g{i} {g.pattern}: {members} -> {label(g.outputs)}; reads {label(g.inputs)}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,132 @@
+"""The pass pipeline: an ordered list of passes per backend, and a dump after any of them.
+
+    result = run_pipeline(graph, backend="cpu", env={"n_tokens": 512, "n_kv": 4096,
+                                                     "n_outputs": 512})
+    result.graph   # what the backend compiles
+    result.plan    # the BufferPlan, when the pipeline ends with "buffers"
+
+Every pass is a pure function Graph -> Graph (DESIGN.md decision 4); "buffers" is the one
+step that reads the graph and returns a plan instead. The reference backend runs the graph
+nearly as built (it is the oracle), the CPU backend gets every pass. `dump_after="fusion"`
+renders the graph right after that pass (`ggmlpy graph --dump-after PASS` calls this).
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from ggmlpy.ir import dump as ir_dump
+from ggmlpy.ir.graph import Graph
+from ggmlpy.passes.buffers import WORST_CASE, BufferPlan, plan_buffers
+from ggmlpy.passes.common import FUSION_HINT, PassError, check_graph
+from ggmlpy.passes.cse import eliminate_common_subexpressions
+from ggmlpy.passes.dce import eliminate_dead_code
+from ggmlpy.passes.fusion import describe_groups, mark_fusion_groups
+from ggmlpy.passes.views import fold_views
+
+log = logging.getLogger("ggmlpy.passes")
+
+
+@dataclass(frozen=True)
+class Pass:
+    name: str
+    run: Callable[[Graph], Graph]
+    doc: str = ""
+
+
+PASSES: dict[str, Pass] = {p.name: p for p in (
+    Pass("dce", eliminate_dead_code, "drop what no output and no write needs"),
+    Pass("cse", eliminate_common_subexpressions, "merge nodes that compute the same thing"),
+    Pass("views", fold_views, "fold view chains into one strided view; drop needless conts"),
+    Pass("fusion", mark_fusion_groups, "mark groups of nodes one kernel computes"),
+)}
+BUFFERS = "buffers"  # the planning step: it must come last, and leaves the graph as it is
+
+PIPELINES: dict[str, tuple[str, ...]] = {
+    "ref": ("dce", "cse"),
+    "cpu": ("dce", "cse", "views", "fusion", BUFFERS),
+}
+
+
+@dataclass
+class StepRecord:
+    name: str
+    nodes_before: int
+    nodes_after: int
+    seconds: float
+
+
+@dataclass
+class PipelineResult:
+    graph: Graph
+    plan: BufferPlan | None = None
+    steps: list[StepRecord] = field(default_factory=list)
+
+
+def pipeline_for(backend: str) -> tuple[str, ...]:
+    """The pass names a backend runs, in order."""
+    try:
+        return PIPELINES[backend]
+    except KeyError:
+        raise ValueError(f"no pass pipeline for backend {backend!r} "
+                         f"(known: {', '.join(sorted(PIPELINES))})") from None
+
+
+def pass_names() -> list[str]:
+    """Every step name any pipeline runs, in pipeline order (choices for --dump-after)."""
+    return list(dict.fromkeys(n for names in PIPELINES.values() for n in names))
+
+
+def render_text(graph: Graph, plan: BufferPlan | None = None) -> str:
+    """The text dump of a graph, with its fusion groups and buffer plan when it has them."""
+    text = ir_dump.to_text(graph)
+    if graph.hints.get(FUSION_HINT):
+        text += "\n" + describe_groups(graph)
+    if plan is not None:
+        text += "\n" + plan.describe()
+    return text
+
+
+def run_pipeline(graph: Graph, backend: str = "cpu", dump_after: str | None = None,
+                 dump: Callable[[str], object] | None = None, env: Mapping[str, int] | None = None,
+                 render: Callable[[Graph], str] | None = None) -> PipelineResult:
+    """Run the backend's passes over graph (which is left untouched).
+
+    dump_after: a pass name of this pipeline; the graph after it goes to `dump` (default:
+    stdout) as `render(graph)` (default: render_text, which also lists fusion groups and the
+    buffer plan). env: the worst-case symbol values the buffer plan is sized for (default
+    buffers.WORST_CASE)."""
+    names = pipeline_for(backend)
+    if dump_after is not None and dump_after not in names:
+        raise ValueError(f"--dump-after {dump_after!r}: backend {backend!r} runs the passes "
+                         f"{', '.join(names)}")
+    if BUFFERS in names[:-1]:
+        raise PassError(f"pipeline {backend!r}: {BUFFERS} must be the last step")
+    dump = dump or sys.stdout.write
+    result = PipelineResult(graph)
+    for name in names:
+        before = len(graph.nodes)
+        start = time.perf_counter()
+        if name == BUFFERS:
+            result.plan = plan_buffers(graph, WORST_CASE if env is None else env)
+        else:
+            graph = _run_pass(PASSES[name], graph)
+        seconds = time.perf_counter() - start
+        result.steps.append(StepRecord(name, before, len(graph.nodes), seconds))
+        log.debug("pass %s: %d -> %d nodes in %.1f ms", name, before, len(graph.nodes), seconds * 1e3)
+        if name == dump_after:
+            text = render(graph) if render is not None else render_text(graph, result.plan)
+            dump(f"# after {name} ({backend} pipeline)\n{text}")
+    result.graph = graph
+    return result
+
+
+def _run_pass(p: Pass, graph: Graph) -> Graph:
+    out = p.run(graph)
+    check_graph(out)
+    if len(out.outputs) != len(graph.outputs):
+        raise PassError(f"pass {p.name} changed the number of outputs")
+    return out
