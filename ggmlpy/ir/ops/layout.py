@@ -104,7 +104,7 @@ def _cont_infer(srcs: Sequence[Any], params: dict) -> Inferred:
 
 def _cont_ref(x: Sequence[np.ndarray], params: dict) -> np.ndarray:
     ne = params.get("ne")
-    out = np.ascontiguousarray(x[0])
+    out = np.array(x[0], copy=True, order="C")  # a copy even when x is contiguous: no aliasing
     return out.reshape(tuple(reversed(pad_ne(ne)))) if ne else out
 
 
