@@ -8,11 +8,13 @@ and append the flagged logits in batch order. Return codes are llama.cpp's.
 from __future__ import annotations
 
 import logging
+import time
 from collections import ChainMap
 from typing import Callable
 
 import numpy as np
 
+from ggmlpy.passes.pipeline import PIPELINES, run_pipeline
 from ggmlpy.sched.cache import GraphCache
 from ggmlpy.sched.registry import create_backend
 from ggmlpy.sched.scheduler import CompiledGraph
@@ -71,9 +73,11 @@ class Context:
         self.backends = [create_backend(backend)]
         if self.backends[0].name != "ref":
             self.backends.append(create_backend("ref"))  # the fallback for ops without a lowering
+        self.backends[:0] = model.placement.make_backends()  # offload devices first (priority order)
         for be in self.backends:
             if hasattr(be, "set_limits"):
-                be.set_limits({"n_tokens": self.n_ubatch, "n_kv": self.n_ctx, "n_outputs": self.n_ubatch})
+                be.set_limits({"n_tokens": self.n_ubatch, "n_kv": self.n_ctx, "n_outputs": self.n_ubatch,
+                               "n_kv_swa": self.kv_layout.kv_size_swa or self.n_ctx})
             if hasattr(be, "set_threads"):
                 be.set_threads(self.n_threads)
         self.graph_cache = GraphCache()
@@ -109,12 +113,35 @@ class Context:
         return g.finish(self.model.arch.build(g))
 
     def _compile(self, built: BuiltGraph) -> CompiledGraph:
+        """The compiled graph for this topology: from the cache, or through the primary
+        backend's pass pipeline (dce, cse, view folding, ...) and the scheduler."""
         sig = built.graph.signature()
-        return self.graph_cache.get_or_compile(sig, lambda: CompiledGraph(built.graph, self.backends))
+
+        def compile_graph() -> CompiledGraph:
+            name = self.backends[0].name
+            optimized = run_pipeline(built.graph, backend=name if name in PIPELINES else "ref").graph
+            return CompiledGraph(optimized, self.backends, self.model.placement)
+
+        return self.graph_cache.get_or_compile(sig, compile_graph)
+
+    def compile_report(self) -> dict:
+        """How the graphs of this context were obtained: compile time and cache use."""
+        report = {"graphs": len(self.graph_cache.entries), "compile_ms": round(self.compile_ms, 1)}
+        for be in self.backends:
+            cache = getattr(be, "object_cache", None)
+            if cache is not None:
+                report[f"{be.name}_object_cache_hits"] = cache.hits
+                report[f"{be.name}_object_cache_misses"] = cache.misses
+        return report
 
     def _reserve(self) -> None:
         """Build and compile the prompt-sized and the one-token graph up front, as llama.cpp
         reserves its worst-case compute buffers when a context is created."""
+        t0 = time.perf_counter()
+        self._reserve_graphs()
+        self.compile_ms = (time.perf_counter() - t0) * 1000
+
+    def _reserve_graphs(self) -> None:
         for n_tokens in (self.n_ubatch, 1):
             params = GraphParams("single" if n_tokens == 1 else "multi", False, self.n_ctx)
             self._compile(self.build_graph(params))

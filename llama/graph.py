@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ggmlpy.ir import N_KV, N_OUTPUTS, N_TOKENS, GGMLType, Graph, GraphBuilder, Tensor
+from ggmlpy.ir.symbolic import N_KV_SWA
 from llama.graph_inputs import (
     GraphInput, GraphParams, InpAttnKV, InpEmbd, InpOutIds, InpPos, InpTokens,
 )
@@ -23,11 +24,23 @@ if TYPE_CHECKING:
 
 @dataclass
 class KVLayout:
-    """The KV cache as the graph sees it: cell count and element types."""
+    """The KV cache as the graph sees it: cell count and element types.
+
+    kv_size_swa > 0: the sliding-window layers have their own cache of that many cells
+    (llama.cpp's llama_kv_cache_iswa), with its own write indices, mask and `n_kv_swa`.
+    """
 
     kv_size: int
     type_k: GGMLType = GGMLType.F16
     type_v: GGMLType = GGMLType.F16
+    kv_size_swa: int = 0
+
+    def separate_swa(self, hp: HParams, il: int) -> bool:
+        """Whether layer il lives in the separate sliding-window cache."""
+        return bool(self.kv_size_swa) and hp.is_swa(il)
+
+    def size_of(self, hp: HParams, il: int) -> int:
+        return self.kv_size_swa if self.separate_swa(hp, il) else self.kv_size
 
 
 @dataclass
@@ -83,13 +96,21 @@ class LlmGraph:
         return self.b.input("inp_out_ids", GGMLType.I32, (N_OUTPUTS,))
 
     def build_attn_inp_kv(self) -> "AttnInput":
-        hp = self.hp
-        inp = InpAttnKV(n_swa=hp.n_swa if hp.swa_layers else 0, swa_type=hp.extra.get("swa_type", 1),
-                        causal=hp.causal_attn)
+        """Write indices and masks. With a separate SWA cache (iSWA) its layers get their own
+        indices and a mask over `n_kv_swa` cells; with one cache for all layers the SWA
+        layers get a second mask over the same `n_kv` cells."""
+        hp, b = self.hp, self.b
+        iswa = bool(self.kv.kv_size_swa)
+        inp = InpAttnKV(n_swa=hp.n_swa if any(hp.swa_layers) else 0,
+                        swa_type=hp.extra.get("swa_type", 1), causal=hp.causal_attn, iswa=iswa)
         self.inputs.append(inp)
-        k_idxs = self.b.input("inp_k_idxs", GGMLType.I64, (N_TOKENS,))
-        mask = self.b.input("inp_kq_mask", GGMLType.F32, (N_KV, N_TOKENS))
-        mask_swa = self.b.input("inp_kq_mask_swa", GGMLType.F32, (N_KV, N_TOKENS)) if inp.n_swa else None
+        k_idxs = b.input("inp_k_idxs", GGMLType.I64, (N_TOKENS,))
+        mask = b.input("inp_kq_mask", GGMLType.F32, (N_KV, N_TOKENS))
+        if iswa:
+            k_idxs_swa = b.input("inp_k_idxs_swa", GGMLType.I64, (N_TOKENS,))
+            mask_swa = b.input("inp_kq_mask_swa", GGMLType.F32, (N_KV_SWA, N_TOKENS))
+            return AttnInput(k_idxs, mask, mask_swa, k_idxs_swa)
+        mask_swa = b.input("inp_kq_mask_swa", GGMLType.F32, (N_KV, N_TOKENS)) if inp.n_swa else None
         return AttnInput(k_idxs, mask, mask_swa)
 
     # blocks ----------------------------------------------------------------------------------
@@ -133,18 +154,22 @@ class LlmGraph:
 
         q_cur [head_dim, n_head, n_tokens]; k_cur, v_cur [head_dim, n_head_kv, n_tokens].
         The cached views depend on the set_rows results, so the store always precedes the read.
+        A layer of the separate SWA cache (iSWA) uses that cache's size, indices and n_kv.
         """
         b, hp, kv = self.b, self.hp, self.kv
         hk, hv, n_head_kv = hp.n_embd_head_k, hp.n_embd_head_v, hp.n_head_kv[il]
-        cache_k = b.cache(f"cache_k_l{il}", kv.type_k, (hp.n_embd_k_gqa(il), kv.kv_size))
-        cache_v = b.cache(f"cache_v_l{il}", kv.type_v, (hp.n_embd_v_gqa(il), kv.kv_size))
+        swa_cache = kv.separate_swa(hp, il)
+        size = kv.size_of(hp, il)
+        k_idxs, n_kv = (inp.k_idxs_swa, N_KV_SWA) if swa_cache else (inp.k_idxs, N_KV)
+        cache_k = b.cache(f"cache_k_l{il}", kv.type_k, (hp.n_embd_k_gqa(il), size))
+        cache_v = b.cache(f"cache_v_l{il}", kv.type_v, (hp.n_embd_v_gqa(il), size))
         k_rows = b.reshape(k_cur, hp.n_embd_k_gqa(il), N_TOKENS)
         v_rows = b.reshape(v_cur, hp.n_embd_v_gqa(il), N_TOKENS)
-        k_all = self.cb(b.set_rows(cache_k, k_rows, inp.k_idxs), "k_stored", il)
-        v_all = self.cb(b.set_rows(cache_v, v_rows, inp.k_idxs), "v_stored", il)
+        k_all = self.cb(b.set_rows(cache_k, k_rows, k_idxs), "k_stored", il)
+        v_all = self.cb(b.set_rows(cache_v, v_rows, k_idxs), "v_stored", il)
         esz_k, esz_v = cache_k.nb[0], cache_v.nb[0]
-        k = b.view(k_all, (hk, n_head_kv, N_KV), (esz_k * hk, cache_k.nb[1]))
-        v = b.view(v_all, (hv, n_head_kv, N_KV), (esz_v * hv, cache_v.nb[1]))
+        k = b.view(k_all, (hk, n_head_kv, n_kv), (esz_k * hk, cache_k.nb[1]))
+        v = b.view(v_all, (hv, n_head_kv, n_kv), (esz_v * hv, cache_v.nb[1]))
         q = b.permute(q_cur, 0, 2, 1, 3)                           # [hk, n_tokens, n_head]
         k = b.permute(k, 0, 2, 1, 3)                               # [hk, n_kv, n_head_kv]
         kq = self.cb(b.mul_mat(k, q), "kq", il)                    # [n_kv, n_tokens, n_head]
@@ -175,3 +200,4 @@ class AttnInput:
     k_idxs: Tensor
     mask: Tensor
     mask_swa: Tensor | None = None
+    k_idxs_swa: Tensor | None = None  # only with a separate SWA cache

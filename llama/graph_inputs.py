@@ -28,11 +28,21 @@ class GraphParams:
 
 @dataclass
 class InputState:
-    """What set_input needs besides the ubatch: the cache cells and this ubatch's slot."""
+    """What set_input needs besides the ubatch: the cache cells and this ubatch's slot.
+
+    `swa` is the same for the separate sliding-window cache of an iSWA memory."""
 
     cells: "KVCells"
     slot: "SlotInfo"
     n_kv: int
+    swa: "InputState | None" = None
+
+    def symbols(self) -> dict[str, int]:
+        """The values of the cache-size symbols for this ubatch (n_kv, n_kv_swa)."""
+        out = {"n_kv": self.n_kv}
+        if self.swa is not None:
+            out["n_kv_swa"] = self.swa.n_kv
+        return out
 
 
 class GraphInput:
@@ -83,14 +93,21 @@ class InpOutIds(GraphInput):
 
 @dataclass
 class InpAttnKV(GraphInput):
-    """KV write indices and the attention mask (and the sliding-window mask when used)."""
+    """KV write indices and the attention mask, plus the sliding-window mask when used.
+
+    iswa: the SWA layers have their own cache, so they get their own write indices and a
+    mask over that cache's cells (from `state.swa`); otherwise the SWA mask covers the
+    same cells as the main one."""
 
     n_swa: int = 0
     swa_type: int = 0
     causal: bool = True
+    iswa: bool = False
 
     @property
     def names(self) -> tuple[str, ...]:  # type: ignore[override]
+        if self.iswa:
+            return ("inp_k_idxs", "inp_kq_mask", "inp_k_idxs_swa", "inp_kq_mask_swa")
         return ("inp_k_idxs", "inp_kq_mask") + (("inp_kq_mask_swa",) if self.n_swa else ())
 
     def set_input(self, ub, state):
@@ -101,7 +118,14 @@ class InpAttnKV(GraphInput):
             "inp_k_idxs": cells.k_idxs(state.slot).astype(np.int64),
             "inp_kq_mask": cells.kq_mask(ub, state.n_kv, causal=self.causal, swa_type=SWAType.NONE),
         }
-        if self.n_swa:
+        if self.iswa:
+            swa = state.swa
+            if swa is None:
+                raise ValueError("the graph was built for a separate SWA cache, but the memory has none")
+            out["inp_k_idxs_swa"] = swa.cells.k_idxs(swa.slot).astype(np.int64)
+            # the SWA cache's cells know their own window (swa_type None)
+            out["inp_kq_mask_swa"] = swa.cells.kq_mask(ub, swa.n_kv, causal=self.causal)
+        elif self.n_swa:
             out["inp_kq_mask_swa"] = cells.kq_mask(ub, state.n_kv, causal=self.causal,
                                                    swa_type=SWAType(self.swa_type), n_swa=self.n_swa)
         return out

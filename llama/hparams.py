@@ -42,6 +42,7 @@ class HParams:
     rope_freq_scale_swa: float = 1.0
     f_attn_logit_softcapping: float = 0.0
     f_final_logit_softcapping: float = 0.0
+    f_attention_scale: float = 0.0  # Q scale some architectures apply before attention (0: unset)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def n_embd_k_gqa(self, il: int) -> int:
@@ -52,6 +53,20 @@ class HParams:
 
     def is_swa(self, il: int) -> bool:
         return bool(self.swa_layers) and self.swa_layers[il]
+
+    def set_swa_pattern(self, n_pattern: int, dense_first: bool = False) -> None:
+        """Every n_pattern-th layer is global (dense), the others use the sliding window
+        (llama.cpp's llama_hparams::set_swa_pattern): the last of each group of n_pattern
+        layers is dense, or the first with `dense_first`. n_pattern 0: every layer SWA,
+        1: none."""
+        if n_pattern < 0:
+            raise HParamsError(f"SWA pattern must be >= 0, got {n_pattern}")
+        if n_pattern == 0:
+            self.swa_layers = [True] * self.n_layer
+        elif dense_first:
+            self.swa_layers = [il % n_pattern != 0 for il in range(self.n_layer)]
+        else:
+            self.swa_layers = [il % n_pattern < n_pattern - 1 for il in range(self.n_layer)]
 
 
 class MetadataReader:

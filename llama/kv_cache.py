@@ -2,44 +2,84 @@
 
 Buffers are [kv_size, n_embd_{k,v}_gqa] in f16 (numpy order), named `cache_k_l{il}` and
 `cache_v_l{il}` as in llama.cpp; graphs bind them by name and write new rows with set_rows.
-The seq_* methods are the public `ctx.memory` interface.
+A cache may hold only some layers (`layers`, llama.cpp's layer filter) and serve a sliding
+window (`swa_type`/`n_swa`): that is how `KVCacheISWA` builds its two halves.
+
+The seq_* methods are the public `ctx.memory` interface; prepare / apply_ubatch /
+input_state / layout and the K-shift methods are what `Context.decode` uses, shared with
+`KVCacheISWA` so the context treats both alike.
 """
 from __future__ import annotations
+
+from typing import Iterable
 
 import numpy as np
 
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.sched.store import NUMPY_DTYPES
+from llama.batch import UBatch
+from llama.graph import KVLayout
+from llama.graph_inputs import InputState
 from llama.hparams import HParams
-from llama.kv_cells import KVCells, KVCellsState
+from llama.kv_cells import KVCells, KVCellsState, SlotInfo, SWAType
 
 KV_TYPES = {"f16": GGMLType.F16, "f32": GGMLType.F32, "bf16": GGMLType.BF16}
 
 
 class KVCache:
     def __init__(self, hp: HParams, kv_size: int, n_seq_max: int = 1, *,
-                 type_k: GGMLType = GGMLType.F16, type_v: GGMLType = GGMLType.F16, n_pad: int = 32):
+                 type_k: GGMLType = GGMLType.F16, type_v: GGMLType = GGMLType.F16, n_pad: int = 32,
+                 layers: Iterable[int] | None = None, swa_type: SWAType | int = SWAType.NONE,
+                 n_swa: int = 0):
         self.hp = hp
         self.size = kv_size
         self.type_k, self.type_v = type_k, type_v
-        self.cells = KVCells(kv_size, n_seq_max, n_pad=n_pad)
-        self.k = [np.zeros((kv_size, hp.n_embd_k_gqa(il)), NUMPY_DTYPES[type_k]) for il in range(hp.n_layer)]
-        self.v = [np.zeros((kv_size, hp.n_embd_v_gqa(il)), NUMPY_DTYPES[type_v]) for il in range(hp.n_layer)]
-        self._bindings = {f"cache_k_l{il}": k for il, k in enumerate(self.k)}
-        self._bindings.update({f"cache_v_l{il}": v for il, v in enumerate(self.v)})
+        self.layers = list(range(hp.n_layer)) if layers is None else sorted(set(layers))
+        if any(not 0 <= il < hp.n_layer for il in self.layers):
+            raise ValueError(f"KV cache layers {self.layers} are not all in [0, {hp.n_layer})")
+        self.cells = KVCells(kv_size, n_seq_max, n_pad=n_pad, swa_type=swa_type, n_swa=n_swa)
+        self.k = {il: np.zeros((kv_size, hp.n_embd_k_gqa(il)), NUMPY_DTYPES[type_k]) for il in self.layers}
+        self.v = {il: np.zeros((kv_size, hp.n_embd_v_gqa(il)), NUMPY_DTYPES[type_v]) for il in self.layers}
+        self._bindings = {f"cache_k_l{il}": k for il, k in self.k.items()}
+        self._bindings.update({f"cache_v_l{il}": v for il, v in self.v.items()})
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+        return sum(a.nbytes for a in self.k.values()) + sum(a.nbytes for a in self.v.values())
 
     def bindings(self) -> dict[str, np.ndarray]:
         return self._bindings
+
+    def layout(self) -> KVLayout:
+        return KVLayout(self.size, self.type_k, self.type_v)
+
+    # decode (llama_kv_cache::prepare / apply, the graph inputs) --------------------------------
+    def prepare(self, ubatches: list[UBatch]) -> list[SlotInfo] | None:
+        """A slot for every ubatch, or None; nothing changes either way."""
+        return self.cells.prepare(ubatches)
+
+    def apply_ubatch(self, slot: SlotInfo, ubatch: UBatch) -> None:
+        self.cells.apply_ubatch(slot, ubatch)
+
+    def input_state(self, slot: SlotInfo) -> InputState:
+        """Cells, slot and n_kv for the graph inputs; call after apply_ubatch."""
+        return InputState(self.cells, slot, self.cells.get_n_kv())
+
+    @property
+    def has_shift(self) -> bool:
+        return self.cells.has_shift
+
+    def k_shift_inputs(self) -> dict[str, np.ndarray]:
+        return {"inp_k_shift": self.cells.k_shift().astype(np.int32)}
+
+    def reset_shift(self) -> None:
+        self.cells.reset_shift()
 
     # the memory interface (llama_memory_*) ----------------------------------------------------
     def clear(self, data: bool = True) -> None:
         self.cells.clear()
         if data:
-            for a in self.k + self.v:
+            for a in list(self.k.values()) + list(self.v.values()):
                 a.fill(0)
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:

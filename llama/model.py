@@ -15,6 +15,7 @@ import numpy as np
 
 from ggmlpy.gguf import GGUFFile
 from ggmlpy.hub import resolve_model
+from ggmlpy.sched.placement import Placement, make_device_backend, parse_devices
 from llama.arch import Architecture, get_arch
 from llama.hparams import HParams, MetadataReader, load_common
 from llama.vocab import Vocab
@@ -32,7 +33,7 @@ class Model:
 
     def __init__(self, path: Path, gguf: GGUFFile, arch: Architecture, hparams: HParams, vocab: Vocab,
                  w: SimpleNamespace | None, layers: list[SimpleNamespace], n_gpu_layers: int,
-                 load_ms: float):
+                 load_ms: float, placement: Placement | None = None):
         self.path = path
         self.gguf = gguf
         self.arch = arch
@@ -42,11 +43,19 @@ class Model:
         self.layers = layers
         self.n_gpu_layers = n_gpu_layers
         self.load_ms = load_ms
+        # where weights and KV cache layers live (SPEC step 6); inactive without devices
+        self.placement = placement or Placement.plan(hparams.n_layer)
 
     @classmethod
     def load(cls, path: str | os.PathLike, n_gpu_layers: int = 0, vocab_only: bool = False,
-             progress: ProgressCallback | None = None, *, download: bool = True) -> "Model":
-        """Load a GGUF file (or a known model name such as `smollm2-135m`)."""
+             progress: ProgressCallback | None = None, *, devices: list[str] | None = None,
+             tensor_split: list[float] | None = None, download: bool = True) -> "Model":
+        """Load a GGUF file (or a known model name such as `smollm2-135m`).
+
+        devices: offload devices by name ("cuda:0", or "cpu:1", a second CPU backend); the
+        host CPU is always there and keeps the input layer. n_gpu_layers: how many of the
+        last layers (the output layer counts as one) go to the devices; tensor_split: their
+        shares (default: by free memory, equal for CPU devices)."""
         t0 = time.perf_counter()
         resolved = resolve_model(path, download=download)
         gguf = GGUFFile(resolved)
@@ -66,11 +75,33 @@ class Model:
                 arch.tensors(hp, table)
                 w, layers = table.resolve(gguf.tensors)
                 _report_progress(progress, len(gguf.tensors))
+            model = cls(Path(resolved), gguf, arch, hp, vocab, w, layers, n_gpu_layers,
+                        (time.perf_counter() - t0) * 1000)
+            if not vocab_only:
+                model.placement = model.place(devices, n_gpu_layers, tensor_split)
         except BaseException:
             gguf.close()
             raise
-        return cls(Path(resolved), gguf, arch, hp, vocab, w, layers, n_gpu_layers,
-                   (time.perf_counter() - t0) * 1000)
+        return model
+
+    def place(self, devices: list[str] | None = None, n_gpu_layers: int = 0,
+              tensor_split: list[float] | None = None) -> Placement:
+        """Where this model's layers, weights and KV cache would live (SPEC step 6): layers to
+        devices, then llama.cpp's check that each device can run its weights' ops. Without an
+        output matrix the output reads the token embeddings, which then also live on the
+        output device (TENSOR_DUPLICATED)."""
+        n_layer = self.hparams.n_layer
+        w = self.w
+        tied = [w.tok_embd.name] if w is not None and getattr(w, "output", None) is None \
+            and getattr(w, "tok_embd", None) is not None else []
+        devs = parse_devices(devices)
+        if not devs:
+            return Placement.plan(n_layer, None, n_gpu_layers, tied=tied)
+        probes = {d: make_device_backend(d) for d in devs}
+        free = [getattr(be, "free_memory", lambda: None)() for be in probes.values()]
+        placement = Placement.plan(n_layer, devs, n_gpu_layers, tensor_split, free, tied)
+        placement.check_weights(((r.name, r.type, r.ne) for r in self.weight_refs()), probes.__getitem__)
+        return placement
 
     # weights ----------------------------------------------------------------------------------
     def weight_arrays(self) -> dict[str, np.ndarray]:

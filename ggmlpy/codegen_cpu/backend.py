@@ -9,8 +9,9 @@ from typing import Mapping
 import numpy as np
 
 from ggmlpy.codegen_cpu.disk_cache import ObjectCache
+from ggmlpy.codegen_cpu.irgen import SYMBOLS
 from ggmlpy.codegen_cpu.lowering import LOWERINGS
-from ggmlpy.codegen_cpu.program import ProgramBuilder, root_of
+from ggmlpy.codegen_cpu.program import N_SYM_WORDS, TABLE_WORD, ProgramBuilder, root_of
 from ggmlpy.codegen_cpu.runtime import JitModule, ThreadPool
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import OPS, Kind
@@ -21,7 +22,6 @@ from ggmlpy.sched.store import TensorStore
 
 log = logging.getLogger("ggmlpy.codegen_cpu")
 
-SYMBOL_NAMES = ("n_tokens", "n_kv", "n_outputs")
 
 
 class CpuBackend:
@@ -29,7 +29,7 @@ class CpuBackend:
 
     def __init__(self, n_threads: int = 2, worst_env: Mapping[str, int] | None = None):
         self.n_threads = n_threads
-        self.worst_env = dict(worst_env or {"n_tokens": 512, "n_kv": 4096, "n_outputs": 512})
+        self.worst_env = dict(worst_env or {"n_tokens": 512, "n_kv": 4096, "n_outputs": 512, "n_kv_swa": 4096})
         self._pool: ThreadPool | None = None
         self.compile_seconds = 0.0  # of the last compile
         self.native_seconds = 0.0   # inside native graph code, summed over runs (for benchmarks)
@@ -89,7 +89,7 @@ class CpuSplit:
         self.table[:3] = (n, self.scratch.ctypes.data, self.barrier.ctypes.data)
         self.rows = self.table[3:].reshape(n, 6)
         self.rows[:, 0] = [module.address(name) for name in builder.kernel_names]
-        self.ctx[3] = self.table.ctypes.data
+        self.ctx[TABLE_WORD] = self.table.ctypes.data
         slots, self.offsets, self.dynamic = builder.pointer_plan()
         self.used = slots >= 0
         self._weight_slots: list | None = None
@@ -112,21 +112,21 @@ class CpuSplit:
             for i, root in enumerate(self.layout.externals):
                 if root.flags & (Flag.WEIGHT | Flag.CACHE):
                     data = store.buffer(root)
-                    self._weight_slots.append((4 + i, data))  # keep the array alive
-                    ctx[4 + i] = data.ctypes.data
+                    self._weight_slots.append((N_SYM_WORDS + i, data))  # keep the array alive
+                    ctx[N_SYM_WORDS + i] = data.ctypes.data
                 else:
-                    self._other_slots.append((4 + i, root))
+                    self._other_slots.append((N_SYM_WORDS + i, root))
         for slot, root in self._other_slots:
             ctx[slot] = store.buffer(root).ctypes.data
 
     def run(self, store: TensorStore, env: Mapping[str, int]) -> None:
-        for name in SYMBOL_NAMES:
+        for name in SYMBOLS:
             limit = self.backend.worst_env.get(name)
             value = env.get(name, 0)
             if limit is not None and value > limit:
                 raise ValueError(f"{name} = {value} exceeds the compiled limit {limit}")
         ctx = self.ctx
-        for i, name in enumerate(SYMBOL_NAMES):
+        for i, name in enumerate(SYMBOLS):
             ctx[i] = env.get(name, 0)
         self._bind_externals(store)
         ptrs = np.where(self.used, ctx[self.slots] + self.offsets, 0)

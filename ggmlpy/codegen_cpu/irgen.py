@@ -6,7 +6,7 @@ Every kernel has the same signature, so the graph function can call any of them:
     void kernel(ptr dst, ptr src0, ptr src1, ptr src2, ptr src3,
                 ptr ctx, ptr scratch, ptr barrier, i32 ith, i32 nth)
 
-`ctx` starts with the symbol values (n_tokens, n_kv, n_outputs as i64), so shapes that
+`ctx` starts with the symbol values (SYMBOLS, as i64), so shapes that
 depend on the ubatch are computed at run time and one kernel serves every size.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ VOID = ir.VoidType()
 FAST = ("fast",)
 
 # order of the symbol values at the start of the ctx array
-SYMBOLS = ("n_tokens", "n_kv", "n_outputs")
+SYMBOLS = ("n_tokens", "n_kv", "n_outputs", "n_kv_swa")
 KERNEL_ARGS = ("dst", "src0", "src1", "src2", "src3", "ctx", "scratch", "barrier", "ith", "nth")
 KERNEL_TYPE = ir.FunctionType(VOID, [PTR] * 8 + [I32, I32])
 BARRIER_TYPE = ir.FunctionType(VOID, [PTR, I32])

@@ -2,7 +2,7 @@
 
     void graph(ptr ctx, i32 ith, i32 nth)
 
-`ctx` (int64 words) holds the three symbol values and the address of the node table, then
+`ctx` (int64 words) holds the symbol values and the address of the node table, then
 one pointer per external buffer (weights, KV cache layers, inputs, tensors computed by
 another split), then the arena. The node table (built per run from a static plan: a few
 numpy operations) gives every node its kernel address and operand pointers, so the module
@@ -21,7 +21,7 @@ import llvmlite.ir as ir
 import numpy as np
 
 from ggmlpy.codegen_cpu import kernels as _kernels  # noqa: F401  (fills the lowering table)
-from ggmlpy.codegen_cpu.irgen import KernelBuilder, barrier_ir, declare_barrier
+from ggmlpy.codegen_cpu.irgen import SYMBOLS, KernelBuilder, barrier_ir, declare_barrier
 from ggmlpy.codegen_cpu.lowering import LOWERINGS, kernel_key
 from ggmlpy.codegen_cpu.target import host
 from ggmlpy.ir.graph import Graph
@@ -32,7 +32,8 @@ from ggmlpy.ir.tensor import Tensor
 
 log = logging.getLogger("ggmlpy.codegen_cpu")
 
-N_SYM_WORDS = 4
+TABLE_WORD = len(SYMBOLS)
+N_SYM_WORDS = TABLE_WORD + 1  # the symbols, then the node table's address
 
 
 def root_of(t: Tensor) -> Tensor:
@@ -98,7 +99,7 @@ class ProgramBuilder:
                 kernels[key] = kb.fn.name
             self.kernel_names.append(kernels[key])
         text = str(module).replace('declare void @"ggmlpy_barrier"(ptr %".1", i32 %".2")', "")
-        return text + barrier_ir(module.triple) + ENTRY_IR
+        return text + barrier_ir(module.triple) + ENTRY_IR.replace("TABLE_WORD", str(TABLE_WORD))
 
     def pointer_plan(self) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, Dim]]]:
         """Per node and operand (dst, src0..src3): which base pointer (ctx word) and which
@@ -126,12 +127,12 @@ class ProgramBuilder:
 
 # The entry function: node i calls table[i].fn(table[i].ptr[0..4], ctx, scratch, barrier,
 # ith, nth), then waits at the barrier. table rows are 6 words: fn, dst, src0..src3.
-# ctx words: [0..3] symbols, then externals, arena, scratch, barrier; the table pointer and
-# node count come as arguments through the ctx header (words 3 and the last+1).
+# ctx words: the symbols, the table address (TABLE_WORD), the externals, the arena; the
+# table starts with the node count and the scratch and barrier addresses.
 ENTRY_IR = r"""
 define void @graph(ptr %ctx, i32 %ith, i32 %nth) {
 entry:
-  %tab_pp = getelementptr i64, ptr %ctx, i64 3
+  %tab_pp = getelementptr i64, ptr %ctx, i64 TABLE_WORD
   %tab_i = load i64, ptr %tab_pp, align 8
   %tab = inttoptr i64 %tab_i to ptr
   %n = load i64, ptr %tab, align 8

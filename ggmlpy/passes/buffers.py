@@ -30,7 +30,7 @@ from ggmlpy.passes.common import memory_root
 from ggmlpy.passes.fusion import fusion_groups
 
 ALIGNMENT = 64
-WORST_CASE = {"n_tokens": 512, "n_kv": 4096, "n_outputs": 512}
+WORST_CASE = {"n_tokens": 512, "n_kv": 4096, "n_outputs": 512, "n_kv_swa": 4096}
 
 
 @dataclass

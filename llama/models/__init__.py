@@ -1,2 +1,9 @@
 """One file per architecture; importing this package registers them all."""
+from llama.models import gemma3  # noqa: F401
 from llama.models import llama  # noqa: F401
+from llama.models import gemma  # noqa: F401
+from llama.models import gemma2  # noqa: F401
+from llama.models import mistral  # noqa: F401
+from llama.models import phi3  # noqa: F401
+from llama.models import qwen2  # noqa: F401
+from llama.models import qwen3  # noqa: F401

@@ -45,6 +45,7 @@ FORMULAS: dict[str, Formula] = {
     "relu": lambda kb, x, p: kb.fmax(x[0], f32(0.0)),
     "sqr": lambda kb, x, p: kb.fmul(x[0], x[0]),
     "sqrt": lambda kb, x, p: kb.sqrt(x[0]),
+    "abs": lambda kb, x, p: kb.intrinsic("llvm.fabs", [x[0]]),
     "swiglu": lambda kb, x, p: kb.fmul(silu(kb, x[0]), x[1]),
     "geglu": lambda kb, x, p: kb.fmul(gelu(kb, x[0]), x[1]),
     "cont": lambda kb, x, p: x[0],

@@ -19,7 +19,7 @@ from ggmlpy.codegen_cpu.irgen import F32, KernelBuilder, f32, i64
 from ggmlpy.codegen_cpu.kernels.common import elem_ptr, n_rows, row_ptr, unravel_row
 from ggmlpy.codegen_cpu.kernels.qact import aligned_scratch, quantize_rows
 from ggmlpy.codegen_cpu.kernels.qdot import KINDS, QKind
-from ggmlpy.codegen_cpu.kernels.qvec import V16F32, reduce_add_f32, zeros
+from ggmlpy.codegen_cpu.kernels.qvec import CONTRACT, V16F32, reduce_add_f32, zeros
 from ggmlpy.codegen_cpu.lowering import lowering
 from ggmlpy.ir.symbolic import evaluate
 from ggmlpy.ir.tensor import Tensor
@@ -35,7 +35,7 @@ def _supported(node: Tensor) -> bool:
         return False
     if a.type in FLOAT:
         return True
-    return (a.type in QUANT and a.ne[2] == 1 and a.ne[3] == 1 and b.is_contiguous
+    return (a.type in QUANT and a.ne[2] == 1 and a.ne[3] == 1 and b.is_contiguous and node.is_contiguous
             and isinstance(a.ne[0], int) and a.ne[0] % KINDS[a.type].fmt.block == 0)
 
 
@@ -108,65 +108,88 @@ def _quant_mul_mat(kb: KernelBuilder, node: Tensor) -> None:
 
 
 class _Tiler:
+    """Phase 2's loops. Decode (fewer tokens than a tile holds): every row of this thread
+    once per token, `single_rows` rows at a time. Prefill: blocks of tokens whose quantised
+    activations fit in L2; within a block, tiles of `tile` = (rows, tokens) whose
+    accumulators stay in registers, so each 64-weight step of a row is decoded once for
+    several tokens and each activation step loaded once for several rows."""
+
+    L2_BUDGET = 512 * 1024  # bytes of activations a token block may hold
+
     def __init__(self, kb: KernelBuilder, node: Tensor, kind: QKind, base: ir.Value):
         a, x = node.src
         self.kb, self.node, self.kind, self.base = kb, node, kind, base
         self.k = a.ne[0]
         self.act_stride = kind.fmt.row_bytes(self.k)
         self.w_stride = kb.dim(a.nb[1])
+        self.d_stride = kb.dim(node.nb[1])  # the result is a fresh contiguous tensor
         self.n_tok = n_rows(kb, x)
 
     def emit(self) -> None:
         kb, b = self.kb, self.kb.b
         rows_r, toks_t = self.kind.tile
         start, end = kb.thread_range(kb.dim(self.node.src[0].ne[1]))
+        block = max(toks_t, self.L2_BUDGET // self.act_stride // toks_t * toks_t)
         few = b.icmp_signed("<", self.n_tok, i64(toks_t))
         with b.if_else(few) as (decode, prefill):
-            with decode:  # a lone token (or a few): weight rows stream by once per token
+            with decode:
                 self._rows(start, end, self.kind.single_rows, 1, i64(0), self.n_tok)
             with prefill:
                 n_full = b.mul(b.sdiv(self.n_tok, i64(toks_t)), i64(toks_t))
-                self._rows(start, end, rows_r, toks_t, i64(0), n_full)
+                with kb.loop(i64(0), n_full, "tb", step=block) as t0:
+                    t1 = b.add(t0, i64(block))
+                    t1 = b.select(b.icmp_signed("<", t1, n_full), t1, n_full)
+                    self._rows(start, end, rows_r, toks_t, t0, t1)
                 self._rows(start, end, rows_r, 1, n_full, self.n_tok)
 
     def _rows(self, start, end, rows_r: int, toks_t: int, tok_begin, tok_end) -> None:
         """Tiles of rows_r x toks_t over rows [start, end) and tokens [tok_begin, tok_end) (a
         multiple of toks_t apart); leftover rows one at a time."""
         kb, b = self.kb, self.kb.b
-        n_tiles = b.sdiv(b.sub(tok_end, tok_begin), i64(toks_t))
         full_end = start
         if rows_r > 1:
             full_end = b.add(start, b.mul(b.sdiv(b.sub(end, start), i64(rows_r)), i64(rows_r)))
             with kb.loop(start, full_end, "rt", step=rows_r) as row0:
-                with kb.loop(i64(0), n_tiles, "tt") as tt:
-                    self._tile(row0, b.add(tok_begin, b.mul(tt, i64(toks_t))), rows_r, toks_t)
+                with kb.loop(tok_begin, tok_end, "tt", step=toks_t) as tok0:
+                    self._tile(row0, tok0, rows_r, toks_t)
         with kb.loop(full_end, end, "rr") as row0:
-            with kb.loop(i64(0), n_tiles, "tt") as tt:
-                self._tile(row0, b.add(tok_begin, b.mul(tt, i64(toks_t))), 1, toks_t)
+            with kb.loop(tok_begin, tok_end, "tt", step=toks_t) as tok0:
+                self._tile(row0, tok0, 1, toks_t)
 
     def _tile(self, row0, tok0, n_r: int, n_t: int) -> None:
-        kb, b, kind, node = self.kb, self.kb.b, self.kind, self.node
+        """n_r x n_t results. A small tile alternates two sets of accumulators between
+        steps, so that consecutive steps' fused multiply-adds do not wait on each other."""
+        kb, b, kind = self.kb, self.kb.b, self.kind
         wrows = [kb.byte_ptr(kb.arg("src0"), b.mul(b.add(row0, i64(r)), self.w_stride)) for r in range(n_r)]
         toks = [b.add(tok0, i64(t)) for t in range(n_t)]
         arows = [kb.byte_ptr(self.base, b.mul(tok, i64(self.act_stride))) for tok in toks]
-        accs = [[kb.var(V16F32, zeros(F32, 16), "acc") for _ in range(n_t)] for _ in range(n_r)]
+        n_sets = 2 if n_r * n_t <= 2 else 1
+        sets = [[[[kb.var(V16F32, zeros(F32, 16), "acc") for _ in range(kind.n_acc)] for _ in range(n_t)]
+                 for _ in range(n_r)] for _ in range(n_sets)]
         n_steps, half = kind.n_steps(self.k)
-        with kb.loop(i64(0), i64(n_steps), "ks") as s:
-            self._step(s, wrows, arows, accs, tail=False)
+        with kb.loop(i64(0), i64(n_steps // n_sets), "ks") as s:
+            for i, accs in enumerate(sets):
+                self._step(b.add(b.mul(s, i64(n_sets)), i64(i)), wrows, arows, accs, tail=False)
+        if n_steps % n_sets:
+            self._step(i64(n_steps - 1), wrows, arows, sets[0], tail=False)
         if half:
-            self._step(i64(n_steps), wrows, arows, accs, tail=True)
+            self._step(i64(n_steps), wrows, arows, sets[-1], tail=True)
         for t, tok in enumerate(toks):
-            i1, i2, i3 = unravel_row(kb, node, tok)
-            drow = row_ptr(kb, kb.arg("dst"), node, i1, i2, i3)
+            drow = kb.byte_ptr(kb.arg("dst"), b.mul(tok, self.d_stride))
             for r in range(n_r):
-                value = reduce_add_f32(b, b.load(accs[r][t]))
-                kb.store(elem_ptr(kb, drow, node, b.add(row0, i64(r))), value, node.type)
+                total = None
+                for accs in sets:
+                    for var in accs[r][t]:
+                        v = b.load(var)
+                        total = v if total is None else b.fadd(total, v, flags=CONTRACT)
+                kb.store(elem_ptr(kb, drow, self.node, b.add(row0, i64(r))), reduce_add_f32(b, total),
+                         self.node.type)
 
     def _step(self, s, wrows, arows, accs, tail: bool) -> None:
         kb, b, kind = self.kb, self.kb.b, self.kind
         off = b.mul(s, i64(kind.step_bytes()))
         rows = [kind.row(kb, kb.byte_ptr(w, off), tail) for w in wrows]
-        toks = [kind.tok(kb, arow, s, self.k, tail) for arow in arows]
+        toks = [kind.tok(kb, arow, s) for arow in arows]
         isum = [[kind.init(kb, row, tok) for tok in toks] for row in rows]
         for j in range(kind.chunks):
             wq = [kind.chunk_w(kb, row, j) for row in rows]
@@ -176,4 +199,7 @@ class _Tiler:
                     isum[r][t] = kind.chunk_dot(kb, isum[r][t], wq[r], aq)
         for r, row in enumerate(rows):
             for t, tok in enumerate(toks):
-                b.store(kind.finish(kb, b.load(accs[r][t]), isum[r][t], row, tok), accs[r][t])
+                vars_ = accs[r][t]
+                new = kind.finish(kb, [b.load(v) for v in vars_], isum[r][t], row, tok)
+                for var, value in zip(vars_, new):
+                    b.store(value, var)

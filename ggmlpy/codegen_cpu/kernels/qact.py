@@ -1,15 +1,29 @@
 """Quantised activations: the f32 rows of a matrix product's right operand, as 8-bit blocks in
 the kernel's scratch, so that the dot products work on integers (as ggml's Q8_0/Q8_1/Q8_K).
 
-Two internal formats (they never leave the kernel, so they are laid out for the dot loops
-rather than as ggml's structs): every row starts with its K quantised bytes in order, so one
-64-byte load covers two 32-blocks (or a quarter of a 256-block); the scales and sums follow.
+The format is internal to the kernel, so it is laid out for the dot loop rather than as
+ggml's structs. A row is a run of *steps* (the values one iteration of the dot loop
+consumes: 64 for 32-block weights, 256 for K-quants), each step 64-byte aligned:
 
-- "q8_32" (weights in 32-blocks: Q4_0, Q4_1, Q5_0, Q8_0): per 32 values an f32 scale and the
-  i32 sum of the quantised values (the weight offsets and Q4_1's minimum need it).
-- "q8_256" (K-quants): per 256 values one f32 scale, and the i16 sums of every 16 values.
+    q    step_elems x i8   the quantised values, in order
+    ad   16 x f32          the activation scale of each of the 16 dot lanes
+    aux  16 x f32          scale times sums of quantised values, in the lanes the weight
+                           side's correction vector uses (see qdot.py)
 
-Scales are f32 (ggml stores f16): a little more precise, and no conversion in the dot loop.
+`ad` and `aux` are what every weight row would otherwise rebuild from the scales and sums
+(broadcasts, conversions, a multiply): stored once per token, they are plain memory operands
+in the dot loop, which matters most for decode, where one token meets every weight row.
+
+- "q8_32_*" (Q4_0, Q4_1, Q5_0, Q8_0): a step is two blocks of 32 with their own f32 scale;
+  lanes 0-7 belong to the first block, 8-15 to the second. For weights stored with an
+  offset o (Q4_0: 8, Q5_0: 16, Q8_0: 128) aux is the i32 vector that starts the dot's
+  accumulator, -o * sum(q) in lanes 0 and 8, so the offset is undone exactly and for free;
+  for Q4_1 ("q8_32_min") aux holds d * sum(q) in lanes 1 and 3, where the weight side puts
+  the blocks' minimums. An odd last block gets a step whose second half is zero.
+- "q8_256_32" (Q4_K, Q5_K) and "q8_256_16" (Q6_K): one scale per 256 values (ggml's Q8_K);
+  aux lane i holds d * the sum of the i-th group of 32 (lanes 0-7) or of 16 values.
+
+Scales are f32 (ggml uses f16): a little more precise, and no conversion in the dot loop.
 """
 from __future__ import annotations
 
@@ -17,51 +31,51 @@ from dataclasses import dataclass
 
 import llvmlite.ir as ir
 
-from ggmlpy.codegen_cpu.irgen import F32, FAST, I8, I16, I32, I64, KernelBuilder, f32, i64
+from ggmlpy.codegen_cpu.irgen import F32, I8, I32, I64, KernelBuilder, f32, i64
 from ggmlpy.codegen_cpu.kernels.common import n_rows, row_ptr, unravel_row
 from ggmlpy.codegen_cpu.kernels.qvec import (
-    intrinsic, reduce_add_i32, reduce_max_f32, shuffle, store_vec, vabs, vec, vrint,
+    CONTRACT, concat, shuffle, sitofp, splat, store_vec, vabs, vec, vrint, zeros,
 )
 from ggmlpy.ir.tensor import Tensor
 
-ROW_ALIGN = 64
-
-
-def _round_up(n: int, m: int) -> int:
-    return -(-n // m) * m
+ALIGN = 64
 
 
 @dataclass(frozen=True)
 class ActFormat:
     name: str
-    block: int  # values per scale
+    block: int                 # values per scale
+    step_elems: int            # values per dot-loop step
+    sum_group: int             # values per activation sum in aux
+    offset: int | None = None  # q8_32: aux holds -offset * sum(q) as i32 (else d * sum(q))
 
-    def n_blocks(self, k: int) -> int:
-        return k // self.block
+    @property
+    def step_bytes(self) -> int:
+        return self.step_elems + 2 * 64
 
-    def d_offset(self, k: int) -> int:
-        return k
-
-    def sums_offset(self, k: int) -> int:
-        return k + 4 * self.n_blocks(k)
+    def n_steps(self, k: int) -> int:
+        return -(-k // self.step_elems)
 
     def row_bytes(self, k: int) -> int:
-        sums = 4 * self.n_blocks(k) if self.block == 32 else 2 * (k // 16)
-        return _round_up(self.sums_offset(k) + sums, ROW_ALIGN)
+        return self.n_steps(k) * self.step_bytes
 
     def scratch_bytes(self, k: int, rows: int) -> int:
-        return rows * self.row_bytes(k) + ROW_ALIGN  # + room to align the base
+        return rows * self.row_bytes(k) + ALIGN  # + room to align the base
 
 
-Q8_32 = ActFormat("q8_32", 32)
-Q8_256 = ActFormat("q8_256", 256)
+def q8_32(offset: int | None) -> ActFormat:
+    return ActFormat("q8_32_min" if offset is None else f"q8_32_off{offset}", 32, 64, 32, offset)
+
+
+Q8_256_32 = ActFormat("q8_256_32", 256, 256, 32)
+Q8_256_16 = ActFormat("q8_256_16", 256, 256, 16)
 
 
 def aligned_scratch(kb: KernelBuilder) -> ir.Value:
     """The scratch pointer rounded up to 64 bytes (numpy gives 16-byte aligned buffers)."""
     b = kb.b
     p = b.ptrtoint(kb.arg("scratch"), I64)
-    p = b.and_(b.add(p, i64(ROW_ALIGN - 1)), i64(-ROW_ALIGN))
+    p = b.and_(b.add(p, i64(ALIGN - 1)), i64(-ALIGN))
     return b.inttoptr(p, ir.PointerType())
 
 
@@ -74,66 +88,121 @@ def quantize_rows(kb: KernelBuilder, x: Tensor, fmt: ActFormat, k: int, base: ir
         xrow = row_ptr(kb, kb.arg("src1"), x, i1, i2, i3)
         qrow = kb.byte_ptr(base, b.mul(r, i64(fmt.row_bytes(k))))
         if fmt.block == 32:
-            _quantize_q8_32(kb, xrow, qrow, fmt, k)
+            _rows_q8_32(kb, xrow, qrow, fmt, k)
         else:
-            _quantize_q8_256(kb, xrow, qrow, fmt, k)
+            _rows_q8_256(kb, xrow, qrow, fmt, k)
 
 
+# pieces -------------------------------------------------------------------------------------
 def _load32(kb: KernelBuilder, xrow: ir.Value, first: ir.Value) -> ir.Value:
     return kb.b.load(kb.elem_ptr(xrow, first, F32), typ=vec(F32, 32), align=4)
 
 
-def _inverse_scale(kb: KernelBuilder, amax: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """(d, 1/d) for values up to amax mapped onto [-127, 127]; 1/d = 0 for an all-zero block."""
+def _vmax(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return b.select(b.fcmp_ordered(">", x, y), x, y)
+
+
+def _amax(kb: KernelBuilder, xs: list[ir.Value]) -> ir.Value:
+    """max |x| over 32-value vectors, by halving (compiles to vmaxps, no NaN bookkeeping)."""
     b = kb.b
-    d = kb.fdiv(amax, f32(127.0))
-    inv = b.select(b.fcmp_ordered(">", amax, f32(0.0)), kb.fdiv(f32(127.0), amax), f32(0.0))
+    m = vabs(kb, xs[0])
+    for x in xs[1:]:
+        m = _vmax(b, m, vabs(kb, x))
+    n = m.type.count
+    while n > 1:
+        n //= 2
+        m = _vmax(b, shuffle(b, m, None, range(n)), shuffle(b, m, None, range(n, 2 * n)))
+    return b.extract_element(m, ir.Constant(I32, 0))
+
+
+def _scale(kb: KernelBuilder, amax: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """(d, 1/d) mapping [-amax, amax] onto [-127, 127]; 1/d = 0 for an all-zero block."""
+    b = kb.b
+    d = b.fdiv(amax, f32(127.0))
+    inv = b.select(b.fcmp_ordered(">", amax, f32(0.0)), b.fdiv(f32(127.0), amax), f32(0.0))
     return d, inv
 
 
 def _quantize32(kb: KernelBuilder, x: ir.Value, inv: ir.Value) -> ir.Value:
-    """<32 x float> -> <32 x i32> of round-to-nearest(x * inv)."""
+    """<32 x float> -> <32 x i32> of round-to-nearest-even(x * inv)."""
     b = kb.b
-    inv_v = b.insert_element(ir.Constant(vec(F32, 1), None), inv, ir.Constant(I32, 0))
-    scaled = b.fmul(x, shuffle(b, inv_v, None, [0] * 32), flags=FAST)
-    return b.fptosi(vrint(kb, scaled), vec(I32, 32))
+    return b.fptosi(vrint(kb, b.fmul(x, splat(b, inv, 32), flags=CONTRACT)), vec(I32, 32))
 
 
-def _quantize_q8_32(kb: KernelBuilder, xrow: ir.Value, qrow: ir.Value, fmt: ActFormat, k: int) -> None:
+def _sum_groups(kb: KernelBuilder, q: ir.Value, group: int) -> list[ir.Value]:
+    """Sums of consecutive groups of `group` lanes of an i32 vector, by pairwise halving."""
     b = kb.b
-    n = fmt.n_blocks(k)
-    dbase = kb.byte_ptr(qrow, i64(fmt.d_offset(k)))
-    sbase = kb.byte_ptr(qrow, i64(fmt.sums_offset(k)))
-    with kb.loop(i64(0), i64(n), "qb") as blk:
-        x = _load32(kb, xrow, b.mul(blk, i64(32)))
-        d, inv = _inverse_scale(kb, reduce_max_f32(kb, vabs(kb, x)))
-        q = _quantize32(kb, x, inv)
-        store_vec(b, b.trunc(q, vec(I8, 32)), kb.byte_ptr(qrow, b.mul(blk, i64(32))))
-        b.store(d, kb.elem_ptr(dbase, blk, F32), align=4)
-        b.store(reduce_add_i32(kb, q), kb.elem_ptr(sbase, blk, I32), align=4)
+    n = q.type.count
+    v = q
+    while n > q.type.count // group:
+        n //= 2
+        v = b.add(shuffle(b, v, None, range(0, 2 * n, 2)), shuffle(b, v, None, range(1, 2 * n, 2)))
+    return [b.extract_element(v, ir.Constant(I32, i)) for i in range(n)]
 
 
-def _quantize_q8_256(kb: KernelBuilder, xrow: ir.Value, qrow: ir.Value, fmt: ActFormat, k: int) -> None:
+def _store_step_tail(kb: KernelBuilder, sp: ir.Value, fmt: ActFormat, ad: ir.Value, aux: ir.Value) -> None:
     b = kb.b
-    n = fmt.n_blocks(k)
-    dbase = kb.byte_ptr(qrow, i64(fmt.d_offset(k)))
-    sbase = kb.byte_ptr(qrow, i64(fmt.sums_offset(k)))
-    with kb.loop(i64(0), i64(n), "qs") as sb:
+    store_vec(b, ad, kb.byte_ptr(sp, i64(fmt.step_elems)))
+    store_vec(b, aux, kb.byte_ptr(sp, i64(fmt.step_elems + 64)))
+
+
+def _block32(kb: KernelBuilder, xrow: ir.Value, blk: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """One block of 32: (q as <32 x i8>, d, sum(q))."""
+    b = kb.b
+    x = _load32(kb, xrow, b.mul(blk, i64(32)))
+    d, inv = _scale(kb, _amax(kb, [x]))
+    q = _quantize32(kb, x, inv)
+    return b.trunc(q, vec(I8, 32)), d, _sum_groups(kb, q, 32)[0]
+
+
+def _lanes(b: ir.IRBuilder, t: ir.Type, values: dict[int, ir.Value]) -> ir.Value:
+    v = zeros(t, 16)
+    for lane, x in values.items():
+        v = b.insert_element(v, x, ir.Constant(I32, lane))
+    return v
+
+
+def _rows_q8_32(kb: KernelBuilder, xrow: ir.Value, qrow: ir.Value, fmt: ActFormat, k: int) -> None:
+    b = kb.b
+    n_blocks = k // 32
+    pairs, odd = divmod(n_blocks, 2)
+
+    def step(s: ir.Value, second: bool) -> None:
+        sp = kb.byte_ptr(qrow, b.mul(s, i64(fmt.step_bytes)))
+        q0, d0, s0 = _block32(kb, xrow, b.mul(s, i64(2)))
+        if second:
+            q1, d1, s1 = _block32(kb, xrow, b.add(b.mul(s, i64(2)), i64(1)))
+        else:
+            q1, d1, s1 = zeros(I8, 32), f32(0.0), ir.Constant(I32, 0)
+        store_vec(b, concat(b, q0, q1), sp)
+        ad = shuffle(b, _lanes(b, F32, {0: d0, 8: d1}), None, [0] * 8 + [8] * 8)
+        if fmt.offset is None:
+            aux = _lanes(b, F32, {1: b.fmul(d0, b.sitofp(s0, F32)), 3: b.fmul(d1, b.sitofp(s1, F32))})
+        else:
+            neg = ir.Constant(I32, -fmt.offset)
+            aux = _lanes(b, I32, {0: b.mul(s0, neg), 8: b.mul(s1, neg)})
+        _store_step_tail(kb, sp, fmt, ad, aux)
+
+    with kb.loop(i64(0), i64(pairs), "qs") as s:
+        step(s, True)
+    if odd:
+        step(i64(pairs), False)
+
+
+def _rows_q8_256(kb: KernelBuilder, xrow: ir.Value, qrow: ir.Value, fmt: ActFormat, k: int) -> None:
+    b = kb.b
+    with kb.loop(i64(0), i64(k // 256), "qs") as sb:
         first = b.mul(sb, i64(256))
+        sp = kb.byte_ptr(qrow, b.mul(sb, i64(fmt.step_bytes)))
         xs = [_load32(kb, xrow, b.add(first, i64(32 * c))) for c in range(8)]
-        amax = vabs(kb, xs[0])
-        for x in xs[1:]:
-            amax = intrinsic(kb, "llvm.maxnum.v32f32", amax.type, [amax, vabs(kb, x)])
-        d, inv = _inverse_scale(kb, reduce_max_f32(kb, amax))
-        sums = []
+        d, inv = _scale(kb, _amax(kb, xs))
+        sums: list[ir.Value] = []
         for c, x in enumerate(xs):
             q = _quantize32(kb, x, inv)
-            store_vec(b, b.trunc(q, vec(I8, 32)), kb.byte_ptr(qrow, b.add(first, i64(32 * c))))
-            for h in range(2):
-                sums.append(reduce_add_i32(kb, shuffle(b, q, None, range(16 * h, 16 * h + 16))))
-        b.store(d, kb.elem_ptr(dbase, sb, F32), align=4)
-        packed = ir.Constant(vec(I16, 16), None)
+            store_vec(b, b.trunc(q, vec(I8, 32)), kb.byte_ptr(sp, i64(32 * c)))
+            sums += _sum_groups(kb, q, fmt.sum_group)
+        aux = zeros(I32, 16)
         for i, s in enumerate(sums):
-            packed = b.insert_element(packed, b.trunc(s, I16), ir.Constant(I32, i))
-        store_vec(b, packed, kb.elem_ptr(sbase, b.mul(sb, i64(16)), I16))
-
+            aux = b.insert_element(aux, s, ir.Constant(I32, i))
+        aux = b.fmul(sitofp(b, aux), splat(b, d, 16), flags=CONTRACT)
+        _store_step_tail(kb, sp, fmt, splat(b, d, 16), aux)

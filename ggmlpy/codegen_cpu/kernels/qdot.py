@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from ggmlpy.codegen_cpu.irgen import F32, FAST, I8, I32, I64, KernelBuilder, f32, i64
-from ggmlpy.codegen_cpu.kernels.qact import Q8_32, Q8_256, ActFormat
+from ggmlpy.codegen_cpu.irgen import F32, I8, I16, I32, I64, KernelBuilder, f32, i64
+from ggmlpy.codegen_cpu.kernels.qact import Q8_256_16, Q8_256_32, ActFormat, q8_32
 from ggmlpy.codegen_cpu.kernels.qvec import (
-    V16F32, V16I32, concat, const, dot_u8s8, load_f16, load_vec, mul_small, repeat_lanes, shuffle,
-    sitofp, splat, splat_const, spread, vec, zeros,
+    CONTRACT,     V16F32, V16I32, concat, const, dot_u8s8, load_f16, load_vec, mul_small, repeat_lanes, shuffle,
+    sitofp, splat, splat_const, vec, zeros,
 )
 from ggmlpy.ir.types import GGMLType, type_size
 
@@ -36,7 +36,7 @@ Vals = dict
 
 
 def fma(b: ir.IRBuilder, x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:
-    return b.fadd(b.fmul(x, y, flags=FAST), acc, flags=FAST)
+    return b.fadd(b.fmul(x, y, flags=CONTRACT), acc, flags=CONTRACT)
 
 
 class QKind:
@@ -45,144 +45,29 @@ class QKind:
     fmt: ActFormat
     step_elems: int
     chunks: int
-    tile: tuple[int, int] = (4, 3)   # (weight rows, tokens) per register tile
+    tile: tuple[int, int] = (2, 4)   # (weight rows, tokens) per register tile (llvm-mca tuned)
     single_rows: int = 1              # weight rows per tile for a lone token (decode)
+    n_acc: int = 2                    # f32 accumulators per (row, token): main, correction
 
     @property
     def block_bytes(self) -> int:
         return type_size(self.wtype)
 
     def step_bytes(self) -> int:
-        return self.block_bytes * self.step_elems // (256 if self.fmt is Q8_256 else 32)
+        """Weight bytes per step."""
+        return self.block_bytes * self.step_elems // self.fmt.block
 
     def n_steps(self, k: int) -> tuple[int, bool]:
         """(whole steps, whether a half step follows) for rows of k values."""
         return k // self.step_elems, k % self.step_elems != 0
 
-    def chunk_dot(self, kb: KernelBuilder, isum: ir.Value, wq: Vals, aq: ir.Value) -> ir.Value:
-        return dot_u8s8(kb, isum, wq["q"], aq)
-
-
-# 32-blocks --------------------------------------------------------------------------------------
-class Block32(QKind):
-    """Q4_0, Q4_1, Q5_0, Q8_0: a step is two blocks; lanes 0-7 belong to the first, 8-15 to
-    the second. `offset` is what the unsigned weight exceeds the signed one by."""
-    fmt = Q8_32
-    step_elems = 64
-    chunks = 1
-
-    def __init__(self, wtype: GGMLType, offset: int | None, qs_at: int):
-        self.wtype, self.offset, self.qs_at = wtype, offset, qs_at
-
-    def row(self, kb: KernelBuilder, wblock: ir.Value, tail: bool) -> Vals:
+    def tok(self, kb: KernelBuilder, arow: ir.Value, step: ir.Value) -> Vals:
+        """A token's step: pointer to its bytes, lane scales and correction sums (qact.py)."""
         b = kb.b
-        p0 = wblock
-        p1 = None if tail else kb.byte_ptr(wblock, i64(self.block_bytes))
-        d = self._pair(kb, load_f16(b, p0), None if tail else load_f16(b, p1), F32)
-        vals = {"wd": repeat_lanes(b, d, 8), "q": self.decode(kb, p0, p1)}
-        if self.offset is None:  # Q4_1: the minimum, in lanes 0 and 8
-            m0 = load_f16(b, kb.byte_ptr(p0, i64(2)))
-            m1 = None if tail else load_f16(b, kb.byte_ptr(p1, i64(2)))
-            vals["m"] = spread(b, self._pair(kb, m0, m1, F32), 16, 8)
-        return vals
-
-    @staticmethod
-    def _pair(kb: KernelBuilder, x: ir.Value, y: ir.Value | None, t: ir.Type) -> ir.Value:
-        b = kb.b
-        v = b.insert_element(ir.Constant(vec(t, 2), None), x, ir.Constant(I32, 0))
-        return v if y is None else b.insert_element(v, y, ir.Constant(I32, 1))
-
-    def _nibbles(self, kb: KernelBuilder, p0: ir.Value, p1: ir.Value | None) -> ir.Value:
-        """Two blocks' 16 packed bytes -> 64 values in element order (low nibbles first)."""
-        b = kb.b
-        v0 = load_vec(b, kb.byte_ptr(p0, i64(self.qs_at)), I8, 16)
-        v1 = zeros(I8, 16) if p1 is None else load_vec(b, kb.byte_ptr(p1, i64(self.qs_at)), I8, 16)
-        v = concat(b, v0, v1)
-        lo = b.and_(v, splat_const(I8, 15, 32))
-        hi = b.lshr(v, splat_const(I8, 4, 32))
-        return shuffle(b, lo, hi, [*range(0, 16), *range(32, 48), *range(16, 32), *range(48, 64)])
-
-    def decode(self, kb: KernelBuilder, p0: ir.Value, p1: ir.Value | None) -> ir.Value:
-        b = kb.b
-        if self.wtype == GGMLType.Q8_0:
-            v0 = load_vec(b, kb.byte_ptr(p0, i64(2)), I8, 32)
-            v1 = zeros(I8, 32) if p1 is None else load_vec(b, kb.byte_ptr(p1, i64(2)), I8, 32)
-            return b.xor(concat(b, v0, v1), splat_const(I8, 0x80, 64))  # the tail's zeros meet zeros
-        q = self._nibbles(kb, p0, p1)
-        if self.wtype != GGMLType.Q5_0:
-            return q
-        # bit j of the block's qh word is bit 4 of element j
-        h0 = b.zext(b.load(kb.byte_ptr(p0, i64(2)), typ=I32, align=1), I64)
-        bits = h0
-        if p1 is not None:
-            h1 = b.zext(b.load(kb.byte_ptr(p1, i64(2)), typ=I32, align=1), I64)
-            bits = b.or_(h0, b.shl(h1, i64(32)))
-        mask = b.bitcast(bits, vec(ir.IntType(1), 64))
-        return b.or_(q, b.select(mask, splat_const(I8, 16, 64), zeros(I8, 64)))
-
-    def tok(self, kb: KernelBuilder, arow: ir.Value, step: ir.Value, k: int, tail: bool) -> Vals:
-        b = kb.b
-        blk = b.mul(step, i64(2))
-        qp = kb.byte_ptr(arow, b.mul(blk, i64(32)))
-        dp = kb.elem_ptr(kb.byte_ptr(arow, i64(self.fmt.d_offset(k))), blk, F32)
-        sp = kb.elem_ptr(kb.byte_ptr(arow, i64(self.fmt.sums_offset(k))), blk, I32)
-        if tail:
-            q = concat(b, load_vec(b, qp, I8, 32), zeros(I8, 32))
-            d = self._pair(kb, b.load(dp, typ=F32, align=4), f32(0.0), F32)
-            s = self._pair(kb, b.load(sp, typ=I32, align=4), ir.Constant(I32, 0), I32)
-        else:
-            q = load_vec(b, qp, I8, 64)
-            d = b.load(dp, typ=vec(F32, 2), align=4)
-            s = b.load(sp, typ=vec(I32, 2), align=4)
-        vals = {"q": q, "ad": repeat_lanes(b, d, 8)}
-        if self.offset is None:
-            vals["ds"] = repeat_lanes(b, b.fmul(d, sitofp(b, s), flags=FAST), 8)
-            vals["init"] = zeros(I32, 16)
-        else:
-            vals["init"] = spread(b, b.mul(s, splat_const(I32, -self.offset, 2)), 16, 8)
-        return vals
-
-    def chunk_w(self, kb: KernelBuilder, row: Vals, j: int) -> Vals:
-        return row
-
-    def chunk_a(self, kb: KernelBuilder, tok: Vals, j: int) -> ir.Value:
-        return tok["q"]
-
-    def init(self, kb: KernelBuilder, row: Vals, tok: Vals) -> ir.Value:
-        return tok["init"]
-
-    def finish(self, kb: KernelBuilder, acc: ir.Value, isum: ir.Value, row: Vals, tok: Vals) -> ir.Value:
-        b = kb.b
-        acc = fma(b, sitofp(b, isum), b.fmul(row["wd"], tok["ad"], flags=FAST), acc)
-        if self.offset is None:
-            acc = fma(b, row["m"], tok["ds"], acc)
-        return acc
-
-
-# K-quants ------------------------------------------------------------------------------------
-class KQuant(QKind):
-    """A step is one 256-value super-block in four 64-value chunks; the activation format has
-    one scale per super-block, so the integer sums of a whole super-block are exact and
-    converted once. `mf` (per row) times `bs` (per token) is the f32 correction term."""
-    fmt = Q8_256
-    step_elems = 256
-    chunks = 4
-    tile = (2, 4)
-
-    def tok(self, kb: KernelBuilder, arow: ir.Value, step: ir.Value, k: int, tail: bool) -> Vals:
-        b = kb.b
-        d = b.load(kb.elem_ptr(kb.byte_ptr(arow, i64(self.fmt.d_offset(k))), step, F32), typ=F32, align=4)
-        sp = kb.elem_ptr(kb.byte_ptr(arow, i64(self.fmt.sums_offset(k))), b.mul(step, i64(16)), ir.IntType(16))
-        sums16 = b.sext(load_vec(b, sp, ir.IntType(16), 16), V16I32)
-        return {"qp": kb.byte_ptr(arow, b.mul(step, i64(256))), "ad": splat(b, d, 16),
-                "bs": b.fmul(sitofp(b, self.correction_sums(kb, sums16)), splat(b, d, 16), flags=FAST)}
-
-    def correction_sums(self, kb: KernelBuilder, sums16: ir.Value) -> ir.Value:
-        """Per-sub-block sums of the activations, in the lanes `mf` uses (Q4_K/Q5_K: 8 sums
-        of 32 in lanes 0-7)."""
-        b = kb.b
-        pairs = b.add(shuffle(b, sums16, None, range(0, 16, 2)), shuffle(b, sums16, None, range(1, 16, 2)))
-        return shuffle(b, pairs, zeros(I32, 8), [*range(8), *[8] * 8])
+        sp = kb.byte_ptr(arow, b.mul(step, i64(self.fmt.step_bytes)))
+        aux_type = I32 if self.fmt.offset is not None else F32
+        return {"qp": sp, "ad": load_vec(b, kb.byte_ptr(sp, i64(self.step_elems)), F32, 16),
+                "aux": load_vec(b, kb.byte_ptr(sp, i64(self.step_elems + 64)), aux_type, 16)}
 
     def chunk_a(self, kb: KernelBuilder, tok: Vals, j: int) -> ir.Value:
         return load_vec(kb.b, kb.byte_ptr(tok["qp"], i64(64 * j)), I8, 64)
@@ -191,18 +76,109 @@ class KQuant(QKind):
         return zeros(I32, 16)
 
     def chunk_dot(self, kb: KernelBuilder, isum: ir.Value, wq: Vals, aq: ir.Value) -> ir.Value:
+        return dot_u8s8(kb, isum, wq["q"], aq)
+
+    def finish(self, kb: KernelBuilder, accs: list[ir.Value], isum: ir.Value, row: Vals,
+               tok: Vals) -> list[ir.Value]:
+        """Main accumulator += isum * (weight scale * activation scale); the second one +=
+        correction * activation sums (separate, so the two are not one dependency chain)."""
+        b = kb.b
+        main = fma(b, sitofp(b, isum), b.fmul(row["wd"], tok["ad"], flags=CONTRACT), accs[0])
+        if self.n_acc == 1:
+            return [main]
+        return [main, fma(b, row["corr"], tok["aux"], accs[1])]
+
+
+# 32-blocks --------------------------------------------------------------------------------------
+class Block32(QKind):
+    """Q4_0, Q4_1, Q5_0, Q8_0: a step is two blocks; lanes 0-7 belong to the first, 8-15 to
+    the second. `offset` is what the unsigned weight exceeds the signed one by: the
+    activation's aux vector (-offset * sum(q) in lanes 0 and 8) starts the integer
+    accumulator, which undoes it exactly. Q4_1 (offset None) adds its minimums instead: the
+    correction vector is <d0, m0, d1, m1, 0...>, met by d * sum(q) in lanes 1 and 3."""
+    step_elems = 64
+    chunks = 1
+
+    def __init__(self, wtype: GGMLType, offset: int | None, qs_at: int):
+        self.wtype, self.offset, self.qs_at = wtype, offset, qs_at
+        self.fmt = q8_32(offset)
+        self.n_acc = 2 if offset is None else 1
+
+    def init(self, kb: KernelBuilder, row: Vals, tok: Vals) -> ir.Value:
+        return zeros(I32, 16) if self.offset is None else tok["aux"]
+
+    def row(self, kb: KernelBuilder, wblock: ir.Value, tail: bool) -> Vals:
+        b = kb.b
+        p1 = None if tail else kb.byte_ptr(wblock, i64(self.block_bytes))
+        if self.offset is None:  # d and m are adjacent halves: one 32-bit load per block
+            dm = self._halves(kb, wblock, p1, 2)   # <d0, m0, d1, m1>
+            return {"wd": shuffle(b, dm, None, [0] * 8 + [2] * 8),
+                    "corr": shuffle(b, dm, zeros(F32, 4), [0, 1, 2, 3] + [4] * 12),
+                    "q": self.decode(kb, wblock, p1)}
+        d = self._halves(kb, wblock, p1, 1)        # <d0, d1>
+        return {"wd": repeat_lanes(b, d, 8), "q": self.decode(kb, wblock, p1)}
+
+    @staticmethod
+    def _halves(kb: KernelBuilder, p0: ir.Value, p1: ir.Value | None, n: int) -> ir.Value:
+        """n f16 values from the start of each block, as 2n floats (zeros for a missing p1)."""
+        b = kb.b
+        it = ir.IntType(16 * n)
+        w = b.insert_element(ir.Constant(vec(it, 2), None), b.load(p0, typ=it, align=1), ir.Constant(I32, 0))
+        if p1 is not None:
+            w = b.insert_element(w, b.load(p1, typ=it, align=1), ir.Constant(I32, 1))
+        return b.fpext(b.bitcast(w, vec(ir.HalfType(), 2 * n)), vec(F32, 2 * n))
+
+    def _nibbles(self, kb: KernelBuilder, p0: ir.Value, p1: ir.Value | None) -> ir.Value:
+        """Two blocks' 16 packed bytes -> 64 values in element order: each block's bytes are
+        broadcast to two 128-bit lanes, shifted by 0 and 4 bits (one vpsrlvw), masked."""
+        b = kb.b
+        v0 = load_vec(b, kb.byte_ptr(p0, i64(self.qs_at)), I8, 16)
+        v1 = zeros(I8, 16) if p1 is None else load_vec(b, kb.byte_ptr(p1, i64(self.qs_at)), I8, 16)
+        v = shuffle(b, v0, v1, [*range(16), *range(16), *range(16, 32), *range(16, 32)])
+        shifts = const(I16, ([0] * 8 + [4] * 8) * 2)
+        v = b.bitcast(b.lshr(b.bitcast(v, vec(I16, 32)), shifts), vec(I8, 64))
+        return b.and_(v, splat_const(I8, 15, 64))
+
+    def decode(self, kb: KernelBuilder, p0: ir.Value, p1: ir.Value | None) -> ir.Value:
+        b = kb.b
+        if self.wtype == GGMLType.Q8_0:
+            v0 = load_vec(b, kb.byte_ptr(p0, i64(2)), I8, 32)
+            v1 = zeros(I8, 32) if p1 is None else load_vec(b, kb.byte_ptr(p1, i64(2)), I8, 32)
+            return b.xor(concat(b, v0, v1), splat_const(I8, 0x80, 64))  # a tail's 128s meet zeros
+        q = self._nibbles(kb, p0, p1)
+        if self.wtype != GGMLType.Q5_0:
+            return q
+        # bit j of the block's qh word is bit 4 of element j
+        bits = b.zext(b.load(kb.byte_ptr(p0, i64(2)), typ=I32, align=1), I64)
+        if p1 is not None:
+            h1 = b.zext(b.load(kb.byte_ptr(p1, i64(2)), typ=I32, align=1), I64)
+            bits = b.or_(bits, b.shl(h1, i64(32)))
+        mask = b.bitcast(bits, vec(ir.IntType(1), 64))
+        return b.or_(q, b.select(mask, splat_const(I8, 16, 64), zeros(I8, 64)))
+
+    def chunk_w(self, kb: KernelBuilder, row: Vals, j: int) -> Vals:
+        return row
+
+
+# K-quants ------------------------------------------------------------------------------------
+class KQuant(QKind):
+    """A step is one 256-value super-block in four 64-value chunks; the activations have one
+    scale per super-block, so a super-block's integer sums (sub-block scales applied as
+    integers) are exact and converted once."""
+    step_elems = 256
+    chunks = 4
+    tile = (3, 4)
+
+    def chunk_dot(self, kb: KernelBuilder, isum: ir.Value, wq: Vals, aq: ir.Value) -> ir.Value:
         p = dot_u8s8(kb, zeros(I32, 16), wq["q"], aq)
         return kb.b.add(isum, mul_small(kb, p, wq["sc"]))
-
-    def finish(self, kb: KernelBuilder, acc: ir.Value, isum: ir.Value, row: Vals, tok: Vals) -> ir.Value:
-        b = kb.b
-        acc = fma(b, sitofp(b, isum), b.fmul(row["wd"], tok["ad"], flags=FAST), acc)
-        return fma(b, row["mf"], tok["bs"], acc)
 
 
 class Q4K(KQuant):
     """Q4_K (and Q5_K with `high_bits`): d, dmin, 12 bytes of 6-bit scales and mins, [qh],
     qs; chunk j holds sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)."""
+
+    fmt = Q8_256_32
 
     def __init__(self, wtype: GGMLType):
         self.wtype = wtype
@@ -214,9 +190,9 @@ class Q4K(KQuant):
         d = load_f16(b, wblock)
         dmin = load_f16(b, kb.byte_ptr(wblock, i64(2)))
         sc, mn = self._scales(kb, load_vec(b, kb.byte_ptr(wblock, i64(4)), I8, 12))
-        mf = b.fmul(sitofp(b, mn), splat(b, b.fsub(f32(0.0), dmin), 8), flags=FAST)
+        mf = b.fmul(sitofp(b, mn), splat(b, b.fsub(f32(0.0), dmin), 8), flags=CONTRACT)
         vals = {"p": wblock, "sc8": sc, "wd": splat(b, d, 16),
-                "mf": shuffle(b, mf, zeros(F32, 8), [*range(8), *[8] * 8])}
+                "corr": shuffle(b, mf, zeros(F32, 8), [*range(8), *[8] * 8])}
         if self.high_bits:
             vals["qh"] = load_vec(b, kb.byte_ptr(wblock, i64(16)), I8, 32)
         return vals
@@ -258,6 +234,8 @@ class Q6K(KQuant):
     (128 values) comes from ql[64h..64h+63] and qh[32h..32h+31]: chunk 2h is values 0-63 of the
     half (low nibbles, qh bits 0-1 and 2-3), chunk 2h + 1 values 64-127 (high nibbles, bits 4-7)."""
 
+    fmt = Q8_256_16
+
     def __init__(self) -> None:
         self.wtype = GGMLType.Q6_K
 
@@ -265,11 +243,8 @@ class Q6K(KQuant):
         b = kb.b
         d = load_f16(b, kb.byte_ptr(wblock, i64(208)))
         sc = b.sext(load_vec(b, kb.byte_ptr(wblock, i64(192)), I8, 16), V16I32)
-        mf = b.fmul(sitofp(b, sc), splat(b, b.fmul(d, f32(-32.0)), 16), flags=FAST)
-        return {"p": wblock, "sc16": sc, "wd": splat(b, d, 16), "mf": mf}
-
-    def correction_sums(self, kb: KernelBuilder, sums16: ir.Value) -> ir.Value:
-        return sums16
+        mf = b.fmul(sitofp(b, sc), splat(b, b.fmul(d, f32(-32.0)), 16), flags=CONTRACT)
+        return {"p": wblock, "sc16": sc, "wd": splat(b, d, 16), "corr": mf}
 
     def chunk_w(self, kb: KernelBuilder, row: Vals, j: int) -> Vals:
         b = kb.b

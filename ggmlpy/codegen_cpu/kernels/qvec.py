@@ -22,10 +22,13 @@ from typing import Sequence
 
 import llvmlite.ir as ir
 
-from ggmlpy.codegen_cpu.irgen import F32, FAST, I8, I16, I32, KernelBuilder
+from ggmlpy.codegen_cpu.irgen import F32, I8, I16, I32, KernelBuilder
 from ggmlpy.codegen_cpu.target import host
 
 FLAVOURS = ("vnni512", "vnni256", "generic")
+# Float flags: fusing into FMAs, but no reassociation, which would merge the separate
+# accumulators the kernels keep to break dependency chains.
+CONTRACT = ("contract",)
 _override: str | None = os.environ.get("GGMLPY_CPU_QDOT") or None
 
 
@@ -154,7 +157,7 @@ def reduce_add_f32(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
     n = v.type.count
     while n > 1:
         n //= 2
-        v = b.fadd(shuffle(b, v, None, range(n)), shuffle(b, v, None, range(n, 2 * n)), flags=FAST)
+        v = b.fadd(shuffle(b, v, None, range(n)), shuffle(b, v, None, range(n, 2 * n)), flags=CONTRACT)
     return b.extract_element(v, ir.Constant(I32, 0))
 
 

@@ -1,9 +1,14 @@
 """Row gathers and scatters: get_rows (embedding lookup, output selection) and set_rows
-(writing K and V rows into their cache cells)."""
+(writing K and V rows into their cache cells).
+
+get_rows reads F32/F16/BF16 tables element by element and quantised tables (Q4_0, Q4_1,
+Q5_0, Q8_0, Q4_K, Q5_K, Q6_K: the embedding types of the supported models) a block at a
+time with the vector dequantisers of kernels/qdequant.py."""
 from __future__ import annotations
 
-from ggmlpy.codegen_cpu.irgen import F16, F32, I8, KernelBuilder, i64
+from ggmlpy.codegen_cpu.irgen import KernelBuilder, i64
 from ggmlpy.codegen_cpu.kernels.common import elem_ptr, n_rows, row_ptr, unravel_row
+from ggmlpy.codegen_cpu.kernels.qdequant import DEQUANTIZABLE, dequant_row
 from ggmlpy.codegen_cpu.lowering import lowering
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import GGMLType
@@ -13,12 +18,15 @@ PLAIN = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 
 def _get_rows_supported(node: Tensor) -> bool:
     table = node.src[0]
-    return node.type == GGMLType.F32 and (table.type in PLAIN or table.type == GGMLType.Q8_0)
+    if node.type != GGMLType.F32:
+        return False
+    if table.type in DEQUANTIZABLE:  # whole rows of blocks into a contiguous f32 row
+        return isinstance(table.ne[0], int) and node.nb[0] == 4
+    return table.type in PLAIN
 
 
 @lowering("get_rows", supports=_get_rows_supported)
 def _get_rows(kb: KernelBuilder, node: Tensor) -> None:
-    b = kb.b
     table, idx = node.src
     start, end = kb.thread_range(n_rows(kb, node))
     ne0 = kb.dim(node.ne[0])
@@ -28,12 +36,8 @@ def _get_rows(kb: KernelBuilder, node: Tensor) -> None:
         row = kb.load_i64(elem_ptr(kb, ip, idx, i1), idx.type)
         srow = row_ptr(kb, kb.arg("src0"), table, row, i2, i3)
         drow = row_ptr(kb, kb.arg("dst"), node, i1, i2, i3)
-        if table.type == GGMLType.Q8_0:
-            with kb.loop(i64(0), ne0, "i0") as i0:
-                blk = kb.byte_ptr(srow, b.mul(b.sdiv(i0, i64(32)), i64(34)))
-                d = b.fpext(b.load(blk, typ=F16, align=1), F32)
-                q = b.load(kb.byte_ptr(blk, b.add(i64(2), b.srem(i0, i64(32)))), typ=I8, align=1)
-                kb.store(elem_ptr(kb, drow, node, i0), kb.fmul(d, b.sitofp(q, F32)), node.type)
+        if table.type in DEQUANTIZABLE:
+            dequant_row(kb, table.type, srow, drow, table.ne[0])
         else:
             with kb.loop(i64(0), ne0, "i0") as i0:
                 v = kb.load(elem_ptr(kb, srow, table, i0), table.type)

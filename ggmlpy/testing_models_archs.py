@@ -1,0 +1,248 @@
+"""Tiny random-weight GGUF files for every supported architecture (tests, like llama.cpp's
+tests/test-llama-archs): `write_tiny_model("gemma2", path)`.
+
+Each file uses llama.cpp's tensor names and hyperparameter keys for its architecture, and
+the sizes are chosen so that each family's distinctive parts are exercised: a head size
+different from n_embd / n_head (qwen3, gemma), partial rotary (phi3), sliding windows
+shorter than a test prompt (mistral, gemma2, gemma3), enough layers for the global layers
+of a window pattern to appear (gemma2: 4, gemma3: 6), soft-caps small enough to bend the
+scores. Norm weights are 1 + noise, as Gemma files store them (1 + w). The vocabulary is
+the byte-level BPE one of `testing_models`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ggmlpy.gguf.writer import GGUFWriter
+from ggmlpy.ir.types import GGMLType
+from ggmlpy.quants import quantize
+from ggmlpy.testing_models import add_tiny_bpe_vocab
+
+
+@dataclass
+class TinyConfig:
+    """Sizes and switches of a tiny model; `None` means the architecture's default."""
+
+    arch: str
+    n_layer: int
+    n_embd: int = 64
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int = 96
+    n_vocab: int = 320
+    n_ctx_train: int = 512
+    head_dim: int | None = None       # written as attention.key_length / value_length
+    n_rot: int | None = None          # written as rope.dimension_count
+    n_swa: int = 0                    # attention.sliding_window (0: not written)
+    tied: bool = False
+    fused_qkv: bool = True            # phi3: attn_qkv.weight instead of attn_q/k/v
+    rope_base: float = 10000.0
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
+    weight_type: GGMLType = GGMLType.F32
+    seed: int = 0
+    omit: tuple[str, ...] = ()        # tensor names to leave out (files for error tests)
+    extra_keys: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def head(self) -> int:
+        return self.head_dim or self.n_embd // self.n_head
+
+    @property
+    def n_q(self) -> int:
+        return self.head * self.n_head
+
+    @property
+    def n_kv(self) -> int:
+        return self.head * self.n_head_kv
+
+
+# per-architecture defaults: what makes a tiny file of that family interesting
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": dict(n_layer=2),
+    "mistral": dict(n_layer=2, n_swa=4),
+    "qwen2": dict(n_layer=2, tied=True, rope_base=1e6),
+    "qwen3": dict(n_layer=2, head_dim=32, rope_base=1e6),
+    "phi3": dict(n_layer=2, n_rot=12),
+    "gemma": dict(n_layer=2, head_dim=32, tied=True),
+    "gemma2": dict(n_layer=4, n_swa=4, tied=True, attn_softcap=3.0, final_softcap=10.0),
+    "gemma3": dict(n_layer=6, n_swa=4, tied=True, rope_base=1e6),
+}
+
+
+class _Tiny:
+    """The writer plus the random source: keys under the arch prefix, weights in layout."""
+
+    def __init__(self, cfg: TinyConfig):
+        self.cfg = cfg
+        self.rng = np.random.default_rng(cfg.seed)
+        self.w = GGUFWriter(cfg.arch)
+
+    def key_u32(self, suffix: str, value: int) -> None:
+        self.w.add_uint32(f"{self.cfg.arch}.{suffix}", int(value))
+
+    def key_f32(self, suffix: str, value: float) -> None:
+        self.w.add_float32(f"{self.cfg.arch}.{suffix}", float(value))
+
+    def add(self, name: str, data: np.ndarray, **kw: Any) -> None:
+        """Add a tensor unless the config omits it (the random draw happens either way, so
+        the other tensors keep their values)."""
+        if name not in self.cfg.omit:
+            self.w.add_tensor(name, data, **kw)
+
+    def mat(self, name: str, n_in: int, n_out: int) -> None:
+        """A [n_out, n_in] matrix (ggml ne = (n_in, n_out)) scaled to keep activations O(1)."""
+        data = (self.rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+        wt = self.cfg.weight_type
+        if wt == GGMLType.F32:
+            self.add(name, data)
+        elif wt == GGMLType.F16:
+            self.add(name, data.astype(np.float16))
+        else:
+            self.add(name, quantize(data, wt), type=wt, ne=(n_in, n_out))
+
+    def norm(self, name: str, n: int) -> None:
+        self.add(name, (1.0 + 0.1 * self.rng.standard_normal(n)).astype(np.float32))
+
+    def bias(self, name: str, n: int) -> None:
+        self.add(name, (0.5 * self.rng.standard_normal(n)).astype(np.float32))
+
+
+def _common_keys(t: _Tiny) -> None:
+    c = t.cfg
+    t.w.add_string("general.name", f"tiny-{c.arch}")
+    t.key_u32("context_length", c.n_ctx_train)
+    t.key_u32("embedding_length", c.n_embd)
+    t.key_u32("block_count", c.n_layer)
+    t.key_u32("feed_forward_length", c.n_ff)
+    t.key_u32("attention.head_count", c.n_head)
+    t.key_u32("attention.head_count_kv", c.n_head_kv)
+    if c.head_dim:
+        t.key_u32("attention.key_length", c.head_dim)
+        t.key_u32("attention.value_length", c.head_dim)
+    t.key_u32("rope.dimension_count", c.n_rot or c.head)
+    t.key_f32("rope.freq_base", c.rope_base)
+    t.key_f32("attention.layer_norm_rms_epsilon", 1e-6)
+    t.key_u32("vocab_size", c.n_vocab)
+    if c.n_swa:
+        t.key_u32("attention.sliding_window", c.n_swa)
+    if c.attn_softcap:
+        t.key_f32("attn_logit_softcapping", c.attn_softcap)
+    if c.final_softcap:
+        t.key_f32("final_logit_softcapping", c.final_softcap)
+    for key, value in c.extra_keys.items():
+        if isinstance(value, float):
+            t.key_f32(key, value)
+        else:
+            t.key_u32(key, value)
+    add_tiny_bpe_vocab(t.w, c.n_vocab)
+
+
+def _embeddings(t: _Tiny) -> None:
+    c = t.cfg
+    t.add("token_embd.weight", t.rng.standard_normal((c.n_vocab, c.n_embd)).astype(np.float32))
+    t.norm("output_norm.weight", c.n_embd)
+    if not c.tied:
+        t.mat("output.weight", c.n_embd, c.n_vocab)
+
+
+def _attn(t: _Tiny, p: str, biases: bool = False, qk_norm: bool = False) -> None:
+    c = t.cfg
+    t.mat(p + "attn_q.weight", c.n_embd, c.n_q)
+    t.mat(p + "attn_k.weight", c.n_embd, c.n_kv)
+    t.mat(p + "attn_v.weight", c.n_embd, c.n_kv)
+    t.mat(p + "attn_output.weight", c.n_q, c.n_embd)
+    if biases:
+        t.bias(p + "attn_q.bias", c.n_q)
+        t.bias(p + "attn_k.bias", c.n_kv)
+        t.bias(p + "attn_v.bias", c.n_kv)
+    if qk_norm:
+        t.norm(p + "attn_q_norm.weight", c.head)
+        t.norm(p + "attn_k_norm.weight", c.head)
+
+
+def _ffn(t: _Tiny, p: str) -> None:
+    c = t.cfg
+    t.norm(p + "ffn_norm.weight", c.n_embd)
+    t.mat(p + "ffn_gate.weight", c.n_embd, c.n_ff)
+    t.mat(p + "ffn_up.weight", c.n_embd, c.n_ff)
+    t.mat(p + "ffn_down.weight", c.n_ff, c.n_embd)
+
+
+def _llama_like(biases: bool = False, qk_norm: bool = False) -> Callable[[_Tiny, str], None]:
+    def layer(t: _Tiny, p: str) -> None:
+        t.norm(p + "attn_norm.weight", t.cfg.n_embd)
+        _attn(t, p, biases=biases, qk_norm=qk_norm)
+        _ffn(t, p)
+    return layer
+
+
+def _phi3_layer(t: _Tiny, p: str) -> None:
+    c = t.cfg
+    t.norm(p + "attn_norm.weight", c.n_embd)
+    if c.fused_qkv:
+        t.mat(p + "attn_qkv.weight", c.n_embd, c.n_q + 2 * c.n_kv)
+        t.mat(p + "attn_output.weight", c.n_q, c.n_embd)
+    else:
+        _attn(t, p)
+    t.norm(p + "ffn_norm.weight", c.n_embd)
+    t.mat(p + "ffn_up.weight", c.n_embd, 2 * c.n_ff)   # [gate | up]
+    t.mat(p + "ffn_down.weight", c.n_ff, c.n_embd)
+
+
+def _gemma_sandwich(qk_norm: bool) -> Callable[[_Tiny, str], None]:
+    """Gemma 2/3: extra RMS norms after attention and after the FFN."""
+    def layer(t: _Tiny, p: str) -> None:
+        c = t.cfg
+        t.norm(p + "attn_norm.weight", c.n_embd)
+        _attn(t, p, qk_norm=qk_norm)
+        t.norm(p + "post_attention_norm.weight", c.n_embd)
+        _ffn(t, p)
+        t.norm(p + "post_ffw_norm.weight", c.n_embd)
+    return layer
+
+
+LAYER_WRITERS: dict[str, Callable[[_Tiny, str], None]] = {
+    "llama": _llama_like(),
+    "mistral": _llama_like(),
+    "qwen2": _llama_like(biases=True),
+    "qwen3": _llama_like(qk_norm=True),
+    "phi3": _phi3_layer,
+    "gemma": _llama_like(),
+    "gemma2": _gemma_sandwich(qk_norm=False),
+    "gemma3": _gemma_sandwich(qk_norm=True),
+}
+ARCHS_WITHOUT_OUTPUT = {"gemma", "gemma2"}  # llama.cpp always ties their output
+
+
+def tiny_config(arch: str, **overrides: Any) -> TinyConfig:
+    """The configuration `write_tiny_model` uses: the arch's defaults, then `overrides`."""
+    if arch not in DEFAULTS:
+        raise ValueError(f"no tiny model writer for architecture {arch!r} "
+                         f"(have: {', '.join(sorted(DEFAULTS))})")
+    fields = set(TinyConfig.__dataclass_fields__) - {"arch"}
+    unknown = set(overrides) - fields
+    if unknown:
+        raise TypeError(f"unknown tiny model setting(s): {', '.join(sorted(unknown))}")
+    cfg = TinyConfig(arch=arch, **{**DEFAULTS[arch], **overrides})
+    if arch in ARCHS_WITHOUT_OUTPUT and not cfg.tied:
+        raise ValueError(f"{arch} has no separate output projection: tied must be True")
+    if cfg.n_head % cfg.n_head_kv:
+        raise ValueError(f"n_head {cfg.n_head} is not a multiple of n_head_kv {cfg.n_head_kv}")
+    return cfg
+
+
+def write_tiny_model(arch: str, path: str | Path, **overrides: Any) -> Path:
+    """Write a tiny random `arch` model to `path` (settings: the fields of TinyConfig)."""
+    cfg = tiny_config(arch, **overrides)
+    t = _Tiny(cfg)
+    _common_keys(t)
+    _embeddings(t)
+    layer = LAYER_WRITERS[arch]
+    for il in range(cfg.n_layer):
+        layer(t, f"blk.{il}.")
+    return t.w.write(path)

@@ -1,0 +1,141 @@
+"""Phi-3: fused QKV and gate/up projections, NeoX RoPE over the first `n_rot` dimensions.
+
+Mirrors llama.cpp's src/models/phi3.cpp and the LLM_ARCH_PHI3 cases of load_hparams and
+load_tensors:
+- `attn_qkv.weight` projects to [Q | K | V] in one matmul (rows n_q, n_k, n_v); the three
+  are views of the result. Files with separate `attn_q/k/v.weight` work too;
+- `ffn_up.weight` holds [gate | up] (2 * n_ff rows): the FFN is down(silu(gate) * up);
+- RoPE rotates the halves of the first `rope.dimension_count` dimensions of each head and
+  passes the rest through (Phi-4-mini's partial rotary factor of 0.75);
+- `rope_factors_short/long.weight` (LongRoPE, the 128k models) divide the frequencies: the
+  long ones when the context exceeds the original training context, as llama.cpp's
+  get_rope_factors (which counts per sequence; the graph sees the whole cache), with
+  `rope.scaling.attn_factor` as the magnitude correction;
+- Q is scaled by 1/sqrt(head_dim) before attention, which then uses scale 1;
+- a sliding window in the file is ignored, as llama.cpp does (its converter does not yet
+  record which layers use it).
+"""
+from __future__ import annotations
+
+import math
+
+from ggmlpy.ir import Tensor
+from llama.arch import Architecture, register
+from llama.graph import LlmGraph
+from llama.hparams import HParams, HParamsError, MetadataReader
+from llama.kv_cells import SWAType
+from llama.weights import TensorLoadError, TensorTable
+
+ROPE_TYPE_NEOX = 2
+
+
+def load_hparams(r: MetadataReader, hp: HParams) -> None:
+    hp.rope_type = ROPE_TYPE_NEOX
+    if not hp.f_norm_rms_eps:
+        raise HParamsError(f"required key {r.key('attention.layer_norm_rms_epsilon')} is missing")
+    if hp.n_embd_head_k != hp.n_embd_head_v:
+        raise HParamsError(f"phi3: key_length {hp.n_embd_head_k} and value_length "
+                           f"{hp.n_embd_head_v} must be equal")
+    hp.n_swa = 0
+    hp.swa_layers = [False] * hp.n_layer
+    hp.extra["swa_type"] = int(SWAType.NONE)
+    hp.extra["rope_attn_factor"] = float(r.get("rope.scaling.attn_factor", 1.0))
+
+
+def tensors(hp: HParams, t: TensorTable) -> None:
+    n_embd, n_vocab = hp.n_embd, hp.n_vocab
+    t.add("tok_embd", "token_embd.weight", (n_embd, n_vocab))
+    t.add("output_norm", "output_norm.weight", (n_embd,))
+    t.add("output", "output.weight", (n_embd, n_vocab), optional=True)  # absent: tied embeddings
+    t.add("output_b", "output.bias", (n_vocab,), optional=True)
+    t.add("rope_long", "rope_factors_long.weight", (hp.n_rot // 2,), optional=True)
+    t.add("rope_short", "rope_factors_short.weight", (hp.n_rot // 2,), optional=True)
+    for il in range(hp.n_layer):
+        n_q, n_k, n_v = hp.n_embd_head_k * hp.n_head[il], hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)
+        t.add_layer(il, "attn_norm", "attn_norm.weight", (n_embd,))
+        t.add_layer(il, "wqkv", "attn_qkv.weight", (n_embd, n_q + n_k + n_v), optional=True)
+        t.add_layer(il, "wq", "attn_q.weight", (n_embd, n_q), optional=True)
+        t.add_layer(il, "wk", "attn_k.weight", (n_embd, n_k), optional=True)
+        t.add_layer(il, "wv", "attn_v.weight", (n_embd, n_v), optional=True)
+        t.add_layer(il, "wo", "attn_output.weight", (n_q, n_embd))
+        t.add_layer(il, "ffn_norm", "ffn_norm.weight", (n_embd,))
+        t.add_layer(il, "ffn_up", "ffn_up.weight", (n_embd, 2 * hp.n_ff[il]))
+        t.add_layer(il, "ffn_down", "ffn_down.weight", (hp.n_ff[il], n_embd))
+
+
+def build_qkv(g: LlmGraph, layer, cur: Tensor, il: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Q, K, V as [head_dim, heads, n_tokens], from the fused projection when there is one."""
+    b, hp = g.b, g.hp
+    head, n_head, n_head_kv = hp.n_embd_head_k, hp.n_head[il], hp.n_head_kv[il]
+    if layer.wqkv is not None:
+        qkv = g.cb(g.build_lora_mm(layer.wqkv, cur), "wqkv", il)
+        n_tokens, esz, row = qkv.ne[1], qkv.nb[0], qkv.nb[1]
+        n_q, n_k = head * n_head, hp.n_embd_k_gqa(il)
+        q = b.view(qkv, (head, n_head, n_tokens), (esz * head, row), 0)
+        k = b.view(qkv, (head, n_head_kv, n_tokens), (esz * head, row), esz * n_q)
+        v = b.view(qkv, (head, n_head_kv, n_tokens), (esz * head, row), esz * (n_q + n_k))
+        return q, k, b.cont(v, head, n_head_kv, n_tokens)
+    if layer.wq is None or layer.wk is None or layer.wv is None:
+        raise TensorLoadError(f"phi3 layer {il}: the file has neither blk.{il}.attn_qkv.weight nor "
+                              f"all of blk.{il}.attn_q/k/v.weight")
+    q = g.cb(g.build_lora_mm(layer.wq, cur), "Qcur", il)
+    k = g.cb(g.build_lora_mm(layer.wk, cur), "Kcur", il)
+    v = g.cb(g.build_lora_mm(layer.wv, cur), "Vcur", il)
+    n_tokens = q.ne[1]
+    return (b.reshape(q, head, n_head, n_tokens), b.reshape(k, head, n_head_kv, n_tokens),
+            b.reshape(v, head, n_head_kv, n_tokens))
+
+
+def build_ffn_fused(g: LlmGraph, layer, cur: Tensor, il: int) -> Tensor:
+    """down(silu(gate) * up) with gate and up the two halves of one projection."""
+    b, n_ff = g.b, g.hp.n_ff[il]
+    gate_up = g.cb(g.build_lora_mm(layer.ffn_up, cur), "ffn_up", il)
+    n_tokens, esz, row = gate_up.ne[1], gate_up.nb[0], gate_up.nb[1]
+    gate = b.cont(b.view(gate_up, (n_ff, n_tokens), (row,), 0), n_ff, n_tokens)
+    up = b.cont(b.view(gate_up, (n_ff, n_tokens), (row,), esz * n_ff), n_ff, n_tokens)
+    cur = g.cb(b.swiglu(gate, up), "ffn_swiglu", il)
+    return g.cb(g.build_lora_mm(layer.ffn_down, cur), "ffn_out", il)
+
+
+def rope_factors(g: LlmGraph):
+    """LongRoPE's frequency factors for this context size (None for ordinary files)."""
+    m, hp = g.model, g.hp
+    if m.w.rope_long is not None and g.kv.kv_size > hp.n_ctx_orig_yarn:
+        return m.w.rope_long
+    return m.w.rope_short
+
+
+def build(g: LlmGraph) -> Tensor:
+    b, hp, m = g.b, g.hp, g.model
+    inp_l = g.build_inp_embd(m.w.tok_embd)
+    inp_pos = g.build_inp_pos()
+    inp_attn = g.build_attn_inp_kv()
+    inp_out_ids = g.build_inp_out_ids()
+    rope = dict(n_dims=hp.n_rot, mode=hp.rope_type, n_ctx_orig=hp.n_ctx_orig_yarn,
+                freq_base=hp.rope_freq_base, freq_scale=hp.rope_freq_scale,
+                attn_factor=hp.extra.get("rope_attn_factor", 1.0))
+    freqs = g.w(rope_factors(g))
+
+    for il, layer in enumerate(m.layers):
+        residual = inp_l
+        cur = g.cb(g.build_norm(inp_l, layer.attn_norm, None, "rms", il), "attn_norm", il)
+        q, k, v = build_qkv(g, layer, cur, il)
+        q = g.cb(b.rope_ext(q, inp_pos, freqs, **rope), "Qcur_rope", il)
+        k = g.cb(b.rope_ext(k, inp_pos, freqs, **rope), "Kcur_rope", il)
+        q = g.cb(b.scale(q, 1.0 / math.sqrt(hp.n_embd_head_k)), "Qcur_scaled", il)
+
+        cur = g.build_attn(inp_attn, layer.wo, None, q, k, v, 1.0, il)
+        if il == hp.n_layer - 1:
+            cur = b.get_rows(cur, inp_out_ids)
+            residual = b.get_rows(residual, inp_out_ids)
+        residual = g.cb(b.add(cur, residual), "ffn_inp", il)
+
+        cur = g.cb(g.build_norm(residual, layer.ffn_norm, None, "rms", il), "ffn_norm", il)
+        cur = build_ffn_fused(g, layer, cur, il)
+        inp_l = g.cb(b.add(residual, cur), "l_out", il)
+
+    cur = g.cb(g.build_norm(inp_l, m.w.output_norm, None, "rms"), "result_norm")
+    return g.build_lora_mm(m.w.output or m.w.tok_embd, cur, m.w.output_b)
+
+
+register(Architecture("phi3", load_hparams, tensors, build))
