@@ -118,7 +118,7 @@ class Context:
         sig = built.graph.signature()
 
         def compile_graph() -> CompiledGraph:
-            name = self.backends[0].name
+            name = self.backends[0].name.split(":")[0]  # "cpu:1" runs the cpu pipeline
             optimized = run_pipeline(built.graph, backend=name if name in PIPELINES else "ref").graph
             return CompiledGraph(optimized, self.backends, self.model.placement)
 

@@ -18,7 +18,7 @@ import enum
 import json
 import math
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.symbolic import SymExpr, dim_str
@@ -40,6 +40,8 @@ KIND_COLOURS = {
     "output": "#ffc8c8",  # pale red
 }
 VIEW_OPS = frozenset({"view", "reshape", "permute", "transpose"})
+# fill colours per backend in DOT dumps annotated with the scheduler's assignment
+BACKEND_COLOURS = ("#c8dcff", "#ffe0b3", "#d4f0c8", "#f0c8f0", "#fff2b3", "#c8f0f0", "#e8e8e8")
 
 
 # per-tensor facts ---------------------------------------------------------------------------
@@ -144,20 +146,28 @@ def summary_line(graph: Graph) -> str:
 
 
 # JSON ---------------------------------------------------------------------------------------
-def to_dict(graph: Graph) -> dict[str, Any]:
-    """{"signature", "summary", "outputs": [keys], "nodes": [records], "leafs": [records]}."""
+def to_dict(graph: Graph, backends: Mapping[int, str] | None = None) -> dict[str, Any]:
+    """{"signature", "summary", "outputs": [keys], "nodes": [records], "leafs": [records]};
+    with `backends` (tensor id -> backend name) every record also has a "backend"."""
     keys = tensor_keys(graph)
+
+    def record(t: Tensor) -> dict[str, Any]:
+        rec = tensor_record(t, keys)
+        if backends is not None:
+            rec["backend"] = backends.get(t.id)
+        return rec
+
     return {
         "signature": graph.signature(),
         "summary": summary(graph),
         "outputs": [keys[o.id] for o in graph.outputs],
-        "nodes": [tensor_record(t, keys) for t in graph.nodes],
-        "leafs": [tensor_record(t, keys) for t in graph.leafs],
+        "nodes": [record(t) for t in graph.nodes],
+        "leafs": [record(t) for t in graph.leafs],
     }
 
 
-def to_json(graph: Graph, indent: int | None = 1) -> str:
-    return json.dumps(to_dict(graph), indent=indent)
+def to_json(graph: Graph, indent: int | None = 1, backends: Mapping[int, str] | None = None) -> str:
+    return json.dumps(to_dict(graph, backends), indent=indent)
 
 
 # text ---------------------------------------------------------------------------------------
@@ -182,25 +192,32 @@ def _table(rows: list[list[str]], header: list[str]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header] + rows]
 
 
-def to_text(graph: Graph) -> str:
+def to_text(graph: Graph, backends: Mapping[int, str] | None = None) -> str:
     """Nodes then leafs as aligned tables (key, op, type, shape, flags, name, sources, params),
-    ending with the summary line."""
+    ending with the summary line. `backends` (tensor id -> backend name, as the scheduler
+    assigns them) adds a backend column after the flags."""
     keys = tensor_keys(graph)
     labels = _source_labels(graph, keys)
     header = ["key", "op", "type", "shape", "flags", "name", "src", "params"]
+    if backends is not None:
+        header.insert(5, "backend")
 
     def row(t: Tensor) -> list[str]:
         params = " ".join(f"{k}={_param_text(v)}" for k, v in t.params.items())
         if t.view_src is not None:
             params = (params + " " if params else "") + f"view_of={labels[t.view_src.id]}"
-        return [keys[t.id], t.op, t.type.name, t.shape_str(), flag_str(t) or "-", t.name or "-",
-                ", ".join(labels[s.id] for s in t.src) or "-", params]
+        cells = [keys[t.id], t.op, t.type.name, t.shape_str(), flag_str(t) or "-", t.name or "-",
+                 ", ".join(labels[s.id] for s in t.src) or "-", params]
+        if backends is not None:
+            cells.insert(5, backends.get(t.id, "-"))
+        return cells
 
     nodes, leafs = graph.nodes, graph.leafs
+    n_leaf_cols = len(header) - 1  # leafs have no params
     lines = [f"nodes: {len(nodes)}"]
     lines += _table([row(t) for t in nodes], header) if nodes else []
     lines += ["", f"leafs: {len(leafs)}"]
-    lines += _table([row(t)[:7] for t in leafs], header[:7]) if leafs else []
+    lines += _table([row(t)[:n_leaf_cols] for t in leafs], header[:n_leaf_cols]) if leafs else []
     lines += ["", summary_line(graph)]
     return "\n".join(lines) + "\n"
 
@@ -210,12 +227,24 @@ def _dot_quote(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def to_dot(graph: Graph, title: str = "ggmlpy") -> str:
+def backend_colours(names: Iterable[str]) -> dict[str, str]:
+    """A fill colour per backend name, in order of first appearance."""
+    out: dict[str, str] = {}
+    for name in names:
+        if name not in out:
+            out[name] = BACKEND_COLOURS[len(out) % len(BACKEND_COLOURS)]
+    return out
+
+
+def to_dot(graph: Graph, title: str = "ggmlpy", backends: Mapping[int, str] | None = None) -> str:
     """Graphviz source: one line per tensor (coloured by kind), one per edge src -> dst.
 
     A view whose memory owner is not among its sources gets an extra dashed edge from the
-    owner, so reads of the KV cache stay visible."""
+    owner, so reads of the KV cache stay visible. With `backends` (tensor id -> backend
+    name) tensors are coloured by backend instead, each label names its backend, and a
+    legend lists the colours."""
     keys = tensor_keys(graph)
+    colours = backend_colours(backends[t.id] for t in graph.tensors if t.id in backends) if backends else {}
     lines = [f"digraph {_dot_quote(title)} {{",
              "  rankdir=TB;",
              '  node [shape=box, style="rounded,filled", fontname="monospace", fontsize=10];']
@@ -223,9 +252,17 @@ def to_dot(graph: Graph, title: str = "ggmlpy") -> str:
         kind = tensor_kind(t)
         head = keys[t.id] if t.is_leaf else f"{keys[t.id]} {t.op}"
         flags = flag_str(t)
+        backend = backends.get(t.id) if backends else None
         label = "\n".join(part for part in (
-            head + (f" [{flags}]" if flags else ""), t.name, f"{t.type.name} {t.shape_str()}") if part)
-        lines.append(f"  {keys[t.id]} [label={_dot_quote(label)}, fillcolor=\"{KIND_COLOURS[kind]}\"];")
+            head + (f" [{flags}]" if flags else ""), t.name, f"{t.type.name} {t.shape_str()}",
+            f"@{backend}" if backend else "") if part)
+        fill = colours[backend] if backend else KIND_COLOURS[kind]
+        lines.append(f"  {keys[t.id]} [label={_dot_quote(label)}, fillcolor=\"{fill}\"];")
+    if colours:
+        lines.append('  subgraph cluster_legend { label="backends"; fontname="monospace";')
+        for i, (name, fill) in enumerate(colours.items()):
+            lines.append(f"    legend_{i} [label={_dot_quote(name)}, fillcolor=\"{fill}\"];")
+        lines.append("  }")
     for t in graph.tensors:
         for s in t.src:
             lines.append(f"  {keys[s.id]} -> {keys[t.id]};")

@@ -6,9 +6,11 @@ backend as the last fallback. Every tensor gets a backend and a printable cause,
 ggml's passes in order:
 
 1. from pre-allocated memory: weights and KV cache layers sit where the placement put them
-   (`1.dst`), graph inputs on the host (`1.inp`), a write into the KV cache runs where the
-   cache lives (`1.vsrc`), a node reading a weight or a KV cache layer runs on its device
-   (`1.wgt<i>`, `1.kv<i>`; rope is skipped, its frequency table is too small to decide);
+   (`1.dst`), graph inputs on the host (`1.inp`; without a placement they follow their
+   first reader instead, so a lone device backend runs all it can), a write into the KV
+   cache runs where the cache lives (`1.vsrc`), a node reading a weight or a KV cache layer
+   runs on its device (`1.wgt<i>`, `1.kv<i>`; rope is skipped: its frequency table is too
+   small a weight to decide);
 2. expansion: offload backends spread to unassigned neighbours down then up the node order,
    then every backend does (`2.gpu-down`, `2.gpu-up`, `2.down`, `2.up`); a backend that
    cannot run a node leaves it for later;
@@ -177,25 +179,30 @@ class _Assigner:
 
     # pass 1 -----------------------------------------------------------------------------------
     def from_buffers(self) -> None:
-        for t in self.graph.leafs:
-            self.place_leaf(t)
+        """Placed leaves, then graph inputs on the host, then the nodes they pin. Without any
+        placement the inputs stay unassigned too, and follow their first reader: a context on
+        one device backend (plus the reference fallback) then runs every node it can there."""
+        placed = [self.place_leaf(t) for t in self.graph.leafs if t.flags & PLACED]
+        if any(placed):
+            for t in self.graph.leafs:
+                if t.flags & Flag.INPUT and not t.flags & PLACED:
+                    self.set(t, self.host, f"1.inp: graph input, set by the host "
+                                           f"({self.bufts[self.host]} memory)")
         for node in self.computing:
             self.from_sources(node)
 
-    def place_leaf(self, t: Tensor) -> None:
-        if t.flags & PLACED:
-            device = self.placement.device_for(t, None)
-            if device is None:
-                return
-            i = self.backend_for_device(device, None)
-            kind = "weight" if t.flags & Flag.WEIGHT else "KV cache"
-            if i is None:
-                raise SchedulerError(f"{kind} {t.name!r} is placed on device {device!r}, but no backend "
-                                     f"computes in {device} memory (backends: "
-                                     f"{', '.join(b.name for b in self.backends)})")
-            self.set(t, i, f"1.dst: {kind} placed on {device}")
-        elif t.flags & Flag.INPUT:
-            self.set(t, self.host, f"1.inp: graph input, set by the host ({self.bufts[self.host]} memory)")
+    def place_leaf(self, t: Tensor) -> bool:
+        device = self.placement.device_for(t, None)
+        if device is None:
+            return False
+        i = self.backend_for_device(device, None)
+        kind = "weight" if t.flags & Flag.WEIGHT else "KV cache"
+        if i is None:
+            raise SchedulerError(f"{kind} {t.name!r} is placed on device {device!r}, but no backend "
+                                 f"computes in {device} memory (backends: "
+                                 f"{', '.join(b.name for b in self.backends)})")
+        self.set(t, i, f"1.dst: {kind} placed on {device}")
+        return True
 
     def from_sources(self, node: Tensor) -> None:
         root = node.view_src

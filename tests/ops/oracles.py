@@ -266,6 +266,7 @@ ORACLES: dict[str, Oracle] = {
     "relu": unary(lambda v: v if v > 0 else 0.0),
     "sqr": unary(lambda v: v ** 2),
     "sqrt": unary(math.sqrt),
+    "abs": unary(lambda v: v if v >= 0 else -v),
     "scale": scale,
     "swiglu": glu(silu),
     "geglu": glu(gelu_tanh),

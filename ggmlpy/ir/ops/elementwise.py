@@ -88,6 +88,7 @@ register(_unary("tanh", lambda x, p: np.tanh(x), "tanh"))
 register(_unary("relu", lambda x, p: np.maximum(x, 0), "max(x, 0)"))
 register(_unary("sqr", lambda x, p: x * x, "x * x"))
 register(_unary("sqrt", lambda x, p: np.sqrt(x), "square root", fill="positive"))
+register(_unary("abs", lambda x, p: np.abs(x), "|x| (ggml_abs)"))
 
 
 def _scale_infer(srcs: Sequence[Any], params: dict) -> Inferred:
