@@ -121,7 +121,8 @@ def gemma3_reference(W, tokens, pos=None, window: int | None = N_SWA) -> np.ndar
         o = out.reshape(len(tokens), -1) @ W[p + "attn_output.weight"].T
         h = h + _rms(o, W[p + "post_attention_norm.weight"])
         x = _rms(h, W[p + "ffn_norm.weight"])
-        f = (_gelu(x @ W[p + "ffn_gate.weight"].T) * (x @ W[p + "ffn_up.weight"].T)) @ W[p + "ffn_down.weight"].T
+        f = _gelu(x @ W[p + "ffn_gate.weight"].T) * (x @ W[p + "ffn_up.weight"].T)
+        f = f @ W[p + "ffn_down.weight"].T
         h = h + _rms(f, W[p + "post_ffw_norm.weight"])
     return _rms(h, W["output_norm.weight"]) @ W["token_embd.weight"].T.astype(np.float64)
 

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The CUDA backend's checks on a GPU machine (issue 6), as one script:
+#   env     the GPU, driver, nvcc and Python packages seen
+#   tests   tests/cuda on the GPU: every op case against the reference backend, the fused
+#           kernels on whole graphs, a tiny llama model placed on the GPU
+#   golden  SmolLM2-135M Q4_1 against ../shared/golden with every layer on the GPU (logits,
+#           greedy, perplexity) and with a partial offload
+#   bench   pp512 / tg128 tokens/s (llama-bench style, median of 3) as JSON
+#   synth   the same benchmark on random weights with SmolLM2's shapes (no model file needed)
+#
+#   bench/cuda_device_check.sh [stage ...]      (default: env tests golden bench)
+#
+# What the machine lacks travels in .device/ (ignored by git): cache/ (kernels compiled
+# ahead of time: GGMLPY_CACHE_DIR), shared/golden/..., and the model file, whole in models/
+# or in pieces in parts*/ (NAME.partNN plus NAME.sha256 with the whole file's hash and the
+# number of pieces). Everything is copied to a stash
+# outside the checkout, so pieces carried by separate calls on the same machine add up.
+# Each stage has its own time limit and the script goes on after a failing stage.
+set -u
+cd "$(dirname "$0")/.."
+DEV=${GGMLPY_DEVICE_DIR:-.device}
+STASH=${GGMLPY_DEVICE_STASH:-/tmp/ggmlpy-device}
+MODEL=SmolLM2-135M-Instruct.Q4_1.gguf
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export GGMLPY_CACHE_DIR=$STASH/cache GGMLPY_MODELS=$STASH/models GGMLPY_SHARED=$STASH/shared
+LOGS=${OUT:-$STASH/out}
+mkdir -p "$STASH"/cache "$STASH"/models "$STASH"/shared "$STASH"/parts "$LOGS"
+[ -d "$DEV/cache" ] && cp -r "$DEV/cache/." "$STASH/cache/"
+[ -d "$DEV/shared" ] && cp -r "$DEV/shared/." "$STASH/shared/"
+[ -d "$DEV/models" ] && cp "$DEV/models/"* "$STASH/models/" 2>/dev/null
+for d in "$DEV"/parts*; do [ -d "$d" ] && cp "$d"/* "$STASH/parts/"; done
+
+stage() { echo; echo "=== $1 ($(date +%T))"; }
+PYTEST="python3 -m pytest -q -p no:cacheprovider -rfE"
+
+assemble_model() {
+    local target=$GGMLPY_MODELS/$MODEL
+    [ -f "$target" ] && return 0
+    [ -f "$STASH/parts/$MODEL.sha256" ] || return 1
+    local want n have
+    want=$(cut -d' ' -f1 "$STASH/parts/$MODEL.sha256")
+    n=$(cut -d' ' -f2 "$STASH/parts/$MODEL.sha256")
+    have=$(ls "$STASH/parts/$MODEL".part* 2>/dev/null | wc -l)
+    if [ "$have" != "$n" ]; then echo "model: $have of $n pieces here"; return 1; fi
+    cat "$STASH/parts/$MODEL".part* > "$target.tmp"
+    if [ "$(sha256sum "$target.tmp" | cut -d' ' -f1)" != "$want" ]; then
+        echo "model: assembled file has the wrong sha256"; rm -f "$target.tmp"; return 1
+    fi
+    mv "$target.tmp" "$target" && echo "model: assembled $target"
+}
+
+for s in ${*:-env tests golden bench}; do
+    case $s in
+    env)
+        stage env
+        nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+        nvcc --version | tail -2
+        python3 -c "import sys, numpy, jinja2; print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'jinja2', jinja2.__version__)"
+        python3 -c "from importlib.metadata import version; print('cuda-bindings', version('cuda-bindings'))"
+        python3 -c "import ggmlpy.codegen_cuda as c; print('cuda_available:', c.cuda_available())"
+        echo "prebuilt kernel cache entries: $(find "$GGMLPY_CACHE_DIR" -name '*.cubin' | wc -l)"
+        ;;
+    tests)
+        stage "tests/cuda on the GPU"
+        timeout -k 5 180 $PYTEST -k "not emu and not smollm2" --durations=8 \
+            tests/cuda/test_ops.py tests/cuda/test_fused.py tests/cuda/test_llama.py tests/cuda/test_infra.py \
+            2>&1 | tee "$LOGS/tests.log" | tail -40
+        ;;
+    golden)
+        stage "SmolLM2 golden bars, all layers on the GPU and partially offloaded"
+        if assemble_model; then
+            timeout -k 5 140 $PYTEST -s -k smollm2 tests/cuda/test_llama.py 2>&1 | tee "$LOGS/golden.log" \
+                | grep -E "smollm2 |passed|failed|skipped|Error|assert" | tail -30
+        else
+            echo "skipped: the model file is not here"
+        fi
+        ;;
+    bench)
+        stage "speed, SmolLM2-135M Q4_1, -ngl 99"
+        if assemble_model; then
+            timeout -k 5 110 python3 bench/bench_cuda.py --model "$GGMLPY_MODELS/$MODEL" --reps 3 \
+                2>&1 | tee "$LOGS/bench.json"
+        else
+            echo "the model file is not here: random weights with its shapes instead"
+            timeout -k 5 100 python3 bench/bench_cuda.py --synthetic smollm2 --reps 3 2>&1 | tee "$LOGS/bench_synth.json"
+        fi
+        ;;
+    synth)
+        stage "speed, random weights with SmolLM2's shapes, -ngl 99"
+        timeout -k 5 100 python3 bench/bench_cuda.py --synthetic smollm2 --reps 3 2>&1 | tee "$LOGS/bench_synth.json"
+        ;;
+    *)
+        echo "unknown stage $s (env tests golden bench synth)"
+        ;;
+    esac
+done
+stage done

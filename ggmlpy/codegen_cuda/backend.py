@@ -1,0 +1,187 @@
+"""The CUDA backend: lowers a split to kernel launches and runs it on the device.
+
+Memory, as llama.cpp keeps it on a GPU:
+- WEIGHT leaves are uploaded on first use and stay on the device, keyed by leaf name (a
+  Context creates its own backend, so a name always denotes the same data);
+- CACHE leaves (the KV cache) are device-resident too: the host array is uploaded on first
+  use and the device copy is the truth afterwards (the host copy is NOT updated, except
+  where a cache tensor is a graph output, as in the K-shift graph). A cache bound to a
+  different host array (another object) is uploaded afresh;
+- INPUT leaves (and tensors other splits computed) are packed into one staging buffer and
+  uploaded with a single copy per run;
+- everything the split computes lives in an arena (planner.py); outputs are downloaded
+  into the host TensorStore after the run.
+Running a split (plans, CUDA graphs): runtime.py.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+import numpy as np
+
+from ggmlpy.codegen_cuda.diskcache import DiskCache
+from ggmlpy.codegen_cuda.driver import DEFAULT_MAX_SHARED, PreparedLaunch, get_driver
+from ggmlpy.codegen_cuda.fusion import LowerOptions
+from ggmlpy.codegen_cuda.kernels import KernelSpec
+from ggmlpy.codegen_cuda.lower_matmul import MatMulOptions, supports_mul_mat
+from ggmlpy.codegen_cuda.lower_simple import supports_simple
+from ggmlpy.ir.graph import Graph
+from ggmlpy.ir.ops import OPS, Kind
+from ggmlpy.ir.tensor import Flag, Tensor
+from ggmlpy.sched.store import BindingError
+
+log = logging.getLogger("ggmlpy.codegen_cuda")
+
+if TYPE_CHECKING:
+    from ggmlpy.codegen_cuda.runtime import CudaSplit
+
+
+@dataclass
+class Resident:
+    ptr: int
+    nbytes: int
+    host: Any  # the bound host array (held, so its identity cannot be reused)
+
+
+@dataclass
+class Stats:
+    launches: int = 0
+    graph_captures: int = 0
+    graph_replays: int = 0
+    bytes_uploaded: int = 0
+    plans_built: int = 0
+
+
+class CudaBackend:
+    """DESIGN.md decision 8. `driver` defaults to the GPU (driver.get_driver()); tests pass
+    the host emulator or a compile-only driver."""
+
+    name = "cuda"
+
+    def __init__(self, driver: Any = None, cache_dir: str | None = None, fuse: bool = True,
+                 graphs: bool = True, matvec_max_cols: int = 8, tiled: bool = True):
+        self.driver = driver if driver is not None else get_driver()
+        self.cache = DiskCache(cache_dir)
+        self.options = LowerOptions(fuse, MatMulOptions(matvec_max_cols, tiled))
+        self.use_graphs = graphs and self.driver.name != "pycuda"
+        self.functions: dict[str, Any] = {}
+        self.modules: list[Any] = []
+        self.resident: dict[str, Resident] = {}
+        self.stats = Stats()
+        self._shared_set: dict[str, int] = {}
+        self.limits: dict[str, int] = {}
+        self._allocs: set[int] = set()
+
+    # scheduler protocol ------------------------------------------------------------------------
+    def supports_op(self, node: Tensor) -> bool:
+        op = OPS.get(node.op)
+        if op is None:
+            return False
+        if op.kind == Kind.VIEW:
+            return True
+        if node.op == "mul_mat":
+            return supports_mul_mat(node)
+        return supports_simple(node)
+
+    def compile(self, graph: Graph, nodes: list[Tensor]) -> "CudaSplit":
+        from ggmlpy.codegen_cuda.runtime import CudaSplit
+
+        return CudaSplit(self, graph, nodes)
+
+    def set_limits(self, worst_env: Mapping[str, int]) -> None:
+        """Upper bounds of the symbols (n_tokens <= n_ubatch, n_kv <= n_ctx ...): memory is
+        then planned once for the worst case, so device addresses stay put across run sizes
+        and only the launches whose sizes changed are re-packed (see runtime.py)."""
+        self.limits = {k: int(v) for k, v in worst_env.items()}
+
+    # kernels -----------------------------------------------------------------------------------
+    def ensure_kernels(self, specs: Iterable[KernelSpec]) -> None:
+        """Compile (through the disk cache) and load every spec not loaded yet, as one module."""
+        missing: dict[str, KernelSpec] = {}
+        for s in specs:
+            if s.name not in self.functions:
+                missing[s.name] = s
+        if not missing:
+            return
+        module = self.driver.load_module(list(missing.values()), self.cache)
+        self.modules.append(module)
+        self.functions.update(module.functions)
+
+    def prepare(self, spec: KernelSpec, grid, block, shmem: int, params: bytes) -> PreparedLaunch:
+        fn = self.functions[spec.name]
+        if shmem > DEFAULT_MAX_SHARED and self._shared_set.get(spec.name, 0) < shmem:
+            if shmem > self.driver.max_shared:
+                raise RuntimeError(f"{spec.family} needs {shmem} bytes of shared memory; the device "
+                                   f"allows {self.driver.max_shared}")
+            self.driver.set_max_shared(fn, self.driver.max_shared)
+            self._shared_set[spec.name] = self.driver.max_shared
+        return PreparedLaunch(fn, grid, block, shmem, params, spec.name)
+
+    # memory ------------------------------------------------------------------------------------
+    def alloc(self, n: int) -> int:
+        ptr = self.driver.alloc(n)
+        self._allocs.add(ptr)
+        return ptr
+
+    def free(self, ptr: int) -> None:
+        if ptr in self._allocs:
+            self._allocs.discard(ptr)
+            self.driver.free(ptr)
+
+    def bind_resident(self, leaf: Tensor, host: np.ndarray) -> int:
+        """Device address of a weight or cache leaf, uploading `host` when it is new."""
+        entry = self.resident.get(leaf.name)
+        if entry is not None and entry.host is host:
+            return entry.ptr
+        if entry is not None and leaf.flags & Flag.WEIGHT:
+            return entry.ptr  # weights are trusted by name (see the module docstring)
+        raw = _bytes_of(host, leaf.name)
+        if entry is not None:
+            self.free(entry.ptr)
+        ptr = self.alloc(raw.nbytes)
+        self.driver.htod(ptr, raw, raw.nbytes)
+        self.stats.bytes_uploaded += raw.nbytes
+        self.resident[leaf.name] = Resident(ptr, raw.nbytes, host)
+        return ptr
+
+    def download_caches(self, bindings: Mapping[str, np.ndarray]) -> None:
+        """Copy every device-resident cache back into its host array (for inspection)."""
+        for name, entry in self.resident.items():
+            if name in bindings and entry.host is bindings[name]:
+                raw = _bytes_of(entry.host, name)
+                self.driver.dtoh(raw, entry.ptr, entry.nbytes)
+        self.driver.synchronize()
+
+    def close(self) -> None:
+        for ptr in list(self._allocs):
+            self.free(ptr)
+        self.resident.clear()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _bytes_of(host: np.ndarray, name: str) -> np.ndarray:
+    if not isinstance(host, np.ndarray) or not host.flags.c_contiguous:
+        raise BindingError(f"data bound for {name!r} must be a C-contiguous numpy array")
+    return host.reshape(-1).view(np.uint8)
+
+
+def _lookup(bindings: Mapping[str, np.ndarray], name: str) -> Any:
+    """bindings[name], without ChainMap's exception per missed map."""
+    maps = getattr(bindings, "maps", None)
+    if maps is not None:
+        for m in maps:
+            v = m.get(name)
+            if v is not None:
+                return v
+        raise BindingError(f"no data bound for {name!r}")
+    try:
+        return bindings[name]
+    except KeyError:
+        raise BindingError(f"no data bound for {name!r}") from None

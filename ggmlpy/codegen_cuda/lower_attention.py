@@ -1,0 +1,129 @@
+"""Attention as one kernel: the chain llama's graph builds without flash attention,
+
+    kq = mul_mat(K, Q) -> soft_max(kq, mask, scale) -> kqv = mul_mat(V, ...) [-> permute -> cont]
+
+computed per (query token, head) with the scores in shared memory and written directly in
+the layout of the final `cont`. K and V are any f16/f32 views (the KV cache read through
+strided, permuted views); heads share K/V heads by ggml's broadcast rule (h / ratio).
+"""
+from __future__ import annotations
+
+from ggmlpy.codegen_cuda.kernels import KernelSpec
+from ggmlpy.codegen_cuda.lower_simple import alibi_params
+from ggmlpy.codegen_cuda.steps import (
+    Addr, Env, Launch, Step, check_grid, ev, nb_of, ne_of, sfx, static_int,
+)
+from ggmlpy.ir.tensor import Tensor
+from ggmlpy.ir.types import GGMLType
+
+THREADS = 256        # per block; FEW_BLOCKS_THREADS when the grid is small (decode)
+FEW_BLOCKS_THREADS = 1024
+FEW_BLOCKS = 264     # about two blocks per multiprocessor of an H100/H200
+MAX_DPL = 8          # output dims per lane: head sizes up to 256
+DEFAULT_SMEM = 48 * 1024
+
+
+class AttentionStep(Step):
+    def __init__(self, kq: Tensor, sm: Tensor, kqv: Tensor, perm: Tensor | None = None,
+                 cont: Tensor | None = None):
+        k, q = kq.src
+        v = kqv.src[0]
+        mask = sm.src[1] if len(sm.src) > 1 else None
+        out = cont if cont is not None else kqv
+        nodes = [kq, sm, kqv] + ([perm, cont] if cont is not None else [])
+        super().__init__(nodes, reads=[q, k, v] + ([mask] if mask is not None else []), writes=[out])
+        self.q, self.k, self.v, self.mask, self.sm, self.kqv, self.perm, self.out = q, k, v, mask, sm, kqv, perm, out
+        hk, hv = static_int(q.ne[0]), static_int(v.ne[1])
+        assert hk is not None and hv is not None
+        self.hk, self.hv = hk, hv
+        fields = [(n, "ptr") for n in ("q", "k", "v", "m", "o")]
+        fields += [(n, "i64") for n in ("n_kv", "hv", "rk", "rv", "mne2", "n_head_log2")]
+        fields += [(f"qnb{i}", "i64") for i in range(3)] + [(f"knb{i}", "i64") for i in range(3)]
+        fields += [(f"vnb{i}", "i64") for i in range(3)] + [(f"mnb{i}", "i64") for i in range(3)]
+        fields += [(f"onb{i}", "i64") for i in range(3)] + [("scale", "f64"), ("m0", "f64"), ("m1", "f64")]
+        self.spec = KernelSpec.make(
+            "attention", fields, hk=hk, dpl=-(-hv // 32), ktype=sfx(k.type), vtype=sfx(v.type),
+            mask=sfx(mask.type) if mask is not None else "none",
+            alibi=sm.params.get("max_bias", 0.0) > 0.0, kvec=_k_vectorisable(k, hk))
+
+    def specs(self) -> list[KernelSpec]:
+        return [self.spec]
+
+    def out_strides(self, env: Env) -> list[int]:
+        """Byte strides of kqv's dims (d, t, h) in the memory the step writes."""
+        if self.perm is None:
+            return nb_of(self.kqv, env)[:3]
+        pne = ne_of(self.perm, env)
+        lin = [4]
+        for i in range(3):
+            lin.append(lin[-1] * pne[i])
+        axes = self.perm.params["axes"]
+        return [lin[axes[i]] for i in range(3)]
+
+    def smem_bytes(self, env: Env, threads: int) -> int:
+        n_kv = ev(self.k.ne[1], env)
+        return 4 * (self.hk + (threads // 32) * self.hv + n_kv)
+
+    def launches(self, env: Env, addr: Addr) -> list[Launch]:
+        q, k, v, mask = self.q, self.k, self.v, self.mask
+        qne, kne, vne = ne_of(q, env), ne_of(k, env), ne_of(v, env)
+        n_tokens, n_head = qne[1], qne[2]
+        m0, m1, nhl = alibi_params(n_head, self.sm.params.get("max_bias", 0.0))
+        vals = {"q": addr(q), "k": addr(k), "v": addr(v), "o": addr(self.out), "m": 0,
+                "n_kv": kne[1], "hv": self.hv, "rk": n_head // kne[2], "rv": n_head // vne[2],
+                "mne2": 1, "n_head_log2": nhl, "scale": self.sm.params["scale"], "m0": m0, "m1": m1}
+        for prefix, t in (("q", q), ("k", k), ("v", v)):
+            vals.update({f"{prefix}nb{i}": x for i, x in enumerate(nb_of(t, env)[:3])})
+        vals.update({f"mnb{i}": 0 for i in range(3)})
+        if mask is not None:
+            vals["m"] = addr(mask)
+            vals["mne2"] = ev(mask.ne[2], env)
+            vals.update({f"mnb{i}": x for i, x in enumerate(nb_of(mask, env)[:3])})
+        vals.update({f"onb{i}": x for i, x in enumerate(self.out_strides(env))})
+        grid = check_grid((n_tokens, n_head, 1), "attention")
+        threads = FEW_BLOCKS_THREADS if n_tokens * n_head < FEW_BLOCKS else THREADS
+        return [Launch(self.spec, grid, (threads, 1, 1), self.smem_bytes(env, threads), self.spec.pack(vals))]
+
+
+def _k_vectorisable(k: Tensor, hk: int) -> bool:
+    """16-byte loads of K rows: f16, contiguous rows, every row start 16-byte aligned."""
+    if k.type != GGMLType.F16 or k.nb[0] != 2 or hk % 8:
+        return False
+    statics = [k.nb[1], k.nb[2], k.view_offs]
+    return all(isinstance(x, int) and x % 16 == 0 for x in statics)
+
+
+def match_attention(kqv: Tensor, consumers, is_output) -> tuple | None:
+    """(kq, sm, kqv, perm, cont) when `kqv` ends an attention chain the kernel handles."""
+    if kqv.op != "mul_mat":
+        return None
+    v, sm = kqv.src
+    if sm.op != "soft_max" or is_output(sm) or consumers(sm) != [kqv]:
+        return None
+    kq = sm.src[0]
+    if kq.op != "mul_mat" or is_output(kq) or consumers(kq) != [sm]:
+        return None
+    k, q = kq.src
+    float_kv = (GGMLType.F32, GGMLType.F16)
+    if k.type not in float_kv or v.type not in float_kv or q.type != GGMLType.F32:
+        return None
+    if any(t.ne[3] != 1 for t in (k, q, v, kq)):
+        return None
+    hk, hv = static_int(q.ne[0]), static_int(v.ne[1])
+    n_head, k_heads, v_heads = static_int(q.ne[2]), static_int(k.ne[2]), static_int(v.ne[2])
+    if None in (hk, hv, n_head, k_heads, v_heads) or hv > 32 * MAX_DPL or hk > 1024:
+        return None
+    if n_head % k_heads or n_head % v_heads or sm.ne[2] != q.ne[2]:
+        return None
+    if len(sm.src) > 1:
+        mask = sm.src[1]
+        if mask.type not in float_kv or mask.ne[3] != 1:
+            return None
+    perm = cont = None
+    users = consumers(kqv)
+    if not is_output(kqv) and len(users) == 1 and users[0].op == "permute":
+        p = users[0]
+        pu = consumers(p)
+        if not is_output(p) and len(pu) == 1 and pu[0].op == "cont" and pu[0].type == GGMLType.F32:
+            perm, cont = p, pu[0]
+    return kq, sm, kqv, perm, cont

@@ -1,0 +1,315 @@
+"""Lowerings of the one-kernel ops: elementwise maps, copies, norms, rope, softmax, row
+gathers and scatters. `EXPRS` is the renderer table keyed by op (tinygrad's code_for_op):
+adding an elementwise op to the CUDA backend is one line here."""
+from __future__ import annotations
+
+import math
+
+from ggmlpy.codegen_cuda.kernels import KernelSpec, tensor_fields
+from ggmlpy.codegen_cuda.steps import (
+    FLOAT_TYPES, INDEX_TYPES, Addr, Env, Launch, LoweringError, Step, check_grid, ev,
+    grid_stride_blocks, nb_of, ne_of, row_threads, sfx, tensor_values,
+)
+from ggmlpy.ir.ops.rope import yarn_corr_dims
+from ggmlpy.ir.tensor import Tensor
+from ggmlpy.ir.types import GGMLType, is_quantized
+
+EXPRS = {
+    "add": "x0 + x1", "sub": "x0 - x1", "mul": "x0 * x1", "div": "x0 / x1",
+    "silu": "gg_silu(x0)", "gelu": "gg_gelu(x0)",
+    "gelu_erf": "0.5f * x0 * (1.0f + erff(x0 * 0.70710678118654752f))",
+    "tanh": "tanhf(x0)", "relu": "fmaxf(x0, 0.0f)", "sqr": "x0 * x0", "sqrt": "sqrtf(x0)",
+    "abs": "fabsf(x0)",
+    "scale": "x0 * (float)p.s + (float)p.b",
+    "swiglu": "gg_silu(x0) * x1", "geglu": "gg_gelu(x0) * x1",
+    "cont": "x0", "cpy": "x0", "concat": "x0",
+}
+LINEAR_OPS = ("cont", "cpy")  # read the source in its own element order
+
+
+# elementwise ------------------------------------------------------------------------------------
+class ElementwiseStep(Step):
+    def __init__(self, node: Tensor):
+        srcs = list(node.src[1:]) if node.op == "cpy" else list(node.src)
+        super().__init__([node], reads=srcs, writes=[node])
+        self.node, self.srcs = node, srcs
+        mode = "linear" if node.op in LINEAR_OPS else "concat" if node.op == "concat" else "map"
+        fields = [("d", "ptr")] + [(f"ne{i}", "i64") for i in range(4)] + [(f"nbd{i}", "i64") for i in range(4)]
+        for i in range(len(srcs)):
+            fields += tensor_fields(f"s{i}")
+        if node.op == "scale":
+            fields += [("s", "f64"), ("b", "f64")]
+        variant = dict(mode=mode, expr=EXPRS[node.op], srcs=[sfx(s.type) for s in srcs], dst=sfx(node.type))
+        if mode == "concat":
+            variant["concat_dim"] = int(node.params["dim"])
+        self.spec = KernelSpec.make("elementwise", fields, cooperative=False, **variant)
+
+    def specs(self) -> list[KernelSpec]:
+        return [self.spec]
+
+    def launches(self, env: Env, addr: Addr) -> list[Launch]:
+        node = self.node
+        ne = ne_of(node, env)
+        vals: dict[str, int | float] = {"d": addr(node), **{f"ne{i}": v for i, v in enumerate(ne)}}
+        vals.update({f"nbd{i}": v for i, v in enumerate(nb_of(node, env))})
+        for i, s in enumerate(self.srcs):
+            vals.update(tensor_values(f"s{i}", s, env, addr))
+        if node.op == "scale":
+            vals.update(s=node.params["s"], b=node.params.get("b", 0.0))
+        n = ne[0] * ne[1] * ne[2] * ne[3]
+        return [Launch(self.spec, (grid_stride_blocks(n), 1, 1), (256, 1, 1), 0, self.spec.pack(vals))]
+
+
+# norms ------------------------------------------------------------------------------------------
+class NormStep(Step):
+    """rms_norm / norm over ne[0], optionally multiplied by a broadcast weight (`mul`)."""
+
+    def __init__(self, norm: Tensor, mul: Tensor | None = None):
+        out = mul if mul is not None else norm
+        self.weight = None
+        if mul is not None:
+            self.weight = mul.src[1] if mul.src[0] is norm else mul.src[0]
+        super().__init__([norm] + ([mul] if mul is not None else []),
+                         reads=[norm.src[0]] + ([self.weight] if self.weight is not None else []),
+                         writes=[out])
+        self.norm, self.out = norm, out
+        fields = [("s", "ptr"), ("d", "ptr")] + [(f"ne{i}", "i64") for i in range(4)]
+        fields += [(f"nbs{i}", "i64") for i in range(4)] + [(f"nbd{i}", "i64") for i in range(4)]
+        variant = dict(kind="rms" if norm.op == "rms_norm" else "norm", src=sfx(norm.src[0].type),
+                       has_w=self.weight is not None)
+        if self.weight is not None:
+            fields += tensor_fields("w")
+            variant["wtype"] = sfx(self.weight.type)
+        fields += [("eps", "f64")]
+        self.spec = KernelSpec.make("norm", fields, **variant)
+
+    def specs(self) -> list[KernelSpec]:
+        return [self.spec]
+
+    def launches(self, env: Env, addr: Addr) -> list[Launch]:
+        src = self.norm.src[0]
+        ne = ne_of(src, env)
+        vals = {"s": addr(src), "d": addr(self.out), "eps": self.norm.params["eps"]}
+        vals.update({f"ne{i}": v for i, v in enumerate(ne)})
+        vals.update({f"nbs{i}": v for i, v in enumerate(nb_of(src, env))})
+        vals.update({f"nbd{i}": v for i, v in enumerate(nb_of(self.out, env))})
+        if self.weight is not None:
+            vals.update(tensor_values("w", self.weight, env, addr))
+        grid = check_grid((ne[1], ne[2], ne[3]), "norm")
+        return [Launch(self.spec, grid, (row_threads(ne[0]), 1, 1), 0, self.spec.pack(vals))]
+
+
+# rope -------------------------------------------------------------------------------------------
+class RopeStep(Step):
+    """rope of one tensor, or of two sharing positions and parameters (Q and K) in one launch.
+    A part given with a store, (views, set_rows), writes its rotated rows straight into the
+    cache (the set_rows of K, fused: the rope result is only ever read through that store)."""
+
+    def __init__(self, parts: list[tuple[Tensor, tuple[list[Tensor], Tensor] | None]]):
+        nodes, reads, writes, pvariants = [], [], [], []
+        fields = [("pos", "ptr"), ("nbp0", "i64"), ("ne0", "i64"), ("ne2", "i64"), ("ne3", "i64"),
+                  ("n_dims", "i64")]
+        fields += [(k, "f64") for k in ("freq_base", "freq_scale", "ext_factor", "attn_factor",
+                                        "corr_low", "corr_high")]
+        first = parts[0][0]
+        has_ff = len(first.src) > 2
+        if has_ff:
+            fields += [("ff", "ptr"), ("nbf0", "i64")]
+        for i, (node, store) in enumerate(parts):
+            q = f"q{i}_"
+            nodes += [node] + (store[0] + [store[1]] if store is not None else [])
+            reads += list(node.src) + ([store[1].src[2]] if store is not None else [])
+            writes.append(store[1] if store is not None else node)
+            fields += [(q + "s", "ptr"), (q + "d", "ptr"), (q + "ne1", "i64")]
+            fields += [(f"{q}nbs{j}", "i64") for j in range(4)] + [(f"{q}nbd{j}", "i64") for j in range(4)]
+            part = dict(src=sfx(node.src[0].type), scatter=store is not None, dtype="f32", itype="none")
+            if store is not None:
+                fields += [(q + "idx", "ptr"), (q + "nbi0", "i64"), (q + "nbr", "i64")]
+                part.update(dtype=sfx(store[1].type), itype=sfx(store[1].src[2].type))
+            pvariants.append(part)
+        super().__init__(nodes, reads=reads, writes=writes)
+        self.parts = parts
+        self.spec = KernelSpec.make("rope", fields, mode=int(first.params["mode"]), has_ff=has_ff,
+                                    parts=tuple(tuple(sorted(v.items())) for v in pvariants))
+
+    def specs(self) -> list[KernelSpec]:
+        return [self.spec]
+
+    def launches(self, env: Env, addr: Addr) -> list[Launch]:
+        first = self.parts[0][0]
+        p = first.params
+        pos = first.src[1]
+        ne = ne_of(first.src[0], env)
+        low = high = 0.0
+        if p["ext_factor"] != 0.0:
+            low, high = yarn_corr_dims(p["n_dims"], p["n_ctx_orig"], p["freq_base"], p["beta_fast"], p["beta_slow"])
+        vals = {"pos": addr(pos), "nbp0": ev(pos.nb[0], env), "ne0": ne[0], "ne2": ne[2], "ne3": ne[3],
+                "n_dims": p["n_dims"], "freq_base": p["freq_base"], "freq_scale": p["freq_scale"],
+                "ext_factor": p["ext_factor"], "attn_factor": p["attn_factor"],
+                "corr_low": low, "corr_high": high}
+        if len(first.src) > 2:
+            vals.update(ff=addr(first.src[2]), nbf0=ev(first.src[2].nb[0], env))
+        heads = 0
+        for i, (node, store) in enumerate(self.parts):
+            q = f"q{i}_"
+            a = node.src[0]
+            ane = ne_of(a, env)
+            heads += ane[1]
+            vals.update({q + "s": addr(a), q + "ne1": ane[1]})
+            vals.update({f"{q}nbs{j}": v for j, v in enumerate(nb_of(a, env))})
+            if store is None:
+                vals[q + "d"] = addr(node)
+                vals.update({f"{q}nbd{j}": v for j, v in enumerate(nb_of(node, env))})
+            else:  # element (i0, i1) of token i2 at i0 * esz + i1 * ne0 * esz of cache row idx[i2]
+                sr = store[1]
+                idx = sr.src[2]
+                cnb = nb_of(sr, env)
+                vals.update({q + "d": addr(sr), q + "nbd0": cnb[0], q + "nbd1": ane[0] * cnb[0], q + "nbd2": 0,
+                             q + "nbd3": 0, q + "nbr": cnb[1], q + "idx": addr(idx), q + "nbi0": ev(idx.nb[0], env)})
+        grid = check_grid((heads, ne[2], ne[3]), "rope")
+        return [Launch(self.spec, grid, (row_threads(ne[0] // 2, 128), 1, 1), 0, self.spec.pack(vals))]
+
+
+# softmax ----------------------------------------------------------------------------------------
+def alibi_params(n_head: int, max_bias: float) -> tuple[float, float, int]:
+    """ggml's ALiBi constants m0, m1, n_head_log2 (see ggmlpy.ir.ops.softmax.alibi_slopes)."""
+    n_head_log2 = 1 << int(math.floor(math.log2(max(n_head, 1))))
+    m0 = 2.0 ** (-max_bias / n_head_log2)
+    m1 = 2.0 ** (-(max_bias / 2.0) / n_head_log2)
+    return m0, m1, n_head_log2
+
+
+class SoftmaxStep(Step):
+    def __init__(self, node: Tensor):
+        super().__init__([node], reads=list(node.src), writes=[node])
+        self.node = node
+        mask = node.src[1] if len(node.src) > 1 else None
+        fields = [("s", "ptr"), ("d", "ptr"), ("m", "ptr")] + [(f"ne{i}", "i64") for i in range(4)]
+        fields += [(f"nbs{i}", "i64") for i in range(4)] + [(f"nbd{i}", "i64") for i in range(4)]
+        fields += [(f"mnb{i}", "i64") for i in range(4)] + [("mne2", "i64"), ("mne3", "i64")]
+        fields += [("scale", "f64"), ("m0", "f64"), ("m1", "f64"), ("n_head_log2", "i64")]
+        self.spec = KernelSpec.make("softmax", fields, src=sfx(node.src[0].type),
+                                    mask=sfx(mask.type) if mask is not None else "none",
+                                    alibi=node.params.get("max_bias", 0.0) > 0.0)
+
+    def specs(self) -> list[KernelSpec]:
+        return [self.spec]
+
+    def launches(self, env: Env, addr: Addr) -> list[Launch]:
+        node = self.node
+        a = node.src[0]
+        ne = ne_of(a, env)
+        m0, m1, nhl = alibi_params(ne[2], node.params.get("max_bias", 0.0))
+        vals = {"s": addr(a), "d": addr(node), "scale": node.params["scale"], "m0": m0, "m1": m1,
+                "n_head_log2": nhl, "m": 0, "mne2": 1, "mne3": 1, **{f"mnb{i}": 0 for i in range(4)}}
+        if len(node.src) > 1:
+            mask = node.src[1]
+            vals["m"] = addr(mask)
+            mne = ne_of(mask, env)
+            vals.update(mne2=mne[2], mne3=mne[3])
+            vals.update({f"mnb{i}": v for i, v in enumerate(nb_of(mask, env))})
+        vals.update({f"ne{i}": v for i, v in enumerate(ne)})
+        vals.update({f"nbs{i}": v for i, v in enumerate(nb_of(a, env))})
+        vals.update({f"nbd{i}": v for i, v in enumerate(nb_of(node, env))})
+        grid = check_grid((ne[1], ne[2], ne[3]), "soft_max")
+        return [Launch(self.spec, grid, (row_threads(ne[0]), 1, 1), 0, self.spec.pack(vals))]
+
+
+# get_rows / set_rows ----------------------------------------------------------------------------
+class GetRowsStep(Step):
+    def __init__(self, node: Tensor):
+        super().__init__([node], reads=list(node.src), writes=[node])
+        self.node = node
+        table, idx = node.src
+        self.quant = is_quantized(table.type)
+        fields = [("a", "ptr"), ("i", "ptr"), ("d", "ptr")] + [(f"ne{i}", "i64") for i in range(4)]
+        fields += [(f"anb{i}", "i64") for i in range(4)] + [("ane2", "i64"), ("ane3", "i64")]
+        fields += [(f"inb{i}", "i64") for i in range(3)] + [(f"dnb{i}", "i64") for i in range(4)]
+        self.spec = KernelSpec.make("get_rows", fields, cooperative=False, ttype=sfx(table.type),
+                                    itype=sfx(idx.type), otype=sfx(node.type), quant=self.quant)
+
+    def specs(self) -> list[KernelSpec]:
+        return [self.spec]
+
+    def launches(self, env: Env, addr: Addr) -> list[Launch]:
+        node = self.node
+        table, idx = node.src
+        ne = ne_of(node, env)
+        tne = ne_of(table, env)
+        vals = {"a": addr(table), "i": addr(idx), "d": addr(node), "ane2": tne[2], "ane3": tne[3]}
+        vals.update({f"ne{i}": v for i, v in enumerate(ne)})
+        vals.update({f"anb{i}": v for i, v in enumerate(nb_of(table, env))})
+        vals.update({f"inb{i}": v for i, v in enumerate(nb_of(idx, env)[:3])})
+        vals.update({f"dnb{i}": v for i, v in enumerate(nb_of(node, env))})
+        per_row = ne[0] // 8 if self.quant else ne[0]
+        grid = check_grid((ne[1], ne[2], ne[3]), "get_rows")
+        return [Launch(self.spec, grid, (row_threads(per_row, 128), 1, 1), 0, self.spec.pack(vals))]
+
+
+class SetRowsStep(Step):
+    def __init__(self, node: Tensor):
+        dst, src, idx = node.src
+        super().__init__([node], reads=[src, idx], writes=[node])
+        self.node = node
+        fields = [("s", "ptr"), ("i", "ptr"), ("d", "ptr")] + [(f"ne{i}", "i64") for i in range(4)]
+        fields += [(f"snb{i}", "i64") for i in range(4)] + [("ine1", "i64"), ("ine2", "i64")]
+        fields += [(f"inb{i}", "i64") for i in range(3)] + [("dne2", "i64"), ("dne3", "i64")]
+        fields += [(f"dnb{i}", "i64") for i in range(4)]
+        self.spec = KernelSpec.make("set_rows", fields, cooperative=False, stype=sfx(src.type),
+                                    itype=sfx(idx.type), dtype=sfx(dst.type))
+
+    def specs(self) -> list[KernelSpec]:
+        return [self.spec]
+
+    def launches(self, env: Env, addr: Addr) -> list[Launch]:
+        node = self.node
+        dst, src, idx = node.src
+        ne = ne_of(src, env)
+        ine, dne = ne_of(idx, env), ne_of(node, env)
+        vals = {"s": addr(src), "i": addr(idx), "d": addr(node), "ine1": ine[1], "ine2": ine[2],
+                "dne2": dne[2], "dne3": dne[3]}
+        vals.update({f"ne{i}": v for i, v in enumerate(ne)})
+        vals.update({f"snb{i}": v for i, v in enumerate(nb_of(src, env))})
+        vals.update({f"inb{i}": v for i, v in enumerate(nb_of(idx, env)[:3])})
+        vals.update({f"dnb{i}": v for i, v in enumerate(nb_of(node, env))})
+        n = ne[0] * ne[1] * ne[2] * ne[3]
+        return [Launch(self.spec, (grid_stride_blocks(n), 1, 1), (256, 1, 1), 0, self.spec.pack(vals))]
+
+
+# support checks ---------------------------------------------------------------------------------
+ELEMENTWISE_OPS = tuple(EXPRS)
+
+
+def supports_simple(node: Tensor) -> bool:
+    op, srcs = node.op, node.src
+    if op in ELEMENTWISE_OPS:
+        data = srcs[1:] if op == "cpy" else srcs
+        return all(s.type in FLOAT_TYPES for s in data) and node.type in FLOAT_TYPES
+    if op in ("rms_norm", "norm"):
+        return srcs[0].type in FLOAT_TYPES
+    if op == "rope":
+        return srcs[0].type in FLOAT_TYPES and srcs[1].type == GGMLType.I32 and \
+            (len(srcs) < 3 or srcs[2].type == GGMLType.F32) and node.params["mode"] in (0, 2)
+    if op == "soft_max":
+        return srcs[0].type in FLOAT_TYPES and (len(srcs) < 2 or srcs[1].type in (GGMLType.F32, GGMLType.F16))
+    if op == "get_rows":
+        from ggmlpy.codegen_cuda.steps import DQ8_TYPES
+        table, idx = srcs
+        ok_table = table.type in DQ8_TYPES or table.type == GGMLType.I32
+        return ok_table and idx.type in INDEX_TYPES
+    if op == "set_rows":
+        dst, src, idx = srcs
+        return dst.type in FLOAT_TYPES and src.type in FLOAT_TYPES and idx.type in INDEX_TYPES
+    return False
+
+
+def lower_simple(node: Tensor) -> Step:
+    if node.op in ELEMENTWISE_OPS:
+        return ElementwiseStep(node)
+    if node.op == "rope":
+        return RopeStep([(node, None)])
+    builders = {"rms_norm": NormStep, "norm": NormStep, "soft_max": SoftmaxStep,
+                "get_rows": GetRowsStep, "set_rows": SetRowsStep}
+    if node.op not in builders:
+        raise LoweringError(f"no CUDA lowering for op {node.op}")
+    return builders[node.op](node)

@@ -1,0 +1,291 @@
+"""Running a compiled split: device memory layout, packed launches, CUDA graphs.
+
+Layout. With limits (Context calls `set_limits` with n_ubatch and n_ctx), the arena and the
+input staging buffer are planned once for the worst case, so every device address stays put
+whatever the run size. Without limits they are planned for the sizes seen so far.
+
+Launches. Each step's launches depend on a few symbols only (a Q/K/V product on n_tokens,
+attention also on n_kv); they are packed once per value of those symbols and reused, so a
+new n_kv re-packs the attention launches and nothing else.
+
+Plans and graphs. A RunPlan is the launch list for one env (symbol values). One-token decode
+graphs (graph.hints["tokens"] == "single") are captured as a CUDA graph the first time an
+env is seen and replayed after: graphs are keyed by (signature, env), and since n_kv moves in
+steps of the cache padding (32 cells), generation re-captures every 32 tokens. Plans live in
+an LRU of MAX_PLANS.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+
+from ggmlpy.codegen_cuda.backend import _bytes_of, _lookup
+from ggmlpy.codegen_cuda.driver import PreparedLaunch
+from ggmlpy.codegen_cuda.fusion import lower_split
+from ggmlpy.codegen_cuda.planner import ALIGN, ArenaPlan, align, nbytes, plan_arena, root_of
+from ggmlpy.codegen_cuda.steps import Step
+from ggmlpy.ir.graph import Graph
+from ggmlpy.ir.symbolic import SymExpr, evaluate
+from ggmlpy.ir.tensor import Flag, Tensor
+from ggmlpy.sched.store import BindingError, TensorStore
+
+if TYPE_CHECKING:
+    from ggmlpy.codegen_cuda.backend import CudaBackend
+
+MAX_PLANS = 64
+GROWTH = 1.25
+BOUND = Flag.INPUT | Flag.WEIGHT | Flag.CACHE
+RESIDENT = Flag.WEIGHT | Flag.CACHE
+
+
+@dataclass
+class Layout:
+    key: tuple                              # the planning env it was made for
+    arena: ArenaPlan
+    inputs: list[tuple[Tensor, int, bool]]  # (root, offset in the input buffer, is an INPUT leaf)
+    bases: dict[int, int]                   # root id -> device address
+
+
+@dataclass
+class RunPlan:
+    env_key: tuple
+    inputs: list[tuple[Tensor, int, int, bool]]   # (root, offset, bytes this run, INPUT leaf)
+    outputs: list[tuple[Tensor, int, int, bool]]  # (root, device address, bytes, bound leaf)
+    launches: list[PreparedLaunch] = field(default_factory=list)
+    graph: Any = None
+
+
+def _symbols(x: Any, out: set[str]) -> None:
+    if isinstance(x, SymExpr):
+        out |= x.symbols
+    elif isinstance(x, (tuple, list)):
+        for v in x:
+            _symbols(v, out)
+    elif isinstance(x, dict):
+        for v in x.values():
+            _symbols(v, out)
+
+
+def step_symbols(step: Step) -> tuple[str, ...]:
+    """The symbols a step's launches can depend on: in the shapes, strides, offsets and
+    parameters of every tensor it touches."""
+    out: set[str] = set()
+    for t in list(step.nodes) + list(step.reads) + list(step.writes):
+        for part in (t.ne, t.nb, t.view_offs, t.params):
+            _symbols(part, out)
+    return tuple(sorted(out))
+
+
+class CudaSplit:
+    def __init__(self, backend: "CudaBackend", graph: Graph, nodes: list[Tensor]):
+        self.backend = backend
+        self.graph = graph
+        self.nodes = nodes
+        self.steps: list[Step] = lower_split(graph, nodes, backend.options)
+        backend.ensure_kernels(s for step in self.steps for s in step.specs())
+        self._step_symbols = [step_symbols(s) for s in self.steps]
+        written: dict[int, Tensor] = {}
+        touched: dict[int, Tensor] = {}
+        for step in self.steps:
+            for t in step.writes:
+                r = root_of(t)
+                written[r.id] = touched[r.id] = r
+            for t in step.reads:
+                r = root_of(t)
+                touched[r.id] = r
+        self.weight_leaves = [r for r in touched.values() if r.flags & Flag.WEIGHT]
+        self.cache_leaves = [r for r in touched.values() if r.flags & Flag.CACHE and not r.flags & Flag.WEIGHT]
+        self.input_roots = [r for rid, r in touched.items() if rid not in written and not r.flags & RESIDENT]
+        self.arena_ids = {rid for rid, r in written.items() if not r.flags & BOUND}
+        in_split = {n.id for n in nodes}
+        users = graph.consumers()
+        outs: dict[int, Tensor] = {}
+        for t in list(graph.outputs) + [n for n in nodes if any(u.id not in in_split for u in users.get(n.id, []))]:
+            r = root_of(t)
+            if r.id in written:
+                outs[r.id] = r
+        self.output_roots = list(outs.values())
+        self.single = graph.hints.get("tokens") == "single"
+        self._plans: OrderedDict[tuple, RunPlan] = OrderedDict()
+        self._layout: Layout | None = None
+        self._step_launches: list[dict[tuple, list[PreparedLaunch]]] = [{} for _ in self.steps]
+        self._arena = (0, 0)     # (device address, capacity)
+        self._inbuf = (0, 0)
+        self._staging = np.zeros(0, dtype=np.uint8)
+        self._weight_ptrs: dict[int, int] | None = None  # leaf id -> device address
+        self._cache_ptrs: dict[int, int] = {}
+
+    # running -----------------------------------------------------------------------------------
+    def run(self, store: TensorStore, env: Mapping[str, int]) -> None:
+        drv, be = self.backend.driver, self.backend
+        key = tuple(sorted((k, int(v)) for k, v in env.items()))
+        self._bind_resident(store)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._prepare(env, key)
+        else:
+            self._plans.move_to_end(key)
+        self._upload_inputs(plan, store)
+        if plan.graph is not None:
+            drv.graph_launch(plan.graph)
+            be.stats.graph_replays += 1
+        elif self.single and be.use_graphs and plan.launches:
+            drv.begin_capture()
+            try:
+                for pl in plan.launches:
+                    drv.launch(pl)
+            finally:
+                plan.graph = drv.end_capture()
+            be.stats.graph_captures += 1
+            drv.graph_launch(plan.graph)
+        else:
+            for pl in plan.launches:
+                drv.launch(pl)
+            be.stats.launches += len(plan.launches)
+        for root, ptr, n, bound in plan.outputs:
+            if bound:
+                host = _bytes_of(_lookup(store.bindings, root.name), root.name)
+                if host.nbytes < n:
+                    raise BindingError(f"{root.name!r} has {host.nbytes} bytes bound, the graph writes {n}")
+            else:
+                host = np.empty(n, dtype=np.uint8)
+                store.buffers[root.id] = host
+            if n:
+                drv.dtoh(host, ptr, n)
+        drv.synchronize()
+
+    def _bind_resident(self, store: TensorStore) -> None:
+        """Weights are bound on the first run; caches every run (by identity of the bound
+        array): a cache bound to a new array is uploaded and invalidates what points at the
+        old copy."""
+        be = self.backend
+        if self._weight_ptrs is None:
+            self._weight_ptrs = {w.id: be.bind_resident(w, _lookup(store.bindings, w.name))
+                                 for w in self.weight_leaves}
+        changed = False
+        for leaf in self.cache_leaves:
+            host = _lookup(store.bindings, leaf.name)
+            entry = be.resident.get(leaf.name)
+            ptr = entry.ptr if entry is not None and entry.host is host else be.bind_resident(leaf, host)
+            if self._cache_ptrs.get(leaf.id) != ptr:
+                self._cache_ptrs[leaf.id] = ptr
+                changed = True
+        if changed:
+            self._invalidate()
+
+    def _upload_inputs(self, plan: RunPlan, store: TensorStore) -> None:
+        total = 0
+        for root, off, n, is_input in plan.inputs:
+            if not n:
+                continue
+            if is_input:
+                host = _bytes_of(_lookup(store.bindings, root.name), root.name)
+            else:  # computed by another split
+                host = store.buffer(root)
+            if host.nbytes < n:
+                raise BindingError(f"{root.name or root!r}: {host.nbytes} bytes given, {n} needed for this run")
+            self._staging[off:off + n] = host[:n]
+            total = max(total, off + n)
+        if total:
+            self.backend.driver.htod(self._inbuf[0], self._staging, total)
+
+    # planning ----------------------------------------------------------------------------------
+    def _planning_env(self, env: Mapping[str, int]) -> dict[str, int]:
+        limits = self.backend.limits
+        return {k: max(int(v), limits.get(k, 0)) for k, v in env.items()}
+
+    def _ensure_layout(self, env: Mapping[str, int]) -> Layout:
+        penv = self._planning_env(env)
+        key = tuple(sorted(penv.items()))
+        lay = self._layout
+        if lay is not None and all(penv[k] <= v for k, v in lay.key):
+            return lay
+        if lay is not None:  # a run beyond the sizes planned for: plan for the larger ones
+            penv = {k: max(v, dict(lay.key).get(k, 0)) for k, v in penv.items()}
+            key = tuple(sorted(penv.items()))
+        arena = plan_arena(self.steps, penv, self.arena_ids, keep=[r.id for r in self.output_roots])
+        inputs, off = [], 0
+        for r in self.input_roots:
+            inputs.append((r, off, bool(r.flags & Flag.INPUT)))
+            off = align(off + nbytes(r, penv))
+        self._invalidate()
+        self._grow("_arena", arena.size)
+        self._grow("_inbuf", off)
+        if self._staging.nbytes < self._inbuf[1]:
+            self._staging = np.zeros(self._inbuf[1], dtype=np.uint8)
+        bases = {**(self._weight_ptrs or {}), **self._cache_ptrs}
+        for rid, o in arena.offsets.items():
+            bases[rid] = self._arena[0] + o
+        for r, o, _ in inputs:
+            bases[r.id] = self._inbuf[0] + o
+        self._layout = Layout(key, arena, inputs, bases)
+        return self._layout
+
+    def _prepare(self, env: Mapping[str, int], key: tuple) -> RunPlan:
+        be = self.backend
+        lay = self._ensure_layout(env)
+        bases = lay.bases
+        memo: dict[Any, int] = {}
+
+        def addr(t: Tensor) -> int:
+            r = root_of(t)
+            try:
+                base = bases[r.id]
+            except KeyError:
+                raise BindingError(f"{r!r} has no device memory in this split") from None
+            if t.view_src is None:
+                return base
+            offs = t.view_offs
+            if isinstance(offs, int):
+                return base + offs
+            if offs not in memo:
+                memo[offs] = evaluate(offs, env)
+            return base + memo[offs]
+
+        inputs = [(r, o, nbytes(r, env), is_input) for r, o, is_input in lay.inputs]
+        outputs = [(r, addr(r), nbytes(r, env), bool(r.flags & BOUND)) for r in self.output_roots]
+        plan = RunPlan(key, inputs, outputs)
+        for i, step in enumerate(self.steps):
+            skey = tuple(env[s] for s in self._step_symbols[i])
+            cached = self._step_launches[i].get(skey)
+            if cached is None:
+                cached = [be.prepare(ln.spec, ln.grid, ln.block, ln.shmem, ln.params)
+                          for ln in step.launches(env, addr) if 0 not in ln.grid]
+                self._step_launches[i][skey] = cached
+            plan.launches.extend(cached)
+        self._plans[key] = plan
+        be.stats.plans_built += 1
+        while len(self._plans) > MAX_PLANS:
+            _, old = self._plans.popitem(last=False)
+            self._destroy(old)
+        return plan
+
+    def _grow(self, attr: str, need: int) -> None:
+        ptr, cap = getattr(self, attr)
+        if need <= cap and ptr:
+            return
+        if ptr:
+            self.backend.free(ptr)
+        new_cap = max(ALIGN, align(int(need * GROWTH)))
+        setattr(self, attr, (self.backend.alloc(new_cap), new_cap))
+
+    def _invalidate(self) -> None:
+        """Forget everything that holds device addresses (plans, graphs, packed launches)."""
+        for plan in self._plans.values():
+            self._destroy(plan)
+        self._plans.clear()
+        for cache in self._step_launches:
+            cache.clear()
+        self._layout = None
+
+    def _destroy(self, plan: RunPlan) -> None:
+        if plan.graph is not None:
+            self.backend.driver.graph_destroy(plan.graph)
+            plan.graph = None
+
+    def describe(self) -> str:
+        return "\n".join(f"{i:4d} {s.label}: {', '.join(k.name for k in s.specs())}"
+                         for i, s in enumerate(self.steps))

@@ -1,0 +1,51 @@
+"""Every CUDA template rendered for every variant the op registry and the fused graphs
+produce, compiled with `nvcc -ptx -arch=sm_90` (no GPU needed): the kernels CI checks.
+
+All variants go into two translation units, so the whole check is two nvcc runs.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ggmlpy.codegen_cuda.kernels import module_source
+from ggmlpy.codegen_cuda.nvcc import compile_cuda, find_nvcc
+from ggmlpy.codegen_cuda.render import template_names
+
+from .cases import all_specs
+
+ARCH = "sm_90"
+NON_KERNEL_TEMPLATES = {"common.cu.j2", "emu_runtime.cu.j2"}
+
+
+@pytest.fixture(scope="module")
+def specs():
+    return all_specs()
+
+
+def test_every_template_family_has_variants(specs):
+    families = {s.template for s in specs.values()}
+    assert families == set(template_names()) - NON_KERNEL_TEMPLATES
+
+
+def test_variants_cover_every_weight_type_and_fusion(specs):
+    variants = [dict(s.variant) | {"family": s.family} for s in specs.values()]
+    mv_types = {v["atype"] for v in variants if v["family"] == "matvec"}
+    mm_types = {v["atype"] for v in variants if v["family"] == "matmul"}
+    wanted = {"f32", "f16", "q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k"}
+    assert wanted <= mv_types and wanted <= mm_types
+    modes = {(v["mode"], v["n_mats"], v["epilogue"]) for v in variants if v["family"] == "matvec"}
+    assert ("glu", 1, "none") in modes and ("sep", 3, "none") in modes and ("sep", 1, "add") in modes
+    assert any(v["family"] == "attention" and v["kvec"] for v in variants)
+    assert any(v["family"] == "norm" and v["has_w"] for v in variants)
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc (the CUDA toolkit) is not installed")
+def test_all_variants_compile_to_ptx(specs):
+    names = sorted(specs)
+    halves = [names[: len(names) // 2], names[len(names) // 2:]]
+    for part in halves:
+        ptx = compile_cuda(module_source(specs[n] for n in part), ARCH, "ptx").decode()
+        entries = set(re.findall(r"\.entry\s+(\w+)\s*\(", ptx))
+        assert entries == set(part)

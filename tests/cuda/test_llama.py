@@ -1,0 +1,109 @@
+"""Whole llama graphs on the CUDA backend, placed as llama.cpp places them (devices=["cuda:0"],
+n_gpu_layers): the input layer on the host, every other layer on the device. A tiny random
+model is compared with the reference backend (host emulator and GPU); SmolLM2-135M Q4_1
+against llama.cpp's golden outputs with all layers on the GPU and with a partial offload
+(skipped without a GPU). The host part runs on the reference backend: it only looks up the
+token embeddings (or, partially offloaded, runs the first layers)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import llama
+import llama.model
+import ggmlpy.sched.placement as placement
+from ggmlpy.codegen_cuda.backend import CudaBackend
+from ggmlpy.ir.types import GGMLType
+from ggmlpy.testing_models import write_tiny_llama
+from tests.models import golden
+
+PROMPT = [5, 17, 200, 33, 41, 99, 7, 250, 3, 64, 12] + list(range(100, 119))  # 30 tokens
+NEXT = [11, 12, 13, 14]  # cells 30..33: the cache view grows from 32 to 64 cells
+HOST = "ref"
+
+
+@pytest.fixture
+def device_backends(device, monkeypatch):
+    """Backends made for "cuda:0" (the emulator's when that is the device); a list of them."""
+    kind, driver = device
+    made: list[CudaBackend] = []
+
+    def make(name: str) -> CudaBackend:
+        be = CudaBackend(driver=driver)
+        be.buffer_type = name
+        made.append(be)
+        return be
+
+    monkeypatch.setattr(placement, "make_device_backend", make)
+    monkeypatch.setattr(llama.model, "make_device_backend", make)
+    return kind, made
+
+
+def _logits(model, on_device: bool) -> list[np.ndarray]:
+    ctx = llama.Context(model, n_ctx=256, backend=HOST)
+    assert ctx.decode(llama.Batch.from_tokens(PROMPT, logits_all=True)) == 0
+    out = [ctx.get_logits().copy()]
+    for t in NEXT:
+        assert ctx.decode(llama.Batch.from_tokens([t])) == 0
+        out.append(ctx.get_logits().copy())
+    for compiled in ctx.graph_cache.entries.values():
+        names = [s.backend.name for s in compiled.splits]
+        # the embedding lookup on the host, then everything else on the device
+        assert names == ([HOST, "cuda"] if on_device else [HOST]), names
+    return out
+
+
+@pytest.mark.parametrize("wtype", [GGMLType.Q4_1, GGMLType.F16], ids=lambda t: t.name)
+def test_tiny_llama_matches_reference(device_backends, tmp_path, wtype):
+    kind, made = device_backends
+    path = write_tiny_llama(tmp_path / "tiny.gguf", weight_type=wtype)
+    ref = _logits(llama.Model.load(path), False)
+    ours = _logits(llama.Model.load(path, devices=["cuda:0"], n_gpu_layers=99), True)
+    # the prompt's products run on the tiled kernel (operands rounded to half), so the
+    # prompt logits and the cache they leave differ from float32 at the 1e-3 level
+    for r, o in zip(ref, ours):
+        assert o.shape == r.shape
+        assert np.abs(o - r).max() < 1e-2 * max(1.0, np.abs(r).max())
+        assert np.argmax(o[-1]) == np.argmax(r[-1])
+    used = [be for be in made if be.stats.plans_built]
+    assert len(used) == 1, "one CUDA backend per context"
+    # decode: a CUDA graph per n_kv (32, then 64), replayed for the other tokens
+    assert used[0].stats.graph_captures == 2 and used[0].stats.graph_replays == len(NEXT) - 2
+
+
+@pytest.fixture(scope="module")
+def smollm2_gpu(gpu_driver, smollm2_path):
+    import ggmlpy.codegen_cuda as cg
+
+    assert cg.register(), "a GPU is present but the cuda backend did not register"
+    return llama.Model.load(smollm2_path, devices=["cuda:0"], n_gpu_layers=99)
+
+
+def test_smollm2_logits_within_golden_bars(smollm2_gpu, golden_dir):
+    assert smollm2_gpu.placement.layers == ("cuda:0",) * smollm2_gpu.hparams.n_layer
+    r = golden.check_logits(smollm2_gpu, golden_dir / "smollm2-135m-q4_1", HOST)
+    print("smollm2 cuda logits:", r)
+    assert r["top1_mismatch_confident"] == 0
+    assert r["mean"] <= golden.MEAN_BAR, r
+    assert r["max"] <= golden.MAX_BAR, r
+
+
+def test_smollm2_greedy_matches_golden(smollm2_gpu, golden_dir):
+    for r in golden.check_greedy(smollm2_gpu, golden_dir / "smollm2-135m-q4_1", HOST):
+        assert r["ours"] == r["golden"], r["prompt"]
+
+
+def test_smollm2_perplexity_within_one_percent(smollm2_gpu, golden_dir):
+    ours, ref = golden.check_perplexity(smollm2_gpu, golden_dir / "smollm2-135m-q4_1", HOST)
+    print("smollm2 cuda perplexity:", ours, "golden:", ref)
+    assert abs(ours - ref) / ref <= golden.PPL_REL, (ours, ref)
+
+
+def test_smollm2_partial_offload_within_golden_bars(gpu_driver, smollm2_path, golden_dir):
+    """The last 16 of 31 layers (output included) on the GPU, the rest on the host."""
+    model = llama.Model.load(smollm2_path, devices=["cuda:0"], n_gpu_layers=16)
+    assert model.placement.layers.count("cuda:0") == 15 and model.placement.output == "cuda:0"
+    r = golden.check_logits(model, golden_dir / "smollm2-135m-q4_1", HOST)
+    print("smollm2 partial offload logits:", r)
+    assert r["top1_mismatch_confident"] == 0
+    assert r["mean"] <= golden.MEAN_BAR and r["max"] <= golden.MAX_BAR, r
