@@ -43,6 +43,18 @@ class CpuBackend:
             self._pool = ThreadPool(self.n_threads)
         return self._pool
 
+    def close(self) -> None:
+        """Stop the worker threads (they also stop when the backend is garbage-collected)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
     def set_threads(self, n: int) -> None:
         self.n_threads = n
 

@@ -193,10 +193,13 @@ class ThreadPool:
             t.start()
 
     def _work(self, ith: int) -> None:
+        """Spin natively while work comes often; sleep here when it stops. The native loop
+        publishes IDLE and then looks for work once more, and `run` bumps the generation
+        before it reads IDLE, so a launch either finds the worker spinning or wakes it."""
         while True:
             if self._worker(self._addr, ith) == 1:
                 return
-            self._wake[ith].wait(0.05)
+            self._wake[ith].wait()
             self._wake[ith].clear()
             self.pool[IDLE + ith] = 0
 
