@@ -5,10 +5,23 @@
 #           kernels on whole graphs, a tiny llama model placed on the GPU
 #   golden  SmolLM2-135M Q4_1 against ../shared/golden with every layer on the GPU (logits,
 #           greedy, perplexity) and with a partial offload
-#   bench   pp512 / tg128 tokens/s (llama-bench style, median of 3) as JSON
+#   bench   pp512 / tg128 tokens/s (llama-bench style, median of 3) as JSON, with where a
+#           decode token's time goes (GPU graph, host, waiting); again without PDL
 #   synth   the same benchmark on random weights with SmolLM2's shapes (no model file needed)
+#   variants  synth under each setting worth comparing: default, GGMLPY_CUDA_PDL=0,
+#           GGMLPY_CUDA_MATVEC_ROWS=1 and 2, GGMLPY_CUDA_ATTN_THREADS=256
+#   summary the headline numbers of every JSON and log so far, as one small JSON
 #
-#   bench/cuda_device_check.sh [stage ...]      (default: env tests golden bench)
+#   bench/cuda_device_check.sh [stage ...]      (default: env tests golden bench summary)
+#
+# Filling .device/cache before a session (no GPU needed; about 4 minutes on 2 cores):
+#   export GGMLPY_CACHE_DIR=$PWD/.device/cache; M=<SmolLM2 gguf>
+#   python bench/bench_cuda.py --model $M --prebuild -n 8
+#   for r in 0 1 2; do GGMLPY_CUDA_MATVEC_ROWS=$r python bench/bench_cuda.py --synthetic smollm2 --prebuild -n 8; done
+#   GGMLPY_CUDA_PREBUILD=1 python -m pytest -q tests/cuda -k "not emu"   (fails by design: it only compiles)
+# One GPU session with the model in two halves (each call carries at most 64 MiB):
+#   run 1, carry .device/cache .device/shared .device/parts1:  env variants tests summary
+#   run 2 (within the machine's warm window), carry .device/parts2:  golden bench summary
 #
 # What the machine lacks travels in .device/ (ignored by git): cache/ (kernels compiled
 # ahead of time: GGMLPY_CACHE_DIR), shared/golden/..., and the model file, whole in models/
@@ -49,7 +62,17 @@ assemble_model() {
     mv "$target.tmp" "$target" && echo "model: assembled $target"
 }
 
-for s in ${*:-env tests golden bench}; do
+bench_run() {  # bench_run LABEL OUTFILE TIMEOUT ARGS...: one bench_cuda.py report appended to OUTFILE
+    local label=$1 out=$2 limit=$3
+    shift 3
+    echo "--- $label"
+    timeout -k 5 "$limit" python3 bench/bench_cuda.py --label "$label" --reps 3 "$@" > "$out.part" 2> "$out.err"
+    echo "rc=$? $(tail -3 "$out.err" | tr '\n' ' ')"
+    cat "$out.part" >> "$out"
+    rm -f "$out.part" "$out.err"
+}
+
+for s in ${*:-env tests golden bench summary}; do
     case $s in
     env)
         stage env
@@ -58,13 +81,14 @@ for s in ${*:-env tests golden bench}; do
         python3 -c "import sys, numpy, jinja2; print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'jinja2', jinja2.__version__)"
         python3 -c "from importlib.metadata import version; print('cuda-bindings', version('cuda-bindings'))"
         python3 -c "import ggmlpy.codegen_cuda as c; print('cuda_available:', c.cuda_available())"
+        python3 -c "from ggmlpy.codegen_cuda.nvcc import nvcc_version, find_nvcc; print('nvcc key:', nvcc_version(find_nvcc()))"
+        [ -f "$GGMLPY_CACHE_DIR/NVCC_VERSION" ] && echo "prebuilt with: $(cat "$GGMLPY_CACHE_DIR/NVCC_VERSION")"
         echo "prebuilt kernel cache entries: $(find "$GGMLPY_CACHE_DIR" -name '*.cubin' | wc -l)"
         ;;
     tests)
         stage "tests/cuda on the GPU"
-        timeout -k 5 180 $PYTEST -k "not emu and not smollm2" --durations=8 \
-            tests/cuda/test_ops.py tests/cuda/test_fused.py tests/cuda/test_llama.py tests/cuda/test_infra.py \
-            2>&1 | tee "$LOGS/tests.log" | tail -40
+        timeout -k 5 100 $PYTEST -k "not emu and not smollm2" --durations=5 tests/cuda \
+            2>&1 | tee "$LOGS/tests.log" | tail -25
         ;;
     golden)
         stage "SmolLM2 golden bars, all layers on the GPU and partially offloaded"
@@ -78,19 +102,32 @@ for s in ${*:-env tests golden bench}; do
     bench)
         stage "speed, SmolLM2-135M Q4_1, -ngl 99"
         if assemble_model; then
-            timeout -k 5 110 python3 bench/bench_cuda.py --model "$GGMLPY_MODELS/$MODEL" --reps 3 \
-                2>&1 | tee "$LOGS/bench.json"
+            bench_run default "$LOGS/bench.json" 70 --model "$GGMLPY_MODELS/$MODEL"
+            GGMLPY_CUDA_PDL=0 bench_run no-pdl "$LOGS/bench.json" 50 --model "$GGMLPY_MODELS/$MODEL"
         else
             echo "the model file is not here: random weights with its shapes instead"
-            timeout -k 5 100 python3 bench/bench_cuda.py --synthetic smollm2 --reps 3 2>&1 | tee "$LOGS/bench_synth.json"
+            bench_run synth-default "$LOGS/bench_synth.json" 70 --synthetic smollm2
         fi
         ;;
     synth)
         stage "speed, random weights with SmolLM2's shapes, -ngl 99"
-        timeout -k 5 100 python3 bench/bench_cuda.py --synthetic smollm2 --reps 3 2>&1 | tee "$LOGS/bench_synth.json"
+        bench_run synth-default "$LOGS/bench_synth.json" 70 --synthetic smollm2
+        ;;
+    variants)
+        stage "speed, random weights with SmolLM2's shapes, each setting"
+        bench_run synth-default "$LOGS/variants.json" 40 --synthetic smollm2
+        GGMLPY_CUDA_PDL=0 bench_run synth-no-pdl "$LOGS/variants.json" 30 --synthetic smollm2
+        GGMLPY_CUDA_MATVEC_ROWS=1 bench_run synth-rows1 "$LOGS/variants.json" 30 --synthetic smollm2
+        GGMLPY_CUDA_MATVEC_ROWS=2 bench_run synth-rows2 "$LOGS/variants.json" 30 --synthetic smollm2
+        GGMLPY_CUDA_ATTN_THREADS=256 bench_run synth-attn256 "$LOGS/variants.json" 30 --synthetic smollm2
+        ;;
+    summary)
+        stage summary
+        python3 bench/bench_cuda.py --summarize "$LOGS"/variants.json "$LOGS"/bench.json "$LOGS"/bench_synth.json \
+            --golden-log "$LOGS/golden.log" | tee "$LOGS/summary.json"
         ;;
     *)
-        echo "unknown stage $s (env tests golden bench synth)"
+        echo "unknown stage $s (env tests golden bench synth variants summary)"
         ;;
     esac
 done

@@ -16,6 +16,7 @@ Running a split (plans, CUDA graphs): runtime.py.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
@@ -49,6 +50,7 @@ class Resident:
 class Stats:
     launches: int = 0
     graph_captures: int = 0
+    capture_s: float = 0.0      # host seconds spent capturing and instantiating graphs
     graph_replays: int = 0
     bytes_uploaded: int = 0
     plans_built: int = 0
@@ -61,10 +63,15 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self, driver: Any = None, cache_dir: str | None = None, fuse: bool = True,
-                 graphs: bool = True, matvec_max_cols: int = 8, tiled: bool = True):
+                 graphs: bool = True, matvec_max_cols: int = 8, tiled: bool = True,
+                 matvec_rows: int | None = None, fuse_rope: bool = True):
         self.driver = driver if driver is not None else get_driver()
         self.cache = DiskCache(cache_dir)
-        self.options = LowerOptions(fuse, MatMulOptions(matvec_max_cols, tiled))
+        if matvec_rows is None:  # 0: by matrix size; the environment lets a benchmark compare
+            matvec_rows = int(os.environ.get("GGMLPY_CUDA_MATVEC_ROWS", "0"))
+        if matvec_rows not in (0, 1, 2, 4):
+            raise ValueError(f"matvec_rows must be 0 (automatic), 1, 2 or 4, not {matvec_rows}")
+        self.options = LowerOptions(fuse, MatMulOptions(matvec_max_cols, tiled, matvec_rows, fuse_rope))
         self.use_graphs = graphs and self.driver.name != "pycuda"
         self.functions: dict[str, Any] = {}
         self.modules: list[Any] = []

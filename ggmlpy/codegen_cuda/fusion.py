@@ -8,6 +8,9 @@ Patterns (each node joins at most one step):
               and, on the matrix-vector kernel (few columns):
               prenorm:  x = rms_norm/norm(y) [* w] computed inside the product
               store:    one product's result only stored as KV cache rows (set_rows of V)
+              rope:     products only read through reshape -> rope (mode 0), rotated in
+                        the epilogue (Q), and stored as cache rows if that is the rope's
+                        only use (K): two rows per warp, the pair a rotation mixes
   rope        two ropes with the same positions and parameters (Q and K) in one launch;
               rope -> reshape -> set_rows(cache, ., idx): rotated keys straight into the cache
   norm        rms_norm/norm -> mul(., weight)
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ggmlpy.codegen_cuda.lower_attention import AttentionStep, match_attention
-from ggmlpy.codegen_cuda.lower_matmul import MatMulOptions, MatMulStep, PreNorm, RowStore, matvec_ok
+from ggmlpy.codegen_cuda.lower_matmul import MatMulOptions, MatMulStep, PreNorm, RopeEpilogue, RowStore, matvec_ok
 from ggmlpy.codegen_cuda.lower_simple import NormStep, RopeStep, lower_simple
 from ggmlpy.codegen_cuda.planner import root_of
 from ggmlpy.codegen_cuda.steps import Step, same_shape
@@ -83,6 +86,7 @@ class _Product:
     add: Tensor | None = None
     prenorm: PreNorm | None = None
     store: RowStore | None = None
+    ropes: dict[int, RopeEpilogue] = field(default_factory=dict)
     vector_only: bool = False        # few columns guaranteed: the matrix-vector kernel runs
 
 
@@ -107,7 +111,7 @@ def lower_split(graph: Graph, nodes: list[Tensor], opts: LowerOptions) -> list[S
                     place(AttentionStep(*m), members[-1])
         for prod in _products(nodes, g, opts, free):
             step = MatMulStep(prod.mats, opts.matmul, glu=prod.glu, add=prod.add, prenorm=prod.prenorm,
-                              store=prod.store)
+                              store=prod.store, ropes=prod.ropes)
             place(step, prod.at)
         for step, at in _ropes(nodes, g, free):
             place(step, at)
@@ -181,7 +185,43 @@ def _products(nodes: list[Tensor], g: _Graph, opts: LowerOptions, free: Free) ->
         if prod.vector_only:
             prod.prenorm = _prenorm(prod, g, free)
             prod.store = _row_store(prod, g, free)
+            if opts.matmul.fuse_rope:
+                prod.ropes = _rope_epilogues(prod, g, free)
     return out
+
+
+def _rope_epilogues(prod: _Product, g: _Graph, free: Free) -> dict[int, RopeEpilogue]:
+    """Products of the group whose result is only read as reshape -> rope (mode 0, adjacent
+    pairs of rows), with the rope's cache store when that is its only use. Every rope fused
+    into one launch shares positions, frequency factors and parameters."""
+    if prod.glu is not None or prod.add is not None:
+        return {}
+    found: dict[int, RopeEpilogue] = {}
+    key = None
+    for i, mm in enumerate(prod.mats):
+        if prod.store is not None and prod.store.index == i:
+            continue
+        view = g.only_consumer(mm)
+        if view is None or view.op != "reshape" or not free(view) or not mm.is_contiguous:
+            continue
+        rope = g.only_consumer(view)
+        if rope is None or rope.op != "rope" or rope.src[0] is not view or not free(rope):
+            continue
+        hd, n_dims = view.ne[0], rope.params["n_dims"]
+        if rope.params["mode"] != 0 or not isinstance(hd, int) or hd % 2 or n_dims % 2 or n_dims > hd:
+            continue
+        if view.ne[3] != 1 or rope.src[1].type != GGMLType.I32 or not rope.is_contiguous:
+            continue
+        ff = rope.src[2] if len(rope.src) > 2 else None
+        rkey = (rope.src[1].id, ff.id if ff is not None else None, tuple(sorted(rope.params.items())))
+        if key is not None and rkey != key:
+            continue
+        store = _rope_part(rope, g, free)
+        if store is not None and not _moves_safely(store[1], prod.at, g):
+            store = None
+        key = rkey
+        found[i] = RopeEpilogue(view, rope, store[0] if store else [], store[1] if store else None)
+    return found
 
 
 def _prenorm(prod: _Product, g: _Graph, free: Free) -> PreNorm | None:

@@ -8,6 +8,8 @@ strided, permuted views); heads share K/V heads by ggml's broadcast rule (h / ra
 """
 from __future__ import annotations
 
+import os
+
 from ggmlpy.codegen_cuda.kernels import KernelSpec
 from ggmlpy.codegen_cuda.lower_simple import alibi_params
 from ggmlpy.codegen_cuda.steps import (
@@ -17,7 +19,7 @@ from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import GGMLType
 
 THREADS = 256        # per block; FEW_BLOCKS_THREADS when the grid is small (decode)
-FEW_BLOCKS_THREADS = 1024
+FEW_BLOCKS_THREADS = int(os.environ.get("GGMLPY_CUDA_ATTN_THREADS", "1024"))  # (for comparisons)
 FEW_BLOCKS = 264     # about two blocks per multiprocessor of an H100/H200
 MAX_DPL = 8          # output dims per lane: head sizes up to 256
 DEFAULT_SMEM = 48 * 1024

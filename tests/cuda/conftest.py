@@ -1,8 +1,23 @@
 """Backends for the CUDA tests: the host emulator (always, given g++) and the GPU (when one is
-present; otherwise tests using it skip with the reason)."""
+present; otherwise tests using it skip with the reason).
+
+GGMLPY_CUDA_PREBUILD=1 makes a DryRunDriver the "GPU" of the whole session (the gpu tests and
+the SmolLM2 ones): every kernel module they load is compiled for sm_90 into the cache
+(GGMLPY_CACHE_DIR), nothing runs, and their results are meaningless (they fail). It fills the
+cache that travels to a GPU session:
+    GGMLPY_CUDA_PREBUILD=1 GGMLPY_CACHE_DIR=.device/cache python -m pytest -q tests/cuda -k gpu
+"""
 from __future__ import annotations
 
+import os
+
 import pytest
+
+if os.environ.get("GGMLPY_CUDA_PREBUILD") == "1":
+    import ggmlpy.codegen_cuda.driver as _driver
+
+    _dry = _driver.DryRunDriver()
+    _driver._probe = lambda: (_dry, "")
 
 from ggmlpy.codegen_cuda.backend import CudaBackend
 

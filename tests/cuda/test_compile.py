@@ -49,3 +49,18 @@ def test_all_variants_compile_to_ptx(specs):
         ptx = compile_cuda(module_source(specs[n] for n in part), ARCH, "ptx").decode()
         entries = set(re.findall(r"\.entry\s+(\w+)\s*\(", ptx))
         assert entries == set(part)
+
+
+def test_every_kernel_waits_for_its_predecessor_first(specs):
+    """With programmatic dependent launch a kernel may start before the previous one ends:
+    every kernel calls gg_pdl_wait() before touching memory, except that the matrix-vector
+    kernel may first load its weights when they are constant (a_const)."""
+    for spec in specs.values():
+        src = spec.source()
+        body = src[src.index(f"{spec.name}(const {spec.name}_params p) {{"):]
+        before = body[:body.index("gg_pdl_wait();")]
+        if spec.family == "matvec":  # address arithmetic, then (a_const) weight loads only
+            assert ("mvu_load_" in before) == dict(spec.variant)["a_const"], spec.name
+            assert not any(w in before for w in ("st_", "ld_", "*(const", "warp_sum")), spec.name
+        else:
+            assert before.count(";") == 0, f"{spec.family}: {before!r}"

@@ -35,6 +35,7 @@ ATTENTION = [
     dict(n_tokens=7, n_kv=33, kv_type=F32, fuse_cont=False),     # f32 cache, no cont, odd n_kv
     dict(n_tokens=3, n_kv=24, kv_type=F16, max_bias=8.0),        # ALiBi
     dict(n_tokens=4, n_kv=50, kv_type=F16, head=64, n_head=9, n_head_kv=3),  # SmolLM2's heads
+    dict(n_tokens=1, n_kv=1100, kv_type=F16, head=64, n_head=2, n_head_kv=1),  # more keys than threads
 ]
 
 
@@ -44,7 +45,7 @@ def test_attention_matches_reference(device, cfg):
     n_tokens, n_kv = cfg["n_tokens"], cfg["n_kv"]
     gargs = {k: v for k, v in cfg.items() if k not in ("n_tokens", "n_kv")}
     env = {"n_tokens": n_tokens, "n_kv": n_kv}
-    g = attention_graph(**gargs, n_tokens=n_tokens, n_kv=n_kv, kv_size=64)
+    g = attention_graph(**gargs, n_tokens=n_tokens, n_kv=n_kv, kv_size=max(64, n_kv))
     inputs = attention_inputs(g, n_tokens, n_kv, np.random.default_rng(3))
     (ref,), _, _ = run_graph(RefBackend(), g, inputs, env)
     for fuse in (True, False):
@@ -53,6 +54,24 @@ def test_attention_matches_reference(device, cfg):
         err = normalized_error(ours, ref)
         # unfused, the two products run on the tiled kernel (half operands) past 8 columns
         assert err <= (1e-9 if fuse or n_kv <= 8 else 5e-5), f"{kind} fuse={fuse}: NMSE {err:.3g}"
+
+
+def test_attention_with_few_threads_per_block(device, monkeypatch):
+    """Blocks of 64 threads (2 warps): each thread scores several keys and each warp sums
+    values past the first rows it loads ahead."""
+    import ggmlpy.codegen_cuda.lower_attention as la
+
+    monkeypatch.setattr(la, "FEW_BLOCKS_THREADS", 64)
+    kind, driver = device
+    env = {"n_tokens": 2, "n_kv": 150}
+    g = attention_graph(n_tokens=2, n_kv=150, kv_size=160, head=64, n_head=3, n_head_kv=1)
+    inputs = attention_inputs(g, 2, 150, np.random.default_rng(4))
+    (ref,), _, _ = run_graph(RefBackend(), g, inputs, env)
+    (ours,), _, split = run_graph(CudaBackend(driver=driver), g, inputs, env)
+    plan = next(iter(split._plans.values()))
+    assert [pl.block for pl in plan.launches if "attention" in pl.name] == [(64, 1, 1)]
+    err = normalized_error(ours, ref)
+    assert err <= 1e-9, f"{kind}: NMSE {err:.3g}"
 
 
 @pytest.mark.parametrize("wtype", [GGMLType.Q4_1, GGMLType.Q8_0, F16], ids=lambda t: t.name)
@@ -80,18 +99,24 @@ def test_feed_forward_patterns_match_reference(device, wtype, single):
 
 
 @pytest.mark.parametrize("norm", ["rms", "norm"])
-@pytest.mark.parametrize("single", [True, False], ids=["decode", "prompt"])
-def test_decoder_block_entry_matches_reference(device, norm, single):
+@pytest.mark.parametrize("single,fuse_rope", [(True, True), (True, False), (False, True)],
+                         ids=["decode", "decode-rope_apart", "prompt"])
+def test_decoder_block_entry_matches_reference(device, norm, single, fuse_rope):
     """norm * w -> Q/K/V -> rope -> K/V into the caches: in decode, one product launch (norm
-    inside, V stored as cache rows) and one rope launch (Q, and K stored as cache rows)."""
+    inside, V stored as cache rows, Q and K rotated in the epilogue, K stored as cache rows);
+    with the ropes apart, the product and one rope launch (Q, and K stored as cache rows)."""
     kind, driver = device
     n_tokens = 1 if single else 6
     env = {"n_tokens": n_tokens}
     g = qkv_graph(norm, single=single)
     inputs = ffn_inputs(g, n_tokens, np.random.default_rng(11))
     refs, _, _ = run_graph(RefBackend(), g, inputs, env)
-    ours, _, split = run_graph(CudaBackend(driver=driver), g, inputs, env)
-    if single:
+    ours, _, split = run_graph(CudaBackend(driver=driver, fuse_rope=fuse_rope), g, inputs, env)
+    if single and fuse_rope:
+        (mm,) = split.steps
+        assert isinstance(mm, MatMulStep) and mm.prenorm is not None and mm.store is not None
+        assert sorted(e.store is not None for e in mm.ropes.values()) == [False, True]
+    elif single:
         assert [type(s).__name__ for s in split.steps] == ["MatMulStep", "RopeStep"]
         mm, rope = split.steps
         assert mm.prenorm is not None and mm.store is not None and len(rope.parts) == 2
@@ -117,3 +142,42 @@ def test_decode_graph_is_captured_once_and_replayed(device):
         assert normalized_error(results[-1], refs[-1].reshape(results[-1].shape)) <= 1e-9
     assert be.stats.graph_captures == 1 and be.stats.graph_replays == 2
     assert not np.allclose(results[0], results[1])  # new inputs reach the replayed graph
+
+
+def test_a_cache_bound_to_a_new_array_is_uploaded_again(device):
+    """Runs with the same cache arrays skip the per-cache checks (a fast path); binding a
+    cache to another array must still upload it: the stored rows land in the new contents."""
+    kind, driver = device
+    g = qkv_graph("rms")
+    rng = np.random.default_rng(12)
+    bindings = ffn_inputs(g, 1, rng)
+    split = CudaBackend(driver=driver).compile(g, g.nodes)
+    env = {"n_tokens": 1}
+    seen = []
+    for step in range(3):
+        if step == 2:
+            bindings["cache_k"] = rng.standard_normal(bindings["cache_k"].shape).astype(np.float16)
+        store = TensorStore(bindings)
+        split.run(store, env)
+        seen.append(split._cache_seen)
+        ours = np.array(store.array(g.outputs[1], env), dtype=np.float32)
+        refs, _, _ = run_graph(RefBackend(), g, bindings, env)
+        assert normalized_error(ours, refs[1].reshape(ours.shape)) <= 1e-9, step
+    assert seen[0] is not None and seen[1] is seen[0] and seen[2] is not seen[1]
+
+
+def test_one_token_graphs_upload_only_their_few_input_bytes(device, monkeypatch):
+    """Memory is planned for the limits (n_ubatch tokens), but a one-token graph's inputs are
+    planned for one token: each run uploads a few hundred bytes, not n_ubatch tokens' worth."""
+    kind, driver = device
+    g = qkv_graph("rms")  # inputs: x (64 floats per token), pos, idx
+    be = CudaBackend(driver=driver)
+    be.set_limits({"n_tokens": 512})
+    split = be.compile(g, g.nodes)
+    inputs = ffn_inputs(g, 1, np.random.default_rng(13))
+    split.run(TensorStore(dict(inputs)), {"n_tokens": 1})  # uploads the weights too
+    sizes = []
+    real_htod = driver.htod
+    monkeypatch.setattr(driver, "htod", lambda dst, src, n, stream=None: (sizes.append(n), real_htod(dst, src, n))[1])
+    split.run(TensorStore(dict(inputs)), {"n_tokens": 1})
+    assert len(sizes) == 1 and 64 * 4 < sizes[0] <= 1024, sizes
