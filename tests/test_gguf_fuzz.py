@@ -243,7 +243,9 @@ for i in range(__CASES__):
     start = time.perf_counter()
     counts[fz.parse_or_reject(path)] += 1
     slowest = max(slowest, time.perf_counter() - start)
-peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss across fork+exec, so a child of a large
+# pytest process would report its parent's peak
+peak_rss = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM"))
 print(json.dumps({"counts": counts, "slowest_s": slowest, "peak_rss": peak_rss}))
 """
 
