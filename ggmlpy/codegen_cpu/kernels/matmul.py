@@ -6,20 +6,30 @@ both operands are contiguous along K, an axpy form when `a` is contiguous along 
 
 Quantised weights (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K): as ggml, the activations are
 first quantised to 8-bit blocks in scratch (phase 1, kernels/qact.py, rows split over
-threads, then a barrier), and the dot products work on the integer blocks directly (phase 2,
-kernels/qdot.py: vpdpbusd where the CPU has AVX-512 VNNI, portable vector IR elsewhere).
-Phase 2 splits the weight rows over the threads; each thread computes register tiles of a
-few weight rows by a few tokens (prefill), or streams its rows once per token (decode).
+threads, then a barrier), and the dot products work on the integer blocks directly (phase 2:
+vpdpbusd where the CPU has AVX-512 VNNI, portable vector IR elsewhere, kernels/qvec.py).
+Phase 2 splits the weight rows over the threads, and by the number of tokens:
+- under 4 (decode): each thread streams its rows once per token, two rows at a time
+  (kernels/qdot.py decodes the blocks);
+- 4 to 31: register tiles of a few rows by a few tokens, so a row's step is decoded once for
+  several tokens and a token's step loaded once for several rows;
+- 32 and more (prefill): groups of 16 rows repacked into scratch so that the dot lanes are
+  rows and the activations are broadcast (kernels/qgemm.py), about three times fewer
+  instructions per multiply-add than the tiles.
+Tokens go in blocks whose quantised activations fit in L2.
 """
 from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from ggmlpy.codegen_cpu.irgen import F32, KernelBuilder, f32, i64
+from ggmlpy.codegen_cpu.irgen import F16, F32, KernelBuilder, f32, i64
+from ggmlpy.codegen_cpu.kernels import qgemm
 from ggmlpy.codegen_cpu.kernels.common import elem_ptr, n_rows, row_ptr, unravel_row
 from ggmlpy.codegen_cpu.kernels.qact import aligned_scratch, quantize_rows
 from ggmlpy.codegen_cpu.kernels.qdot import KINDS, QKind
-from ggmlpy.codegen_cpu.kernels.qvec import CONTRACT, V16F32, reduce_add_f32, zeros
+from ggmlpy.codegen_cpu.kernels.qvec import (
+    CONTRACT, V16F32, load_vec, reduce_add_f32, shuffle, splat, store_vec, vec, zeros,
+)
 from ggmlpy.codegen_cpu.lowering import lowering
 from ggmlpy.ir.symbolic import evaluate
 from ggmlpy.ir.tensor import Tensor
@@ -40,11 +50,14 @@ def _supported(node: Tensor) -> bool:
 
 
 def _scratch(node: Tensor, env: dict) -> int:
+    """Quantised activations, then (prefill of 32-block weights) each thread's repack area."""
     a, b = node.src
     if a.type in FLOAT:
         return 0
+    kind = KINDS[a.type]
     rows = evaluate(b.ne[1], env) * evaluate(b.ne[2], env) * evaluate(b.ne[3], env)
-    return KINDS[a.type].fmt.scratch_bytes(a.ne[0], rows)
+    repack = qgemm.MAX_THREADS * qgemm.area_bytes(kind, a.ne[0]) if qgemm.supports(kind) else 0
+    return kind.fmt.scratch_bytes(a.ne[0], rows) + repack
 
 
 @lowering("mul_mat", supports=_supported, scratch_bytes=_scratch)
@@ -58,20 +71,154 @@ def _mul_mat(kb: KernelBuilder, node: Tensor) -> None:
 
 # float ----------------------------------------------------------------------------------------
 def _float_mul_mat(kb: KernelBuilder, node: Tensor) -> None:
+    """Attention over the KV cache and float weights. Vector code for the two attention
+    shapes (K rows contiguous: q . k; or a's rows contiguous across the output: softmax
+    weights times V), the scalar loops otherwise."""
+    form = _float_form(node)
+    if form == "dot":
+        _float_dot(kb, node)
+    elif form == "axpy":
+        _float_axpy(kb, node)
+    else:
+        _float_scalar(kb, node)
+
+
+VEC = 16  # f32 lanes of a vector
+
+
+def _float_form(node: Tensor) -> str | None:
+    a, x = node.src
+    esize = type_size(a.type)
+    if a.type not in (GGMLType.F32, GGMLType.F16) or x.type != GGMLType.F32 or node.nb[0] != 4:
+        return None
+    if a.nb[0] == esize and x.nb[0] == 4 and isinstance(a.ne[0], int) and a.ne[0] % VEC == 0:
+        return "dot"
+    m = node.ne[0]
+    if a.nb[1] == esize and x.nb[0] == 4 and isinstance(m, int) and m % VEC == 0 and m <= 16 * VEC:
+        return "axpy"
+    return None
+
+
+def _load_f32x16(kb: KernelBuilder, ptr: ir.Value, t: GGMLType) -> ir.Value:
+    b = kb.b
+    if t == GGMLType.F16:
+        return b.fpext(load_vec(b, ptr, F16, VEC), vec(F32, VEC))
+    return load_vec(b, ptr, F32, VEC)
+
+
+def _broadcast_rows(kb: KernelBuilder, node: Tensor, r: ir.Value):
+    """(i1, i2, i3, a2, a3) for output row r: a is broadcast over dims 2 and 3 (GQA)."""
+    b = kb.b
+    a, x = node.src
+    i1, i2, i3 = unravel_row(kb, node, r)
+    r2 = b.sdiv(kb.dim(x.ne[2]), kb.dim(a.ne[2]))
+    r3 = b.sdiv(kb.dim(x.ne[3]), kb.dim(a.ne[3]))
+    return i1, i2, i3, b.sdiv(i2, r2), b.sdiv(i3, r3)
+
+
+def _sum4(b: ir.IRBuilder, accs: list[ir.Value]) -> ir.Value:
+    """Four <16 x float> -> <4 x float> of their sums (a shuffle tree, ~14 instructions)."""
+    def fold(x, y, lo, hi):
+        return b.fadd(shuffle(b, x, y, lo), shuffle(b, x, y, hi), flags=CONTRACT)
+    h01 = fold(accs[0], accs[1], [*range(8), *range(16, 24)], [*range(8, 16), *range(24, 32)])
+    h23 = fold(accs[2], accs[3], [*range(8), *range(16, 24)], [*range(8, 16), *range(24, 32)])
+    q = fold(h01, h23, [*range(4), *range(8, 12), *range(16, 20), *range(24, 28)],
+             [*range(4, 8), *range(12, 16), *range(20, 24), *range(28, 32)])
+    q = b.fadd(q, shuffle(b, q, None, [i ^ 2 for i in range(16)]), flags=CONTRACT)
+    q = b.fadd(q, shuffle(b, q, None, [i ^ 1 for i in range(16)]), flags=CONTRACT)
+    return shuffle(b, q, None, [0, 4, 8, 12])
+
+
+def _float_dot(kb: KernelBuilder, node: Tensor) -> None:
+    """dst[i0] = a[i0, :] . x[:] four a-rows at a time (x's vectors loaded once for four)."""
+    b = kb.b
+    a, x = node.src
+    esize = type_size(a.type)
+    chunks = a.ne[0] // VEC
+    m = kb.dim(node.ne[0])
+    m4 = b.mul(b.sdiv(m, i64(4)), i64(4))
+    start, end = kb.thread_range(n_rows(kb, node))
+    with kb.loop(start, end, "r") as r:
+        i1, i2, i3, a2, a3 = _broadcast_rows(kb, node, r)
+        xrow = row_ptr(kb, kb.arg("src1"), x, i1, i2, i3)
+        drow = row_ptr(kb, kb.arg("dst"), node, i1, i2, i3)
+
+        def dots(i0, n):
+            arows = [row_ptr(kb, kb.arg("src0"), a, b.add(i0, i64(j)), a2, a3) for j in range(n)]
+            accs = [zeros(F32, VEC)] * n
+            for c in range(chunks):
+                xv = load_vec(b, kb.elem_ptr(xrow, i64(VEC * c), F32), F32, VEC)
+                for j in range(n):
+                    av = _load_f32x16(kb, kb.byte_ptr(arows[j], i64(VEC * c * esize)), a.type)
+                    accs[j] = b.fadd(b.fmul(av, xv, flags=CONTRACT), accs[j], flags=CONTRACT)
+            return accs
+
+        with kb.loop(i64(0), m4, "i0", step=4) as i0:
+            store_vec(b, _sum4(b, dots(i0, 4)), kb.elem_ptr(drow, i0, F32))
+        with kb.loop(m4, m, "i0t") as i0:
+            b.store(reduce_add_f32(b, dots(i0, 1)[0]), kb.elem_ptr(drow, i0, F32), align=4)
+
+
+def _float_axpy(kb: KernelBuilder, node: Tensor) -> None:
+    """dst[:] = sum_k x[k] * a[k, :] with dst (<= 256 floats) held in registers; rows of
+    the same head are taken a few at a time, so each row of a is converted once for them."""
+    b = kb.b
+    a, x = node.src
+    nv = node.ne[0] // VEC
+    tok = max(1, min(4, 16 // nv))
+    start, end = kb.thread_range(n_rows(kb, node))
+    n_k = kb.dim(a.ne[0])
+    a_step = kb.dim(a.nb[0])
+    ne1 = kb.dim(node.ne[1])
+
+    def rows(r0, n):
+        i1, i2, i3, a2, a3 = _broadcast_rows(kb, node, r0)
+        i1s = [b.add(i1, i64(t)) for t in range(n)]
+        xrows = [row_ptr(kb, kb.arg("src1"), x, i, i2, i3) for i in i1s]
+        abase = row_ptr(kb, kb.arg("src0"), a, i64(0), a2, a3)
+        accs = [[kb.var(vec(F32, VEC), zeros(F32, VEC), "ax") for _ in range(nv)] for _ in range(n)]
+        with kb.loop(i64(0), n_k, "k") as k:
+            arow = kb.byte_ptr(abase, b.mul(k, a_step))
+            avs = [_load_f32x16(kb, kb.byte_ptr(arow, i64(VEC * v * type_size(a.type))), a.type) for v in range(nv)]
+            for t in range(n):
+                xk = splat(b, b.load(kb.elem_ptr(xrows[t], k, F32), typ=F32, align=4), VEC)
+                for v in range(nv):
+                    b.store(b.fadd(b.fmul(avs[v], xk, flags=CONTRACT), b.load(accs[t][v]), flags=CONTRACT),
+                            accs[t][v])
+        for t in range(n):
+            drow = row_ptr(kb, kb.arg("dst"), node, i1s[t], i2, i3)
+            for v in range(nv):
+                store_vec(b, b.load(accs[t][v]), kb.elem_ptr(drow, i64(VEC * v), F32))
+
+    if tok == 1:
+        with kb.loop(start, end, "r") as r0:
+            rows(r0, 1)
+        return
+    with kb.loop(start, end, "r", step=tok) as r0:
+        i1 = b.srem(r0, ne1)
+        whole = b.and_(b.icmp_signed("<=", b.add(r0, i64(tok)), end),
+                       b.icmp_signed("<=", b.add(i1, i64(tok)), ne1))
+        with b.if_else(whole) as (tile, single):
+            with tile:
+                rows(r0, tok)
+            with single:
+                stop = b.add(r0, i64(tok))
+                with kb.loop(r0, b.select(b.icmp_signed("<", stop, end), stop, end), "r1") as r1:
+                    rows(r1, 1)
+
+
+def _float_scalar(kb: KernelBuilder, node: Tensor) -> None:
     b = kb.b
     a, x = node.src
     esize_a = type_size(a.type)
     start, end = kb.thread_range(n_rows(kb, node))
     K = kb.dim(a.ne[0])
     M = kb.dim(node.ne[0])
-    r2 = kb.b.sdiv(kb.dim(x.ne[2]), kb.dim(a.ne[2]))
-    r3 = kb.b.sdiv(kb.dim(x.ne[3]), kb.dim(a.ne[3]))
     axpy = a.nb[0] != esize_a and a.nb[1] == esize_a
     with kb.loop(start, end, "r") as r:
-        i1, i2, i3 = unravel_row(kb, node, r)
+        i1, i2, i3, a2, a3 = _broadcast_rows(kb, node, r)
         xrow = row_ptr(kb, kb.arg("src1"), x, i1, i2, i3)
         drow = row_ptr(kb, kb.arg("dst"), node, i1, i2, i3)
-        a2, a3 = b.sdiv(i2, r2), b.sdiv(i3, r3)
         if axpy:  # dst[:] = sum_k x[k] * a[k, :]; a's rows (fixed k) are contiguous
             with kb.loop(i64(0), M, "i0") as i0:
                 kb.store(elem_ptr(kb, drow, node, i0), f32(0.0), node.type)
@@ -127,20 +274,47 @@ class _Tiler:
 
     def emit(self) -> None:
         kb, b = self.kb, self.kb.b
-        rows_r, toks_t = self.kind.tile
         start, end = kb.thread_range(kb.dim(self.node.src[0].ne[1]))
-        block = max(toks_t, self.L2_BUDGET // self.act_stride // toks_t * toks_t)
-        few = b.icmp_signed("<", self.n_tok, i64(toks_t))
+        few = b.icmp_signed("<", self.n_tok, i64(self.kind.tile[1]))
         with b.if_else(few) as (decode, prefill):
             with decode:
                 self._rows(start, end, self.kind.single_rows, 1, i64(0), self.n_tok)
             with prefill:
-                n_full = b.mul(b.sdiv(self.n_tok, i64(toks_t)), i64(toks_t))
-                with kb.loop(i64(0), n_full, "tb", step=block) as t0:
-                    t1 = b.add(t0, i64(block))
-                    t1 = b.select(b.icmp_signed("<", t1, n_full), t1, n_full)
-                    self._rows(start, end, rows_r, toks_t, t0, t1)
-                self._rows(start, end, rows_r, 1, n_full, self.n_tok)
+                if not qgemm.supports(self.kind):
+                    self._token_blocks(start, end, self._direct)
+                    return
+                many = b.icmp_signed(">=", self.n_tok, i64(qgemm.MIN_TOKENS))
+                with b.if_else(many) as (repacked, direct):
+                    with repacked:
+                        self._token_blocks(start, end, self._repacked)
+                    with direct:
+                        self._token_blocks(start, end, self._direct)
+
+    def _token_blocks(self, start, end, body) -> None:
+        """body(start, end, t0, t1) over blocks of tokens whose activations fit in L2."""
+        kb, b = self.kb, self.kb.b
+        block = max(8, self.L2_BUDGET // self.act_stride // 8 * 8)
+        with kb.loop(i64(0), self.n_tok, "tb", step=block) as t0:
+            t1 = b.add(t0, i64(block))
+            body(start, end, t0, b.select(b.icmp_signed("<", t1, self.n_tok), t1, self.n_tok))
+
+    def _direct(self, start, end, t0, t1) -> None:
+        """Register tiles of `kind.tile` over rows [start, end) x tokens [t0, t1)."""
+        b = self.kb.b
+        rows_r, toks_t = self.kind.tile
+        t_full = b.add(t0, b.mul(b.sdiv(b.sub(t1, t0), i64(toks_t)), i64(toks_t)))
+        self._rows(start, end, rows_r, toks_t, t0, t_full)
+        self._rows(start, end, rows_r, 1, t_full, t1)
+
+    def _repacked(self, start, end, t0, t1) -> None:
+        """Groups of 16 rows (the last one partial) through qgemm's repacked weights."""
+        kb, b = self.kb, self.kb.b
+        area = kb.byte_ptr(self.base, b.add(b.mul(self.n_tok, i64(self.act_stride)),
+                                            b.mul(kb.ith, i64(qgemm.area_bytes(self.kind, self.k)))))
+        gemm = qgemm.RepackGemm(kb, self.kind, self.k, self.w_stride, self.base, self.act_stride, area,
+                                self.d_stride)
+        with kb.loop(start, end, "rg", step=qgemm.GROUP) as row0:
+            gemm.group(row0, end, t0, t1)
 
     def _rows(self, start, end, rows_r: int, toks_t: int, tok_begin, tok_end) -> None:
         """Tiles of rows_r x toks_t over rows [start, end) and tokens [tok_begin, tok_end) (a
@@ -157,13 +331,15 @@ class _Tiler:
                 self._tile(row0, tok0, 1, toks_t)
 
     def _tile(self, row0, tok0, n_r: int, n_t: int) -> None:
-        """n_r x n_t results. A small tile alternates two sets of accumulators between
-        steps, so that consecutive steps' fused multiply-adds do not wait on each other."""
+        """n_r x n_t results. A one-token tile alternates two sets of accumulators between
+        steps, so that consecutive steps' fused multiply-adds do not wait on each other. (The
+        choice depends on n_t alone: a row's result must not depend on how the rows were
+        split between threads.)"""
         kb, b, kind = self.kb, self.kb.b, self.kind
         wrows = [kb.byte_ptr(kb.arg("src0"), b.mul(b.add(row0, i64(r)), self.w_stride)) for r in range(n_r)]
         toks = [b.add(tok0, i64(t)) for t in range(n_t)]
         arows = [kb.byte_ptr(self.base, b.mul(tok, i64(self.act_stride))) for tok in toks]
-        n_sets = 2 if n_r * n_t <= 2 else 1
+        n_sets = 2 if n_t == 1 else 1
         sets = [[[[kb.var(V16F32, zeros(F32, 16), "acc") for _ in range(kind.n_acc)] for _ in range(n_t)]
                  for _ in range(n_r)] for _ in range(n_sets)]
         n_steps, half = kind.n_steps(self.k)

@@ -23,7 +23,12 @@ in the dot loop, which matters most for decode, where one token meets every weig
 - "q8_256_32" (Q4_K, Q5_K) and "q8_256_16" (Q6_K): one scale per 256 values (ggml's Q8_K);
   aux lane i holds d * the sum of the i-th group of 32 (lanes 0-7) or of 16 values.
 
-Scales are f32 (ggml uses f16): a little more precise, and no conversion in the dot loop.
+The numbers are those of ggml's x86 quantize_row_q8_0 / q8_1 / q8_K, bit for bit:
+q = round-half-even(x * (127 / amax)); for 32-blocks d = amax / 127 rounded to f16, and Q8_1's
+sum term f16(d * sum(q)) with the unrounded d; for Q8_K d = 1 / (127 / amax). Rounding as
+llama.cpp rounds keeps our results close to its own (its activation rounding errors are then
+ours too, rather than independent ones adding up), which is what golden comparisons measure.
+The scales are stored as f32, so the dot loop needs no conversion.
 """
 from __future__ import annotations
 
@@ -146,13 +151,20 @@ def _store_step_tail(kb: KernelBuilder, sp: ir.Value, fmt: ActFormat, ad: ir.Val
     store_vec(b, aux, kb.byte_ptr(sp, i64(fmt.step_elems + 64)))
 
 
-def _block32(kb: KernelBuilder, xrow: ir.Value, blk: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
-    """One block of 32: (q as <32 x i8>, d, sum(q))."""
+def _f16(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """v rounded to half precision (and back), as ggml stores its activation scales."""
+    return b.fpext(b.fptrunc(v, ir.HalfType()), F32)
+
+
+def _block32(kb: KernelBuilder, xrow: ir.Value, blk: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
+    """One block of 32 as ggml's quantize_row_q8_0/q8_1 make it: (q as <32 x i8>, d as the
+    f16 scale, sum(q), f16(d * sum(q)) with the unrounded d, Q8_1's s)."""
     b = kb.b
     x = _load32(kb, xrow, b.mul(blk, i64(32)))
     d, inv = _scale(kb, _amax(kb, [x]))
     q = _quantize32(kb, x, inv)
-    return b.trunc(q, vec(I8, 32)), d, _sum_groups(kb, q, 32)[0]
+    s = _sum_groups(kb, q, 32)[0]
+    return b.trunc(q, vec(I8, 32)), _f16(b, d), s, _f16(b, b.fmul(d, b.sitofp(s, F32)))
 
 
 def _lanes(b: ir.IRBuilder, t: ir.Type, values: dict[int, ir.Value]) -> ir.Value:
@@ -169,15 +181,15 @@ def _rows_q8_32(kb: KernelBuilder, xrow: ir.Value, qrow: ir.Value, fmt: ActForma
 
     def step(s: ir.Value, second: bool) -> None:
         sp = kb.byte_ptr(qrow, b.mul(s, i64(fmt.step_bytes)))
-        q0, d0, s0 = _block32(kb, xrow, b.mul(s, i64(2)))
+        q0, d0, s0, ds0 = _block32(kb, xrow, b.mul(s, i64(2)))
         if second:
-            q1, d1, s1 = _block32(kb, xrow, b.add(b.mul(s, i64(2)), i64(1)))
+            q1, d1, s1, ds1 = _block32(kb, xrow, b.add(b.mul(s, i64(2)), i64(1)))
         else:
-            q1, d1, s1 = zeros(I8, 32), f32(0.0), ir.Constant(I32, 0)
+            q1, d1, s1, ds1 = zeros(I8, 32), f32(0.0), ir.Constant(I32, 0), f32(0.0)
         store_vec(b, concat(b, q0, q1), sp)
         ad = shuffle(b, _lanes(b, F32, {0: d0, 8: d1}), None, [0] * 8 + [8] * 8)
         if fmt.offset is None:
-            aux = _lanes(b, F32, {1: b.fmul(d0, b.sitofp(s0, F32)), 3: b.fmul(d1, b.sitofp(s1, F32))})
+            aux = _lanes(b, F32, {1: ds0, 3: ds1})
         else:
             neg = ir.Constant(I32, -fmt.offset)
             aux = _lanes(b, I32, {0: b.mul(s0, neg), 8: b.mul(s1, neg)})
@@ -195,7 +207,8 @@ def _rows_q8_256(kb: KernelBuilder, xrow: ir.Value, qrow: ir.Value, fmt: ActForm
         first = b.mul(sb, i64(256))
         sp = kb.byte_ptr(qrow, b.mul(sb, i64(fmt.step_bytes)))
         xs = [_load32(kb, xrow, b.add(first, i64(32 * c))) for c in range(8)]
-        d, inv = _scale(kb, _amax(kb, xs))
+        _, inv = _scale(kb, _amax(kb, xs))
+        d = b.fdiv(f32(1.0), inv)  # ggml's Q8_K: d = 1 / iscale
         sums: list[ir.Value] = []
         for c, x in enumerate(xs):
             q = _quantize32(kb, x, inv)

@@ -1,21 +1,23 @@
 """Quantised dot products, one emitter per weight type, on the 64-byte `dot_u8s8` step.
 
 A matrix product walks K in *steps* (two 32-blocks, or one 256-value super-block) and each
-step in *chunks* of 64 values. A kind tells the tiling loop (kernels/matmul.py) what to do:
+step in *chunks* of 64 values. A kind tells the tiling loops (kernels/matmul.py) what to do:
 
     row(wblock)          per weight row and step: scales, and what the chunks decode from
-    tok(arow, step)      per token and step: activation scales, sums, correction vectors
-    chunk_w(row, j)      the chunk's 64 weights as unsigned bytes (+ a per-lane scale)
+    tok(arow, step)      per token and step: pointers to the activation step (qact.py)
+    chunk_w(row, j)      the chunk's 64 weights as unsigned bytes (+ per-lane scales)
     chunk_a(tok, j)      the chunk's 64 activation bytes
     init(row, tok)       the integer accumulator a step starts from
     chunk_dot(...)       integer accumulation of one chunk
-    finish(...)          the step's integer sums into the f32 accumulator (<16 x float>)
+    finish(...)          the step's integer sums into the f32 accumulators (<16 x float>)
 
-Weights are made unsigned for vpdpbusd and the offset taken back from the activation sums:
-Q4_0 stores q + 8, Q5_0 q + 16, Q8_0 gets 128 added (xor 0x80), Q6_K stores q + 32. Q4_1's
-minimum and the K-quants' minimums and offsets are f32 terms that ride in the same
-accumulator as an extra fused multiply-add of two precomputed vectors (one per row, one per
-token), so a (row, token) pair costs no more than a few vector instructions per 64 weights.
+vpdpbusd multiplies unsigned by signed bytes, so weights are decoded unsigned and their
+offset taken back from the activations' sums: Q4_0 stores q + 8, Q5_0 q + 16, Q8_0 gets 128
+added (xor 0x80), Q6_K stores q + 32. For the 32-blocks that happens in integers (the
+activation step carries -offset * sum(q) to start the accumulator); Q4_1's minimums and the
+K-quants' minimums and offsets are f32 terms, a second accumulator fed by one multiply-add of
+a per-row vector and the activation step's precomputed sums. The same decoders serve the
+repacked prefill path (qgemm.py) and get_rows (qdequant.py).
 
 Only whole blocks are ever loaded (16 or 32 bytes at a time, align 1), so nothing is read
 past the end of a weight row: the GGUF memory map has no tail padding.
@@ -27,8 +29,8 @@ import llvmlite.ir as ir
 from ggmlpy.codegen_cpu.irgen import F32, I8, I16, I32, I64, KernelBuilder, f32, i64
 from ggmlpy.codegen_cpu.kernels.qact import Q8_256_16, Q8_256_32, ActFormat, q8_32
 from ggmlpy.codegen_cpu.kernels.qvec import (
-    CONTRACT,     V16F32, V16I32, concat, const, dot_u8s8, load_f16, load_vec, mul_small, repeat_lanes, shuffle,
-    sitofp, splat, splat_const, vec, zeros,
+    CONTRACT, V16I32, concat, const, dot_u8s8, load_f16, load_vec, mul_small, repeat_lanes, shuffle, sitofp,
+    splat, splat_const, vec, zeros,
 )
 from ggmlpy.ir.types import GGMLType, type_size
 
@@ -46,7 +48,7 @@ class QKind:
     step_elems: int
     chunks: int
     tile: tuple[int, int] = (2, 4)   # (weight rows, tokens) per register tile (llvm-mca tuned)
-    single_rows: int = 1              # weight rows per tile for a lone token (decode)
+    single_rows: int = 2              # weight rows per tile for a lone token (decode)
     n_acc: int = 2                    # f32 accumulators per (row, token): main, correction
 
     @property

@@ -11,9 +11,10 @@ reductions, and the one primitive everything is built on, the u8 x s8 dot step.
 - "generic": plain vector IR (widen, multiply, add neighbours) that LLVM legalises for any
   target; the portable path.
 
-The flavour comes from the host's features; `set_flavour` overrides it (tests run every
-flavour on one machine). Kernels see only `dot_u8s8`, so the weight decoders and the tiling are
-written once.
+The flavour comes from the host's features; the environment variable GGMLPY_CPU_QDOT or
+`set_flavour` overrides it (tests run every flavour the machine can execute). The flavour
+changes the IR text, so the object cache never mixes them. Kernels see only `dot_u8s8`, so
+the weight decoders and the tiling are written once.
 """
 from __future__ import annotations
 
@@ -112,6 +113,16 @@ def load_vec(b: ir.IRBuilder, ptr: ir.Value, t: ir.Type, n: int) -> ir.Value:
 
 def store_vec(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value) -> None:
     b.store(value, ptr, align=1)
+
+
+def masked_store(kb: "KernelBuilder", value: ir.Value, ptr: ir.Value, mask: ir.Value) -> None:
+    """Store the lanes of value where mask (<n x i1>) is set; the others stay untouched."""
+    fn_name = f"llvm.masked.store.{_suffix(value.type)}.p0"
+    fn = kb.module.globals.get(fn_name)
+    if fn is None:
+        fn = ir.Function(kb.module, ir.FunctionType(ir.VoidType(), [value.type, ir.PointerType(), I32, mask.type]),
+                         fn_name)
+    kb.b.call(fn, [value, ptr, ir.Constant(I32, 4), mask])
 
 
 def load_f16(b: ir.IRBuilder, ptr: ir.Value) -> ir.Value:
