@@ -141,10 +141,5 @@ def test_perplexity_within_one_percent(ppl, ctx, request):
             "9.970: 1.32% off. llama.cpp quantises activations (q8_K/q8_0) before quantised "
             "dot products; emulating that alone gives 9.901 (0.69%). Gemma 3 270M is that "
             "sensitive to llama.cpp's numeric shortcuts; SmolLM2 is within 0.2%.")))
-    if ctx.backend_name == "cpu":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "the CPU backend gives 9.866 against llama.cpp's 9.970 (1.05% off; 9.933 with the "
-            "earlier scalar kernels): its activation quantisation for K-quant products does not "
-            "yet reproduce llama.cpp's q8_K rounding closely enough for this sensitive model")))
     ours, ref = ppl
     assert abs(ours - ref) / ref <= golden.PPL_REL, (ours, ref)
