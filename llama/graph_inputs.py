@@ -3,6 +3,7 @@ a ubatch (`set_input`) and says whether a graph built earlier can serve new para
 (`can_reuse`). Together they decide graph reuse (SPEC step 13)."""
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,11 +46,12 @@ class InputState:
         return out
 
 
-class GraphInput:
+class GraphInput(abc.ABC):
     names: tuple[str, ...] = ()
 
+    @abc.abstractmethod
     def set_input(self, ub: "UBatch", state: InputState) -> dict[str, np.ndarray]:
-        raise NotImplementedError  # every input class defines it
+        """The arrays of this input's leaves for the ubatch, by leaf name."""
 
     def can_reuse(self, params: GraphParams) -> bool:
         return True

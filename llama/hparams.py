@@ -54,6 +54,14 @@ class HParams:
     def is_swa(self, il: int) -> bool:
         return bool(self.swa_layers) and self.swa_layers[il]
 
+    def rope_args(self, il: int = 0) -> dict:
+        """ggml_rope_ext's parameters for layer il (windowed layers may have their own base)."""
+        swa = self.is_swa(il)
+        return dict(n_dims=self.n_rot, mode=self.rope_type, n_ctx_orig=self.n_ctx_orig_yarn,
+                    freq_base=self.rope_freq_base_swa if swa else self.rope_freq_base,
+                    freq_scale=self.rope_freq_scale_swa if swa else self.rope_freq_scale,
+                    attn_factor=self.extra.get("rope_attn_factor", 1.0))
+
     def set_swa_pattern(self, n_pattern: int, dense_first: bool = False) -> None:
         """Every n_pattern-th layer is global (dense), the others use the sliding window
         (llama.cpp's llama_hparams::set_swa_pattern): the last of each group of n_pattern

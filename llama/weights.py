@@ -48,6 +48,12 @@ class TensorTable:
             self.layers.append([])
         self.layers[il].append(_Spec(attr, f"blk.{il}.{name}", tuple(ne), optional))
 
+    def add_gated_ffn(self, il: int, n_embd: int, n_ff: int) -> None:
+        """The gate, up and down projections of a GLU feed-forward block."""
+        self.add_layer(il, "ffn_gate", "ffn_gate.weight", (n_embd, n_ff))
+        self.add_layer(il, "ffn_up", "ffn_up.weight", (n_embd, n_ff))
+        self.add_layer(il, "ffn_down", "ffn_down.weight", (n_ff, n_embd))
+
     def resolve(self, tensors: Mapping[str, TensorInfo], strict: bool = True
                 ) -> tuple[SimpleNamespace, list[SimpleNamespace]]:
         used: set[str] = set()

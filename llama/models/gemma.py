@@ -40,9 +40,7 @@ def tensors(hp: HParams, t: TensorTable) -> None:
         t.add_layer(il, "wv", "attn_v.weight", (n_embd, n_v))
         t.add_layer(il, "wo", "attn_output.weight", (hp.n_embd_head_v * hp.n_head[il], n_embd))
         t.add_layer(il, "ffn_norm", "ffn_norm.weight", (n_embd,))
-        t.add_layer(il, "ffn_gate", "ffn_gate.weight", (n_embd, hp.n_ff[il]))
-        t.add_layer(il, "ffn_up", "ffn_up.weight", (n_embd, hp.n_ff[il]))
-        t.add_layer(il, "ffn_down", "ffn_down.weight", (hp.n_ff[il], n_embd))
+        t.add_gated_ffn(il, n_embd, hp.n_ff[il])
 
 
 def build(g: LlmGraph) -> Tensor:
@@ -54,8 +52,7 @@ def build(g: LlmGraph) -> Tensor:
     inp_pos = g.build_inp_pos()
     inp_attn = g.build_attn_inp_kv()
     inp_out_ids = g.build_inp_out_ids()
-    rope = dict(n_dims=hp.n_rot, mode=hp.rope_type, n_ctx_orig=hp.n_ctx_orig_yarn,
-                freq_base=hp.rope_freq_base, freq_scale=hp.rope_freq_scale)
+    rope = hp.rope_args()
 
     for il, layer in enumerate(m.layers):
         cur = g.cb(g.build_norm(inp_l, layer.attn_norm, None, "rms", il), "attn_norm", il)

@@ -68,9 +68,7 @@ def tensors(hp: HParams, t: TensorTable) -> None:
         t.add_layer(il, "attn_k_norm", "attn_k_norm.weight", (head,))
         t.add_layer(il, "attn_post_norm", "post_attention_norm.weight", (n_embd,))
         t.add_layer(il, "ffn_norm", "ffn_norm.weight", (n_embd,))
-        t.add_layer(il, "ffn_gate", "ffn_gate.weight", (n_embd, hp.n_ff[il]))
-        t.add_layer(il, "ffn_up", "ffn_up.weight", (n_embd, hp.n_ff[il]))
-        t.add_layer(il, "ffn_down", "ffn_down.weight", (hp.n_ff[il], n_embd))
+        t.add_gated_ffn(il, n_embd, hp.n_ff[il])
         t.add_layer(il, "ffn_post_norm", "post_ffw_norm.weight", (n_embd,))
 
 
@@ -85,10 +83,7 @@ def build(g: LlmGraph) -> Tensor:
     inp_out_ids = g.build_inp_out_ids()
 
     for il, layer in enumerate(m.layers):
-        swa = hp.is_swa(il)
-        rope = dict(n_dims=hp.n_rot, mode=hp.rope_type, n_ctx_orig=hp.n_ctx_orig_yarn,
-                    freq_base=hp.rope_freq_base_swa if swa else hp.rope_freq_base,
-                    freq_scale=hp.rope_freq_scale_swa if swa else hp.rope_freq_scale)
+        rope = hp.rope_args(il)
         cur = g.cb(g.build_norm(inp_l, layer.attn_norm, None, "rms", il), "attn_norm", il)
 
         q = g.cb(g.build_lora_mm(layer.wq, cur), "Qcur", il)

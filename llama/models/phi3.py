@@ -111,9 +111,7 @@ def build(g: LlmGraph) -> Tensor:
     inp_pos = g.build_inp_pos()
     inp_attn = g.build_attn_inp_kv()
     inp_out_ids = g.build_inp_out_ids()
-    rope = dict(n_dims=hp.n_rot, mode=hp.rope_type, n_ctx_orig=hp.n_ctx_orig_yarn,
-                freq_base=hp.rope_freq_base, freq_scale=hp.rope_freq_scale,
-                attn_factor=hp.extra.get("rope_attn_factor", 1.0))
+    rope = hp.rope_args()
     freqs = g.w(rope_factors(g))
 
     for il, layer in enumerate(m.layers):

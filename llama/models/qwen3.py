@@ -40,9 +40,7 @@ def tensors(hp: HParams, t: TensorTable) -> None:
         t.add_layer(il, "attn_q_norm", "attn_q_norm.weight", (head,))
         t.add_layer(il, "attn_k_norm", "attn_k_norm.weight", (head,))
         t.add_layer(il, "ffn_norm", "ffn_norm.weight", (n_embd,))
-        t.add_layer(il, "ffn_gate", "ffn_gate.weight", (n_embd, hp.n_ff[il]))
-        t.add_layer(il, "ffn_down", "ffn_down.weight", (hp.n_ff[il], n_embd))
-        t.add_layer(il, "ffn_up", "ffn_up.weight", (n_embd, hp.n_ff[il]))
+        t.add_gated_ffn(il, n_embd, hp.n_ff[il])
 
 
 def build(g: LlmGraph) -> Tensor:
@@ -53,8 +51,7 @@ def build(g: LlmGraph) -> Tensor:
     inp_attn = g.build_attn_inp_kv()
     inp_out_ids = g.build_inp_out_ids()
     kq_scale = g.default_kq_scale(hp)
-    rope = dict(n_dims=hp.n_rot, mode=hp.rope_type, n_ctx_orig=hp.n_ctx_orig_yarn,
-                freq_base=hp.rope_freq_base, freq_scale=hp.rope_freq_scale)
+    rope = hp.rope_args()
 
     for il, layer in enumerate(m.layers):
         inp_sa = inp_l
