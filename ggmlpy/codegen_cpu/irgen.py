@@ -12,7 +12,8 @@ depend on the ubatch are computed at run time and one kernel serves every size.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Sequence
+import struct
+from typing import Callable, Iterator, Sequence
 
 import llvmlite.ir as ir
 
@@ -24,6 +25,7 @@ F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
 PTR = ir.PointerType()
 VOID = ir.VoidType()
 FAST = ("fast",)
+VECTOR_WIDTH = 16  # float lanes of the explicit vector loops: one AVX-512 register
 
 # order of the symbol values at the start of the ctx array
 SYMBOLS = ("n_tokens", "n_kv", "n_outputs", "n_kv_swa")
@@ -160,10 +162,7 @@ class KernelBuilder:
         elif t == GGMLType.F16:
             b.store(b.fptrunc(value, F16), ptr, align=2)
         elif t == GGMLType.BF16:
-            bits = b.bitcast(value, I32)
-            # round to nearest even, as ggml_compute_fp32_to_bf16
-            rounded = b.add(bits, b.add(ir.Constant(I32, 0x7FFF), b.and_(b.lshr(bits, ir.Constant(I32, 16)), ir.Constant(I32, 1))))
-            b.store(b.trunc(b.lshr(rounded, ir.Constant(I32, 16)), I16), ptr, align=2)
+            b.store(b.trunc(b.lshr(self._bf16_round(value), ir.Constant(I32, 16)), I16), ptr, align=2)
         else:
             raise NotImplementedError(f"store of {t.name}")
 
@@ -174,23 +173,156 @@ class KernelBuilder:
             return self.b.load(ptr, typ=I64, align=8)
         raise NotImplementedError(f"index load of {t.name}")
 
+    # vectors --------------------------------------------------------------------------------
+    # The math below takes scalars or <n x float> vectors alike: a scalar operand (a constant
+    # of a formula, a row's mean) meeting a vector is splatted first, so each formula (exp,
+    # silu, gelu ...) is written once and serves the scalar and the vector loops.
+    def splat(self, scalar: ir.Value, n: int) -> ir.Value:
+        """An n-lane vector of `scalar` (a constant stays a constant)."""
+        vt = ir.VectorType(scalar.type, n)
+        if isinstance(scalar, ir.Constant):
+            return ir.Constant(vt, scalar.constant)
+        v = self.b.insert_element(ir.Constant(vt, None), scalar, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(v, ir.Constant(vt, None), ir.Constant(ir.VectorType(I32, n), [0] * n))
+
+    def like(self, value: ir.Value, ref: ir.Value) -> ir.Value:
+        """`value` splatted to ref's lane count when ref is a vector and value a scalar."""
+        if isinstance(ref.type, ir.VectorType) and not isinstance(value.type, ir.VectorType):
+            return self.splat(value, ref.type.count)
+        return value
+
+    def _same_shape(self, args: Sequence[ir.Value]) -> list[ir.Value]:
+        ref = next((a for a in args if isinstance(a.type, ir.VectorType)), None)
+        return list(args) if ref is None else [self.like(a, ref) for a in args]
+
+    def reduce(self, v: ir.Value, combine: Callable[[ir.Value, ir.Value], ir.Value]) -> ir.Value:
+        """Fold a vector's lanes to a scalar by halving: combine(low half, high half) until
+        one lane is left (a fixed tree, so no reassociation flags are needed)."""
+        n = v.type.count
+        while n > 1:
+            n //= 2
+            undef = ir.Constant(v.type, None)
+            lo = self.b.shuffle_vector(v, undef, ir.Constant(ir.VectorType(I32, n), list(range(n))))
+            hi = self.b.shuffle_vector(v, undef, ir.Constant(ir.VectorType(I32, n), list(range(n, 2 * n))))
+            v = combine(lo, hi)
+        return self.b.extract_element(v, ir.Constant(I32, 0))
+
+    def lane_mask(self, n_valid: ir.Value, n: int) -> ir.Value:
+        """<n x i1>: lanes below n_valid (an i64 in [0, n]) set, for a row's last partial vector."""
+        lanes = ir.Constant(ir.VectorType(I64, n), list(range(n)))
+        return self.b.icmp_signed("<", lanes, self.splat(n_valid, n))
+
+    def vector_chunks(self, n: ir.Value, body: Callable[[ir.Value, ir.Value | None], None],
+                      width: int = VECTOR_WIDTH) -> None:
+        """body(i, mask) for i = 0, width, 2*width ... below n (an i64): full chunks get mask
+        None, the last partial one (if any) a lane mask, for masked loads and stores. The body
+        is emitted twice, once per kind of chunk."""
+        b = self.b
+        if isinstance(n, ir.Constant):  # a static size: no run-time test for the tail
+            n_full = i64(n.constant - n.constant % width)
+            with self.loop(i64(0), n_full, "v", step=width) as i:
+                body(i, None)
+            if n.constant % width:
+                body(n_full, self.lane_mask(i64(n.constant % width), width))
+            return
+        n_full = b.and_(n, i64(-width))
+        with self.loop(i64(0), n_full, "v", step=width) as i:
+            body(i, None)
+        with self.if_then(b.icmp_signed("<", n_full, n)):
+            body(n_full, self.lane_mask(b.sub(n, n_full), width))
+
+    def _masked_mem(self, op: str, vt: ir.VectorType, mask_type: ir.Type) -> ir.Function:
+        name = f"llvm.masked.{op}.{_suffix(vt)}.p0"
+        fn = self.module.globals.get(name)
+        if fn is None:
+            if op == "load":
+                ftype = ir.FunctionType(vt, [PTR, I32, mask_type, vt])
+            else:
+                ftype = ir.FunctionType(VOID, [vt, PTR, I32, mask_type])
+            fn = ir.Function(self.module, ftype, name)
+        return fn
+
+    def _raw_vector(self, ptr: ir.Value, vt: ir.VectorType, align: int, mask: ir.Value | None,
+                    fill: ir.Value) -> ir.Value:
+        if mask is None:
+            return self.b.load(ptr, typ=vt, align=align)
+        return self.b.call(self._masked_mem("load", vt, mask.type), [ptr, ir.Constant(I32, align), mask, fill])
+
+    def load_vector(self, ptr: ir.Value, t: GGMLType, n: int, mask: ir.Value | None = None,
+                    fill: float = 0.0) -> ir.Value:
+        """n consecutive elements of type t as <n x float>; with a mask, the unset lanes are
+        not read (they may lie past the end of the buffer) and hold `fill`."""
+        b = self.b
+        if t == GGMLType.F32:
+            return self._raw_vector(ptr, ir.VectorType(F32, n), 4, mask, self.splat(f32(fill), n))
+        if t == GGMLType.F16:
+            raw = self._raw_vector(ptr, ir.VectorType(F16, n), 2, mask, self.splat(ir.Constant(F16, fill), n))
+            return b.fpext(raw, ir.VectorType(F32, n))
+        if t == GGMLType.BF16:
+            fill_bits = (struct.unpack("<I", struct.pack("<f", fill))[0] >> 16) & 0xFFFF
+            raw = self._raw_vector(ptr, ir.VectorType(I16, n), 2, mask, self.splat(ir.Constant(I16, fill_bits), n))
+            bits = b.shl(b.zext(raw, ir.VectorType(I32, n)), self.splat(ir.Constant(I32, 16), n))
+            return b.bitcast(bits, ir.VectorType(F32, n))
+        raise NotImplementedError(f"vector load of {t.name}")
+
+    def store_vector(self, ptr: ir.Value, value: ir.Value, t: GGMLType, mask: ir.Value | None = None) -> None:
+        """Store <n x float> as n elements of type t; with a mask, only the set lanes."""
+        b = self.b
+        n = value.type.count
+        if t == GGMLType.F32:
+            raw, align = value, 4
+        elif t == GGMLType.F16:
+            raw, align = b.fptrunc(value, ir.VectorType(F16, n)), 2
+        elif t == GGMLType.BF16:
+            raw, align = b.trunc(b.lshr(self._bf16_round(value), self.splat(ir.Constant(I32, 16), n)),
+                                 ir.VectorType(I16, n)), 2
+        else:
+            raise NotImplementedError(f"vector store of {t.name}")
+        if mask is None:
+            b.store(raw, ptr, align=align)
+        else:
+            b.call(self._masked_mem("store", raw.type, mask.type), [raw, ptr, ir.Constant(I32, align), mask])
+
+    def _bf16_round(self, value: ir.Value) -> ir.Value:
+        """f32 bits rounded to nearest even at bit 16, as ggml_compute_fp32_to_bf16 (not yet shifted)."""
+        b = self.b
+        i32 = ir.VectorType(I32, value.type.count) if isinstance(value.type, ir.VectorType) else I32
+        bits = b.bitcast(value, i32)
+        c = lambda v: self.like(ir.Constant(I32, v), bits)  # noqa: E731
+        return b.add(bits, b.add(c(0x7FFF), b.and_(b.lshr(bits, c(16)), c(1))))
+
     # math -----------------------------------------------------------------------------------
     def fadd(self, x, y):
+        x, y = self._same_shape((x, y))
         return self.b.fadd(x, y, flags=FAST)
 
     def fmul(self, x, y):
+        x, y = self._same_shape((x, y))
         return self.b.fmul(x, y, flags=FAST)
 
     def fsub(self, x, y):
+        x, y = self._same_shape((x, y))
         return self.b.fsub(x, y, flags=FAST)
 
     def fdiv(self, x, y):
+        x, y = self._same_shape((x, y))
         return self.b.fdiv(x, y, flags=FAST)
 
+    def select(self, cond: ir.Value, x: ir.Value, y: ir.Value) -> ir.Value:
+        x, y = self._same_shape((cond, x, y))[1:]
+        return self.b.select(cond, x, y)
+
+    def fcmp(self, op: str, x: ir.Value, y: ir.Value) -> ir.Value:
+        """Ordered compare (false when either side is NaN), lane-wise for vectors."""
+        x, y = self._same_shape((x, y))
+        return self.b.fcmp_ordered(op, x, y)
+
     def intrinsic(self, name: str, args: Sequence[ir.Value], typ: ir.Type = F32) -> ir.Value:
-        """Call an overloaded math intrinsic (llvm.sqrt, llvm.maxnum ...) on `typ` values."""
-        suffix = {F32: "f32", F64: "f64", F16: "f16"}[typ]
-        full = f"{name}.{suffix}"
+        """Call an overloaded math intrinsic (llvm.sqrt, llvm.maxnum ...) on `typ` values, or on
+        vectors when an argument is one (scalar arguments are then splatted)."""
+        args = self._same_shape(args)
+        typ = next((a.type for a in args if isinstance(a.type, ir.VectorType)), typ)
+        full = f"{name}.{_suffix(typ)}"
         fn = self.module.globals.get(full)
         if fn is None:
             fn = ir.Function(self.module, ir.FunctionType(typ, [typ] * len(args)), full)
@@ -203,7 +335,7 @@ class KernelBuilder:
         return self.intrinsic("llvm.sqrt", [x])
 
     def exp(self, x: ir.Value) -> ir.Value:
-        """exp(x) with a polynomial (no libm call), so loops using it vectorise.
+        """exp(x) with a polynomial (no libm call), for scalars and float vectors alike.
 
         Range reduction x = n*ln2 + r, |r| <= ln2/2, then a degree-6 polynomial for e^r and
         2^n built in the exponent bits; relative error about 2e-7 over float32's range.
@@ -217,14 +349,23 @@ class KernelBuilder:
         for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
             p = self.fadd(self.fmul(p, r), f32(c))
         p = self.fadd(self.fmul(self.fmul(p, r), r), self.fadd(r, f32(1.0)))
-        ni = b.fptosi(n, I32)
-        scale = b.bitcast(b.shl(b.add(ni, ir.Constant(I32, 127)), ir.Constant(I32, 23)), F32)
+        i32 = ir.VectorType(I32, x.type.count) if isinstance(x.type, ir.VectorType) else I32
+        ni = b.fptosi(n, i32)
+        biased = b.add(ni, self.like(ir.Constant(I32, 127), ni))
+        scale = b.bitcast(b.shl(biased, self.like(ir.Constant(I32, 23), ni)), x.type)
         return self.fmul(p, scale)
 
     def tanh(self, x: ir.Value) -> ir.Value:
         """tanh(x) = 1 - 2 / (exp(2x) + 1), saturating cleanly for large |x|."""
         e = self.exp(self.fmul(x, f32(2.0)))
         return self.fsub(f32(1.0), self.fdiv(f32(2.0), self.fadd(e, f32(1.0))))
+
+
+def _suffix(t: ir.Type) -> str:
+    """An intrinsic's type suffix: f32, v16f32, v16i16 ..."""
+    if isinstance(t, ir.VectorType):
+        return f"v{t.count}{_suffix(t.element)}"
+    return {F32: "f32", F64: "f64", F16: "f16", I16: "i16", I32: "i32", I8: "i8", I64: "i64"}[t]
 
 
 def declare_barrier(module: ir.Module) -> ir.Function:

@@ -1,13 +1,30 @@
-"""soft_max_ext per row: max, exp and sum, normalise; the mask broadcasts over heads."""
+"""soft_max_ext per row: max, exp and sum, normalise; the mask broadcasts over heads.
+
+Rows contiguous along ne[0] (the usual case) run on <64 x float> chunks (four AVX-512
+registers: four independent max and sum chains): a vector max and a vector sum per row,
+reduced horizontally once, and a masked last chunk whose unset lanes read as -inf (so they
+add nothing to the max or the sum). Strided rows keep a scalar loop.
+Masked (-inf) entries come out exactly 0 either way. Values that may be -inf never go
+through fast-math instructions, which assume finite operands.
+
+As ggml's soft_max, the sum of the exponentials is kept in f64 and 1 / sum taken in f64:
+an f32 sum is accurate enough on its own, but its last bits reach the 8-bit activation
+quantisation of the next products: Gemma 3 270M's perplexity (golden test, llama.cpp 9.970)
+measured 9.854 with f32 sums and 9.901 with f64 ones.
+"""
 from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from ggmlpy.codegen_cpu.irgen import F32, KernelBuilder, f32, i64
+from ggmlpy.codegen_cpu.irgen import F32, F64, KernelBuilder, f32, i64
 from ggmlpy.codegen_cpu.kernels.common import bcast_index, elem_ptr, n_rows, row_ptr, unravel_row
+from ggmlpy.codegen_cpu.kernels.elementwise import contiguous_rows
 from ggmlpy.codegen_cpu.lowering import lowering
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import GGMLType
+
+NEG_INF = float("-inf")
+WIDTH = 64  # lanes per chunk (see above)
 
 
 def _supported(node: Tensor) -> bool:
@@ -17,11 +34,10 @@ def _supported(node: Tensor) -> bool:
 
 @lowering("soft_max", supports=_supported)
 def _soft_max(kb: KernelBuilder, node: Tensor) -> None:
-    b = kb.b
     src = node.src[0]
     mask = node.src[1] if len(node.src) > 1 else None
     ne0 = kb.dim(node.ne[0])
-    scale = f32(node.params["scale"])
+    vector = all(contiguous_rows(t) for t in (node, *node.src))
     start, end = kb.thread_range(n_rows(kb, node))
     with kb.loop(start, end, "r") as r:
         i1, i2, i3 = unravel_row(kb, node, r)
@@ -31,27 +47,86 @@ def _soft_max(kb: KernelBuilder, node: Tensor) -> None:
         if mask is not None:  # mask rows follow the token index; heads broadcast
             mrow = row_ptr(kb, kb.arg("src1"), mask, i1, bcast_index(kb, i2, node.ne[2], mask.ne[2]),
                            bcast_index(kb, i3, node.ne[3], mask.ne[3]))
-        mx = kb.var(F32, f32(float("-inf")), "max")
-        with kb.loop(i64(0), ne0, "i0") as i0:
-            v = kb.fmul(kb.load(elem_ptr(kb, srow, src, i0), src.type), scale)
-            if mrow is not None:
-                v = b.fadd(v, kb.load(elem_ptr(kb, mrow, mask, i0), mask.type))
-            kb.store(elem_ptr(kb, drow, node, i0), v, node.type)
-            b.store(kb.fmax(b.load(mx), v), mx)
-        m = b.load(mx)
-        total = kb.var(F32, f32(0.0), "sum")
-        with kb.loop(i64(0), ne0, "i0") as i0:
-            p = elem_ptr(kb, drow, node, i0)
-            e = _exp_or_zero(kb, b.fsub(kb.load(p, node.type), m))
-            kb.store(p, e, node.type)
-            b.store(kb.fadd(b.load(total), e), total)
-        inv = kb.fdiv(f32(1.0), b.load(total))
-        with kb.loop(i64(0), ne0, "i0") as i0:
-            p = elem_ptr(kb, drow, node, i0)
-            kb.store(p, kb.fmul(kb.load(p, node.type), inv), node.type)
+        (_vector_row if vector else _scalar_row)(kb, node, srow, mrow, drow, ne0)
+
+
+def _vector_row(kb: KernelBuilder, node: Tensor, srow: ir.Value, mrow: ir.Value | None, drow: ir.Value,
+                ne0: ir.Value) -> None:
+    b = kb.b
+    src, scale = node.src[0], f32(node.params["scale"])
+    neg_inf = kb.splat(f32(NEG_INF), WIDTH)
+
+    def load(t: Tensor, row: ir.Value, i0: ir.Value, lanes: ir.Value | None) -> ir.Value:
+        return kb.load_vector(elem_ptr(kb, row, t, i0), t.type, WIDTH, lanes, fill=NEG_INF)
+
+    def store(value: ir.Value, i0: ir.Value, lanes: ir.Value | None) -> None:
+        kb.store_vector(elem_ptr(kb, drow, node, i0), value, node.type, lanes)
+
+    # 1: dst = x * scale + mask, and the running max (unset tail lanes: -inf)
+    mx = kb.var(neg_inf.type, neg_inf, "max")
+
+    def scaled(i0: ir.Value, lanes: ir.Value | None) -> None:
+        v = b.fmul(load(src, srow, i0, lanes), kb.like(scale, neg_inf))  # no fast-math: -inf
+        if mrow is not None:
+            v = b.fadd(v, load(node.src[1], mrow, i0, lanes))
+        if lanes is not None:  # whatever the scale's sign
+            v = kb.select(lanes, v, neg_inf)
+        store(v, i0, lanes)
+        b.store(_max(kb, b.load(mx), v), mx)
+
+    kb.vector_chunks(ne0, scaled, WIDTH)
+    m = kb.reduce(b.load(mx), lambda x, y: _max(kb, x, y))
+    # 2: dst = exp(dst - max), and the running sum in f64 (unset lanes read -inf: exp gives 0)
+    zero64 = kb.splat(ir.Constant(F64, 0.0), WIDTH)
+    total = kb.var(zero64.type, zero64, "sum")
+
+    def exponent(i0: ir.Value, lanes: ir.Value | None) -> None:
+        e = _exp_or_zero(kb, b.fsub(load(node, drow, i0, lanes), kb.like(m, neg_inf)))
+        store(e, i0, lanes)
+        b.store(kb.fadd(b.load(total), b.fpext(e, zero64.type)), total)
+
+    kb.vector_chunks(ne0, exponent, WIDTH)
+    inv = _inverse(kb, kb.reduce(b.load(total), kb.fadd))
+    # 3: normalise
+    kb.vector_chunks(ne0, lambda i0, lanes: store(kb.fmul(load(node, drow, i0, lanes), inv), i0, lanes), WIDTH)
+
+
+def _scalar_row(kb: KernelBuilder, node: Tensor, srow: ir.Value, mrow: ir.Value | None, drow: ir.Value,
+                ne0: ir.Value) -> None:
+    b = kb.b
+    src, mask = node.src[0], (node.src[1] if mrow is not None else None)
+    scale = f32(node.params["scale"])
+    mx = kb.var(F32, f32(NEG_INF), "max")
+    with kb.loop(i64(0), ne0, "i0") as i0:
+        v = kb.fmul(kb.load(elem_ptr(kb, srow, src, i0), src.type), scale)
+        if mrow is not None:
+            v = b.fadd(v, kb.load(elem_ptr(kb, mrow, mask, i0), mask.type))
+        kb.store(elem_ptr(kb, drow, node, i0), v, node.type)
+        b.store(kb.fmax(b.load(mx), v), mx)
+    m = b.load(mx)
+    total = kb.var(F64, ir.Constant(F64, 0.0), "sum")
+    with kb.loop(i64(0), ne0, "i0") as i0:
+        p = elem_ptr(kb, drow, node, i0)
+        e = _exp_or_zero(kb, b.fsub(kb.load(p, node.type), m))
+        kb.store(p, e, node.type)
+        b.store(kb.fadd(b.load(total), b.fpext(e, F64)), total)
+    inv = _inverse(kb, b.load(total))
+    with kb.loop(i64(0), ne0, "i0") as i0:
+        p = elem_ptr(kb, drow, node, i0)
+        kb.store(p, kb.fmul(kb.load(p, node.type), inv), node.type)
+
+
+def _inverse(kb: KernelBuilder, total: ir.Value) -> ir.Value:
+    """1 / sum, computed in f64 and used as an f32 scale, as ggml's soft_max does."""
+    return kb.b.fptrunc(kb.fdiv(ir.Constant(F64, 1.0), total), F32)
 
 
 def _exp_or_zero(kb: KernelBuilder, x: ir.Value) -> ir.Value:
-    """exp(x) for x <= 0, exactly 0 for masked (-inf) entries."""
-    e = kb.exp(x)
-    return kb.b.select(kb.b.fcmp_ordered(">", x, f32(-80.0)), e, f32(0.0))
+    """exp(x) for x <= 0, exactly 0 for masked (-inf) entries (and NaN lanes)."""
+    return kb.select(kb.fcmp(">", x, f32(-80.0)), kb.exp(x), f32(0.0))
+
+
+def _max(kb: KernelBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    """max(x, y) lane-wise as a compare and select (one vmaxps; llvm.maxnum's NaN rules would
+    add a compare and a blend to the loop's dependency chain, and no NaN reaches here)."""
+    return kb.select(kb.fcmp(">", x, y), x, y)

@@ -23,7 +23,8 @@ def _binary_infer(op: str):
 
 def _binary_cases() -> list[OpCase]:
     shapes = [((7, 3, 2, 1), (7, 3, 2, 1)), ((7, 3, 2, 1), (7, 1, 1, 1)),
-              ((16, 4, 3, 2), (16, 2, 3, 1)), ((5, 1, 1, 1), (1, 1, 1, 1)), ((33, 5, 1, 1), (33, 5, 1, 1))]
+              ((16, 4, 3, 2), (16, 2, 3, 1)), ((5, 1, 1, 1), (1, 1, 1, 1)), ((33, 5, 1, 1), (33, 5, 1, 1)),
+              ((37, 5, 2, 1), (1, 5, 1, 1)), ((40, 3, 1, 1), (20, 3, 1, 1))]
     cases = [OpCase((SrcSpec(F32, a), SrcSpec(F32, b)), label=f"{a}x{b}") for a, b in shapes]
     cases.append(OpCase((SrcSpec(F32, (6, 4, 3, 1), permute=(0, 2, 1, 3)), SrcSpec(F32, (6, 1, 1, 1))),
                         label="noncontiguous"))
@@ -59,7 +60,7 @@ def _unary(name: str, fn, doc: str, fill: str = "normal") -> OpDef:
 
     def cases() -> list[OpCase]:
         return [OpCase((SrcSpec(F32, ne, fill),), label=str(ne)) for ne in
-                [(7, 3, 1, 1), (64, 5, 2, 1), (1, 1, 1, 1)]] + [
+                [(7, 3, 1, 1), (64, 5, 2, 1), (1, 1, 1, 1), (37, 3, 1, 1)]] + [
             OpCase((SrcSpec(F32, (6, 4, 3, 1), fill, permute=(0, 2, 1, 3)),), label="noncontiguous")]
 
     return OpDef(name, Kind.ELEMENTWISE, infer, reference, api={name: api}, cases=cases,
@@ -130,7 +131,7 @@ def _glu(name: str, act, doc: str) -> OpDef:
 
     def cases() -> list[OpCase]:
         return [OpCase((SrcSpec(F32, ne), SrcSpec(F32, ne)), label=str(ne))
-                for ne in [(7, 3, 1, 1), (96, 5, 1, 1)]]
+                for ne in [(7, 3, 1, 1), (96, 5, 1, 1), (53, 4, 1, 1)]]
 
     return OpDef(name, Kind.ELEMENTWISE, infer, reference, api={name: api}, cases=cases,
                  inplace=True, doc=doc)

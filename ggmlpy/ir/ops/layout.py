@@ -140,7 +140,8 @@ def _cpy_api(b, a, dst):
 
 register(OpDef("cpy", Kind.WRITE, _cpy_infer, write=_cpy_write, api={"cpy": _cpy_api},
                cases=lambda: [OpCase((SrcSpec(GGMLType.F16, (8, 3, 1, 1), fill="zeros"), SrcSpec(F32, (8, 3, 1, 1)))),
-                              OpCase((SrcSpec(F32, (24, 1, 1, 1), fill="zeros"), SrcSpec(F32, (8, 3, 1, 1))))],
+                              OpCase((SrcSpec(F32, (24, 1, 1, 1), fill="zeros"), SrcSpec(F32, (8, 3, 1, 1)))),
+                              OpCase((SrcSpec(GGMLType.F16, (40, 3, 1, 1), fill="zeros"), SrcSpec(F32, (40, 3, 1, 1))))],
                doc="copy a into dst's memory, converting the type; the result is dst"))
 
 

@@ -31,7 +31,7 @@ def _norm_ref(x: Sequence[np.ndarray], params: dict) -> np.ndarray:
 
 def _cases() -> list[OpCase]:
     return [OpCase((SrcSpec(F32, ne),), (("eps", 1e-5),), label=str(ne))
-            for ne in [(64, 3, 1, 1), (7, 5, 2, 1), (576, 1, 1, 1)]] + [
+            for ne in [(64, 3, 1, 1), (7, 5, 2, 1), (576, 1, 1, 1), (37, 3, 1, 1)]] + [
         OpCase((SrcSpec(F32, (8, 4, 3, 1), permute=(0, 2, 1, 3)),), (("eps", 1e-6),), label="noncontiguous")]
 
 

@@ -61,6 +61,10 @@ def _cases() -> list[OpCase]:
                (("scale", 0.125), ("max_bias", 0.0)), label="mask"),
         OpCase((SrcSpec(F32, (10, 4, 3, 1)), SrcSpec(GGMLType.F16, (10, 6, 1, 1), fill="mask")),
                (("scale", 0.5), ("max_bias", 0.0)), label="padded f16 mask"),
+        OpCase((SrcSpec(F32, (37, 4, 3, 1)), SrcSpec(GGMLType.F16, (37, 4, 1, 1), fill="mask")),
+               (("scale", 0.25), ("max_bias", 0.0)), label="long rows f16 mask"),
+        OpCase((SrcSpec(F32, (50, 3, 2, 1)), SrcSpec(F32, (50, 3, 1, 1), fill="mask")),
+               (("scale", 1.0), ("max_bias", 0.0)), label="long rows"),
         # a finite mask (ALiBi models put -|i - j| there): with only 0 and -inf the slopes
         # would not change the result
         OpCase((SrcSpec(F32, (10, 4, 8, 1)), SrcSpec(F32, (10, 4, 1, 1), fill="normal")),
