@@ -13,6 +13,7 @@ from typing import Callable
 from ggmlpy.ir.symbolic import dim_str
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.codegen_cpu.irgen import KernelBuilder
+from ggmlpy.codegen_cpu.repack import operand_repacked
 
 
 @dataclass(frozen=True)
@@ -49,4 +50,5 @@ def _layout(t: Tensor) -> tuple:
 
 def kernel_key(node: Tensor) -> str:
     params = tuple(sorted((k, _canon(v)) for k, v in node.params.items()))
-    return repr((node.op, params, _layout(node), tuple(_layout(s) for s in node.src)))
+    srcs = tuple(_layout(s) + (operand_repacked(node, j),) for j, s in enumerate(node.src))
+    return repr((node.op, params, _layout(node), srcs))

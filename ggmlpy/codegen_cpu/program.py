@@ -23,6 +23,7 @@ import numpy as np
 from ggmlpy.codegen_cpu import kernels as _kernels  # noqa: F401  (fills the lowering table)
 from ggmlpy.codegen_cpu.irgen import SYMBOLS, KernelBuilder, barrier_ir, declare_barrier
 from ggmlpy.codegen_cpu.lowering import LOWERINGS, kernel_key
+from ggmlpy.codegen_cpu.repack import operand_repacked
 from ggmlpy.codegen_cpu.target import host
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import OPS, Kind
@@ -34,16 +35,23 @@ log = logging.getLogger("ggmlpy.codegen_cpu")
 
 TABLE_WORD = len(SYMBOLS)
 N_SYM_WORDS = TABLE_WORD + 1  # the symbols, then the node table's address
+TABLE_HEADER = 4  # node count, scratch, barrier, profile buffer; then 6 words per node
 
 
 def root_of(t: Tensor) -> Tensor:
     return t.view_src if t.view_src is not None else t
 
 
-@dataclass
+def _external_key(node: Tensor, j: int, root: Tensor) -> tuple[int, bool]:
+    """Operand j of node (0: the node itself): its root and whether it is read repacked, so
+    a weight read both ways (a tied embedding) gets two slots."""
+    return root.id, j > 0 and operand_repacked(node, j - 1)
 
+
+@dataclass
 class ProgramLayout:
-    externals: list[Tensor]          # roots whose memory comes from the store, by ctx slot
+    externals: list[tuple[Tensor, bool]]  # roots whose memory comes from the store, by ctx
+                                          # slot; True: in the repacked layout (repack.py)
     arena_offsets: dict[int, int]    # root id -> byte offset in the arena
     arena_bytes: int
     scratch_bytes: int
@@ -61,17 +69,18 @@ class ProgramBuilder:
     """Lowers `nodes` (one split of a graph) to an LLVM module."""
 
     def __init__(self, graph: Graph, nodes: list[Tensor], worst_env: Mapping[str, int],
-                 produced_elsewhere: set[int]):
+                 produced_elsewhere: set[int], profile: bool = False):
+        self.profile = profile
         self.nodes = [n for n in nodes if OPS[n.op].kind != Kind.VIEW]
         self.worst_env = dict(worst_env)
         own = {n.id for n in nodes}
-        externals: dict[int, Tensor] = {}
+        externals: dict[tuple[int, bool], Tensor] = {}
         arena_roots: set[int] = set()
         for n in nodes:
-            for t in (n, *n.src):
+            for j, t in enumerate((n, *n.src)):
                 r = root_of(t)
                 if r.is_leaf or r.id in produced_elsewhere or r.id not in own:
-                    externals.setdefault(r.id, r)
+                    externals.setdefault(_external_key(n, j, r), r)
                 else:
                     arena_roots.add(r.id)
         # the buffer planning pass (ggml-alloc style) places every computed tensor; kernels
@@ -79,7 +88,8 @@ class ProgramBuilder:
         plan = plan_buffers(graph, self.worst_env, fused=False)
         offsets = {rid: plan.offsets[rid] for rid in arena_roots}
         scratch = max([LOWERINGS[n.op].scratch_bytes(n, self.worst_env) for n in self.nodes] + [0])
-        self.layout = ProgramLayout(list(externals.values()), offsets, max(plan.arena_size, 64), scratch)
+        self.layout = ProgramLayout([(r, key[1]) for key, r in externals.items()], offsets,
+                                    max(plan.arena_size, 64), scratch)
 
     def build_ir(self) -> str:
         """The module: each distinct kernel once, and the entry function that walks the node
@@ -99,21 +109,23 @@ class ProgramBuilder:
                 kernels[key] = kb.fn.name
             self.kernel_names.append(kernels[key])
         text = str(module).replace('declare void @"ggmlpy_barrier"(ptr %".1", i32 %".2")', "")
-        return text + barrier_ir(module.triple) + ENTRY_IR.replace("TABLE_WORD", str(TABLE_WORD))
+        entry = PROFILED_ENTRY_IR if self.profile else ENTRY_IR
+        return text + barrier_ir(module.triple) + entry.replace("TABLE_WORD", str(TABLE_WORD)).replace("TABLE_HEADER", str(TABLE_HEADER))
 
     def pointer_plan(self) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, Dim]]]:
         """Per node and operand (dst, src0..src3): which base pointer (ctx word) and which
         static byte offset; symbolic view offsets are listed separately, evaluated per run."""
         lay = self.layout
-        slot_of = {r.id: N_SYM_WORDS + i for i, r in enumerate(lay.externals)}
+        slot_of = {(r.id, packed): N_SYM_WORDS + i for i, (r, packed) in enumerate(lay.externals)}
         slots = np.full((len(self.nodes), 5), -1, dtype=np.int64)
         offs = np.zeros((len(self.nodes), 5), dtype=np.int64)
         dynamic: list[tuple[int, int, Dim]] = []
         for i, node in enumerate(self.nodes):
             for j, t in enumerate((node, *node.src)):
                 r = root_of(t)
-                if r.id in slot_of:
-                    slots[i, j] = slot_of[r.id]
+                key = _external_key(node, j, r)
+                if key in slot_of:
+                    slots[i, j] = slot_of[key]
                 else:
                     slots[i, j] = lay.arena_slot
                     offs[i, j] = lay.arena_offsets[r.id]
@@ -128,7 +140,8 @@ class ProgramBuilder:
 # The entry function: node i calls table[i].fn(table[i].ptr[0..4], ctx, scratch, barrier,
 # ith, nth), then waits at the barrier. table rows are 6 words: fn, dst, src0..src3.
 # ctx words: the symbols, the table address (TABLE_WORD), the externals, the arena; the
-# table starts with the node count and the scratch and barrier addresses.
+# table starts with the node count, the scratch and barrier addresses and the profile
+# buffer's address (used by PROFILED_ENTRY_IR only).
 ENTRY_IR = r"""
 define void @graph(ptr %ctx, i32 %ith, i32 %nth) {
 entry:
@@ -136,7 +149,7 @@ entry:
   %tab_i = load i64, ptr %tab_pp, align 8
   %tab = inttoptr i64 %tab_i to ptr
   %n = load i64, ptr %tab, align 8
-  %nodes = getelementptr i64, ptr %tab, i64 3
+  %nodes = getelementptr i64, ptr %tab, i64 TABLE_HEADER
   %sc_pp = getelementptr i64, ptr %tab, i64 1
   %sc_i = load i64, ptr %sc_pp, align 8
   %scratch = inttoptr i64 %sc_i to ptr
@@ -170,6 +183,35 @@ done:
   ret void
 }
 """
+
+
+# The same walk, timed: per thread and node, cycles in the kernel and cycles waiting at the
+# barrier after it are added to the profile buffer (int64[nth][n][2]); see CpuSplit.profile.
+PROFILED_ENTRY_IR = ENTRY_IR.replace("""  br label %head
+head:""", """  %pr_pp = getelementptr i64, ptr %tab, i64 3
+  %pr_i = load i64, ptr %pr_pp, align 8
+  %prof = inttoptr i64 %pr_i to ptr
+  %ith64 = sext i32 %ith to i64
+  %pbase = mul i64 %ith64, %n
+  br label %head
+head:""").replace("""  call void %fn(ptr %d""", """  %c0 = call i64 @llvm.readcyclecounter()
+  call void %fn(ptr %d""").replace("""  call void @ggmlpy_barrier(ptr %barrier, i32 %nth)
+""", """  %c1 = call i64 @llvm.readcyclecounter()
+  call void @ggmlpy_barrier(ptr %barrier, i32 %nth)
+  %c2 = call i64 @llvm.readcyclecounter()
+  %pi = add i64 %pbase, %i
+  %pw = mul i64 %pi, 2
+  %pk = getelementptr i64, ptr %prof, i64 %pw
+  %k0 = load i64, ptr %pk, align 8
+  %dk = sub i64 %c1, %c0
+  %k1 = add i64 %k0, %dk
+  store i64 %k1, ptr %pk, align 8
+  %pb = getelementptr i64, ptr %pk, i64 1
+  %b0 = load i64, ptr %pb, align 8
+  %db = sub i64 %c2, %c1
+  %b1 = add i64 %b0, %db
+  store i64 %b1, ptr %pb, align 8
+""") + "declare i64 @llvm.readcyclecounter()\n"
 
 
 def ir_hash(ir_text: str) -> str:

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from ggmlpy.codegen_cpu.irgen import F32, I32, KernelBuilder, f32, i64
+from ggmlpy.codegen_cpu import repack
+from ggmlpy.codegen_cpu.irgen import F32, I8, I32, KernelBuilder, f32, i64
 from ggmlpy.codegen_cpu.kernels.qdot import KINDS, Block32, KQuant, Q6K
-from ggmlpy.codegen_cpu.kernels.qvec import CONTRACT, load_f16, shuffle, sitofp, splat, store_vec, vec
+from ggmlpy.codegen_cpu.kernels.qvec import (
+    CONTRACT, concat, load_f16, load_vec, shuffle, sitofp, splat, store_vec, vec,
+)
 from ggmlpy.ir.types import GGMLType, block_size, type_size
 
 DEQUANTIZABLE = tuple(KINDS)
@@ -70,3 +73,59 @@ def _kquant(kb: KernelBuilder, kind: KQuant, bp: ir.Value, out: ir.Value) -> Non
         v = b.fadd(b.fmul(u, d, flags=CONTRACT), corr, flags=CONTRACT)
         store_vec(b, v, kb.elem_ptr(out, i64(64 * j), F32))
 
+
+
+
+def dequant_repacked_row(kb: KernelBuilder, t: GGMLType, table: ir.Value, row: ir.Value, dst: ir.Value,
+                         k: int) -> None:
+    """Row `row` of a repacked table (repack.py) as k f32 values at dst: lane row % 16 of
+    the vectors of group row // 16, a block at a time."""
+    b = kb.b
+    sb = repack.STEP_BYTES[t]
+    group = kb.byte_ptr(table, b.mul(b.sdiv(row, i64(repack.GROUP)), i64(repack.n_steps(t, k) * sb)))
+    lane = b.mul(b.srem(row, i64(repack.GROUP)), i64(4))
+    with kb.loop(i64(0), i64(k // 32), "rq") as blk:
+        h = b.srem(blk, i64(2))
+        step = kb.byte_ptr(group, b.mul(b.sdiv(blk, i64(2)), i64(sb)))
+        half = b.add(b.mul(h, i64(32)), b.sdiv(lane, i64(2)))   # byte of f16 number 16h + r
+
+        def lane_bytes(first: int, per_block: int, c: int) -> ir.Value:
+            """This row's 4 bytes in vector first + per_block * h + c of the step."""
+            vector = b.add(b.mul(h, i64(per_block)), i64(first + c))
+            return load_vec(b, kb.byte_ptr(step, b.add(b.mul(vector, i64(64)), lane)), I8, 4)
+
+        def scale(at: int) -> ir.Value:
+            return splat(b, load_f16(b, kb.byte_ptr(step, b.add(i64(at), half))), 32)
+
+        d = scale(repack.d_offset(t))
+        if t == GGMLType.Q8_0:
+            u = _u8_to_f32(b, _concat_all(b, [lane_bytes(0, 8, c) for c in range(8)]))
+            v = b.fmul(b.fsub(u, splat(b, f32(128.0), 32)), d)
+        else:
+            packed = _concat_all(b, [lane_bytes(0, 4, c) for c in range(4)])   # qs bytes 0..15
+            q = concat(b, b.and_(packed, splat(b, ir.Constant(I8, 15), 16)),
+                       b.lshr(packed, splat(b, ir.Constant(I8, 4), 16)))
+            if t == GGMLType.Q5_0:
+                q = b.or_(q, _fifth_bits(b, lane_bytes(repack.qh_offset(t) // 64, 1, 0)))
+            u = _u8_to_f32(b, q)
+            if t == GGMLType.Q4_1:
+                v = b.fadd(b.fmul(u, d, flags=CONTRACT), scale(repack.m_offset(t)), flags=CONTRACT)
+            else:
+                v = b.fmul(b.fsub(u, splat(b, f32(8.0 if t == GGMLType.Q4_0 else 16.0), 32)), d)
+        store_vec(b, v, kb.elem_ptr(dst, b.mul(blk, i64(32)), F32))
+
+
+def _concat_all(b: ir.IRBuilder, parts: list[ir.Value]) -> ir.Value:
+    while len(parts) > 1:
+        parts = [concat(b, parts[i], parts[i + 1]) for i in range(0, len(parts), 2)]
+    return parts[0]
+
+
+def _fifth_bits(b: ir.IRBuilder, plane: ir.Value) -> ir.Value:
+    """Q5_0's bit 4 of the block's 32 values (as 0 or 16) from its 4 plane bytes: value j
+    has it in byte j % 4, bit c (j < 16) or 4 + c (j >= 16), c = (j % 16) // 4."""
+    lanes = [j % 4 for j in range(32)]
+    shifts = [(j % 16) // 4 + (4 if j >= 16 else 0) for j in range(32)]
+    spread = shuffle(b, plane, None, lanes)
+    bit = b.and_(b.lshr(spread, ir.Constant(vec(I8, 32), shifts)), splat(b, ir.Constant(I8, 1), 32))
+    return b.shl(bit, splat(b, ir.Constant(I8, 4), 32))

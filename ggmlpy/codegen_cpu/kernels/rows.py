@@ -3,12 +3,15 @@
 
 get_rows reads F32/F16/BF16 tables element by element and quantised tables (Q4_0, Q4_1,
 Q5_0, Q8_0, Q4_K, Q5_K, Q6_K: the embedding types of the supported models) a block at a
-time with the vector dequantisers of kernels/qdequant.py."""
+time with the vector dequantisers of kernels/qdequant.py; tables the CPU backend keeps
+repacked (repack.py: a model's weights, such as an embedding tied to the output) from
+that layout."""
 from __future__ import annotations
 
+from ggmlpy.codegen_cpu import repack
 from ggmlpy.codegen_cpu.irgen import KernelBuilder, i64
 from ggmlpy.codegen_cpu.kernels.common import elem_ptr, n_rows, row_ptr, unravel_row
-from ggmlpy.codegen_cpu.kernels.qdequant import DEQUANTIZABLE, dequant_row
+from ggmlpy.codegen_cpu.kernels.qdequant import DEQUANTIZABLE, dequant_row, dequant_repacked_row
 from ggmlpy.codegen_cpu.lowering import lowering
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import GGMLType
@@ -36,7 +39,9 @@ def _get_rows(kb: KernelBuilder, node: Tensor) -> None:
         row = kb.load_i64(elem_ptr(kb, ip, idx, i1), idx.type)
         srow = row_ptr(kb, kb.arg("src0"), table, row, i2, i3)
         drow = row_ptr(kb, kb.arg("dst"), node, i1, i2, i3)
-        if table.type in DEQUANTIZABLE:
+        if repack.operand_repacked(node, 0):  # row `row` of the CPU backend's own layout
+            dequant_repacked_row(kb, table.type, kb.arg("src0"), row, drow, table.ne[0])
+        elif table.type in DEQUANTIZABLE:
             dequant_row(kb, table.type, srow, drow, table.ne[0])
         else:
             with kb.loop(i64(0), ne0, "i0") as i0:

@@ -49,6 +49,7 @@ class SrcSpec:
     # row) | pos (positions) | mask (0 / -inf, a 0 in every row); see ops/testing.py
     fill: str = "normal"
     permute: tuple[int, int, int, int] | None = None  # feed as a permuted (non-contiguous) view
+    weight: bool = False  # a model weight leaf (backends may keep weights in their own layout)
 
 
 @dataclass(frozen=True)

@@ -219,6 +219,8 @@ def build_case_graph(op_name: str, case: OpCase) -> tuple[Graph, Tensor]:
     srcs = []
     for i, spec in enumerate(case.srcs):
         leaf = b.input(source_name(i), spec.type, spec.ne)
+        if spec.weight:
+            leaf.flags = Flag.WEIGHT
         srcs.append(b.permute(leaf, *spec.permute) if spec.permute else leaf)
     node = b.make(op_name, srcs, case.param_dict())
     if OPS[op_name].kind == Kind.WRITE and node.view_src is not None and node.view_src.is_leaf:

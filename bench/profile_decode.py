@@ -1,0 +1,95 @@
+"""Where a decode step's time goes on the CPU backend: per op kind and per node, the cycles
+spent in kernels and waiting at the barrier after them (thread 0's view), from a profiled
+build of the graphs (GGMLPY_PROFILE=1).
+
+Usage: python bench/profile_decode.py [-m MODEL] [-t THREADS] [-n TOKENS] [--prompt N] [--top K]
+Prints JSON: per op (kernel and barrier µs per step, share of the step) and the top nodes.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import time
+
+os.environ["GGMLPY_PROFILE"] = "1"
+
+import numpy as np  # noqa: E402
+
+import llama  # noqa: E402
+
+
+def _ghz(seconds: float = 0.2) -> float:
+    """The cycle counter's rate (the TSC: constant, not the core clock)."""
+    import ctypes  # noqa: F401
+    from ggmlpy.codegen_cpu.runtime import JitModule
+    mod = JitModule("declare i64 @llvm.readcyclecounter()\n"
+                    "define i64 @tsc() {\n  %c = call i64 @llvm.readcyclecounter()\n  ret i64 %c\n}\n")
+    tsc = ctypes.CFUNCTYPE(ctypes.c_int64)(mod.address("tsc"))
+    c0, t0 = tsc(), time.perf_counter()
+    time.sleep(seconds)
+    return (tsc() - c0) / (time.perf_counter() - t0) / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-m", "--model", default="smollm2-135m")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-n", "--tokens", type=int, default=64)
+    ap.add_argument("--prompt", type=int, default=0, help="profile one prompt of N tokens instead")
+    ap.add_argument("--top", type=int, default=12)
+    args = ap.parse_args()
+    model = llama.Model.load(args.model)
+    ctx = llama.Context(model, n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=args.threads)
+    rng = np.random.default_rng(0)
+    toks = [int(t) for t in rng.integers(100, model.n_vocab - 100, 512)]
+    ctx.decode(llama.Batch.from_tokens(toks[:8]))
+    steps = 1
+    for e in ctx.graph_cache.entries.values():
+        for c in e.compiled:
+            c.reset_profile()
+    t0 = time.perf_counter()
+    if args.prompt:
+        ctx.decode(llama.Batch.from_tokens(toks[:args.prompt]))
+    else:
+        ctx.decode(llama.Batch.from_tokens(toks[8:9]))
+        for e in ctx.graph_cache.entries.values():
+            for c in e.compiled:
+                c.reset_profile()
+        t0 = time.perf_counter()
+        for i in range(args.tokens):
+            ctx.decode(llama.Batch.from_tokens([toks[9 + i]]))
+        steps = args.tokens
+    wall = (time.perf_counter() - t0) / steps
+    ghz = _ghz()
+    per_op: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0])
+    nodes = []
+    for e in ctx.graph_cache.entries.values():
+        for c in e.compiled:
+            for node, cyc in c.profile():
+                k_us, b_us = (cyc[0] / ghz / 1e3 / steps).tolist()
+                if k_us == 0 and b_us == 0:
+                    continue
+                key = node.op if node.op != "mul_mat" else f"mul_mat {node.src[0].type.name}"
+                acc = per_op[key]
+                acc[0] += k_us
+                acc[1] += b_us
+                acc[2] += 1
+                nodes.append((k_us + b_us, k_us, b_us, node))
+    native = sum(a[0] + a[1] for a in per_op.values())
+    ops = {k: {"kernel_us": round(v[0], 1), "barrier_us": round(v[1], 1), "nodes": v[2],
+               "share": round((v[0] + v[1]) / (wall * 1e6), 3)}
+           for k, v in sorted(per_op.items(), key=lambda kv: -(kv[1][0] + kv[1][1]))}
+    nodes.sort(key=lambda x: -x[0])
+    top = [{"node": n.name, "op": n.op, "ne": " x ".join(str(d) for d in n.ne), "src0": n.src[0].type.name if n.src else "", "kernel_us": round(k, 2),
+            "barrier_us": round(b, 2)} for _, k, b, n in nodes[:args.top]]
+    print(json.dumps({"model": model.path.name, "threads": args.threads,
+                      "mode": f"prompt {args.prompt}" if args.prompt else "decode",
+                      "step_us": round(wall * 1e6, 1), "native_us": round(native, 1),
+                      "outside_native_us": round(wall * 1e6 - native, 1), "tsc_ghz": round(ghz, 3),
+                      "per_op": ops, "top_nodes": top}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""Matrix products on repacked weights (repack.py): Q4_0, Q4_1, Q5_0, Q8_0, any number of
+tokens.
+
+The 16 lanes of a dot are the 16 rows of a group; a token's 4 activation bytes are
+broadcast to every lane (vpdpbusd's {1to16} memory operand). Per 32-block, 16 rows and one
+token: 8 dots, one conversion and one multiply-add (Q4_1: two), and the results of 16 rows
+land in one vector store: no horizontal sums. Decoding the weights (nibble masks, Q5_0's
+fifth bit) is done once per group and step, for every token of a tile.
+
+Threads take whole groups (contiguous memory each). Tokens go in blocks whose quantised
+activations fit in L2 (prefill), in tiles of TOKENS whose accumulators stay in registers;
+a single token (decode) is a tile of one, with the dots of a block in two chains so the
+multiply-adds of consecutive dots do not wait on each other.
+
+Activations are qact.py's q8_32 steps: q[64] | ad[16] f32 (d of block h in lane 8h) | aux
+(i32 -offset * sum(q) of block h in lane 8h; Q4_1: f32 d * sum(q) in lane 1 + 2h).
+"""
+from __future__ import annotations
+
+import llvmlite.ir as ir
+
+from ggmlpy.codegen_cpu import repack
+from ggmlpy.codegen_cpu.irgen import F32, I8, I16, I32, KernelBuilder, i64
+from ggmlpy.codegen_cpu.kernels.qact import ActFormat
+from ggmlpy.codegen_cpu.kernels.qvec import (
+    CONTRACT, dot_u8s8, load_vec, shuffle, sitofp, splat, splat_const, store_vec, vec, zeros,
+)
+from ggmlpy.ir.types import GGMLType
+
+TOKENS = 6                 # tokens per register tile (prefill)
+L2_BUDGET = 512 * 1024     # bytes of quantised activations per token block
+V = 64
+
+
+class RepackedMatmul:
+    """Emits phase 2 of a quantised mul_mat whose weights (src0) are repacked: every group of
+    this thread, for every token."""
+
+    def __init__(self, kb: KernelBuilder, wtype: GGMLType, fmt: ActFormat, k: int, m: int,
+                 act_base: ir.Value, n_tok: ir.Value, d_stride: ir.Value):
+        self.kb, self.t, self.fmt = kb, wtype, fmt
+        self.n_groups = m // repack.GROUP
+        self.n_steps = repack.n_steps(wtype, k)
+        self.step_bytes = repack.STEP_BYTES[wtype]
+        self.act_base, self.act_stride = act_base, fmt.row_bytes(k)
+        self.n_tok, self.d_stride = n_tok, d_stride
+        self.minimums = wtype == GGMLType.Q4_1
+
+    def emit(self) -> None:
+        kb, b = self.kb, self.kb.b
+        g0, g1 = kb.thread_range(i64(self.n_groups))
+        block = max(TOKENS, L2_BUDGET // self.act_stride // TOKENS * TOKENS)
+        with kb.loop(i64(0), self.n_tok, "tb", step=block) as t0:
+            t1 = b.add(t0, i64(block))
+            t1 = b.select(b.icmp_signed("<", t1, self.n_tok), t1, self.n_tok)
+            t_full = b.add(t0, b.mul(b.sdiv(b.sub(t1, t0), i64(TOKENS)), i64(TOKENS)))
+            with kb.loop(g0, g1, "g") as g:
+                with kb.loop(t0, t_full, "tt", step=TOKENS) as tok0:
+                    self._tile(g, tok0, TOKENS)
+                with kb.loop(t_full, t1, "t1") as tok0:
+                    self._tile(g, tok0, 1)
+
+    # one tile: rows of group g x tokens tok0 .. tok0 + n_t - 1 --------------------------------
+    def _tile(self, g: ir.Value, tok0: ir.Value, n_t: int) -> None:
+        kb, b = self.kb, self.kb.b
+        gbase = kb.byte_ptr(kb.arg("src0"), b.mul(g, i64(self.n_steps * self.step_bytes)))
+        toks = [b.add(tok0, i64(t)) for t in range(n_t)]
+        arows = [kb.byte_ptr(self.act_base, b.mul(tok, i64(self.act_stride))) for tok in toks]
+        accs = [kb.var(vec(F32, 16), zeros(F32, 16), "racc") for _ in toks]
+        with kb.loop(i64(0), i64(self.n_steps), "rs") as s:
+            wp = kb.byte_ptr(gbase, b.mul(s, i64(self.step_bytes)))
+            aps = [kb.byte_ptr(arow, b.mul(s, i64(self.fmt.step_bytes))) for arow in arows]
+            self._step(wp, aps, accs)
+        for tok, acc in zip(toks, accs):
+            out = kb.byte_ptr(kb.arg("dst"), b.add(b.mul(tok, self.d_stride), b.mul(g, i64(4 * repack.GROUP))))
+            store_vec(b, b.load(acc), out)
+
+    def _step(self, wp: ir.Value, aps: list[ir.Value], accs: list) -> None:
+        """Both 32-blocks of a step (or a K-quant super-block), for every token of the tile."""
+        if self.t in repack.KQUANTS:
+            self._superblock(wp, aps, accs)
+            return
+        kb, b = self.kb, self.kb.b
+        dh = load_vec(b, kb.byte_ptr(wp, i64(repack.d_offset(self.t))), ir.HalfType(), 32)
+        d = [b.fpext(shuffle(b, dh, None, range(16 * h, 16 * h + 16)), vec(F32, 16)) for h in range(2)]
+        mins = None
+        if self.minimums:
+            mh = load_vec(b, kb.byte_ptr(wp, i64(repack.m_offset(self.t))), ir.HalfType(), 32)
+            mins = [b.fpext(shuffle(b, mh, None, range(16 * h, 16 * h + 16)), vec(F32, 16)) for h in range(2)]
+        totals = [b.load(acc) for acc in accs]
+        for h in range(2):
+            ws = self._weights(wp, h)   # [(vector, activation byte offset within the block)]
+            for i, ap in enumerate(aps):
+                isum = self._dots(ap, h, ws)
+                ad = splat(b, b.load(kb.byte_ptr(ap, i64(64 + 32 * h)), typ=F32, align=4), 16)
+                totals[i] = b.fadd(b.fmul(sitofp(b, isum), b.fmul(d[h], ad, flags=CONTRACT), flags=CONTRACT),
+                                   totals[i], flags=CONTRACT)
+                if mins is not None:
+                    sa = splat(b, b.load(kb.byte_ptr(ap, i64(128 + 4 * (1 + 2 * h))), typ=F32, align=4), 16)
+                    totals[i] = b.fadd(b.fmul(mins[h], sa, flags=CONTRACT), totals[i], flags=CONTRACT)
+        for acc, total in zip(accs, totals):
+            b.store(total, acc)
+
+    def _dots(self, ap: ir.Value, h: int, ws: list[tuple[ir.Value, int]]) -> ir.Value:
+        """The block's integer dots for one token, in two chains; the first starts from the
+        activation's offset correction (none for Q4_1)."""
+        kb, b = self.kb, self.kb.b
+        if self.minimums:
+            first = zeros(I32, 16)
+        else:
+            first = splat(b, b.load(kb.byte_ptr(ap, i64(128 + 32 * h)), typ=I32, align=4), 16)
+        chains = [first, zeros(I32, 16)]
+        for n, (w, at) in enumerate(ws):
+            a4 = b.load(kb.byte_ptr(ap, i64(32 * h + at)), typ=I32, align=4)
+            chains[n % 2] = dot_u8s8(kb, chains[n % 2], w, b.bitcast(splat(b, a4, 16), vec(I8, 64)))
+        return b.add(chains[0], chains[1])
+
+    def _weights(self, wp: ir.Value, h: int) -> list[tuple[ir.Value, int]]:
+        """Block h of the step as 8 unsigned-byte vectors, each with the offset (within the
+        block) of the 4 activation values it meets."""
+        kb, b = self.kb, self.kb.b
+        if self.t == GGMLType.Q8_0:
+            return [(load_vec(b, kb.byte_ptr(wp, i64(V * (8 * h + c))), I8, 64), 4 * c) for c in range(8)]
+        low = splat_const(I8, 15, 64)
+        qh = None
+        if self.t == GGMLType.Q5_0:
+            qh = b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(repack.qh_offset(self.t) + V * h)), I8, 64), vec(I16, 32))
+        out = []
+        for c in range(4):
+            v = load_vec(b, kb.byte_ptr(wp, i64(V * (4 * h + c))), I8, 64)
+            lo = b.and_(v, low)
+            hi = b.and_(b.bitcast(b.lshr(b.bitcast(v, vec(I16, 32)), splat_const(I16, 4, 32)), vec(I8, 64)), low)
+            if qh is not None:  # bit c of byte i -> bit 4 (low half); bit 4 + c -> bit 4 (high)
+                five = splat_const(I8, 16, 64)
+                lo = b.or_(lo, b.and_(b.bitcast(b.shl(qh, splat_const(I16, 4 - c, 32)), vec(I8, 64)), five))
+                hi = b.or_(hi, b.and_(b.bitcast(b.lshr(qh, splat_const(I16, c, 32)), vec(I8, 64)), five))
+            out += [(lo, 4 * c), (hi, 16 + 4 * c)]
+        return out
+
+    # K-quants: a step is one super-block (activations: q8_256 steps, q[256] | ad | aux) --------
+    def _superblock(self, wp: ir.Value, aps: list[ir.Value], accs: list) -> None:
+        """Per token: the sub-blocks' integer dots times their integer scales, summed in i32
+        (exact), converted once: acc += d * ad * total + correction, where the correction
+        meets the activation's per-sub-block sums (aux = ad * sum(q)): Q4_K -dmin * min,
+        Q6_K -32 * d * scale (the stored values are q + 32)."""
+        kb, b = self.kb, self.kb.b
+        q6 = self.t == GGMLType.Q6_K
+        n_sub = 16 if q6 else 8
+        dd = load_vec(b, kb.byte_ptr(wp, i64(repack.K_D[self.t])), ir.HalfType(), 32)
+        d = b.fpext(shuffle(b, dd, None, range(16)), vec(F32, 16))
+        if q6:
+            scales = [b.sext(load_vec(b, kb.byte_ptr(wp, i64(repack.Q6_SCALES + 16 * g)), I8, 16), vec(I32, 16))
+                      for g in range(n_sub)]
+            corr_w = b.fmul(d, splat_const(F32, -32.0, 16), flags=CONTRACT)
+            corr_terms = [sitofp(b, sc) for sc in scales]
+        else:
+            scales = [b.zext(load_vec(b, kb.byte_ptr(wp, i64(repack.K_SCALES + 16 * g)), I8, 16), vec(I32, 16))
+                      for g in range(n_sub)]
+            corr_w = b.fsub(zeros(F32, 16), b.fpext(shuffle(b, dd, None, range(16, 32)), vec(F32, 16)))
+            corr_terms = [sitofp(b, b.zext(load_vec(b, kb.byte_ptr(wp, i64(repack.K_SCALES + 128 + 16 * g)), I8, 16),
+                                           vec(I32, 16))) for g in range(n_sub)]
+        totals = [zeros(I32, 16) for _ in aps]
+        for j in range(4):
+            ws = self._kquant_chunk(wp, j)   # 16 vectors: values 64j + 4c.. (lo), 64j + 32 + 4c.. (hi)
+            for i, ap in enumerate(aps):
+                for half in range(2):
+                    vectors = ws[8 * half:8 * half + 8]
+                    per = 4 if q6 else 8                      # dots per sub-block
+                    for first in range(0, 8, per):
+                        sub = (4 * j + 2 * half + first // 4) if q6 else (2 * j + half)
+                        isum = self._chain_dots(ap, [(w, 64 * j + 32 * half + 4 * (first + c))
+                                                     for c, w in enumerate(vectors[first:first + per])])
+                        totals[i] = b.add(totals[i], b.mul(isum, scales[sub]))
+        for i, (ap, acc) in enumerate(zip(aps, accs)):
+            ad = splat(b, b.load(kb.byte_ptr(ap, i64(256)), typ=F32, align=4), 16)
+            total = b.fadd(b.fmul(sitofp(b, totals[i]), b.fmul(d, ad, flags=CONTRACT), flags=CONTRACT),
+                           b.load(acc), flags=CONTRACT)
+            corr = None
+            for g, term in enumerate(corr_terms):
+                a = splat(b, b.load(kb.byte_ptr(ap, i64(320 + 4 * g)), typ=F32, align=4), 16)
+                x = b.fmul(term, a, flags=CONTRACT)
+                corr = x if corr is None else b.fadd(corr, x, flags=CONTRACT)
+            b.store(b.fadd(b.fmul(corr, corr_w, flags=CONTRACT), total, flags=CONTRACT), acc)
+
+    def _chain_dots(self, ap: ir.Value, ws: list[tuple[ir.Value, int]]) -> ir.Value:
+        """Sum of the dots of vectors w with the 4 activation bytes at ap + offset, in two
+        chains."""
+        kb, b = self.kb, self.kb.b
+        chains = [zeros(I32, 16), zeros(I32, 16)]
+        for n, (w, at) in enumerate(ws):
+            a4 = b.load(kb.byte_ptr(ap, i64(at)), typ=I32, align=4)
+            chains[n % 2] = dot_u8s8(kb, chains[n % 2], w, b.bitcast(splat(b, a4, 16), vec(I8, 64)))
+        return b.add(chains[0], chains[1])
+
+    def _kquant_chunk(self, wp: ir.Value, j: int) -> list[ir.Value]:
+        """Chunk j (values 64j..64j+63) as 16 unsigned-byte vectors: 8 from the low nibbles
+        (values 64j + 4c + i), then 8 from the high nibbles (64j + 32 + 4c + i); Q6_K adds
+        the two high bits from its qh vectors (bits 2e..2e+1 for the low nibbles of vector
+        2c' + e, bits 4 + 2e.. for the high ones)."""
+        kb, b = self.kb, self.kb.b
+        low = splat_const(I8, 15, 64)
+        lows, highs = [], []
+        for c in range(8):
+            v = load_vec(b, kb.byte_ptr(wp, i64(V * (8 * j + c))), I8, 64)
+            lo = b.and_(v, low)
+            hi = b.and_(b.bitcast(b.lshr(b.bitcast(v, vec(I16, 32)), splat_const(I16, 4, 32)), vec(I8, 64)), low)
+            if self.t == GGMLType.Q6_K:
+                qh = b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(repack.Q6_QH + V * (4 * j + c // 2))), I8, 64),
+                               vec(I16, 32))
+                e = c % 2
+                two = splat_const(I8, 0x30, 64)
+                up = b.shl(qh, splat_const(I16, 4 - 2 * e, 32))
+                down = b.lshr(qh, splat_const(I16, 2 * e, 32))
+                lo = b.or_(lo, b.and_(b.bitcast(up, vec(I8, 64)), two))
+                hi = b.or_(hi, b.and_(b.bitcast(down, vec(I8, 64)), two))
+            lows.append(lo)
+            highs.append(hi)
+        return lows + highs

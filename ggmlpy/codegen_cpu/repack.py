@@ -1,0 +1,294 @@
+"""The CPU backend's own layout for quantised weights (ggml's CPU "repack" buffers).
+
+A GGUF row stores its blocks one after the other, so a dot product of one row with one
+token needs a horizontal sum per block. Here 16 rows are interleaved, so that the 16 lanes
+of one `vpdpbusd` are 16 weight rows and a token's 4 activation bytes are broadcast to all
+of them: no horizontal sums, one conversion and multiply-add per block and 16 rows, and
+one result vector per token. Each thread streams whole groups, one contiguous region.
+
+The layout keeps the bits of the format (a group is as many bytes as its 16 rows in the
+GGUF file), so decode stays a stream of the same bytes. A *step* is two 32-blocks (64
+values) of the group's 16 rows, 64-byte aligned:
+
+    qs   Q4_0/Q4_1/Q5_0: 8 vectors; vector 4h + c, lane r: bytes 4c..4c+3 of row r's block h
+         (low nibbles: values 4c..4c+3; high nibbles: values 16+4c..16+4c+3).
+         Q8_0: 16 vectors; vector 8h + c, lane r: values 4c..4c+3 of row r's block h, + 128.
+    qh   Q5_0 only: 2 vectors; vector h, lane r: byte i holds bit 4 of value 4c+i in its bit
+         c and of value 16+4c+i in its bit 4+c (c = 0..3), so one shift and mask fetch them.
+    d    one vector: the scales of block h of row r as f16 at half-word 16h + r.
+    m    Q4_1 only: the minimums, laid out as d.
+
+Rows of K not a multiple of 64 get a last step whose second block is zero (scale zero).
+Weights are repacked once per model (`WeightLayouts`), from the memory map; the map's pages
+of a repacked tensor are then released, so the weights are resident once.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+from typing import Callable
+
+import numpy as np
+
+from ggmlpy.ir.tensor import Flag, Tensor
+from ggmlpy.ir.types import GGMLType, type_size
+
+GROUP = 16   # rows per group: one per dot lane
+ALIGN = 64   # bytes; the repacked buffers start on a cache line
+
+
+def _qs_bytes(t: GGMLType) -> int:
+    return 16 * 64 if t == GGMLType.Q8_0 else 8 * 64
+
+
+STEP_BYTES = {  # bytes per step of a group (16 rows x 64 values; K-quants: 256 values)
+    GGMLType.Q4_0: 8 * 64 + 64,
+    GGMLType.Q4_1: 8 * 64 + 2 * 64,
+    GGMLType.Q5_0: 8 * 64 + 2 * 64 + 64,
+    GGMLType.Q8_0: 16 * 64 + 64,
+    GGMLType.Q4_K: 32 * 64 + 4 * 64 + 64,
+    GGMLType.Q6_K: 32 * 64 + 16 * 64 + 4 * 64 + 64,
+}
+KQUANTS = (GGMLType.Q4_K, GGMLType.Q6_K)
+
+# K-quant steps (one super-block of 256 values), byte offsets within a step
+K_SCALES = 2048                 # Q4_K: sc[8][16] u8, then mn[8][16] u8; Q6_K: after qh
+Q6_QH = 2048                    # Q6_K: 16 vectors of high bits
+Q6_SCALES = 3072                # Q6_K: sc[16][16] i8
+K_D = {GGMLType.Q4_K: 2304, GGMLType.Q6_K: 3328}   # d[16] f16 (Q4_K: then dmin[16] f16)
+
+
+def step_elems(t: GGMLType) -> int:
+    return 256 if t in KQUANTS else 64
+
+
+def qh_offset(t: GGMLType) -> int:
+    """Byte offset of the qh vectors within a step (Q5_0)."""
+    return _qs_bytes(t)
+
+
+def d_offset(t: GGMLType) -> int:
+    return _qs_bytes(t) + (2 * 64 if t == GGMLType.Q5_0 else 0)
+
+
+def m_offset(t: GGMLType) -> int:
+    return d_offset(t) + 64
+
+
+def is_repacked(t: Tensor) -> bool:
+    """Whether the CPU backend keeps weight `t` in the repacked layout: a whole 2-D weight of
+    a supported type whose rows come in whole groups. (The same answer for every graph, so
+    a tensor has one repacked copy.)"""
+    return (t.view_src is None and bool(t.flags & Flag.WEIGHT) and t.type in STEP_BYTES
+            and isinstance(t.ne[0], int) and isinstance(t.ne[1], int)
+            and t.ne[0] % (256 if t.type in KQUANTS else 32) == 0
+            and t.ne[1] % GROUP == 0 and t.ne[2] == 1 and t.ne[3] == 1)
+
+
+def operand_repacked(node: Tensor, j: int) -> bool:
+    """Whether source j of `node` is read in the repacked layout: the weights of mul_mat and
+    the tables of get_rows (a tied embedding is then resident once, repacked)."""
+    if j != 0 or not is_repacked(node.src[0]):
+        return False
+    if node.op == "get_rows":  # (kernels/qdequant.py reads the 32-block layouts)
+        return node.src[0].type not in KQUANTS
+    return node.op == "mul_mat"
+
+
+def repacked_nbytes(t: GGMLType, k: int, m: int) -> int:
+    return (m // GROUP) * n_steps(t, k) * STEP_BYTES[t]
+
+
+def n_steps(t: GGMLType, k: int) -> int:
+    return -(-k // step_elems(t))
+
+
+def _blocks(raw: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarray:
+    """The rows' blocks as [groups, 16 rows, steps, 2 blocks, block bytes], an odd last
+    block padded with a zero block."""
+    bb = type_size(t)
+    nb = k // 32
+    rows = raw.reshape(m, nb * bb)
+    if nb % 2:
+        rows = np.concatenate([rows, np.zeros((m, bb), np.uint8)], axis=1)
+    return rows.reshape(m // GROUP, GROUP, n_steps(t, k), 2, bb)
+
+
+def _lanes(x: np.ndarray) -> np.ndarray:
+    """[g, r, s, h, c, 4 bytes] -> [g, s, h, c, r, 4]: lane r of vector (h, c)."""
+    return x.transpose(0, 2, 3, 4, 1, 5)
+
+
+def _scales(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The f16 at byte `at` of every block, as [g, s, h * 16 + r] bytes (one vector)."""
+    f = blocks[..., at:at + 2]                      # [g, r, s, h, 2]
+    return f.transpose(0, 2, 3, 1, 4).reshape(f.shape[0], f.shape[2], 64)
+
+
+def _qh_planes(qh: np.ndarray) -> np.ndarray:
+    """Q5_0's 32 high bits per block (uint32 [...]) -> 4 bytes: byte i, bit c = bit 4c+i;
+    bit 4+c = bit 16+4c+i."""
+    bits = (qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1      # [..., 32]
+    c = np.arange(4)
+    out = np.zeros(qh.shape + (4,), np.uint8)
+    for i in range(4):
+        lo = bits[..., 4 * c + i] << c
+        hi = bits[..., 16 + 4 * c + i] << (4 + c)
+        out[..., i] = (lo.sum(-1) + hi.sum(-1)).astype(np.uint8)
+    return out
+
+
+def repack(raw: np.ndarray, t: GGMLType, k: int, m: int,
+           done: Callable[[np.ndarray], None] | None = None) -> np.ndarray:
+    """GGUF bytes of an m x k weight -> the repacked layout (uint8, 64-byte aligned). Done
+    a slice of rows at a time, so the temporaries stay small next to the weight; `done` is
+    told each slice of the source once it has been read (to release its pages)."""
+    if t not in STEP_BYTES:
+        raise ValueError(f"no repacked layout for {t.name}")
+    per_block = 256 if t in KQUANTS else 32
+    if k % per_block or m % GROUP:
+        raise ValueError(f"a {t.name} weight of {m} x {k} does not come in whole groups of {GROUP} rows")
+    row_bytes = k // per_block * type_size(t)
+    rows = np.ascontiguousarray(raw).reshape(-1)
+    if rows.nbytes != m * row_bytes:
+        raise ValueError(f"a {t.name} weight of {m} x {k} needs {m * row_bytes} bytes, got {rows.nbytes}")
+    rows = rows.reshape(m, row_bytes)
+    out = aligned_empty(repacked_nbytes(t, k, m))
+    group_bytes = repacked_nbytes(t, k, GROUP)
+    per_slice = max(1, (4 << 20) // group_bytes)  # groups per slice: about 4 MiB
+    for g0 in range(0, m // GROUP, per_slice):
+        g1 = min(g0 + per_slice, m // GROUP)
+        part = _repack_groups(rows[g0 * GROUP:g1 * GROUP], t, k)
+        out[g0 * group_bytes:g1 * group_bytes] = part.reshape(-1)
+        if done is not None:
+            done(rows[g0 * GROUP:g1 * GROUP])
+    return out
+
+
+def _repack_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
+    if t in KQUANTS:
+        return _repack_kquant_groups(rows, t, k)
+    blocks = _blocks(rows, t, k, rows.shape[0])
+    g, s = blocks.shape[0], blocks.shape[2]
+    parts: list[np.ndarray] = []
+    if t == GGMLType.Q8_0:
+        q = blocks[..., 2:34].reshape(g, GROUP, s, 2, 8, 4) ^ np.uint8(0x80)
+        parts.append(_lanes(q).reshape(g, s, -1))
+    else:
+        qs_at = {GGMLType.Q4_0: 2, GGMLType.Q4_1: 4, GGMLType.Q5_0: 6}[t]
+        q = blocks[..., qs_at:qs_at + 16].reshape(g, GROUP, s, 2, 4, 4)
+        parts.append(_lanes(q).reshape(g, s, -1))
+    if t == GGMLType.Q5_0:
+        qh = np.ascontiguousarray(blocks[..., 2:6]).view(np.uint32)[..., 0]   # [g, r, s, h]
+        planes = _qh_planes(qh)                                                 # [g, r, s, h, 4]
+        parts.append(planes.transpose(0, 2, 3, 1, 4).reshape(g, s, -1))
+    parts.append(_scales(blocks, 0))
+    if t == GGMLType.Q4_1:
+        parts.append(_scales(blocks, 2))
+    return np.concatenate(parts, axis=2)
+
+
+def _repack_kquant_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
+    """[groups, steps, STEP_BYTES] for K-quant rows (one step = one super-block)."""
+    m = rows.shape[0]
+    g, s = m // GROUP, k // 256
+    blk = rows.reshape(g, GROUP, s, type_size(t))          # [g, r, s, block bytes]
+
+    def lanes(x: np.ndarray) -> np.ndarray:
+        """[g, r, s, V, 4] -> [g, s, V * 64]: lane r of each of the V vectors."""
+        return x.transpose(0, 2, 3, 1, 4).reshape(g, s, -1)
+
+    def per_row(x: np.ndarray) -> np.ndarray:
+        """[g, r, s, n] bytes -> [g, s, n * 16]: byte 16i + r."""
+        return x.transpose(0, 2, 3, 1).reshape(g, s, -1)
+
+    if t == GGMLType.Q4_K:
+        qs = blk[..., 16:144].reshape(g, GROUP, s, 32, 4)   # vector 8j + c = bytes 32j + 4c..
+        sc, mn = _k4_scales(blk[..., 4:16])
+        d = blk[..., 0:4].reshape(g, GROUP, s, 2, 2)        # d, dmin: 16 f16 each
+        halves = d.transpose(0, 2, 3, 1, 4).reshape(g, s, -1)
+        return np.concatenate([lanes(qs), per_row(sc), per_row(mn), halves], axis=2)
+    q = _q6_values(blk)                                       # [g, r, s, 256] in 0..63
+    q = q.reshape(g, GROUP, s, 4, 2, 8, 4)                    # chunk j, half, c, i
+    ql = (q[:, :, :, :, 0] & 15) | ((q[:, :, :, :, 1] & 15) << 4)           # [g,r,s,4,8,4]
+    hi = (q >> 4).reshape(g, GROUP, s, 4, 2, 4, 2, 4)         # j, half, c', e, i
+    qh = (hi[..., 0, :, 0, :] | (hi[..., 0, :, 1, :] << 2)
+          | (hi[..., 1, :, 0, :] << 4) | (hi[..., 1, :, 1, :] << 6))         # [g,r,s,4,4,4]
+    d = blk[..., 208:210].reshape(g, GROUP, s, 1, 2).transpose(0, 2, 3, 1, 4).reshape(g, s, -1)
+    return np.concatenate([lanes(ql.reshape(g, GROUP, s, 32, 4)), lanes(qh.reshape(g, GROUP, s, 16, 4)),
+                           per_row(blk[..., 192:208]), d, np.zeros((g, s, 32), np.uint8)], axis=2)
+
+
+def _k4_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's get_scale_min_k4 for the 8 sub-blocks: 12 bytes -> (scales, mins), 6 bits each."""
+    q = packed.astype(np.uint8)
+    sc = np.concatenate([q[..., 0:4] & 63, (q[..., 8:12] & 15) | ((q[..., 0:4] >> 6) << 4)], axis=-1)
+    mn = np.concatenate([q[..., 4:8] & 63, (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)], axis=-1)
+    return sc, mn
+
+
+def _q6_values(blk: np.ndarray) -> np.ndarray:
+    """Q6_K blocks [..., 210] -> the 256 unsigned 6-bit values (q + 32) in order: value
+    128n + 32k + l has the low (k < 2) or high nibble of ql[64n + 32(k % 2) + l] and bits
+    2k..2k+1 of qh[32n + l]."""
+    ql = blk[..., 0:128].reshape(blk.shape[:-1] + (2, 2, 32))      # n, k % 2, l
+    qh = blk[..., 128:192].reshape(blk.shape[:-1] + (2, 1, 32))     # n, -, l
+    out = np.empty(blk.shape[:-1] + (2, 4, 32), np.uint8)
+    for kk in range(4):
+        nib = ql[..., kk % 2, :] & 15 if kk < 2 else ql[..., kk % 2, :] >> 4
+        out[..., kk, :] = nib | (((qh[..., 0, :] >> (2 * kk)) & 3) << 4)
+    return out.reshape(blk.shape[:-1] + (256,))
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    buf = np.empty(nbytes + ALIGN, np.uint8)
+    skip = -buf.ctypes.data % ALIGN
+    return buf[skip:skip + nbytes]
+
+
+def release_pages(data: np.ndarray) -> None:
+    """Tell the kernel the pages wholly inside `data` are not needed now (MADV_DONTNEED).
+    For a read-only file mapping this only drops them from memory: touched again, they are
+    read back from the file. Anything else (an anonymous array) is left alone."""
+    if not _from_mmap(data):
+        return
+    page = mmap.PAGESIZE
+    start = -(-data.ctypes.data // page) * page
+    end = (data.ctypes.data + data.nbytes) // page * page
+    if end > start:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), 4)  # MADV_DONTNEED
+        # later reads (get_rows of a tied embedding) fetch single rows: without MADV_RANDOM
+        # each would map its neighbouring pages too (fault-around), the whole table in time
+        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), 1)  # MADV_RANDOM
+
+
+def _from_mmap(data: np.ndarray) -> bool:
+    """Whether data's memory belongs to a memory-mapped file (ndarray bases, memoryviews)."""
+    base = data
+    while isinstance(base, (np.ndarray, memoryview)):
+        base = base.base if isinstance(base, np.ndarray) else base.obj
+    return isinstance(base, mmap.mmap)
+
+
+class WeightLayouts:
+    """Repacked copies of a model's weights, made on first use and shared by every context
+    (and CPU backend) of the model, as ggml's repack buffers are made once at load."""
+
+    def __init__(self, release: bool = True) -> None:
+        self.arrays: dict[str, np.ndarray] = {}
+        self.release = release
+
+    def get(self, t: Tensor, data: np.ndarray) -> np.ndarray:
+        """The repacked copy of weight t (whose GGUF bytes are `data`), made on first use;
+        the source's pages are released slice by slice as they are read, so a large tensor
+        (a 178 MB tied embedding) is never resident twice."""
+        out = self.arrays.get(t.name)
+        if out is None:
+            out = repack(data, t.type, t.ne[0], t.ne[1], release_pages if self.release else None)
+            self.arrays[t.name] = out
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())

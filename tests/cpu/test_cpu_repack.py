@@ -1,0 +1,263 @@
+"""The CPU backend's repacked weights (codegen_cpu/repack.py, kernels/qrepacked.py).
+
+- the layout, decoded by a slow independent reading of the documented format, gives back
+  exactly the GGUF weights (dequantised by ggmlpy.quants, itself bit-exact against gguf);
+- mul_mat on repacked weights against the reference backend (ggml's bar) and against an
+  exact model of the 8-bit activation scheme (f32 rounding only), over decode and prefill
+  token counts, odd block counts and thread counts; a row's result never depends on the
+  thread split;
+- a weight read both ways in one graph (a tied embedding: get_rows and the output product);
+- repacking happens once per model and the memory map's pages are released.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ggmlpy.codegen_cpu import repack
+from ggmlpy.codegen_cpu.backend import CpuBackend
+from ggmlpy.ir.builder import GraphBuilder
+from ggmlpy.ir.ops import OpCase, SrcSpec
+from ggmlpy.ir.ops.testing import make_inputs, normalized_error, run_case, source_values
+from ggmlpy.ir.tensor import Flag
+from ggmlpy.ir.types import GGMLType
+from ggmlpy.quants import dequantize
+from ggmlpy.sched.ref_backend import RefBackend
+from ggmlpy.sched.store import TensorStore
+
+from .test_cpu_quant_kernels import EXACT_BAR, GGML_BAR, _kernel_model
+
+G = GGMLType
+TYPES = (G.Q4_0, G.Q4_1, G.Q5_0, G.Q8_0)
+SHAPES = [(64, 16, 1), (96, 32, 5), (576, 48, 7), (1536, 32, 13), (160, 16, 48), (576, 64, 300)]
+KTYPES = (G.Q4_K, G.Q6_K)
+KSHAPES = [(256, 16, 1), (512, 32, 7), (1024, 48, 40), (2048, 16, 13), (768, 64, 300)]
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    return b.view(np.float16).astype(np.float32)
+
+
+def _unpack(packed: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarray:
+    """Read the repacked bytes back to f32 weights [m, k], one value at a time from the
+    layout the module docstring describes (written independently of repack())."""
+    out = np.zeros((m, k), np.float32)
+    sb = repack.STEP_BYTES[t]
+    n_steps = repack.n_steps(t, k)
+    for g in range(m // 16):
+        for s in range(n_steps):
+            step = packed[(g * n_steps + s) * sb:(g * n_steps + s + 1) * sb]
+            for h in range(2):
+                blk = 2 * s + h
+                if blk >= k // 32:
+                    continue
+                for r in range(16):
+                    d = _f16(step[repack.d_offset(t) + 2 * (16 * h + r):][:2])[0]
+                    vals = np.zeros(32, np.float32)
+                    for j in range(32):
+                        if t == G.Q8_0:
+                            c, i = divmod(j, 4)
+                            byte = step[64 * (8 * h + c) + 4 * r + i]
+                            vals[j] = (int(byte) - 128) * d
+                            continue
+                        c, i = divmod(j % 16, 4)
+                        byte = int(step[64 * (4 * h + c) + 4 * r + i])
+                        q = (byte & 15) if j < 16 else (byte >> 4)
+                        if t == G.Q5_0:
+                            plane = int(step[repack.qh_offset(t) + 64 * h + 4 * r + i])
+                            q |= ((plane >> (c if j < 16 else 4 + c)) & 1) << 4
+                            vals[j] = (q - 16) * d
+                        elif t == G.Q4_0:
+                            vals[j] = (q - 8) * d
+                        else:
+                            mn = _f16(step[repack.m_offset(t) + 2 * (16 * h + r):][:2])[0]
+                            vals[j] = q * d + mn
+                    out[16 * g + r, 32 * blk:32 * blk + 32] = vals
+    return out
+
+
+def _unpack_kquant(packed: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarray:
+    """As _unpack, for Q4_K and Q6_K (one step = one super-block of 256 values)."""
+    out = np.zeros((m, k), np.float32)
+    sb = repack.STEP_BYTES[t]
+    n_steps = k // 256
+    for g in range(m // 16):
+        for s in range(n_steps):
+            step = packed[(g * n_steps + s) * sb:(g * n_steps + s + 1) * sb]
+            for r in range(16):
+                d = _f16(step[repack.K_D[t] + 2 * r:][:2])[0]
+                for v in range(256):
+                    j, within = divmod(v, 64)
+                    half, pos = divmod(within, 32)
+                    c, i = divmod(pos, 4)
+                    byte = int(step[64 * (8 * j + c) + 4 * r + i])
+                    nib = (byte & 15) if half == 0 else (byte >> 4)
+                    if t == G.Q4_K:
+                        sub = 2 * j + half
+                        sc = np.float32(step[repack.K_SCALES + 16 * sub + r])
+                        mn = np.float32(step[repack.K_SCALES + 128 + 16 * sub + r])
+                        dmin = _f16(step[repack.K_D[t] + 32 + 2 * r:][:2])[0]
+                        value = np.float32(d * sc) * np.float32(nib) - np.float32(dmin * mn)
+                    else:
+                        qh = int(step[repack.Q6_QH + 64 * (4 * j + c // 2) + 4 * r + i])
+                        q = nib | (((qh >> (2 * (c % 2) + 4 * half)) & 3) << 4)
+                        sc = np.float32(step[repack.Q6_SCALES + 16 * (v // 16) + r].view(np.int8))
+                        value = np.float32(q - 32) * np.float32(d * sc)
+                    out[16 * g + r, 256 * s + v] = value
+    return out
+
+
+@pytest.mark.parametrize("t,k,m", [(G.Q4_K, 256, 16), (G.Q4_K, 512, 32), (G.Q6_K, 256, 16), (G.Q6_K, 512, 16)],
+                         ids=str)
+def test_kquant_layout_reads_back_exactly(t, k, m):
+    case = OpCase((SrcSpec(t, (k, m, 1, 1)),))
+    raw = make_inputs(case, np.random.default_rng(5))["src0"]
+    packed = repack.repack(raw, t, k, m)
+    assert packed.nbytes == repack.repacked_nbytes(t, k, m)
+    expected = dequantize(np.ascontiguousarray(raw), t, (k, m)).reshape(m, k)
+    np.testing.assert_array_equal(_unpack_kquant(packed, t, k, m), expected)
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("k,m", [(64, 16), (96, 32), (160, 16)])
+def test_layout_reads_back_exactly(t, k, m):
+    case = OpCase((SrcSpec(t, (k, m, 1, 1)),))
+    raw = make_inputs(case, np.random.default_rng(3))["src0"]
+    packed = repack.repack(raw, t, k, m)
+    assert packed.nbytes == repack.repacked_nbytes(t, k, m)
+    assert packed.ctypes.data % repack.ALIGN == 0
+    expected = dequantize(np.ascontiguousarray(raw), t, (k, m)).reshape(m, k)
+    np.testing.assert_array_equal(_unpack(packed, t, k, m), expected)
+
+
+def test_repack_rejects_bad_shapes():
+    raw = np.zeros(20 * 2 * 8, np.uint8)
+    with pytest.raises(ValueError, match="groups of 16"):
+        repack.repack(raw, G.Q4_1, 64, 8)
+    with pytest.raises(ValueError, match="needs"):
+        repack.repack(raw, G.Q4_1, 64, 16)
+    with pytest.raises(ValueError, match="no repacked layout"):
+        repack.repack(raw, G.Q5_K, 256, 16)
+
+
+def _weight_case(t: GGMLType, k: int, m: int, n: int) -> OpCase:
+    return OpCase((SrcSpec(t, (k, m, 1, 1), weight=True), SrcSpec(G.F32, (k, n, 1, 1))))
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("k,m,n", SHAPES, ids=str)
+def test_mul_mat_on_repacked_weights(t, k, m, n):
+    case = _weight_case(t, k, m, n)
+    inputs = make_inputs(case, np.random.default_rng(k + m + n))
+    ours, _ = run_case("mul_mat", case, CpuBackend(n_threads=2), inputs=inputs)
+    expected, _ = run_case("mul_mat", case, RefBackend(), inputs=inputs)
+    w, x = source_values(case, inputs)
+    assert normalized_error(ours, expected) <= GGML_BAR
+    assert normalized_error(ours[0, 0], _kernel_model(t, inputs["src0"], w[0, 0], x[0, 0])) <= EXACT_BAR
+
+
+@pytest.mark.parametrize("t", KTYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("k,m,n", KSHAPES, ids=str)
+def test_kquant_mul_mat_on_repacked_weights(t, k, m, n):
+    test_mul_mat_on_repacked_weights(t, k, m, n)
+
+
+@pytest.mark.parametrize("t", [G.Q4_1, G.Q5_0, G.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 7, 40])
+def test_result_independent_of_threads(t, n):
+    case = _weight_case(t, 768, 80, n)   # 5 groups: uneven splits over 2 and 3 threads
+    inputs = make_inputs(case, np.random.default_rng(9))
+    results = [run_case("mul_mat", case, CpuBackend(n_threads=nt), inputs=inputs)[0] for nt in (1, 2, 3)]
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_array_equal(results[0], results[2])
+
+
+def test_weights_are_repacked_only_where_the_layout_applies():
+    b = GraphBuilder()
+    w = b.input("w", G.Q4_1, (64, 32, 1, 1))
+    w.flags = Flag.WEIGHT
+    odd = b.input("odd", G.Q4_1, (64, 24, 1, 1))
+    odd.flags = Flag.WEIGHT
+    act = b.input("act", G.Q4_1, (64, 32, 1, 1))
+    assert repack.is_repacked(w)
+    assert not repack.is_repacked(odd)      # 24 rows: not whole groups
+    assert not repack.is_repacked(act)      # not a weight: computed per run
+    f16 = b.input("f16", G.F16, (64, 32, 1, 1))
+    f16.flags = Flag.WEIGHT
+    assert not repack.is_repacked(f16)
+
+
+def test_tied_embedding_read_both_ways():
+    """A weight read by get_rows and by mul_mat (a tied embedding): one repacked copy."""
+    k, m, n = 128, 48, 3
+    rng = np.random.default_rng(4)
+    wcase = OpCase((SrcSpec(G.Q8_0, (k, m, 1, 1)),))
+    wdata = make_inputs(wcase, rng)["src0"]
+    ids = np.array([5, 0, 47], np.int32)
+    b = GraphBuilder()
+    w = b.input("tok_embd", G.Q8_0, (k, m, 1, 1))
+    w.flags = Flag.WEIGHT
+    tokens = b.input("ids", G.I32, (n, 1, 1, 1))
+    rows = b.get_rows(w, tokens)
+    logits = b.mul_mat(w, rows)
+    graph = b.build([logits])
+
+    def run(backend):
+        store = TensorStore({"tok_embd": np.array(wdata, copy=True), "ids": ids})
+        backend.compile(graph, graph.nodes).run(store, {})
+        return np.array(store.array(logits, {}), copy=True)
+
+    ours, expected = run(CpuBackend(n_threads=2)), run(RefBackend())
+    assert normalized_error(ours, expected) <= GGML_BAR
+
+
+def test_repacked_once_per_model_and_pages_released(smollm2_path):
+    import llama
+
+    model = llama.Model.load(smollm2_path)
+    ctx1 = llama.Context(model, n_ctx=256, n_batch=32, n_ubatch=32)
+    ctx2 = llama.Context(model, n_ctx=256, n_batch=32, n_ubatch=32)
+    for ctx in (ctx1, ctx2):
+        assert ctx.decode(llama.Batch.from_tokens([1, 2, 3])) == 0
+    layouts = model.backend_cache["cpu.repacked"]
+    assert ctx1.backends[0].weight_layouts is ctx2.backends[0].weight_layouts is layouts
+    # every Q4_1 weight, and the tied Q8_0 embedding (the output product)
+    assert "token_embd.weight" in layouts.arrays
+    assert sum(name.endswith("ffn_up.weight") for name in layouts.arrays) == model.hparams.n_layer
+    np.testing.assert_array_equal(ctx1.get_logits_ith(-1), ctx2.get_logits_ith(-1))
+    # the file pages of the repacked weights are no longer resident in this process
+    resident = _mapping_rss_kib(str(smollm2_path))
+    assert resident * 1024 < 0.25 * model.size_bytes, resident
+
+
+def _mapping_rss_kib(path: str) -> int:
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and ":" in head[3]:
+                inside = line.rstrip().endswith(path)
+            elif inside and head[0] == "Rss:":
+                total += int(head[1])
+    return total
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_get_rows_from_repacked_table(t):
+    k, m = 160, 48   # an odd number of blocks
+    case = OpCase((SrcSpec(t, (k, m, 1, 1), weight=True), SrcSpec(G.I32, (6,), fill="rows:48")))
+    inputs = make_inputs(case, np.random.default_rng(6))
+    inputs["src1"] = np.array([0, 15, 16, 47, 31, 15], np.int32)
+    ours, _ = run_case("get_rows", case, CpuBackend(n_threads=2), inputs=inputs)
+    expected = dequantize(np.ascontiguousarray(inputs["src0"]), t, (k, m)).reshape(m, k)[inputs["src1"]]
+    np.testing.assert_array_equal(ours.reshape(expected.shape), expected)
+
+
+def test_get_rows_of_a_kquant_weight_reads_the_gguf_bytes():
+    """K-quant tables have no repacked get_rows: the weight gets a plain slot too."""
+    k, m = 256, 32
+    case = OpCase((SrcSpec(G.Q4_K, (k, m, 1, 1), weight=True), SrcSpec(G.I32, (3,), fill="rows:32")))
+    inputs = make_inputs(case, np.random.default_rng(8))
+    ours, _ = run_case("get_rows", case, CpuBackend(n_threads=2), inputs=inputs)
+    expected = dequantize(np.ascontiguousarray(inputs["src0"]), G.Q4_K, (k, m)).reshape(m, k)[inputs["src1"]]
+    np.testing.assert_array_equal(ours.reshape(expected.shape), expected)
