@@ -1,22 +1,32 @@
-"""Native threads for compiled graphs, and JIT loading of LLVM modules.
+"""Native threads for compiled graphs, and loading of compiled modules.
 
 A compiled graph is one native function `graph(ctx, ith, nth)` that every thread runs, with
-barriers between nodes. Worker threads are Python threads that call a JIT-compiled worker
-loop through ctypes (which releases the GIL): it spins waiting for the next launch, runs the
+barriers between nodes. Worker threads are Python threads that call a compiled worker loop
+through ctypes (which releases the GIL): it spins waiting for the next launch, runs the
 graph, counts itself done, and only after a while without work returns to Python to sleep on
 an Event. A launch from Python therefore costs about a microsecond (CPU_FACTS.md), not the
 40 µs of waking Python threads.
+
+Modules reach memory without LLVM where possible: object code comes from the disk cache or
+the compile worker (a child process) and is loaded by our ELF loader; MCJIT (JitModule) is
+the fallback for an object the loader rejects.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import threading
+import time
 
-import llvmlite.binding as llvm
 import numpy as np
 
-from ggmlpy.codegen_cpu.target import host, new_target_machine, target_machine
+from ggmlpy.codegen_cpu.compile_worker import compile_ir, emit_object
+from ggmlpy.codegen_cpu.disk_cache import ObjectCache
+from ggmlpy.codegen_cpu.elf_loader import ElfLoadError, NativeObject
+from ggmlpy.codegen_cpu.target import host, new_target_machine
+
+log = logging.getLogger("ggmlpy.codegen_cpu")
 
 # pool array (int64) layout
 GEN, QUIT, FN, CTX, NTH, DONE = 0, 1, 2, 3, 4, 5
@@ -131,21 +141,14 @@ out:
 
 
 class JitModule:
-    """An LLVM module compiled for the host and kept alive with its engine."""
+    """An LLVM module compiled for the host and kept alive with its MCJIT engine (this loads
+    libllvmlite.so; `compile_module` avoids it)."""
 
     def __init__(self, ir_text: str | None = None, object_code: bytes | None = None,
                  optimize_ir: bool = True):
-        from ggmlpy.codegen_cpu.target import optimize
+        import llvmlite.binding as llvm
 
-        tm = target_machine()
-        if object_code is None:
-            mod = llvm.parse_assembly(ir_text)
-            mod.verify()
-            if optimize_ir:
-                optimize(mod)
-            self.object_code = tm.emit_object(mod)
-        else:
-            self.object_code = object_code
+        self.object_code = emit_object(ir_text, optimize_ir) if object_code is None else object_code
         self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())
         self.engine.add_object_file(llvm.ObjectFileRef.from_data(self.object_code))
         self.engine.finalize_object()
@@ -157,14 +160,37 @@ class JitModule:
         return addr
 
 
+def load_object(object_code: bytes) -> NativeObject | JitModule:
+    """Object code in memory, by the ELF loader; by MCJIT if the loader rejects it."""
+    try:
+        return NativeObject(object_code)
+    except ElfLoadError as e:
+        log.warning("ELF loader rejected the object (%s); loading it with MCJIT", e)
+        return JitModule(object_code=object_code)
+
+
+def compile_module(ir_text: str, cache: ObjectCache | None = None) -> NativeObject | JitModule:
+    """The module for `ir_text`: object code from the disk cache, else compiled (by the
+    compile worker) and stored there, then loaded."""
+    cache = cache if cache is not None else ObjectCache()
+    data = cache.load(ir_text)
+    if data is None:
+        t0 = time.perf_counter()
+        data = compile_ir(ir_text)
+        log.info("LLVM compiled %d KiB of IR to %d KiB of object code in %.2f s",
+                 len(ir_text) >> 10, len(data) >> 10, time.perf_counter() - t0)
+        cache.store(ir_text, data)
+    return load_object(data)
+
+
 @functools.lru_cache(maxsize=1)
-def _runtime() -> JitModule:
+def _runtime() -> NativeObject | JitModule:
     pause = "call void @llvm.x86.sse2.pause()" if host().triple.startswith("x86_64") else ""
     text = _RUNTIME_IR.replace("PAUSE", pause).replace("SPIN_LIMIT", str(SPIN_LIMIT))
     text += "\ndeclare i32 @sched_yield()\n"
     if pause:
         text += "declare void @llvm.x86.sse2.pause()\n"
-    return JitModule(text)
+    return compile_module(text)
 
 
 _WORKER = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
