@@ -2,8 +2,12 @@
 
 decode(batch): validate and fill the batch, split it into ubatches, find a KV slot for every
 ubatch before any runs, then per ubatch: apply the slot, reuse the previous graph when its
-params match (else build it and fetch the compiled graph by signature), set inputs, compute,
-and append the flagged logits in batch order. Return codes are llama.cpp's.
+params match (else take the graph built for them, building it the first time), set inputs,
+compute, and append the flagged logits in batch order. Return codes are llama.cpp's.
+
+A generation step (one token, one sequence) skips the general allocator (single_token.py),
+writes its inputs into buffers that persist between steps (so the compiled graph rebinds
+nothing) and undoes a failed step from a checkpoint of its one cell rather than a snapshot.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from typing import Callable
 
 import numpy as np
 
+from ggmlpy.ir.tensor import Tensor
 from ggmlpy.passes.pipeline import PIPELINES, run_pipeline
 from ggmlpy.sched.cache import GraphCache
 from ggmlpy.sched.registry import create_backend
@@ -21,11 +26,12 @@ from ggmlpy.sched.scheduler import CompiledGraph
 from ggmlpy.sched.store import TensorStore
 from llama.batch import Batch, BatchAllocator, BatchError, UBatch
 from llama.graph import BuiltGraph, KVLayout, LlmGraph
-from llama.graph_inputs import GraphParams, InputState
+from llama.graph_inputs import GraphParams, InputBuffers, InputState
 from llama.kshift import build_k_shift
 from llama.kv_cache import KV_TYPES, KVCache
 from llama.kv_cache_iswa import KVCacheISWA
 from llama.model import Model
+from llama.single_token import single_token_ubatch
 
 log = logging.getLogger("llama.context")
 
@@ -39,6 +45,15 @@ MAX_SEQ = 256
 
 def _pad(n: int, to: int) -> int:
     return -(-n // to) * to
+
+
+_FIRST_OUTPUT = np.zeros(1, np.int64)  # output ids of a one-token batch (read-only)
+_FIRST_OUTPUT.flags.writeable = False
+
+
+def _is_batch_order(idxs: np.ndarray, n_tokens: int) -> bool:
+    """Whether a ubatch holds every token of the batch, in batch order."""
+    return len(idxs) == n_tokens and (n_tokens == 1 or bool((np.diff(idxs) > 0).all()))
 
 
 class Context:
@@ -80,13 +95,23 @@ class Context:
                                "n_kv_swa": self.kv_layout.kv_size_swa or self.n_ctx})
             if hasattr(be, "set_threads"):
                 be.set_threads(self.n_threads)
+            if hasattr(be, "share_model_cache"):
+                be.share_model_cache(model.backend_cache)
+        self._thread_setters = [be.set_threads for be in self.backends if hasattr(be, "set_threads")]
         self.graph_cache = GraphCache()
         self.n_reused = 0
         self.n_compute = 0
         self._prev: BuiltGraph | None = None
         self._prev_compiled: CompiledGraph | None = None
+        # built graphs by params: switching between prompt and decode graphs rebuilds nothing
+        self._built: dict[GraphParams, tuple[BuiltGraph, CompiledGraph]] = {}
+        self._input_bufs = InputBuffers()
+        self._params: dict[tuple[bool, bool], GraphParams] = {}
+        self._out_view: tuple | None = None  # (buffer, tensor, env, rows) of the last logits
+        self._reusable: tuple | None = None  # (graph, params) that passed the reuse check
         self._weights = model.weight_arrays()
-        self._logits = np.zeros((0, hp.n_vocab), np.float32)
+        self._logits: np.ndarray | None = np.zeros((0, hp.n_vocab), np.float32)
+        self._n_outputs = 0
         self._output_ids = np.zeros(0, np.int64)
         self._reserve()
 
@@ -144,21 +169,75 @@ class Context:
     def _reserve_graphs(self) -> None:
         for n_tokens in (self.n_ubatch, 1):
             params = GraphParams("single" if n_tokens == 1 else "multi", False, self.n_ctx)
-            self._compile(self.build_graph(params))
+            built = self.build_graph(params)
+            self._built[params] = (built, self._compile(built))
 
     def _graph_for(self, params: GraphParams) -> tuple[BuiltGraph, CompiledGraph]:
-        prev = self._prev
+        """llama.cpp's reuse of the previous graph (counted in n_reused); otherwise the graph
+        built earlier for these params, or a new one. A graph depends on its params only, so
+        keeping one per params changes nothing but the time to switch prompt/decode."""
+        prev, checked = self._prev, self._reusable
+        if prev is not None and checked is not None and checked[0] is prev and checked[1] is params:
+            self.n_reused += 1  # passed the check below last time; params and can_reuse are pure
+            return prev, self._prev_compiled  # type: ignore[return-value]
         if prev is not None and prev.params == params and all(i.can_reuse(params) for i in prev.inputs):
             self.n_reused += 1
+            self._reusable = (prev, params)
             return prev, self._prev_compiled  # type: ignore[return-value]
-        built = self.build_graph(params)
-        compiled = self._compile(built)
-        self._prev, self._prev_compiled = built, compiled
-        return built, compiled
+        entry = self._built.get(params)
+        if entry is None:
+            built = self.build_graph(params)
+            entry = self._built[params] = (built, self._compile(built))
+        self._prev, self._prev_compiled = entry
+        return entry
 
     # decode -----------------------------------------------------------------------------------
     def decode(self, batch: Batch) -> int:
         """0 ok, 1 no KV slot (nothing written), 2 aborted, -1 invalid batch, < -1 fatal."""
+        ub = single_token_ubatch(batch, self.n_vocab, self.n_seq_max, self.memory,
+                                 equal_seqs=self.n_seq_max > 1)
+        if ub is not None:  # a generation step: one ubatch of one output, nothing to split
+            ubatches, n_outputs, in_order = [ub], 1, True
+            output_ids = _FIRST_OUTPUT
+        else:
+            split = self._split(batch)
+            if isinstance(split, int):
+                return split
+            ubatches, output = split
+            n_outputs = int(np.count_nonzero(output))
+            output_ids = np.full(len(output), -1, np.int64)
+            output_ids[output] = np.arange(n_outputs)
+            # one ubatch in batch order: its logits are the result as they are
+            in_order = len(ubatches) == 1 and _is_batch_order(ubatches[0].idxs, len(output))
+        slots = self.memory.prepare(ubatches)  # every ubatch placed, or none
+        if slots is None:
+            return DECODE_NO_KV_SLOT
+        # until the logits are in they read as zeros (as after a failed or aborted ubatch)
+        self._output_ids = output_ids
+        self._n_outputs = n_outputs
+        self._logits = None if in_order else np.zeros((n_outputs, self.n_vocab), np.float32)
+
+        self._apply_k_shift()
+        for ub, slot in zip(ubatches, slots):
+            if self.abort_callback is not None and self.abort_callback():
+                return DECODE_ABORTED
+            state = self.memory.checkpoint(slot)
+            try:
+                self.memory.apply_ubatch(slot, ub)
+                logits = self._process_ubatch(ub, slot)
+            except Exception:
+                self.memory.restore(state)  # the failed ubatch leaves no trace in the cache
+                log.exception("decode: computing a ubatch failed")
+                return DECODE_FATAL
+            if in_order:
+                self._logits = np.array(logits, dtype=np.float32)  # a copy: the graph's memory is reused
+            else:
+                self._logits[self._output_ids[ub.idxs[ub.output]]] = logits
+        return DECODE_OK
+
+    def _split(self, batch: Batch) -> tuple[list[UBatch], np.ndarray] | int:
+        """Validate the batch and split it into ubatches: (ubatches, output flags in batch
+        order), or decode's return code for an invalid batch."""
         try:
             ab = BatchAllocator.init(batch, self.n_vocab, self.n_seq_max, self.memory)
         except BatchError as e:
@@ -172,48 +251,42 @@ class Context:
         if ubatches is None:
             log.error("decode: the batch could not be split into ubatches")
             return DECODE_INVALID_BATCH
-        slots = self.memory.prepare(ubatches)  # every ubatch placed, or none
-        if slots is None:
-            return DECODE_NO_KV_SLOT
-
-        n_outputs = int(ab.output.sum())
-        self._logits = np.zeros((n_outputs, self.n_vocab), np.float32)
-        self._output_ids = np.full(ab.n_tokens, -1, np.int64)
-        self._output_ids[np.flatnonzero(ab.output)] = np.arange(n_outputs)
-
-        self._apply_k_shift()
-        for ub, slot in zip(ubatches, slots):
-            if self.abort_callback is not None and self.abort_callback():
-                return DECODE_ABORTED
-            state = self.memory.snapshot()
-            try:
-                self.memory.apply_ubatch(slot, ub)
-                logits = self._process_ubatch(ub, slot)
-            except Exception:
-                self.memory.restore(state)  # the failed ubatch leaves no trace in the cache
-                log.exception("decode: computing a ubatch failed")
-                return DECODE_FATAL
-            rows = self._output_ids[ub.idxs[ub.output]]
-            self._logits[rows] = logits
-        return DECODE_OK
+        return ubatches, ab.output
 
     def _process_ubatch(self, ub: UBatch, slot) -> np.ndarray:
-        params = GraphParams.for_ubatch(ub, self.n_ctx)
+        params = self._params_for(ub)
         built, compiled = self._graph_for(params)
         threads = self.n_threads if ub.n_tokens == 1 else self.n_threads_batch
-        for be in self.backends:
-            if hasattr(be, "set_threads"):
-                be.set_threads(threads)
+        for set_threads in self._thread_setters:
+            set_threads(threads)
         state: InputState = self.memory.input_state(slot)
         inputs: dict[str, np.ndarray] = {}
         for inp in built.inputs:
-            inputs.update(inp.set_input(ub, state))
-        env = {"n_tokens": ub.n_tokens, "n_outputs": int(ub.output.sum()), **state.symbols()}
+            inputs.update(inp.set_input(ub, state, self._input_bufs))
+        env = {"n_tokens": ub.n_tokens, "n_outputs": int(np.count_nonzero(ub.output)), **state.symbols()}
         store = TensorStore(ChainMap(inputs, self.memory.bindings(), self._weights))
         compiled.run(store, env)
         self.n_compute += 1
-        out = store.array(compiled.graph.outputs[0], env)
-        return out.reshape(-1, self.n_vocab)
+        return self._output_rows(store, compiled.graph.outputs[0], env)
+
+    def _params_for(self, ub: UBatch) -> GraphParams:
+        """GraphParams.for_ubatch, one object per value (the reuse check compares them)."""
+        key = (ub.n_tokens == 1, ub.embd is not None)
+        params = self._params.get(key)
+        if params is None:
+            params = self._params[key] = GraphParams.for_ubatch(ub, self.n_ctx)
+        return params
+
+    def _output_rows(self, store: TensorStore, out: Tensor, env: dict[str, int]) -> np.ndarray:
+        """The logits tensor as [n_outputs, n_vocab]. A graph that leaves them in the same
+        buffer at the same sizes as last time gets last time's view back."""
+        buf = store.buffer(out)
+        last = self._out_view
+        if last is not None and last[0] is buf and last[1] is out and last[2] == env:
+            return last[3]
+        rows = store.array(out, env).reshape(-1, self.n_vocab)
+        self._out_view = (buf, out, env, rows)
+        return rows
 
     def _apply_k_shift(self) -> None:
         """Re-rotate cached keys after seq_add/seq_div moved positions (llama.cpp's K-shift)."""
@@ -228,19 +301,22 @@ class Context:
     # logits -----------------------------------------------------------------------------------
     def get_logits(self) -> np.ndarray:
         """All output rows of the last decode, in batch order: [n_outputs, n_vocab]."""
+        if self._logits is None:  # the decode stopped before its only ubatch computed
+            self._logits = np.zeros((self._n_outputs, self.n_vocab), np.float32)
         return self._logits
 
     def get_logits_ith(self, i: int) -> np.ndarray:
         """Logits of batch position i (which must have been flagged), or of the i-th output
         from the end when i < 0 (-1: the last)."""
-        n_out = len(self._logits)
+        logits = self.get_logits()
+        n_out = len(logits)
         if i < 0:
             if -i > n_out:
                 raise IndexError(f"get_logits_ith({i}): only {n_out} outputs in the last batch")
-            return self._logits[n_out + i]
+            return logits[n_out + i]
         if i >= len(self._output_ids):
             raise IndexError(f"get_logits_ith({i}): the last batch had {len(self._output_ids)} tokens")
         row = self._output_ids[i]
         if row < 0:
             raise IndexError(f"get_logits_ith({i}): batch position {i} was not flagged for logits")
-        return self._logits[row]
+        return logits[row]

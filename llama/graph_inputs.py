@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from llama.kv_cells import SWAType
+
 if TYPE_CHECKING:
     from llama.batch import UBatch
     from llama.kv_cells import KVCells, SlotInfo
@@ -46,22 +48,64 @@ class InputState:
         return out
 
 
+class InputBuffers:
+    """Host memory for graph inputs that outlives a ubatch: per leaf name, the same array
+    object while the shape stays the same. A compiled graph that finds the same arrays bound
+    as in its last run keeps its pointers (CpuSplit), so a decode step rebinds nothing.
+
+    An array handed out is overwritten by the next ubatch; every backend has read its inputs
+    by the time `run` returns, so nothing outlives that."""
+
+    def __init__(self) -> None:
+        self._flat: dict[str, np.ndarray] = {}
+        self._views: dict[str, tuple[type, tuple[int, ...], np.ndarray]] = {}
+
+    def take(self, name: str, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
+        last = self._views.get(name)
+        if last is not None and last[0] is dtype and last[1] == shape:
+            return last[2]
+        n = 1
+        for d in shape:
+            n *= d
+        flat = self._flat.get(name)
+        if flat is None or flat.dtype != dtype or flat.size < n:
+            # grow with headroom: the mask grows with n_kv, 32 cells at a time
+            size = max(n, 2 * flat.size if flat is not None and flat.dtype == dtype else 0)
+            flat = self._flat[name] = np.empty(size, dtype=dtype)
+        view = flat[:n].reshape(shape)
+        self._views[name] = (dtype, shape, view)
+        return view
+
+
 class GraphInput(abc.ABC):
     names: tuple[str, ...] = ()
 
     @abc.abstractmethod
-    def set_input(self, ub: "UBatch", state: InputState) -> dict[str, np.ndarray]:
-        """The arrays of this input's leaves for the ubatch, by leaf name."""
+    def set_input(self, ub: "UBatch", state: InputState,
+                  bufs: InputBuffers | None = None) -> dict[str, np.ndarray]:
+        """The arrays of this input's leaves for the ubatch, by leaf name; written into
+        `bufs` when given (the context's persistent buffers), into new arrays otherwise."""
 
     def can_reuse(self, params: GraphParams) -> bool:
         return True
 
 
+def _fill(bufs: InputBuffers | None, name: str, dtype: type, values) -> np.ndarray:
+    """`values` as a contiguous array of dtype, in bufs' array for `name` when given."""
+    if type(values) is not np.ndarray:
+        values = np.asarray(values)
+    if bufs is None:
+        return np.ascontiguousarray(values, dtype=dtype)
+    out = bufs.take(name, dtype, values.shape)
+    out[...] = values
+    return out
+
+
 class InpTokens(GraphInput):
     names = ("inp_tokens",)
 
-    def set_input(self, ub, state):
-        return {"inp_tokens": np.ascontiguousarray(ub.tokens, dtype=np.int32)}
+    def set_input(self, ub, state, bufs=None):
+        return {"inp_tokens": _fill(bufs, "inp_tokens", np.int32, ub.tokens)}
 
     def can_reuse(self, params):
         return not params.use_embd
@@ -70,8 +114,8 @@ class InpTokens(GraphInput):
 class InpEmbd(GraphInput):
     names = ("inp_embd",)
 
-    def set_input(self, ub, state):
-        return {"inp_embd": np.ascontiguousarray(ub.embd, dtype=np.float32)}
+    def set_input(self, ub, state, bufs=None):
+        return {"inp_embd": _fill(bufs, "inp_embd", np.float32, ub.embd)}
 
     def can_reuse(self, params):
         return params.use_embd
@@ -80,8 +124,8 @@ class InpEmbd(GraphInput):
 class InpPos(GraphInput):
     names = ("inp_pos",)
 
-    def set_input(self, ub, state):
-        return {"inp_pos": np.ascontiguousarray(ub.pos, dtype=np.int32)}
+    def set_input(self, ub, state, bufs=None):
+        return {"inp_pos": _fill(bufs, "inp_pos", np.int32, ub.pos)}
 
 
 class InpOutIds(GraphInput):
@@ -89,8 +133,8 @@ class InpOutIds(GraphInput):
 
     names = ("inp_out_ids",)
 
-    def set_input(self, ub, state):
-        return {"inp_out_ids": np.flatnonzero(ub.output).astype(np.int32)}
+    def set_input(self, ub, state, bufs=None):
+        return {"inp_out_ids": _fill(bufs, "inp_out_ids", np.int32, ub.output.nonzero()[0])}
 
 
 @dataclass
@@ -112,24 +156,27 @@ class InpAttnKV(GraphInput):
             return ("inp_k_idxs", "inp_kq_mask", "inp_k_idxs_swa", "inp_kq_mask_swa")
         return ("inp_k_idxs", "inp_kq_mask") + (("inp_kq_mask_swa",) if self.n_swa else ())
 
-    def set_input(self, ub, state):
-        from llama.kv_cells import SWAType
-
-        cells = state.cells
+    def set_input(self, ub, state, bufs=None):
+        cells, n_tokens = state.cells, ub.n_tokens
         out = {
-            "inp_k_idxs": cells.k_idxs(state.slot).astype(np.int64),
-            "inp_kq_mask": cells.kq_mask(ub, state.n_kv, causal=self.causal, swa_type=SWAType.NONE),
+            "inp_k_idxs": _fill(bufs, "inp_k_idxs", np.int64, state.slot.idxs),
+            "inp_kq_mask": cells.kq_mask(
+                ub, state.n_kv, causal=self.causal, swa_type=SWAType.NONE,
+                out=None if bufs is None else bufs.take("inp_kq_mask", np.float32, (n_tokens, state.n_kv))),
         }
         if self.iswa:
             swa = state.swa
             if swa is None:
                 raise ValueError("the graph was built for a separate SWA cache, but the memory has none")
-            out["inp_k_idxs_swa"] = swa.cells.k_idxs(swa.slot).astype(np.int64)
+            out["inp_k_idxs_swa"] = _fill(bufs, "inp_k_idxs_swa", np.int64, swa.slot.idxs)
             # the SWA cache's cells know their own window (swa_type None)
-            out["inp_kq_mask_swa"] = swa.cells.kq_mask(ub, swa.n_kv, causal=self.causal)
+            out["inp_kq_mask_swa"] = swa.cells.kq_mask(
+                ub, swa.n_kv, causal=self.causal,
+                out=None if bufs is None else bufs.take("inp_kq_mask_swa", np.float32, (n_tokens, swa.n_kv)))
         elif self.n_swa:
-            out["inp_kq_mask_swa"] = cells.kq_mask(ub, state.n_kv, causal=self.causal,
-                                                   swa_type=SWAType(self.swa_type), n_swa=self.n_swa)
+            out["inp_kq_mask_swa"] = cells.kq_mask(
+                ub, state.n_kv, causal=self.causal, swa_type=SWAType(self.swa_type), n_swa=self.n_swa,
+                out=None if bufs is None else bufs.take("inp_kq_mask_swa", np.float32, (n_tokens, state.n_kv)))
         return out
 
     def can_reuse(self, params):

@@ -21,7 +21,7 @@ from llama.batch import UBatch
 from llama.graph import KVLayout
 from llama.graph_inputs import InputState
 from llama.hparams import HParams
-from llama.kv_cells import KVCells, KVCellsState, SlotInfo, SWAType
+from llama.kv_cells import KVCells, KVCellsState, KVCellsUndo, SlotInfo, SWAType
 
 KV_TYPES = {"f16": GGMLType.F16, "f32": GGMLType.F32, "bf16": GGMLType.BF16}
 
@@ -107,5 +107,9 @@ class KVCache:
     def snapshot(self) -> KVCellsState:
         return self.cells.snapshot()
 
-    def restore(self, state: KVCellsState) -> None:
+    def checkpoint(self, slot: SlotInfo) -> KVCellsState | KVCellsUndo:
+        """Before apply_ubatch(slot, ...): what `restore` needs to undo it (KVCells.checkpoint)."""
+        return self.cells.checkpoint(slot)
+
+    def restore(self, state: KVCellsState | KVCellsUndo) -> None:
         self.cells.restore(state)

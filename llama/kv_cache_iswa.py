@@ -25,7 +25,7 @@ from llama.graph import KVLayout
 from llama.graph_inputs import InputState
 from llama.hparams import HParams
 from llama.kv_cache import KVCache
-from llama.kv_cells import KVCellsState, SlotInfo, SWAType
+from llama.kv_cells import KVCellsState, KVCellsUndo, SlotInfo, SWAType
 
 SWA_PAD = 256  # llama.cpp always pads the SWA cache to 256 cells (its issue 17037)
 
@@ -44,8 +44,8 @@ class ISWASlot:
 
 @dataclass(frozen=True)
 class ISWAState:
-    base: KVCellsState
-    swa: KVCellsState
+    base: KVCellsState | KVCellsUndo
+    swa: KVCellsState | KVCellsUndo
 
 
 def swa_cache_size(kv_size: int, n_swa: int, n_seq_max: int, n_ubatch: int, swa_full: bool = False,
@@ -164,6 +164,10 @@ class KVCacheISWA:
 
     def snapshot(self) -> ISWAState:
         return ISWAState(self.base.snapshot(), self.swa.snapshot())
+
+    def checkpoint(self, slot: ISWASlot) -> ISWAState:
+        """Before apply_ubatch(slot, ...): what `restore` needs to undo it, in both halves."""
+        return ISWAState(self.base.checkpoint(slot.base), self.swa.checkpoint(slot.swa))
 
     def restore(self, state: ISWAState) -> None:
         self.base.restore(state.base)

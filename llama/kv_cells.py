@@ -19,50 +19,14 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
 
 from llama.batch import LLAMA_MAX_SEQ, POS_MAX, UBatch
+from llama.kv_mask import SWAType, check_swa, is_masked_swa, kq_mask
 
-
-class SWAType(IntEnum):
-    """llama_swa_type: how a sliding-window attention layer limits what a token sees."""
-
-    NONE = 0
-    STANDARD = 1     # see the last n_swa positions: masked when p1 - p0 >= n_swa
-    CHUNKED = 2      # see only its own chunk of n_swa positions
-    SYMMETRIC = 3    # see |p1 - p0| <= n_swa // 2 (non-causal models)
-
-
-def is_masked_swa(n_swa: int, swa_type: SWAType | int, p0, p1):
-    """Whether a token at p1 may NOT see the cell at p0 because of the window (llama.cpp's
-    llama_hparams::is_masked_swa). Works on ints and on broadcast numpy arrays."""
-    swa_type = SWAType(swa_type)
-    p0 = np.asarray(p0)
-    p1 = np.asarray(p1)
-    if swa_type == SWAType.NONE:
-        out = np.zeros(np.broadcast_shapes(p0.shape, p1.shape), dtype=bool)
-    elif swa_type == SWAType.STANDARD:
-        out = p1 - p0 >= n_swa
-    elif swa_type == SWAType.CHUNKED:
-        out = p0 < (p1 // n_swa) * n_swa
-    else:
-        diff = p1 - p0
-        half = n_swa // 2
-        out = (diff < -half) | (diff > half)
-    return bool(out) if out.ndim == 0 else out
-
-
-def _check_swa(swa_type: SWAType | int, n_swa: int) -> SWAType:
-    try:
-        swa_type = SWAType(swa_type)
-    except ValueError:
-        raise ValueError(f"unknown swa_type {swa_type!r} (0..3: none, standard, chunked, "
-                         f"symmetric)") from None
-    if swa_type != SWAType.NONE and n_swa <= 0:
-        raise ValueError(f"swa_type {swa_type.name} needs n_swa > 0, got {n_swa}")
-    return swa_type
+__all__ = ["KVCells", "KVCellsState", "KVCellsUndo", "SWAType", "SlotInfo", "is_masked_swa"]
 
 
 class _PosMultiset:
@@ -108,6 +72,14 @@ class SlotInfo:
         return len(self.idxs)
 
 
+class KVCellsUndo(NamedTuple):
+    """What `restore` needs to undo `apply_ubatch` on cells that were all empty (always,
+    outside SWA caches): the cells, and the head before. See `checkpoint`."""
+
+    idxs: list[int]
+    head: int
+
+
 @dataclass(frozen=True)
 class KVCellsState:
     """A copy of the cell metadata, from `snapshot()`, for `restore()`."""
@@ -140,7 +112,7 @@ class KVCells:
         self.size = int(size)
         self.n_seq_max = int(n_seq_max)
         self.n_pad = int(n_pad)
-        self.swa_type = _check_swa(swa_type, n_swa)
+        self.swa_type = check_swa(swa_type, n_swa)
         self.n_swa = int(n_swa)
         self.pos = np.full(self.size, -1, dtype=np.int32)
         self.seq = np.zeros((self.size, self.n_seq_max), dtype=bool)
@@ -148,18 +120,18 @@ class KVCells:
         self.has_shift = False
         self.head = 0
         self._seq_pos = [_PosMultiset() for _ in range(self.n_seq_max)]
+        self._used: list[int] = []  # sorted indices of the non-empty cells (llama.cpp's `used`)
 
     # -- queries ---------------------------------------------------------------------------
 
     @property
     def used(self) -> int:
         """Number of non-empty cells."""
-        return int(np.count_nonzero(self.pos >= 0))
+        return len(self._used)
 
     def used_max_p1(self) -> int:
         """Index of the last non-empty cell + 1 (0 when all are empty)."""
-        nz = np.flatnonzero(self.pos >= 0)
-        return int(nz[-1]) + 1 if len(nz) else 0
+        return self._used[-1] + 1 if self._used else 0
 
     def is_empty(self, i: int) -> bool:
         return bool(self.pos[i] < 0)
@@ -203,11 +175,20 @@ class KVCells:
             return None
         head = self.head
         # plenty of free cells before the head: better to fill the cache from the start
-        if head > self.used + 2 * n_tokens:
+        if head > len(self._used) + 2 * n_tokens:
             head = 0
+        if n_tokens == 1 and not cont and head < self.size and self.pos.item(head) < 0:
+            return SlotInfo(np.array([head], dtype=np.int64))  # decode: the head cell is free
         usable = self._usable_cells()
         if cont:
             return self._find_contiguous(usable, head, n_tokens)
+        if n_tokens == 1:  # decode: the first usable cell from the head on, else from 0
+            for part, start in ((usable[head:], head), (usable[:head], 0)):
+                if len(part):
+                    i = int(part.argmax())
+                    if part[i]:
+                        return SlotInfo(np.array([start + i], dtype=np.int64))
+            return None
         idx = np.flatnonzero(usable)
         ordered = np.concatenate([idx[idx >= head], idx[idx < head]])
         if len(ordered) < n_tokens:
@@ -236,6 +217,9 @@ class KVCells:
     def prepare(self, ubatches: list[UBatch]) -> list[SlotInfo] | None:
         """Slots for all ubatches, each found after placing the previous ones; the state is
         restored afterwards whatever happens, so the result is all or nothing (None)."""
+        if len(ubatches) == 1:  # nothing to place before it: find_slot alone changes nothing
+            slot = self.find_slot(ubatches[0])
+            return None if slot is None else [slot]
         state = self.snapshot()
         slots = []
         try:
@@ -258,14 +242,18 @@ class KVCells:
             for s in seqs:
                 self._check_seq(s)
         pos_max_rm: dict[int, int] = {}
-        for i, idx in enumerate(slot.idxs.tolist()):
-            if self.pos[idx] >= 0:
+        positions = np.asarray(ubatch.pos).tolist()  # Python ints
+        idxs = slot.idxs.tolist()
+        for i, idx in enumerate(idxs):
+            old = self.pos.item(idx)
+            if old >= 0:
                 # an SWA cell we may overwrite: remember what the sequence loses
                 for s in np.flatnonzero(self.seq[idx]).tolist():
-                    pos_max_rm[s] = max(pos_max_rm.get(s, -1), int(self.pos[idx]))
+                    pos_max_rm[s] = max(pos_max_rm.get(s, -1), old)
                 self._rm(idx)
-            p = int(ubatch.pos[i])
+            p = positions[i]
             self.pos[idx] = p
+            bisect.insort(self._used, idx)
             for s in ubatch.seq_ids[i]:
                 self.seq[idx, s] = True
                 self._seq_pos[s].add(p)
@@ -273,7 +261,7 @@ class KVCells:
         for s, pmax in pos_max_rm.items():
             if self.seq_pos_min(s) <= pmax:
                 self.seq_rm(s, self.seq_pos_min(s), pmax + 1)
-        self.head = int(slot.idxs[-1]) + 1
+        self.head = idxs[-1] + 1
 
     # -- sequence operations ---------------------------------------------------------------
 
@@ -295,6 +283,8 @@ class KVCells:
             freed = hit[~self.seq[hit].any(axis=1)]
             self.pos[freed] = -1
             self.shift[freed] = 0
+            for i in freed.tolist():
+                self._unuse(i)
         if len(freed) and int(freed[0]) < self.head:
             self.head = int(freed[0])
         return True
@@ -374,6 +364,7 @@ class KVCells:
         self.has_shift = False
         self.head = 0
         self._seq_pos = [_PosMultiset() for _ in range(self.n_seq_max)]
+        self._used = []
 
     # -- state -----------------------------------------------------------------------------
 
@@ -381,7 +372,23 @@ class KVCells:
         return KVCellsState(self.pos.copy(), self.seq.copy(), self.shift.copy(),
                             tuple(m.copy() for m in self._seq_pos), self.head, self.has_shift)
 
-    def restore(self, state: KVCellsState) -> None:
+    def checkpoint(self, slot: SlotInfo) -> KVCellsUndo | KVCellsState:
+        """Taken before `apply_ubatch(slot, ...)`, for `restore` to undo it (a failed
+        ubatch). When the slot's cells are all empty, undoing means emptying them again, so
+        this only notes them and the head; otherwise it is a full `snapshot()`."""
+        idxs = slot.idxs.tolist()
+        pos = self.pos
+        if all(pos.item(i) < 0 for i in idxs):
+            return KVCellsUndo(idxs, self.head)
+        return self.snapshot()
+
+    def restore(self, state: KVCellsState | KVCellsUndo) -> None:
+        if isinstance(state, KVCellsUndo):
+            for i in state.idxs:
+                if self.pos.item(i) >= 0:
+                    self._rm(i)
+            self.head = state.head
+            return
         if state.pos.shape != self.pos.shape or state.seq.shape != self.seq.shape:
             raise ValueError("snapshot was taken from a KV cache of another size")
         self.pos = state.pos.copy()
@@ -390,35 +397,22 @@ class KVCells:
         self._seq_pos = [m.copy() for m in state.seq_pos]
         self.head = state.head
         self.has_shift = state.has_shift
+        self._used = np.flatnonzero(self.pos >= 0).tolist()
 
     # -- graph inputs ----------------------------------------------------------------------
 
     def kq_mask(self, ubatch: UBatch, n_kv: int, *, causal: bool = True,
-                swa_type: SWAType | int | None = None, n_swa: int | None = None) -> np.ndarray:
+                swa_type: SWAType | int | None = None, n_swa: int | None = None,
+                out: np.ndarray | None = None) -> np.ndarray:
         """float32 [n_tokens, n_kv]: 0 where token i may attend cell j, -inf otherwise.
 
         A token sees non-empty cells of its first sequence (llama.cpp assumes the sequences
         of a shared token are equivalent), not in its future when `causal`, inside the window
         of `swa_type`/`n_swa` (None: this cache's own window; pass SWAType.NONE for none).
+        `out`: a float32 array of that shape to fill (the context reuses one per graph
+        input, so the compiled graph keeps its address); a new one otherwise.
         """
-        if not 0 <= n_kv <= self.size:
-            raise ValueError(f"n_kv = {n_kv} is not in [0, {self.size}]")
-        swa = self.swa_type if swa_type is None else swa_type
-        window = self.n_swa if n_swa is None else n_swa
-        swa = _check_swa(swa, window)
-        p0 = self.pos[:n_kv].astype(np.int64)[None, :]
-        p1 = np.asarray(ubatch.pos, dtype=np.int64)[:, None]
-        first = np.array([seqs[0] for seqs in ubatch.seq_ids], dtype=np.int64)
-        if len(first) and (first.min() < 0 or first.max() >= self.n_seq_max):
-            raise ValueError(f"ubatch sequence ids must be in [0, {self.n_seq_max})")
-        allowed = (p0 >= 0) & self.seq[:n_kv][:, first].T
-        if causal:
-            allowed &= p0 <= p1
-        if swa != SWAType.NONE:
-            allowed &= ~is_masked_swa(window, swa, p0, p1)
-        mask = np.full(allowed.shape, -np.inf, dtype=np.float32)
-        mask[allowed] = 0.0
-        return mask
+        return kq_mask(self, ubatch, n_kv, causal=causal, swa_type=swa_type, n_swa=n_swa, out=out)
 
     @staticmethod
     def k_idxs(slot: SlotInfo) -> np.ndarray:
@@ -450,6 +444,11 @@ class KVCells:
         self.seq[i] = False
         self.pos[i] = -1
         self.shift[i] = 0
+        self._unuse(i)
+
+    def _unuse(self, i: int) -> None:
+        """Cell i has just become empty."""
+        del self._used[bisect.bisect_left(self._used, i)]
 
     def _seq_pos_update(self, i: int, new_pos: int) -> None:
         """Move non-empty cell i to new_pos >= 0, in the multisets of its sequences too."""

@@ -45,6 +45,9 @@ class Model:
         self.load_ms = load_ms
         # where weights and KV cache layers live (SPEC step 6); inactive without devices
         self.placement = placement or Placement.plan(hparams.n_layer)
+        # what backends derive from the weights once per model (the CPU backend's repacked
+        # weights), shared by every context
+        self.backend_cache: dict = {}
 
     @classmethod
     def load(cls, path: str | os.PathLike, n_gpu_layers: int = 0, vocab_only: bool = False,

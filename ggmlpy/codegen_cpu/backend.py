@@ -3,6 +3,7 @@ run by a pool of native-spinning threads (DESIGN.md decision 7)."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Mapping
 
@@ -11,7 +12,8 @@ import numpy as np
 from ggmlpy.codegen_cpu.disk_cache import ObjectCache
 from ggmlpy.codegen_cpu.irgen import SYMBOLS
 from ggmlpy.codegen_cpu.lowering import LOWERINGS
-from ggmlpy.codegen_cpu.program import N_SYM_WORDS, TABLE_WORD, ProgramBuilder, root_of
+from ggmlpy.codegen_cpu.repack import WeightLayouts
+from ggmlpy.codegen_cpu.program import N_SYM_WORDS, TABLE_HEADER, TABLE_WORD, ProgramBuilder, root_of
 from ggmlpy.codegen_cpu.runtime import JitModule, ThreadPool
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import OPS, Kind
@@ -27,13 +29,22 @@ log = logging.getLogger("ggmlpy.codegen_cpu")
 class CpuBackend:
     name = "cpu"
 
-    def __init__(self, n_threads: int = 2, worst_env: Mapping[str, int] | None = None):
+    def __init__(self, n_threads: int = 2, worst_env: Mapping[str, int] | None = None,
+                 profile: bool | None = None):
         self.n_threads = n_threads
+        # profiled graphs time every node (CpuSplit.profile); GGMLPY_PROFILE=1 turns it on
+        self.profile = os.environ.get("GGMLPY_PROFILE", "") not in ("", "0") if profile is None else profile
         self.worst_env = dict(worst_env or {"n_tokens": 512, "n_kv": 4096, "n_outputs": 512, "n_kv_swa": 4096})
         self._pool: ThreadPool | None = None
         self.compile_seconds = 0.0  # of the last compile
         self.native_seconds = 0.0   # inside native graph code, summed over runs (for benchmarks)
         self.object_cache = ObjectCache()
+        self.weight_layouts = WeightLayouts()  # repacked weights; shared per model, see share_model_cache
+
+    def share_model_cache(self, cache: dict) -> None:
+        """Keep repacked weights in a cache that lives with the model (Model.backend_cache),
+        so every context of a model shares one copy, as ggml's repack buffers."""
+        self.weight_layouts = cache.setdefault("cpu.repacked", self.weight_layouts)
 
     @property
     def pool(self) -> ThreadPool:
@@ -72,12 +83,11 @@ class CpuBackend:
         t0 = time.perf_counter()
         own = {n.id for n in nodes}
         produced_elsewhere = {t.id for t in graph.tensors if not t.is_leaf and t.id not in own}
-        builder = ProgramBuilder(graph, nodes, self.worst_env, produced_elsewhere)
+        builder = ProgramBuilder(graph, nodes, self.worst_env, produced_elsewhere, self.profile)
         ir_text = builder.build_ir()
-        cached = self.object_cache.load(ir_text)
-        module = JitModule(ir_text, object_code=cached)
-        if cached is None:
-            self.object_cache.store(ir_text, module.object_code)
+        from ggmlpy.codegen_cpu.runtime import compile_module  # cache, compile worker, ELF loader
+
+        module = compile_module(ir_text, self.object_cache)
         split = CpuSplit(self, graph, nodes, builder, module)
         self.compile_seconds = time.perf_counter() - t0
         log.info("compiled %d nodes in %.2f s", len(builder.nodes), self.compile_seconds)
@@ -97,9 +107,12 @@ class CpuSplit:
         self.ctx = np.zeros(lay.ctx_words, dtype=np.int64)
         self.ctx[lay.arena_slot] = self.arena.ctypes.data
         n = len(builder.nodes)
-        self.table = np.zeros(3 + 6 * n, dtype=np.int64)
-        self.table[:3] = (n, self.scratch.ctypes.data, self.barrier.ctypes.data)
-        self.rows = self.table[3:].reshape(n, 6)
+        self.nodes = builder.nodes
+        self.cycles = np.zeros((64, n, 2), dtype=np.int64)  # per thread and node: kernel, barrier
+        self.table = np.zeros(TABLE_HEADER + 6 * n, dtype=np.int64)
+        self.table[:TABLE_HEADER] = (n, self.scratch.ctypes.data, self.barrier.ctypes.data,
+                                     self.cycles.ctypes.data)
+        self.rows = self.table[TABLE_HEADER:].reshape(n, 6)
         self.rows[:, 0] = [module.address(name) for name in builder.kernel_names]
         self.ctx[TABLE_WORD] = self.table.ctypes.data
         slots, self.offsets, self.dynamic = builder.pointer_plan()
@@ -113,40 +126,78 @@ class CpuSplit:
         self.exports = [(t, lay.arena_offsets[t.id]) for t in graph.tensors
                         if t.id in lay.arena_offsets and (t.id in consumers_outside or t.flags & Flag.OUTPUT)]
 
-    def _bind_externals(self, store: TensorStore) -> None:
+    def profile(self) -> list[tuple[Tensor, np.ndarray]]:
+        """Per node, cycles (summed over runs since the last reset) per thread: an array
+        [n_threads, 2] of time in the kernel and time waiting at the barrier after it. All
+        zero unless the backend was created with profile=True (GGMLPY_PROFILE=1)."""
+        nth = self.backend.n_threads
+        return [(node, self.cycles[:nth, i]) for i, node in enumerate(self.nodes)]
+
+    def reset_profile(self) -> None:
+        self.cycles[:] = 0
+
+    def _bind_externals(self, store: TensorStore) -> bool:
         """Point the ctx slots at the store's buffers. Weights and KV cache layers never move
         (a compiled graph belongs to one context), so their addresses are looked up once;
-        inputs and other splits' results every run."""
+        inputs and other splits' results every run, but a slot is rewritten only when its
+        array is not the one bound last time (the context keeps its input arrays). Returns
+        whether a slot changed; a change also drops the pointer table computed by `run`."""
         ctx = self.ctx
         if self._weight_slots is None:
-            self._weight_slots = []
-            self._other_slots = []
-            for i, root in enumerate(self.layout.externals):
+            weight_slots, other_slots = [], []
+            for i, (root, packed) in enumerate(self.layout.externals):
                 if root.flags & (Flag.WEIGHT | Flag.CACHE):
                     data = store.buffer(root)
-                    self._weight_slots.append((N_SYM_WORDS + i, data))  # keep the array alive
+                    if packed:  # the CPU backend's own layout of this weight (repack.py)
+                        data = self.backend.weight_layouts.get(root, data)
+                    weight_slots.append((N_SYM_WORDS + i, data))  # keep the array alive
                     ctx[N_SYM_WORDS + i] = data.ctypes.data
                 else:
-                    self._other_slots.append((N_SYM_WORDS + i, root))
-        for slot, root in self._other_slots:
-            ctx[slot] = store.buffer(root).ctypes.data
+                    other_slots.append((N_SYM_WORDS + i, root))
+            # per other slot, the array bound last (held, so its memory cannot be reused)
+            self._bound_sources: list = [None] * len(other_slots)
+            self._ctx_addr = ctx.ctypes.data
+            self._rows_key = None
+            self._weight_slots, self._other_slots = weight_slots, other_slots
+        sources = self._bound_sources
+        changed = False
+        for k, (slot, root) in enumerate(self._other_slots):
+            src = store.source(root)
+            if src is None or src is not sources[k]:
+                ctx[slot] = store.buffer(root).ctypes.data  # raises if nothing is bound
+                sources[k] = src
+                self._rows_key = None
+                changed = True
+        return changed
 
     def run(self, store: TensorStore, env: Mapping[str, int]) -> None:
-        for name in SYMBOLS:
-            limit = self.backend.worst_env.get(name)
-            value = env.get(name, 0)
-            if limit is not None and value > limit:
-                raise ValueError(f"{name} = {value} exceeds the compiled limit {limit}")
+        # The symbol words, the node pointers and the exported views depend only on env and
+        # the bound buffers: from one decode step to the next usually neither changes, so
+        # they are recomputed only when env (or a buffer) differs from the last run's.
+        state = self.__dict__
+        env_key = tuple(env.items())
+        limits = self.backend.worst_env
         ctx = self.ctx
-        for i, name in enumerate(SYMBOLS):
-            ctx[i] = env.get(name, 0)
-        self._bind_externals(store)
-        ptrs = np.where(self.used, ctx[self.slots] + self.offsets, 0)
-        for i, j, offs in self.dynamic:
-            ptrs[i, j] += evaluate(offs, env)
-        self.rows[:, 1:] = ptrs
+        if env_key != state.get("_env_key") or limits != state.get("_env_limits"):
+            for name in SYMBOLS:
+                limit = limits.get(name)
+                value = env.get(name, 0)
+                if limit is not None and value > limit:
+                    raise ValueError(f"{name} = {value} exceeds the compiled limit {limit}")
+            for i, name in enumerate(SYMBOLS):
+                ctx[i] = env.get(name, 0)
+            self._exported = [(t.id, self.arena[offset:offset + tensor_nbytes(t, env)])
+                              for t, offset in self.exports]
+            self._env_key, self._env_limits = env_key, dict(limits)
+        if self._bind_externals(store) or self._rows_key != env_key:
+            ptrs = np.where(self.used, ctx[self.slots] + self.offsets, 0)
+            for i, j, offs in self.dynamic:
+                ptrs[i, j] += evaluate(offs, env)
+            self.rows[:, 1:] = ptrs
+            self._rows_key = env_key
         t0 = time.perf_counter()
-        self.backend.pool.run(self.fn_addr, ctx.ctypes.data)
+        self.backend.pool.run(self.fn_addr, self._ctx_addr)
         self.backend.native_seconds += time.perf_counter() - t0
-        for t, offset in self.exports:
-            store.buffers[t.id] = self.arena[offset:offset + tensor_nbytes(t, env)]
+        buffers = store.buffers
+        for tid, view in self._exported:
+            buffers[tid] = view

@@ -16,6 +16,10 @@ NUMPY_DTYPES = {
 }
 
 
+_BOUND = Flag.INPUT | Flag.WEIGHT | Flag.CACHE  # leaves whose data is bound by name
+_BOUND_BITS = _BOUND._value_  # the plain int: a per-run test without enum code
+
+
 class BindingError(ValueError):
     """A graph leaf has no data, or data of the wrong size."""
 
@@ -36,7 +40,7 @@ class TensorStore:
         root = t.view_src if t.view_src is not None else t
         buf = self.buffers.get(root.id)
         if buf is None:
-            if not root.flags & (Flag.INPUT | Flag.WEIGHT | Flag.CACHE):
+            if not root.flags & _BOUND:
                 raise BindingError(f"tensor {root!r} has not been computed")
             if root.name not in self.bindings:
                 raise BindingError(f"no data bound for {root.name!r}")
@@ -46,6 +50,19 @@ class TensorStore:
                 raise BindingError(f"data bound for {root.name!r} is not contiguous")
             self.buffers[root.id] = buf
         return buf
+
+    def source(self, t: Tensor) -> np.ndarray | None:
+        """The array behind t's buffer, without checks: the result stored for t's root, else
+        the array bound to it (None: neither yet). The same object means the same memory,
+        so a compiled graph that bound it in an earlier run may keep its pointer."""
+        root = t.view_src if t.view_src is not None else t
+        buf = self.buffers.get(root.id)
+        if buf is not None or not root.flags._value_ & _BOUND_BITS:
+            return buf
+        try:
+            return self.bindings[root.name]
+        except KeyError:
+            return None
 
     def array(self, t: Tensor, env: Mapping[str, int]) -> np.ndarray:
         ne = [evaluate(d, env) for d in t.ne]
