@@ -39,6 +39,7 @@ class CpuBackend:
         self.compile_seconds = 0.0  # of the last compile
         self.native_seconds = 0.0   # inside native graph code, summed over runs (for benchmarks)
         self.object_cache = ObjectCache()
+        self.ir_builds = 0  # modules whose IR text had to be generated (a warm start: none)
         self.weight_layouts = WeightLayouts()  # repacked weights; shared per model, see share_model_cache
 
     def share_model_cache(self, cache: dict) -> None:
@@ -84,10 +85,17 @@ class CpuBackend:
         own = {n.id for n in nodes}
         produced_elsewhere = {t.id for t in graph.tensors if not t.is_leaf and t.id not in own}
         builder = ProgramBuilder(graph, nodes, self.worst_env, produced_elsewhere, self.profile)
-        ir_text = builder.build_ir()
-        from ggmlpy.codegen_cpu.runtime import compile_module  # cache, compile worker, ELF loader
+        from ggmlpy.codegen_cpu.runtime import compile_module, load_object  # cache, worker, ELF loader
 
-        module = compile_module(ir_text, self.object_cache)
+        plan = builder.plan_key()
+        cached = self.object_cache.load_plan(plan)
+        if cached is not None:  # warm start: no IR text generated at all
+            module = load_object(cached)
+        else:
+            ir_text = builder.build_ir()
+            self.ir_builds += 1
+            module = compile_module(ir_text, self.object_cache)
+            self.object_cache.remember_plan(plan, ir_text)
         split = CpuSplit(self, graph, nodes, builder, module)
         self.compile_seconds = time.perf_counter() - t0
         log.info("compiled %d nodes in %.2f s", len(builder.nodes), self.compile_seconds)

@@ -47,7 +47,33 @@ class ObjectCache:
         log.info("cpu object cache %s: %s", event, detail)
 
     def load(self, ir_text: str) -> bytes | None:
-        parts = key_parts(ir_text)
+        return self._load(key_parts(ir_text))
+
+    def load_plan(self, plan_key: str) -> bytes | None:
+        """Object code by a program's plan key (ProgramBuilder.plan_key), through the small
+        record `remember_plan` left: the IR hash it produced. A missing record is a miss
+        (the caller then builds the IR and takes the normal path)."""
+        try:
+            ir_sha256 = (self.dir / "plans" / plan_key).read_text().strip()
+        except OSError:
+            return None
+        if len(ir_sha256) != 64:
+            return None
+        parts = {"format": str(FORMAT_VERSION), "ir_sha256": ir_sha256}
+        parts.update(host().cache_key_parts())
+        return self._load(parts)
+
+    def remember_plan(self, plan_key: str, ir_text: str) -> None:
+        path = self.dir / "plans" / plan_key
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(hashlib.sha256(ir_text.encode()).hexdigest())
+            os.replace(tmp, path)
+        except OSError as e:
+            log.warning("could not write the cpu plan index: %s", e)
+
+    def _load(self, parts: dict[str, str]) -> bytes | None:
         key = cache_key(parts)
         obj_path, meta_path = self.dir / f"{key}.o", self.dir / f"{key}.json"
         if not obj_path.exists() or not meta_path.exists():

@@ -12,8 +12,12 @@ every ubatch.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.metadata
+import json
 import logging
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -91,23 +95,45 @@ class ProgramBuilder:
         self.layout = ProgramLayout([(r, key[1]) for key, r in externals.items()], offsets,
                                     max(plan.arena_size, 64), scratch)
 
+    def _plan_kernels(self) -> dict[str, Tensor]:
+        """Each distinct kernel (by kernel_key) with the first node using it, in order, and
+        per node the name of the kernel it calls (`kernel_names`)."""
+        kernels: dict[str, Tensor] = {}
+        names: dict[str, str] = {}
+        self.kernel_names: list[str] = []
+        for node in self.nodes:
+            key = kernel_key(node)
+            if key not in kernels:
+                kernels[key] = node
+                names[key] = f"k{len(names)}_{node.op}"
+            self.kernel_names.append(names[key])
+        return kernels
+
+    def plan_key(self) -> str:
+        """What the module's IR text is a function of, without generating it: the kernel
+        keys per node, the entry variant, the host and the code generator's own source. A warm
+        start looks the object code up by this key (disk_cache.ObjectCache.load_plan), so it
+        does not spend a second building IR text only to hash it."""
+        from ggmlpy.codegen_cpu.kernels.qvec import flavour
+
+        keys = [kernel_key(node) for node in self.nodes]
+        self._plan_kernels()
+        text = json.dumps([generator_version(), host().triple, flavour(), self.profile, TABLE_WORD,
+                           TABLE_HEADER, keys])
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
     def build_ir(self) -> str:
         """The module: each distinct kernel once, and the entry function that walks the node
         table (kernel address and five pointers per node) with a barrier after every node."""
         module = ir.Module(name="ggmlpy_graph")
         module.triple = host().triple
         declare_barrier(module)
-        self.kernel_names: list[str] = []  # per node, the kernel it calls
-        kernels: dict[str, str] = {}
-        for node in self.nodes:
-            key = kernel_key(node)
-            if key not in kernels:
-                kb = KernelBuilder(module, f"k{len(kernels)}_{node.op}")
-                LOWERINGS[node.op].emit(kb, node)
-                kb.finish()
-                kb.fn.linkage = "external"
-                kernels[key] = kb.fn.name
-            self.kernel_names.append(kernels[key])
+        kernels = self._plan_kernels()
+        for i, node in enumerate(kernels.values()):
+            kb = KernelBuilder(module, f"k{i}_{node.op}")
+            LOWERINGS[node.op].emit(kb, node)
+            kb.finish()
+            kb.fn.linkage = "external"
         text = str(module).replace('declare void @"ggmlpy_barrier"(ptr %".1", i32 %".2")', "")
         entry = PROFILED_ENTRY_IR if self.profile else ENTRY_IR
         return text + barrier_ir(module.triple) + entry.replace("TABLE_WORD", str(TABLE_WORD)).replace("TABLE_HEADER", str(TABLE_HEADER))
@@ -212,6 +238,20 @@ head:""").replace("""  call void %fn(ptr %d""", """  %c0 = call i64 @llvm.readcy
   %b1 = add i64 %b0, %db
   store i64 %b1, ptr %pb, align 8
 """) + "declare i64 @llvm.readcyclecounter()\n"
+
+
+@functools.lru_cache(maxsize=1)
+def generator_version() -> str:
+    """A hash of the code that turns graphs into IR (this package and ggmlpy.ir): any edit to
+    it changes every plan key, so a plan never maps to IR an older generator wrote."""
+    digest = hashlib.sha256()
+    roots = [Path(__file__).resolve().parent, Path(__file__).resolve().parents[1] / "ir"]
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root.parent)).encode())
+            digest.update(path.read_bytes())
+    digest.update(importlib.metadata.version("llvmlite").encode())
+    return digest.hexdigest()
 
 
 def ir_hash(ir_text: str) -> str:

@@ -26,7 +26,7 @@ m = llama.Model.load(sys.argv[1])
 ctx = llama.Context(m, n_ctx=256, backend="cpu")
 assert ctx.decode(llama.Batch.from_tokens([1, 2, 3])) == 0
 be = ctx.backends[0]
-print(json.dumps({"hits": be.object_cache.hits, "misses": be.object_cache.misses,
+print(json.dumps({"hits": be.object_cache.hits, "misses": be.object_cache.misses, "ir_builds": be.ir_builds,
                   "events": events, "logit": float(ctx.get_logits_ith(-1)[7])}))
 """
 
@@ -49,6 +49,7 @@ def test_second_process_compiles_nothing(tiny_path, tmp_path):
     assert first["misses"] >= 1 and first["hits"] + first["misses"] == 2
     second = run_process(tiny_path, tmp_path)
     assert second["misses"] == 0 and second["hits"] == 2
+    assert first["ir_builds"] >= 1 and second["ir_builds"] == 0  # found by plan key: no IR generated
     assert all("hit" in e for e in second["events"] if "object cache" in e)
     assert second["logit"] == first["logit"]
 
@@ -66,6 +67,20 @@ def test_corrupt_entry_is_discarded_and_rebuilt(tiny_path, tmp_path):
     assert any("corrupt object file" in e for e in again["events"])
     third = run_process(tiny_path, tmp_path)  # rebuilt and stored again
     assert third["misses"] == 0
+
+
+def test_plan_record_without_its_object_rebuilds(tiny_path, tmp_path):
+    """A plan record whose object is gone (or garbage) is a miss: the IR is built, compiled
+    and stored again, with the same results."""
+    first = run_process(tiny_path, tmp_path)
+    plans = sorted((tmp_path / "cpu" / "plans").iterdir())
+    assert plans
+    for obj in (tmp_path / "cpu").glob("*.o"):
+        obj.unlink()
+    plans[0].write_text("not a hash")
+    again = run_process(tiny_path, tmp_path)
+    assert again["ir_builds"] >= 1 and again["logit"] == first["logit"]
+    assert run_process(tiny_path, tmp_path)["ir_builds"] == 0
 
 
 def test_stale_entry_is_discarded(tmp_path):
