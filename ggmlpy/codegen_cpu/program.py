@@ -26,6 +26,7 @@ import numpy as np
 
 from ggmlpy.codegen_cpu import kernels as _kernels  # noqa: F401  (fills the lowering table)
 from ggmlpy.codegen_cpu.irgen import SYMBOLS, KernelBuilder, barrier_ir, declare_barrier
+from ggmlpy.codegen_cpu.fusion import CpuFusion
 from ggmlpy.codegen_cpu.lowering import LOWERINGS, kernel_key
 from ggmlpy.codegen_cpu.repack import operand_repacked
 from ggmlpy.codegen_cpu.target import host
@@ -75,7 +76,9 @@ class ProgramBuilder:
     def __init__(self, graph: Graph, nodes: list[Tensor], worst_env: Mapping[str, int],
                  produced_elsewhere: set[int], profile: bool = False):
         self.profile = profile
-        self.nodes = [n for n in nodes if OPS[n.op].kind != Kind.VIEW]
+        fusion = CpuFusion(graph, nodes)
+        nodes = fusion.apply(nodes)
+        self.nodes = [n for n in nodes if n.op not in OPS or OPS[n.op].kind != Kind.VIEW]
         self.worst_env = dict(worst_env)
         own = {n.id for n in nodes}
         externals: dict[tuple[int, bool], Tensor] = {}
@@ -87,9 +90,9 @@ class ProgramBuilder:
                     externals.setdefault(_external_key(n, j, r), r)
                 else:
                     arena_roots.add(r.id)
-        # the buffer planning pass (ggml-alloc style) places every computed tensor; kernels
-        # run one node at a time, so plan without fusion groups
-        plan = plan_buffers(graph, self.worst_env, fused=False)
+        # the buffer planning pass (ggml-alloc style) places every computed tensor; the groups
+        # this backend runs as one kernel (fusion.py) are one step, the rest run node by node
+        plan = plan_buffers(graph, self.worst_env, fused=fusion.runs_fused)
         offsets = {rid: plan.offsets[rid] for rid in arena_roots}
         scratch = max([LOWERINGS[n.op].scratch_bytes(n, self.worst_env) for n in self.nodes] + [0])
         self.layout = ProgramLayout([(r, key[1]) for key, r in externals.items()], offsets,

@@ -92,7 +92,7 @@ def operand_repacked(node: Tensor, j: int) -> bool:
         return False
     if node.op == "get_rows":  # (kernels/qdequant.py reads the 32-block layouts)
         return node.src[0].type not in KQUANTS
-    return node.op == "mul_mat"
+    return node.op in ("mul_mat", "mul_mat_add")   # (mul_mat_add: codegen_cpu/fusion.py)
 
 
 def repacked_nbytes(t: GGMLType, k: int, m: int) -> int:

@@ -19,7 +19,7 @@ n_kv = the cache size, ...), so one arena serves every smaller ubatch at the sam
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping, Union
 
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import OPS
@@ -27,7 +27,7 @@ from ggmlpy.ir.symbolic import evaluate
 from ggmlpy.ir.tensor import Flag, Tensor
 from ggmlpy.ir.types import block_size, type_size
 from ggmlpy.passes.common import memory_root
-from ggmlpy.passes.fusion import fusion_groups
+from ggmlpy.passes.fusion import ResolvedGroup, fusion_groups
 
 ALIGNMENT = 64
 WORST_CASE = {"n_tokens": 512, "n_kv": 4096, "n_outputs": 512, "n_kv_swa": 4096}
@@ -79,21 +79,34 @@ def align(n: int, alignment: int = ALIGNMENT) -> int:
     return -(-n // alignment) * alignment
 
 
-def arena_tensors(graph: Graph, fused: bool = True) -> list[Tensor]:
+Fused = Union[bool, Callable[[ResolvedGroup], bool]]
+
+
+def _runs_fused(fused: Fused) -> Callable[[ResolvedGroup], bool]:
+    """`fused`: True (every fusion group is one kernel), False (none is), or a predicate
+    naming the groups a backend runs as one kernel (the CPU backend fuses some)."""
+    if callable(fused):
+        return fused
+    return lambda group: bool(fused)
+
+
+def arena_tensors(graph: Graph, fused: Fused = True) -> list[Tensor]:
     """The tensors that need arena memory: computed, owning their memory, materialised."""
-    interior = _interior_ids(graph) if fused else set()
+    interior = _interior_ids(graph, fused)
     return [t for t in graph.nodes if t.view_src is None and t.id not in interior]
 
 
-def _interior_ids(graph: Graph) -> set[int]:
-    return {t.id for g in fusion_groups(graph) for t in g.interior}
+def _interior_ids(graph: Graph, fused: Fused = True) -> set[int]:
+    select = _runs_fused(fused)
+    return {t.id for g in fusion_groups(graph) if select(g) for t in g.interior}
 
 
-def _steps(graph: Graph, fused: bool) -> list[list[Tensor]]:
-    """The graph's nodes in execution steps: a fusion group is one step, any other node one."""
+def _steps(graph: Graph, fused: Fused) -> list[list[Tensor]]:
+    """The graph's nodes in execution steps: a fused group is one step, any other node one."""
     group_of: dict[int, int] = {}
-    if fused:
-        for i, g in enumerate(fusion_groups(graph)):
+    select = _runs_fused(fused)
+    for i, g in enumerate(fusion_groups(graph)):
+        if select(g):
             group_of.update({t.id: i for t in g.nodes})
     steps: list[list[Tensor]] = []
     current = None
@@ -107,7 +120,7 @@ def _steps(graph: Graph, fused: bool) -> list[list[Tensor]]:
 
 
 def plan_buffers(graph: Graph, env: Mapping[str, int] | None = None, alignment: int = ALIGNMENT,
-                 fused: bool = True) -> BufferPlan:
+                 fused: Fused = True) -> BufferPlan:
     """Offsets for every arena tensor of graph at the worst case `env` (default WORST_CASE).
 
     `fused=False` plans as if every node ran on its own (a backend without fused kernels)."""

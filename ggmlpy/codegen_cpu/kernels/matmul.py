@@ -58,7 +58,7 @@ def _supported(node: Tensor) -> bool:
 
 def _scratch(node: Tensor, env: dict) -> int:
     """Quantised activations, then (prefill of 32-block weights) each thread's repack area."""
-    a, b = node.src
+    a, b = node.src[:2]
     if a.type in FLOAT:
         return 0
     kind = KINDS[a.type]
@@ -67,6 +67,22 @@ def _scratch(node: Tensor, env: dict) -> int:
         return kind.fmt.scratch_bytes(a.ne[0], rows)
     area = qgemm.MAX_THREADS * qgemm.area_bytes(kind, a.ne[0]) if qgemm.supports(kind) else 0
     return kind.fmt.scratch_bytes(a.ne[0], rows) + area
+
+
+def _epilogue_supported(node: Tensor) -> bool:
+    """mul_mat_add (the matmul_epilogue fusion group, codegen_cpu/fusion.py): W x + r with
+    repacked weights, r a contiguous f32 tensor of the result's shape."""
+    a, x, r = node.src
+    return (repack.is_repacked(a) and x.type == GGMLType.F32 and x.is_contiguous and node.is_contiguous
+            and node.type == GGMLType.F32 and r.type == GGMLType.F32 and r.is_contiguous
+            and tuple(r.ne) == tuple(node.ne))
+
+
+@lowering("mul_mat_add", supports=_epilogue_supported, scratch_bytes=_scratch)
+def _mul_mat_add(kb: KernelBuilder, node: Tensor) -> None:
+    """The product, with the residual added as each result vector is stored (the same value
+    as the add node: one f32 addition)."""
+    _quant_mul_mat(kb, node, residual=True)
 
 
 @lowering("mul_mat", supports=_supported, scratch_bytes=_scratch)
@@ -262,17 +278,18 @@ def _float_scalar(kb: KernelBuilder, node: Tensor) -> None:
 
 
 # quantised ------------------------------------------------------------------------------------
-def _quant_mul_mat(kb: KernelBuilder, node: Tensor) -> None:
+def _quant_mul_mat(kb: KernelBuilder, node: Tensor, residual: bool = False) -> None:
     """Phase 1 quantises the activations into scratch (rows over threads); after a barrier,
     phase 2 computes register tiles of (weight rows x tokens) over the weight rows of this
     thread, so a few weight rows stay in L1 while every token passes by."""
-    a, x = node.src
+    a, x = node.src[:2]
     kind = KINDS[a.type]
     base = aligned_scratch(kb)
     quantize_rows(kb, x, kind.fmt, a.ne[0], base)
     kb.barrier()
     if repack.is_repacked(a):  # weights in the CPU backend's own layout (repack.py)
-        RepackedMatmul(kb, a.type, kind.fmt, a.ne[0], a.ne[1], base, n_rows(kb, x), kb.dim(node.nb[1])).emit()
+        RepackedMatmul(kb, a.type, kind.fmt, a.ne[0], a.ne[1], base, n_rows(kb, x), kb.dim(node.nb[1]),
+                       residual=kb.arg("src2") if residual else None).emit()
     else:
         _Tiler(kb, node, kind, base).emit()
 

@@ -28,7 +28,21 @@ def _f32_rows(node: Tensor) -> bool:
     return node.src[0].type == GGMLType.F32 and node.type == GGMLType.F32
 
 
+def _centred(node: Tensor) -> bool:
+    return node.op in ("norm", "norm_mul")
+
+
+def weighted_supported(node: Tensor) -> bool:
+    """The fused forms (codegen_cpu/fusion.py): a contiguous f32 weight row of ne[0]."""
+    w = node.src[1]
+    return (_f32_rows(node) and w.type == GGMLType.F32 and contiguous_rows(w) and w.ne[0] == node.ne[0]
+            and all(n == 1 for n in w.ne[1:]))
+
+
+# rms_norm_mul / norm_mul: the normalised row times a weight row, the rms_norm_mul fusion
+# group of the passes run as one kernel (same values as the two nodes: (x * scale) * w)
 @lowering("rms_norm", "norm", supports=_f32_rows)
+@lowering("rms_norm_mul", "norm_mul", supports=weighted_supported)
 def _norm(kb: KernelBuilder, node: Tensor) -> None:
     src = node.src[0]
     ne0 = kb.dim(node.ne[0])
@@ -62,13 +76,13 @@ def _vector_row(kb: KernelBuilder, node: Tensor, srow: ir.Value, drow: ir.Value,
 
     def centred(i0: ir.Value, mask: ir.Value | None, mean: ir.Value) -> ir.Value:
         v = kb.fsub(load(i0, mask), mean)
-        return v if mask is None or node.op != "norm" else kb.select(mask, v, zero)  # keep unset lanes 0
+        return v if mask is None or not _centred(node) else kb.select(mask, v, zero)  # keep unset lanes 0
 
     def accumulate(acc: ir.AllocaInstr, value: ir.Value) -> None:
         b.store(kb.fadd(b.load(acc), b.fpext(value, zero64.type)), acc)
 
     mean = f32(0.0)
-    if node.op == "norm":
+    if _centred(node):
         total = kb.var(zero64.type, zero64, "sum")
         kb.vector_chunks(ne0, lambda i0, mask: accumulate(total, load(i0, mask)), WIDTH)
         mean = _mean(kb, kb.reduce(b.load(total), kb.fadd), ne0)
@@ -82,7 +96,11 @@ def _vector_row(kb: KernelBuilder, node: Tensor, srow: ir.Value, drow: ir.Value,
     scale = _scale(kb, node, _mean(kb, kb.reduce(b.load(sq), kb.fadd), ne0))
 
     def write(i0: ir.Value, mask: ir.Value | None) -> None:
-        kb.store_vector(elem_ptr(kb, drow, node, i0), kb.fmul(centred(i0, mask, mean), scale), node.type, mask)
+        v = kb.fmul(centred(i0, mask, mean), scale)
+        if len(node.src) > 1:  # times the weight row
+            w = node.src[1]
+            v = kb.fmul(v, kb.load_vector(elem_ptr(kb, kb.arg("src1"), w, i0), w.type, WIDTH, mask))
+        kb.store_vector(elem_ptr(kb, drow, node, i0), v, node.type, mask)
 
     kb.vector_chunks(ne0, write, WIDTH)
 
@@ -92,7 +110,7 @@ def _scalar_row(kb: KernelBuilder, node: Tensor, srow: ir.Value, drow: ir.Value,
     src = node.src[0]
     zero64 = ir.Constant(F64, 0.0)
     mean = f32(0.0)
-    if node.op == "norm":
+    if _centred(node):
         acc = kb.var(F64, zero64, "sum")
         with kb.loop(i64(0), ne0, "i0") as i0:
             x = kb.load(elem_ptr(kb, srow, src, i0), src.type)
@@ -104,5 +122,8 @@ def _scalar_row(kb: KernelBuilder, node: Tensor, srow: ir.Value, drow: ir.Value,
         b.store(kb.fadd(b.load(sq), b.fpext(kb.fmul(v, v), F64)), sq)
     scale = _scale(kb, node, _mean(kb, b.load(sq), ne0))
     with kb.loop(i64(0), ne0, "i0") as i0:
-        v = kb.fsub(kb.load(elem_ptr(kb, srow, src, i0), src.type), mean)
-        kb.store(elem_ptr(kb, drow, node, i0), kb.fmul(v, scale), node.type)
+        v = kb.fmul(kb.fsub(kb.load(elem_ptr(kb, srow, src, i0), src.type), mean), scale)
+        if len(node.src) > 1:
+            w = node.src[1]
+            v = kb.fmul(v, kb.load(elem_ptr(kb, kb.arg("src1"), w, i0), w.type))
+        kb.store(elem_ptr(kb, drow, node, i0), v, node.type)

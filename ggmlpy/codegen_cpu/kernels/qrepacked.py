@@ -37,7 +37,7 @@ class RepackedMatmul:
     this thread, for every token."""
 
     def __init__(self, kb: KernelBuilder, wtype: GGMLType, fmt: ActFormat, k: int, m: int,
-                 act_base: ir.Value, n_tok: ir.Value, d_stride: ir.Value):
+                 act_base: ir.Value, n_tok: ir.Value, d_stride: ir.Value, residual: ir.Value | None = None):
         self.kb, self.t, self.fmt = kb, wtype, fmt
         self.n_groups = m // repack.GROUP
         self.n_steps = repack.n_steps(wtype, k)
@@ -45,6 +45,7 @@ class RepackedMatmul:
         self.act_base, self.act_stride = act_base, fmt.row_bytes(k)
         self.n_tok, self.d_stride = n_tok, d_stride
         self.minimums = wtype == GGMLType.Q4_1
+        self.residual = residual   # added to each result as it is stored (laid out as dst)
 
     def emit(self) -> None:
         kb, b = self.kb, self.kb.b
@@ -72,8 +73,11 @@ class RepackedMatmul:
             aps = [kb.byte_ptr(arow, b.mul(s, i64(self.fmt.step_bytes))) for arow in arows]
             self._step(wp, aps, accs)
         for tok, acc in zip(toks, accs):
-            out = kb.byte_ptr(kb.arg("dst"), b.add(b.mul(tok, self.d_stride), b.mul(g, i64(4 * repack.GROUP))))
-            store_vec(b, b.load(acc), out)
+            at = b.add(b.mul(tok, self.d_stride), b.mul(g, i64(4 * repack.GROUP)))
+            value = b.load(acc)
+            if self.residual is not None:
+                value = b.fadd(value, load_vec(b, kb.byte_ptr(self.residual, at), F32, 16))
+            store_vec(b, value, kb.byte_ptr(kb.arg("dst"), at))
 
     def _step(self, wp: ir.Value, aps: list[ir.Value], accs: list) -> None:
         """Both 32-blocks of a step (or a K-quant super-block), for every token of the tile."""

@@ -1,0 +1,72 @@
+"""Fusion groups the CPU backend runs as one kernel.
+
+The fusion pass (ggmlpy/passes/fusion.py) marks groups as data; a backend decides which it
+can run fused. Here a supported group becomes one node of a CPU-only op that a lowering
+implements (its result is the group's output tensor, same id and memory), and the buffer
+plan treats exactly those groups as one step (their interior tensors get no memory):
+
+    rms_norm_mul   rms_norm(x) * w, norm(x) * w     -> rms_norm_mul / norm_mul (x, w)
+    matmul_epilogue  W x + r (repacked weights)      -> mul_mat_add (W, x, r)
+
+Each fused kernel computes the same f32 operations in the same order as the nodes it
+replaces, so results are bit-identical (tests/cpu/test_cpu_fusion.py). The other groups
+(swiglu_ffn, rope_qk, softmax forms, elementwise chains) still run node by node.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from ggmlpy.codegen_cpu.lowering import LOWERINGS
+from ggmlpy.ir.graph import Graph
+from ggmlpy.ir.tensor import Tensor
+from ggmlpy.passes.fusion import ResolvedGroup, fusion_groups
+
+
+def _norm_mul(group: ResolvedGroup) -> Tensor | None:
+    norm, mul = group.nodes
+    if mul.src[0] is not norm:
+        return None
+    return dataclasses.replace(mul, op=f"{norm.op}_mul", src=(norm.src[0], mul.src[1]), params=dict(norm.params))
+
+
+def _epilogue(group: ResolvedGroup) -> Tensor | None:
+    mm, add = group.nodes
+    residual = add.src[1] if add.src[0] is mm else add.src[0]
+    if residual is mm:
+        return None
+    return dataclasses.replace(add, op="mul_mat_add", src=(mm.src[0], mm.src[1], residual), params={})
+
+
+FUSED: dict[str, Callable[[ResolvedGroup], Tensor | None]] = {
+    "rms_norm_mul": _norm_mul,
+    "matmul_epilogue": _epilogue,
+}
+
+
+class CpuFusion:
+    """The groups of `graph` within `nodes` (one split) that run as one kernel here."""
+
+    def __init__(self, graph: Graph, nodes: list[Tensor]):
+        own = {n.id for n in nodes}
+        self.replacement: dict[int, Tensor] = {}   # group output id -> its fused node
+        self.interior: set[int] = set()
+        self.group_keys: set[tuple[int, ...]] = set()
+        for group in fusion_groups(graph):
+            make = FUSED.get(group.pattern)
+            if make is None or len(group.outputs) != 1 or not all(t.id in own for t in group.nodes):
+                continue
+            fused = make(group)
+            if fused is None or not LOWERINGS[fused.op].supports(fused):
+                continue
+            self.replacement[group.outputs[0].id] = fused
+            self.interior.update(t.id for t in group.interior)
+            self.group_keys.add(tuple(t.id for t in group.nodes))
+
+    def runs_fused(self, group: ResolvedGroup) -> bool:
+        """For the buffer plan (passes/buffers.py): whether this group is one step."""
+        return tuple(t.id for t in group.nodes) in self.group_keys
+
+    def apply(self, nodes: list[Tensor]) -> list[Tensor]:
+        """nodes with each fused group's interior dropped and its output replaced."""
+        return [self.replacement.get(n.id, n) for n in nodes if n.id not in self.interior]

@@ -1,0 +1,134 @@
+"""Fusion groups the CPU backend runs as one kernel (codegen_cpu/fusion.py).
+
+- SmolLM2 with and without CPU fusion: bit-identical logits, and the fused ops really
+  replace the groups (fewer nodes, each rms_norm_mul / matmul_epilogue group one kernel);
+- the fused kernels against the reference backend on small graphs (odd widths, decode and
+  prefill token counts);
+- the buffer plan with only the CPU's groups fused passes the independent liveness check.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import llama
+from ggmlpy.codegen_cpu import fusion
+from ggmlpy.codegen_cpu.backend import CpuBackend
+from ggmlpy.ir.builder import GraphBuilder
+from ggmlpy.ir.ops import OpCase, SrcSpec
+from ggmlpy.ir.ops.testing import make_inputs, normalized_error
+from ggmlpy.ir.tensor import Flag
+from ggmlpy.ir.types import GGMLType
+from ggmlpy.passes.buffers import plan_buffers
+from ggmlpy.passes.fusion import fusion_groups
+from ggmlpy.passes.pipeline import run_pipeline
+from ggmlpy.sched.ref_backend import RefBackend
+from ggmlpy.sched.store import TensorStore
+
+from llama.graph_inputs import GraphParams
+from tests.passes.helpers import check_plan
+
+G = GGMLType
+
+
+def _run_tokens(path, tokens):
+    model = llama.Model.load(path)
+    ctx = llama.Context(model, n_ctx=256, n_batch=64, n_ubatch=64)
+    assert ctx.decode(llama.Batch.from_tokens(tokens, logits_all=True)) == 0
+    out = [np.array(ctx.get_logits())]
+    assert ctx.decode(llama.Batch.from_tokens([42])) == 0          # and a one-token step
+    out.append(np.array(ctx.get_logits_ith(-1)))
+    compiled = [c for e in ctx.graph_cache.entries.values() for c in e.compiled]
+    ops = [n.op for c in compiled for n in c.nodes]
+    return out, ops
+
+
+def test_smollm2_fused_equals_unfused(smollm2_path, monkeypatch):
+    tokens = [1, 504, 3458, 282, 4649, 314, 253, 7]
+    fused, fused_ops = _run_tokens(smollm2_path, tokens)
+    monkeypatch.setattr(fusion, "FUSED", {})
+    plain, plain_ops = _run_tokens(smollm2_path, tokens)
+    for a, b in zip(fused, plain):
+        np.testing.assert_array_equal(a, b)
+    n_layer = 30
+    # both graphs (prompt and one-token): every norm with its weight; every residual add
+    # after attn_out/ffn_down, but the last layer's (its rows are selected to the outputs
+    # first, so the add's shape is not the product's)
+    assert fused_ops.count("rms_norm_mul") == 2 * (2 * n_layer + 1)
+    assert fused_ops.count("mul_mat_add") >= 2 * (2 * n_layer - 1)
+    assert "rms_norm_mul" not in plain_ops and "mul_mat_add" not in plain_ops
+    fused_groups = fused_ops.count("rms_norm_mul") + fused_ops.count("mul_mat_add")
+    assert len(plain_ops) - len(fused_ops) == fused_groups   # each group: two nodes -> one
+
+
+def _graph_norm_mul(k, n, op):
+    b = GraphBuilder()
+    x = b.input("x", G.F32, (k, n, 1, 1))
+    w = b.input("w", G.F32, (k, 1, 1, 1))
+    w.flags = Flag.WEIGHT
+    y = b.mul(b.rms_norm(x, eps=1e-6) if op == "rms_norm" else b.norm(x, eps=1e-5), w)
+    return b.build([y]), y
+
+
+def _graph_epilogue(t, k, m, n):
+    b = GraphBuilder()
+    w = b.input("w", t, (k, m, 1, 1))
+    w.flags = Flag.WEIGHT
+    x = b.input("x", G.F32, (k, n, 1, 1))
+    r = b.input("r", G.F32, (m, n, 1, 1))
+    y = b.add(b.mul_mat(w, x), r)
+    return b.build([y]), y
+
+
+def _compare(graph, out, inputs):
+    results = []
+    for backend in (CpuBackend(n_threads=2), RefBackend()):
+        g = run_pipeline(graph, backend.name, env={"n_tokens": 512, "n_kv": 512, "n_outputs": 512}).graph
+        store = TensorStore({k: np.array(v, copy=True) for k, v in inputs.items()})
+        compiled = backend.compile(g, g.nodes)
+        compiled.run(store, {})
+        results.append((np.array(store.array(g.outputs[0], {}), copy=True), compiled))
+    return results
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "norm"])
+@pytest.mark.parametrize("k,n", [(576, 1), (37, 7), (1000, 40)])
+def test_norm_mul_kernel(op, k, n):
+    graph, out = _graph_norm_mul(k, n, op)
+    rng = np.random.default_rng(k + n)
+    inputs = {"x": rng.normal(size=(n, k)).astype(np.float32), "w": rng.normal(size=(1, k)).astype(np.float32)}
+    (ours, cpu), (ref, _) = _compare(graph, out, inputs)
+    assert [nd.op for nd in cpu.nodes] == [f"{op}_mul"]
+    assert normalized_error(ours, ref) <= 1e-10
+
+
+@pytest.mark.parametrize("t", [G.Q4_1, G.Q8_0, G.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 7, 40])
+def test_matmul_epilogue_kernel(t, n):
+    k = 256 if t == G.Q6_K else 96
+    graph, out = _graph_epilogue(t, k, 48, n)
+    case = OpCase((SrcSpec(t, (k, 48, 1, 1)),))
+    rng = np.random.default_rng(n)
+    inputs = {"w": make_inputs(case, rng)["src0"], "x": rng.normal(size=(n, k)).astype(np.float32),
+              "r": rng.normal(size=(n, 48)).astype(np.float32)}
+    (ours, cpu), (ref, _) = _compare(graph, out, inputs)
+    assert [nd.op for nd in cpu.nodes] == ["mul_mat_add"]
+    assert normalized_error(ours, ref) <= 5e-4     # 8-bit activations, as mul_mat
+
+
+def test_plan_with_the_cpu_groups_fused_has_no_overlap(smollm2_path):
+    model = llama.Model.load(smollm2_path)
+    ctx = llama.Context(model, n_ctx=256, backend="ref")
+    graph = ctx.build_graph(GraphParams("multi", False, ctx.n_ctx)).graph
+    worst = {"n_tokens": 64, "n_kv": 256, "n_outputs": 64}
+    g = run_pipeline(graph, "cpu", env=worst).graph
+    cpu = fusion.CpuFusion(g, g.nodes)
+    assert cpu.group_keys
+    plan = plan_buffers(g, worst, fused=cpu.runs_fused)
+    # the independent check, on the same graph annotated with exactly those groups
+    annotated = g.hints["fusion_groups"]
+    try:
+        g.hints["fusion_groups"] = tuple(a for a, r in zip(annotated, fusion_groups(g)) if cpu.runs_fused(r))
+        check_plan(g, plan, fused=True)
+    finally:
+        g.hints["fusion_groups"] = annotated
