@@ -5,12 +5,13 @@ can run fused. Here a supported group becomes one node of a CPU-only op that a l
 implements (its result is the group's output tensor, same id and memory), and the buffer
 plan treats exactly those groups as one step (their interior tensors get no memory):
 
-    rms_norm_mul   rms_norm(x) * w, norm(x) * w     -> rms_norm_mul / norm_mul (x, w)
-    matmul_epilogue  W x + r (repacked weights)      -> mul_mat_add (W, x, r)
+    rms_norm_mul     rms_norm(x) * w, norm(x) * w       -> rms_norm_mul / norm_mul (x, w)
+    matmul_epilogue  W x + r (repacked weights)         -> mul_mat_add (W, x, r)
+    swiglu_ffn       act(W_gate x) * (W_up x) (repacked) -> mul_mat_glu (W_gate, W_up, x)
 
 Each fused kernel computes the same f32 operations in the same order as the nodes it
 replaces, so results are bit-identical (tests/cpu/test_cpu_fusion.py). The other groups
-(swiglu_ffn, rope_qk, softmax forms, elementwise chains) still run node by node.
+(rope_qk, the softmax forms, elementwise chains) still run node by node.
 """
 from __future__ import annotations
 
@@ -38,7 +39,16 @@ def _epilogue(group: ResolvedGroup) -> Tensor | None:
     return dataclasses.replace(add, op="mul_mat_add", src=(mm.src[0], mm.src[1], residual), params={})
 
 
+def _gated_ffn(group: ResolvedGroup) -> Tensor | None:
+    gate, up, glu = group.nodes
+    if glu.src[0] is not gate or glu.src[1] is not up or gate.src[1] is not up.src[1]:
+        return None
+    return dataclasses.replace(glu, op="mul_mat_glu", src=(gate.src[0], up.src[0], gate.src[1]),
+                               params={**glu.params, "act": glu.op})
+
+
 FUSED: dict[str, Callable[[ResolvedGroup], Tensor | None]] = {
+    "swiglu_ffn": _gated_ffn,
     "rms_norm_mul": _norm_mul,
     "matmul_epilogue": _epilogue,
 }

@@ -88,6 +88,8 @@ def is_repacked(t: Tensor) -> bool:
 def operand_repacked(node: Tensor, j: int) -> bool:
     """Whether source j of `node` is read in the repacked layout: the weights of mul_mat and
     the tables of get_rows (a tied embedding is then resident once, repacked)."""
+    if node.op == "mul_mat_glu":   # gate and up weights (codegen_cpu/fusion.py)
+        return j in (0, 1) and is_repacked(node.src[j])
     if j != 0 or not is_repacked(node.src[0]):
         return False
     if node.op == "get_rows":  # (kernels/qdequant.py reads the 32-block layouts)

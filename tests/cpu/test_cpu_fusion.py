@@ -56,9 +56,10 @@ def test_smollm2_fused_equals_unfused(smollm2_path, monkeypatch):
     # first, so the add's shape is not the product's)
     assert fused_ops.count("rms_norm_mul") == 2 * (2 * n_layer + 1)
     assert fused_ops.count("mul_mat_add") >= 2 * (2 * n_layer - 1)
-    assert "rms_norm_mul" not in plain_ops and "mul_mat_add" not in plain_ops
-    fused_groups = fused_ops.count("rms_norm_mul") + fused_ops.count("mul_mat_add")
-    assert len(plain_ops) - len(fused_ops) == fused_groups   # each group: two nodes -> one
+    assert fused_ops.count("mul_mat_glu") == 2 * n_layer          # gate, up and swiglu
+    assert not {"rms_norm_mul", "mul_mat_add", "mul_mat_glu"} & set(plain_ops)
+    pairs = fused_ops.count("rms_norm_mul") + fused_ops.count("mul_mat_add")
+    assert len(plain_ops) - len(fused_ops) == pairs + 2 * fused_ops.count("mul_mat_glu")
 
 
 def _graph_norm_mul(k, n, op):
@@ -114,6 +115,26 @@ def test_matmul_epilogue_kernel(t, n):
     (ours, cpu), (ref, _) = _compare(graph, out, inputs)
     assert [nd.op for nd in cpu.nodes] == ["mul_mat_add"]
     assert normalized_error(ours, ref) <= 5e-4     # 8-bit activations, as mul_mat
+
+
+@pytest.mark.parametrize("act", ["swiglu", "geglu"])
+@pytest.mark.parametrize("t,n", [(G.Q4_1, 1), (G.Q5_0, 7), (G.Q4_K, 40)], ids=str)
+def test_gated_ffn_kernel(act, t, n):
+    k, m = (256, 48) if t == G.Q4_K else (96, 48)
+    b = GraphBuilder()
+    w_gate = b.input("wg", t, (k, m, 1, 1))
+    w_up = b.input("wu", t, (k, m, 1, 1))
+    w_gate.flags = w_up.flags = Flag.WEIGHT
+    x = b.input("x", G.F32, (k, n, 1, 1))
+    y = getattr(b, act)(b.mul_mat(w_gate, x), b.mul_mat(w_up, x))
+    graph = b.build([y])
+    rng = np.random.default_rng(n)
+    case = OpCase((SrcSpec(t, (k, m, 1, 1)),))
+    inputs = {"wg": make_inputs(case, rng)["src0"], "wu": make_inputs(case, rng)["src0"],
+              "x": rng.normal(size=(n, k)).astype(np.float32)}
+    (ours, cpu), (ref, _) = _compare(graph, y, inputs)
+    assert [nd.op for nd in cpu.nodes] == ["mul_mat_glu"]
+    assert normalized_error(ours, ref) <= 5e-4     # 8-bit activations (and GELU through f16)
 
 
 def test_plan_with_the_cpu_groups_fused_has_no_overlap(smollm2_path):

@@ -85,6 +85,39 @@ def _mul_mat_add(kb: KernelBuilder, node: Tensor) -> None:
     _quant_mul_mat(kb, node, residual=True)
 
 
+def _glu_supported(node: Tensor) -> bool:
+    """mul_mat_glu (the swiglu_ffn fusion group, codegen_cpu/fusion.py): act(W_gate x) *
+    (W_up x) with both weights repacked, of one type and shape."""
+    w_gate, w_up, x = node.src
+    return (repack.is_repacked(w_gate) and repack.is_repacked(w_up) and w_gate.type == w_up.type
+            and tuple(w_gate.ne) == tuple(w_up.ne) and x.type == GGMLType.F32 and x.is_contiguous
+            and node.type == GGMLType.F32 and node.is_contiguous and node.params.get("act") in ("swiglu", "geglu"))
+
+
+def _glu_scratch(node: Tensor, env: dict) -> int:
+    w, _, x = node.src
+    rows = evaluate(x.ne[1], env) * evaluate(x.ne[2], env) * evaluate(x.ne[3], env)
+    return KINDS[w.type].fmt.scratch_bytes(w.ne[0], rows)
+
+
+@lowering("mul_mat_glu", supports=_glu_supported, scratch_bytes=_glu_scratch)
+def _mul_mat_glu(kb: KernelBuilder, node: Tensor) -> None:
+    """Both products from one quantisation of x, the gate activation applied as each pair
+    of result vectors is stored (the formula of the swiglu/geglu node, on the same f32
+    values: the same results as the three nodes)."""
+    from ggmlpy.codegen_cpu.kernels.elementwise import FORMULAS
+
+    w_gate, w_up, x = node.src
+    kind = KINDS[w_gate.type]
+    base = aligned_scratch(kb)
+    quantize_rows(kb, x, kind.fmt, w_gate.ne[0], base, x_arg="src2")
+    kb.barrier()
+    formula = FORMULAS[node.params["act"]]
+    RepackedMatmul(kb, w_gate.type, kind.fmt, w_gate.ne[0], w_gate.ne[1], base, n_rows(kb, x),
+                   kb.dim(node.nb[1]), weights=[kb.arg("src0"), kb.arg("src1")],
+                   combine=lambda v: formula(kb, v, node.params)).emit()
+
+
 @lowering("mul_mat", supports=_supported, scratch_bytes=_scratch)
 def _mul_mat(kb: KernelBuilder, node: Tensor) -> None:
     a = node.src[0]

@@ -84,13 +84,15 @@ def aligned_scratch(kb: KernelBuilder) -> ir.Value:
     return b.inttoptr(p, ir.PointerType())
 
 
-def quantize_rows(kb: KernelBuilder, x: Tensor, fmt: ActFormat, k: int, base: ir.Value) -> None:
-    """Every row of x (split over the threads) quantised into `base` rows of fmt.row_bytes(k)."""
+def quantize_rows(kb: KernelBuilder, x: Tensor, fmt: ActFormat, k: int, base: ir.Value,
+                  x_arg: str = "src1") -> None:
+    """Every row of x (the kernel argument `x_arg`, split over the threads) quantised into
+    `base` rows of fmt.row_bytes(k)."""
     b = kb.b
     start, end = kb.thread_range(n_rows(kb, x))
     with kb.loop(start, end, "qr") as r:
         i1, i2, i3 = unravel_row(kb, x, r)
-        xrow = row_ptr(kb, kb.arg("src1"), x, i1, i2, i3)
+        xrow = row_ptr(kb, kb.arg(x_arg), x, i1, i2, i3)
         qrow = kb.byte_ptr(base, b.mul(r, i64(fmt.row_bytes(k))))
         if fmt.block == 32:
             _rows_q8_32(kb, xrow, qrow, fmt, k)

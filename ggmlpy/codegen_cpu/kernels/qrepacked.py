@@ -17,6 +17,8 @@ Activations are qact.py's q8_32 steps: q[64] | ad[16] f32 (d of block h in lane 
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import llvmlite.ir as ir
 
 from ggmlpy.codegen_cpu import repack
@@ -37,8 +39,14 @@ class RepackedMatmul:
     this thread, for every token."""
 
     def __init__(self, kb: KernelBuilder, wtype: GGMLType, fmt: ActFormat, k: int, m: int,
-                 act_base: ir.Value, n_tok: ir.Value, d_stride: ir.Value, residual: ir.Value | None = None):
+                 act_base: ir.Value, n_tok: ir.Value, d_stride: ir.Value, residual: ir.Value | None = None,
+                 weights: list[ir.Value] | None = None,
+                 combine: Callable[[list[ir.Value]], ir.Value] | None = None):
         self.kb, self.t, self.fmt = kb, wtype, fmt
+        # several weights of one shape and type against the same activations (a gated FFN's
+        # gate and up), their results per vector joined by `combine`; default: src0 alone
+        self.weights = weights or [kb.arg("src0")]
+        self.combine = combine or (lambda values: values[0])
         self.n_groups = m // repack.GROUP
         self.n_steps = repack.n_steps(wtype, k)
         self.step_bytes = repack.STEP_BYTES[wtype]
@@ -64,17 +72,20 @@ class RepackedMatmul:
     # one tile: rows of group g x tokens tok0 .. tok0 + n_t - 1 --------------------------------
     def _tile(self, g: ir.Value, tok0: ir.Value, n_t: int) -> None:
         kb, b = self.kb, self.kb.b
-        gbase = kb.byte_ptr(kb.arg("src0"), b.mul(g, i64(self.n_steps * self.step_bytes)))
         toks = [b.add(tok0, i64(t)) for t in range(n_t)]
         arows = [kb.byte_ptr(self.act_base, b.mul(tok, i64(self.act_stride))) for tok in toks]
-        accs = [kb.var(vec(F32, 16), zeros(F32, 16), "racc") for _ in toks]
-        with kb.loop(i64(0), i64(self.n_steps), "rs") as s:
-            wp = kb.byte_ptr(gbase, b.mul(s, i64(self.step_bytes)))
-            aps = [kb.byte_ptr(arow, b.mul(s, i64(self.fmt.step_bytes))) for arow in arows]
-            self._step(wp, aps, accs)
-        for tok, acc in zip(toks, accs):
+        results = []   # per weight, per token: the 16 rows' results
+        for weight in self.weights:
+            gbase = kb.byte_ptr(weight, b.mul(g, i64(self.n_steps * self.step_bytes)))
+            accs = [kb.var(vec(F32, 16), zeros(F32, 16), "racc") for _ in toks]
+            with kb.loop(i64(0), i64(self.n_steps), "rs") as s:
+                wp = kb.byte_ptr(gbase, b.mul(s, i64(self.step_bytes)))
+                aps = [kb.byte_ptr(arow, b.mul(s, i64(self.fmt.step_bytes))) for arow in arows]
+                self._step(wp, aps, accs)
+            results.append([b.load(acc) for acc in accs])
+        for t, tok in enumerate(toks):
             at = b.add(b.mul(tok, self.d_stride), b.mul(g, i64(4 * repack.GROUP)))
-            value = b.load(acc)
+            value = self.combine([r[t] for r in results])
             if self.residual is not None:
                 value = b.fadd(value, load_vec(b, kb.byte_ptr(self.residual, at), F32, 16))
             store_vec(b, value, kb.byte_ptr(kb.arg("dst"), at))
