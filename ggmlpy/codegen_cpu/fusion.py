@@ -8,16 +8,18 @@ plan treats exactly those groups as one step (their interior tensors get no memo
     rms_norm_mul     rms_norm(x) * w, norm(x) * w       -> rms_norm_mul / norm_mul (x, w)
     matmul_epilogue  W x + r (repacked weights)         -> mul_mat_add (W, x, r)
     swiglu_ffn       act(W_gate x) * (W_up x) (repacked) -> mul_mat_glu (W_gate, W_up, x)
+    matmul_softmax   softmax(k . q * scale + mask)       -> mul_mat_soft_max (k, q, mask)
 
 Each fused kernel computes the same f32 operations in the same order as the nodes it
 replaces, so results are bit-identical (tests/cpu/test_cpu_fusion.py). The other groups
-(rope_qk, the softmax forms, elementwise chains) still run node by node.
+(rope_qk, scale_softmax, elementwise chains) still run node by node.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Callable
 
+from ggmlpy.codegen_cpu import kernels as _kernels  # noqa: F401  (fills the lowering table)
 from ggmlpy.codegen_cpu.lowering import LOWERINGS
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.tensor import Tensor
@@ -47,7 +49,15 @@ def _gated_ffn(group: ResolvedGroup) -> Tensor | None:
                                params={**glu.params, "act": glu.op})
 
 
+def _attention_scores(group: ResolvedGroup) -> Tensor | None:
+    kq, softmax = group.nodes
+    if softmax.src[0] is not kq or tuple(kq.ne) != tuple(softmax.ne):
+        return None
+    return dataclasses.replace(softmax, op="mul_mat_soft_max", src=(*kq.src, *softmax.src[1:]))
+
+
 FUSED: dict[str, Callable[[ResolvedGroup], Tensor | None]] = {
+    "matmul_softmax": _attention_scores,
     "swiglu_ffn": _gated_ffn,
     "rms_norm_mul": _norm_mul,
     "matmul_epilogue": _epilogue,
@@ -67,7 +77,8 @@ class CpuFusion:
             if make is None or len(group.outputs) != 1 or not all(t.id in own for t in group.nodes):
                 continue
             fused = make(group)
-            if fused is None or not LOWERINGS[fused.op].supports(fused):
+            lowering = LOWERINGS.get(fused.op) if fused is not None else None
+            if lowering is None or not lowering.supports(fused):
                 continue
             self.replacement[group.outputs[0].id] = fused
             self.interior.update(t.id for t in group.interior)

@@ -57,8 +57,9 @@ def test_smollm2_fused_equals_unfused(smollm2_path, monkeypatch):
     assert fused_ops.count("rms_norm_mul") == 2 * (2 * n_layer + 1)
     assert fused_ops.count("mul_mat_add") >= 2 * (2 * n_layer - 1)
     assert fused_ops.count("mul_mat_glu") == 2 * n_layer          # gate, up and swiglu
-    assert not {"rms_norm_mul", "mul_mat_add", "mul_mat_glu"} & set(plain_ops)
-    pairs = fused_ops.count("rms_norm_mul") + fused_ops.count("mul_mat_add")
+    assert not {"rms_norm_mul", "mul_mat_add", "mul_mat_glu", "mul_mat_soft_max"} & set(plain_ops)
+    assert fused_ops.count("mul_mat_soft_max") == 2 * n_layer     # attention scores
+    pairs = sum(fused_ops.count(op) for op in ("rms_norm_mul", "mul_mat_add", "mul_mat_soft_max"))
     assert len(plain_ops) - len(fused_ops) == pairs + 2 * fused_ops.count("mul_mat_glu")
 
 
@@ -135,6 +136,28 @@ def test_gated_ffn_kernel(act, t, n):
     (ours, cpu), (ref, _) = _compare(graph, y, inputs)
     assert [nd.op for nd in cpu.nodes] == ["mul_mat_glu"]
     assert normalized_error(ours, ref) <= 5e-4     # 8-bit activations (and GELU through f16)
+
+
+@pytest.mark.parametrize("d,hkv,h,n_kv,n_tok", [(64, 3, 9, 37, 7), (64, 3, 9, 5, 1), (256, 1, 4, 19, 3)], ids=str)
+def test_attention_scores_kernel(d, hkv, h, n_kv, n_tok):
+    """softmax(k . q * scale + mask) as one kernel: k from an f16 cache viewed permuted,
+    grouped query heads, a causal-style mask with -inf entries."""
+    b = GraphBuilder()
+    k = b.permute(b.input("k", G.F16, (d, hkv, n_kv, 1)), 0, 2, 1, 3)
+    q = b.permute(b.input("q", G.F32, (d, h, n_tok, 1)), 0, 2, 1, 3)
+    mask = b.input("mask", G.F16, (n_kv, n_tok, 1, 1))
+    y = b.soft_max_ext(b.mul_mat(k, q), mask, scale=d ** -0.5)
+    graph = b.build([y])
+    rng = np.random.default_rng(n_kv)
+    m = np.where(rng.random((n_tok, n_kv)) < 0.3, -np.inf, 0.0)
+    m[:, 0] = 0.0
+    inputs = {"k": rng.normal(size=(n_kv, hkv, d)).astype(np.float16),
+              "q": rng.normal(size=(n_tok, h, d)).astype(np.float16).astype(np.float32),   # f16-exact
+              "mask": m.astype(np.float16)}
+    (ours, cpu), (ref, _) = _compare(graph, y, inputs)
+    assert [nd.op for nd in cpu.nodes] == ["mul_mat_soft_max"]
+    assert normalized_error(ours, ref) <= 1e-10
+    assert (ours[..., np.isinf(m)] == 0).all()
 
 
 def test_plan_with_the_cpu_groups_fused_has_no_overlap(smollm2_path):

@@ -200,32 +200,43 @@ def _sum4(b: ir.IRBuilder, accs: list[ir.Value]) -> ir.Value:
 
 def _float_dot(kb: KernelBuilder, node: Tensor) -> None:
     """dst[i0] = a[i0, :] . x[:] four a-rows at a time (x's vectors loaded once for four)."""
+    start, end = kb.thread_range(n_rows(kb, node))
+    with kb.loop(start, end, "r") as r:
+        float_dot_row(kb, node, r)
+
+
+def float_dot_row(kb: KernelBuilder, node: Tensor, r: ir.Value) -> ir.Value:
+    """Output row r of the dot form (a = src0, x = src1, into dst); returns its pointer
+    (the attention fusion runs the softmax on it next, codegen_cpu/fusion.py)."""
     b = kb.b
     a, x = node.src
     esize = type_size(a.type)
     chunks = a.ne[0] // VEC
     m = kb.dim(node.ne[0])
     m4 = b.mul(b.sdiv(m, i64(4)), i64(4))
-    start, end = kb.thread_range(n_rows(kb, node))
-    with kb.loop(start, end, "r") as r:
-        i1, i2, i3, a2, a3 = _broadcast_rows(kb, node, r)
-        xrow = row_ptr(kb, kb.arg("src1"), x, i1, i2, i3)
-        drow = row_ptr(kb, kb.arg("dst"), node, i1, i2, i3)
+    i1, i2, i3, a2, a3 = _broadcast_rows(kb, node, r)
+    xrow = row_ptr(kb, kb.arg("src1"), x, i1, i2, i3)
+    drow = row_ptr(kb, kb.arg("dst"), node, i1, i2, i3)
 
-        def dots(i0, n):
-            arows = [row_ptr(kb, kb.arg("src0"), a, b.add(i0, i64(j)), a2, a3) for j in range(n)]
-            accs = [zeros(F32, VEC)] * n
-            for c in range(chunks):
-                xv = _as_operand(b, load_vec(b, kb.elem_ptr(xrow, i64(VEC * c), F32), F32, VEC), a.type)
-                for j in range(n):
-                    av = _load_f32x16(kb, kb.byte_ptr(arows[j], i64(VEC * c * esize)), a.type)
-                    accs[j] = b.fadd(b.fmul(av, xv, flags=CONTRACT), accs[j], flags=CONTRACT)
-            return accs
+    def dots(i0, n):
+        arows = [row_ptr(kb, kb.arg("src0"), a, b.add(i0, i64(j)), a2, a3) for j in range(n)]
+        accs = [zeros(F32, VEC)] * n
+        for c in range(chunks):
+            xv = _as_operand(b, load_vec(b, kb.elem_ptr(xrow, i64(VEC * c), F32), F32, VEC), a.type)
+            for j in range(n):
+                av = _load_f32x16(kb, kb.byte_ptr(arows[j], i64(VEC * c * esize)), a.type)
+                accs[j] = b.fadd(b.fmul(av, xv, flags=CONTRACT), accs[j], flags=CONTRACT)
+        return accs
 
-        with kb.loop(i64(0), m4, "i0", step=4) as i0:
-            store_vec(b, _sum4(b, dots(i0, 4)), kb.elem_ptr(drow, i0, F32))
-        with kb.loop(m4, m, "i0t") as i0:
-            b.store(reduce_add_f32(b, dots(i0, 1)[0]), kb.elem_ptr(drow, i0, F32), align=4)
+    with kb.loop(i64(0), m4, "i0", step=4) as i0:
+        store_vec(b, _sum4(b, dots(i0, 4)), kb.elem_ptr(drow, i0, F32))
+    with kb.loop(m4, m, "i0t") as i0:
+        b.store(reduce_add_f32(b, dots(i0, 1)[0]), kb.elem_ptr(drow, i0, F32), align=4)
+    return drow
+
+
+def is_dot_form(node: Tensor) -> bool:
+    return node.src[0].type in FLOAT and _float_form(node) == "dot"
 
 
 def _float_axpy(kb: KernelBuilder, node: Tensor) -> None:

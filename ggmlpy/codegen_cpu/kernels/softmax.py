@@ -14,6 +14,8 @@ measured 9.854 with f32 sums and 9.901 with f64 ones.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import llvmlite.ir as ir
 
 from ggmlpy.codegen_cpu.irgen import F32, F64, KernelBuilder, f32, i64
@@ -34,20 +36,55 @@ def _supported(node: Tensor) -> bool:
 
 @lowering("soft_max", supports=_supported)
 def _soft_max(kb: KernelBuilder, node: Tensor) -> None:
-    src = node.src[0]
-    mask = node.src[1] if len(node.src) > 1 else None
-    ne0 = kb.dim(node.ne[0])
-    vector = all(contiguous_rows(t) for t in (node, *node.src))
     start, end = kb.thread_range(n_rows(kb, node))
     with kb.loop(start, end, "r") as r:
         i1, i2, i3 = unravel_row(kb, node, r)
-        srow = row_ptr(kb, kb.arg("src0"), src, i1, i2, i3)
-        drow = row_ptr(kb, kb.arg("dst"), node, i1, i2, i3)
-        mrow = None
-        if mask is not None:  # mask rows follow the token index; heads broadcast
-            mrow = row_ptr(kb, kb.arg("src1"), mask, i1, bcast_index(kb, i2, node.ne[2], mask.ne[2]),
-                           bcast_index(kb, i3, node.ne[3], mask.ne[3]))
-        (_vector_row if vector else _scalar_row)(kb, node, srow, mrow, drow, ne0)
+        soft_max_row(kb, node, r, row_ptr(kb, kb.arg("src0"), node.src[0], i1, i2, i3))
+
+
+def soft_max_row(kb: KernelBuilder, node: Tensor, r: ir.Value, srow: ir.Value, mask_arg: str = "src1") -> None:
+    """Row r of the softmax, its input row at srow (the fused attention kernel passes the
+    scores it has just written to dst: in place), the mask at kernel argument mask_arg."""
+    mask = node.src[1] if len(node.src) > 1 else None
+    ne0 = kb.dim(node.ne[0])
+    vector = all(contiguous_rows(t) for t in (node, *node.src))
+    i1, i2, i3 = unravel_row(kb, node, r)
+    drow = row_ptr(kb, kb.arg("dst"), node, i1, i2, i3)
+    mrow = None
+    if mask is not None:  # mask rows follow the token index; heads broadcast
+        mrow = row_ptr(kb, kb.arg(mask_arg), mask, i1, bcast_index(kb, i2, node.ne[2], mask.ne[2]),
+                       bcast_index(kb, i3, node.ne[3], mask.ne[3]))
+    (_vector_row if vector else _scalar_row)(kb, node, srow, mrow, drow, ne0)
+
+
+def _attention_parts(node: Tensor) -> tuple[Tensor, Tensor]:
+    """The mul_mat and soft_max nodes a mul_mat_soft_max node stands for (same shapes)."""
+    k, q = node.src[:2]
+    kq = dataclasses.replace(node, op="mul_mat", src=(k, q), params={})
+    sm = dataclasses.replace(node, op="soft_max", src=(kq, *node.src[2:]))
+    return kq, sm
+
+
+def _attention_supported(node: Tensor) -> bool:
+    from ggmlpy.codegen_cpu.kernels.matmul import is_dot_form
+
+    kq, sm = _attention_parts(node)
+    return (node.type == GGMLType.F32 and is_dot_form(kq) and _supported(sm)
+            and all(contiguous_rows(t) for t in (sm, *sm.src)))
+
+
+@lowering("mul_mat_soft_max", supports=_attention_supported)
+def _attention_scores(kb: KernelBuilder, node: Tensor) -> None:
+    """The matmul_softmax fusion group (codegen_cpu/fusion.py): per row, the scores k . q
+    are written to dst and normalised there while still in cache; the same operations as
+    the two nodes, so the same results."""
+    from ggmlpy.codegen_cpu.kernels.matmul import float_dot_row
+
+    kq, sm = _attention_parts(node)
+    start, end = kb.thread_range(n_rows(kb, node))
+    with kb.loop(start, end, "r") as r:
+        scores = float_dot_row(kb, kq, r)
+        soft_max_row(kb, sm, r, scores, mask_arg="src2")
 
 
 def _vector_row(kb: KernelBuilder, node: Tensor, srow: ir.Value, mrow: ir.Value | None, drow: ir.Value,
