@@ -9,10 +9,13 @@ plan treats exactly those groups as one step (their interior tensors get no memo
     matmul_epilogue  W x + r (repacked weights)         -> mul_mat_add (W, x, r)
     swiglu_ffn       act(W_gate x) * (W_up x) (repacked) -> mul_mat_glu (W_gate, W_up, x)
     matmul_softmax   softmax(k . q * scale + mask)       -> mul_mat_soft_max (k, q, mask)
+    rope_qk          rope(q, pos), rope(k, pos)          -> rope_pair (q, pos, k, out_k): the
+                     second result is written through the fourth operand
 
 Each fused kernel computes the same f32 operations in the same order as the nodes it
 replaces, so results are bit-identical (tests/cpu/test_cpu_fusion.py). The other groups
-(rope_qk, scale_softmax, elementwise chains) still run node by node.
+(scale_softmax, elementwise chains; none occurs in the supported models' graphs) still run
+node by node.
 """
 from __future__ import annotations
 
@@ -56,7 +59,15 @@ def _attention_scores(group: ResolvedGroup) -> Tensor | None:
     return dataclasses.replace(softmax, op="mul_mat_soft_max", src=(*kq.src, *softmax.src[1:]))
 
 
+def _rope_pair(group: ResolvedGroup) -> Tensor | None:
+    rope_a, rope_b = group.nodes
+    if len(rope_a.src) != 2 or rope_a.src[1] is not rope_b.src[1]:
+        return None   # (frequency factors would need a fifth operand)
+    return dataclasses.replace(rope_a, op="rope_pair", src=(rope_a.src[0], rope_a.src[1], rope_b.src[0], rope_b))
+
+
 FUSED: dict[str, Callable[[ResolvedGroup], Tensor | None]] = {
+    "rope_qk": _rope_pair,
     "matmul_softmax": _attention_scores,
     "swiglu_ffn": _gated_ffn,
     "rms_norm_mul": _norm_mul,
@@ -74,14 +85,15 @@ class CpuFusion:
         self.group_keys: set[tuple[int, ...]] = set()
         for group in fusion_groups(graph):
             make = FUSED.get(group.pattern)
-            if make is None or len(group.outputs) != 1 or not all(t.id in own for t in group.nodes):
+            if make is None or not all(t.id in own for t in group.nodes):
                 continue
             fused = make(group)
             lowering = LOWERINGS.get(fused.op) if fused is not None else None
             if lowering is None or not lowering.supports(fused):
                 continue
-            self.replacement[group.outputs[0].id] = fused
-            self.interior.update(t.id for t in group.interior)
+            self.replacement[fused.id] = fused
+            # every other member is computed by the fused kernel (interior ones get no memory)
+            self.interior.update(t.id for t in group.nodes if t.id != fused.id)
             self.group_keys.add(tuple(t.id for t in group.nodes))
 
     def runs_fused(self, group: ResolvedGroup) -> bool:
@@ -89,5 +101,5 @@ class CpuFusion:
         return tuple(t.id for t in group.nodes) in self.group_keys
 
     def apply(self, nodes: list[Tensor]) -> list[Tensor]:
-        """nodes with each fused group's interior dropped and its output replaced."""
+        """nodes with each fused group's other members dropped and its node replaced."""
         return [self.replacement.get(n.id, n) for n in nodes if n.id not in self.interior]

@@ -76,11 +76,11 @@ class ProgramBuilder:
     def __init__(self, graph: Graph, nodes: list[Tensor], worst_env: Mapping[str, int],
                  produced_elsewhere: set[int], profile: bool = False):
         self.profile = profile
+        own = {n.id for n in nodes}   # (a fused kernel may write a member it replaced)
         fusion = CpuFusion(graph, nodes)
         nodes = fusion.apply(nodes)
         self.nodes = [n for n in nodes if n.op not in OPS or OPS[n.op].kind != Kind.VIEW]
         self.worst_env = dict(worst_env)
-        own = {n.id for n in nodes}
         externals: dict[tuple[int, bool], Tensor] = {}
         arena_roots: set[int] = set()
         for n in nodes:

@@ -57,9 +57,10 @@ def test_smollm2_fused_equals_unfused(smollm2_path, monkeypatch):
     assert fused_ops.count("rms_norm_mul") == 2 * (2 * n_layer + 1)
     assert fused_ops.count("mul_mat_add") >= 2 * (2 * n_layer - 1)
     assert fused_ops.count("mul_mat_glu") == 2 * n_layer          # gate, up and swiglu
-    assert not {"rms_norm_mul", "mul_mat_add", "mul_mat_glu", "mul_mat_soft_max"} & set(plain_ops)
+    assert not {"rms_norm_mul", "mul_mat_add", "mul_mat_glu", "mul_mat_soft_max", "rope_pair"} & set(plain_ops)
     assert fused_ops.count("mul_mat_soft_max") == 2 * n_layer     # attention scores
-    pairs = sum(fused_ops.count(op) for op in ("rms_norm_mul", "mul_mat_add", "mul_mat_soft_max"))
+    assert fused_ops.count("rope_pair") == 2 * n_layer            # q and k rotated together
+    pairs = sum(fused_ops.count(op) for op in ("rms_norm_mul", "mul_mat_add", "mul_mat_soft_max", "rope_pair"))
     assert len(plain_ops) - len(fused_ops) == pairs + 2 * fused_ops.count("mul_mat_glu")
 
 

@@ -2,6 +2,8 @@
 head (as ggml's rope cache), pairs adjacent (mode 0) or split in halves (mode 2, NeoX)."""
 from __future__ import annotations
 
+import dataclasses
+
 import llvmlite.ir as ir
 
 from ggmlpy.codegen_cpu.irgen import F32, I32, KernelBuilder, f32, i64
@@ -20,10 +22,36 @@ def _supported(node: Tensor) -> bool:
 
 @lowering("rope", supports=_supported)
 def _rope(kb: KernelBuilder, node: Tensor) -> None:
+    _rope_tokens(kb, node, [(node, "src0", "dst")])
+
+
+def _pair_parts(node: Tensor) -> tuple[Tensor, Tensor]:
+    """The two rope nodes a rope_pair node stands for: (q, pos) into dst, (k, pos) into the
+    memory of its fourth operand (the group's second output)."""
+    q, pos, k, out_b = node.src
+    return (dataclasses.replace(node, op="rope", src=(q, pos)),
+            dataclasses.replace(out_b, op="rope", src=(k, pos), params=node.params))
+
+
+def _pair_supported(node: Tensor) -> bool:
+    a, b = _pair_parts(node)
+    return _supported(a) and _supported(b) and a.ne[2] == b.ne[2] and a.ne[3] == b.ne[3]
+
+
+@lowering("rope_pair", supports=_pair_supported)
+def _rope_pair(kb: KernelBuilder, node: Tensor) -> None:
+    """The rope_qk fusion group (codegen_cpu/fusion.py): q and k of a layer rotated in one
+    kernel, each token's cos/sin table built once for both."""
+    a, b = _pair_parts(node)
+    _rope_tokens(kb, node, [(a, "src0", "dst"), (b, "src2", "src3")])
+
+
+def _rope_tokens(kb: KernelBuilder, node: Tensor, parts: list[tuple[Tensor, str, str]]) -> None:
+    """Per token: the cos/sin table, then every head of each (rope node, source argument,
+    destination argument) in parts."""
     b = kb.b
     p = node.params
-    src = node.src[0]  # src1: positions (I32), src2: optional frequency factors
-    freq = node.src[2] if len(node.src) > 2 else None
+    freq = node.src[2] if node.op == "rope" and len(node.src) > 2 else None
     n_dims = p["n_dims"]
     half = n_dims // 2
     theta_scale = p["freq_base"] ** (-2.0 / n_dims)
@@ -40,7 +68,7 @@ def _rope(kb: KernelBuilder, node: Tensor) -> None:
         cos_t = b.alloca(ir.ArrayType(F32, half), name="cos")
         sin_t = b.alloca(ir.ArrayType(F32, half), name="sin")
 
-    ne1, ne2 = kb.dim(node.ne[1]), kb.dim(node.ne[2])
+    ne2 = kb.dim(node.ne[2])
     n_tok = b.mul(ne2, kb.dim(node.ne[3]))
     start, end = kb.thread_range(n_tok)
     mscale = f32(p["attn_factor"])
@@ -54,20 +82,31 @@ def _rope(kb: KernelBuilder, node: Tensor) -> None:
                 theta = b.fdiv(theta, kb.load(kb.elem_ptr(kb.arg("src2"), k, F32), GGMLType.F32))
             b.store(kb.fmul(kb.intrinsic("llvm.cos", [theta]), mscale), b.gep(cos_t, [i64(0), k]))
             b.store(kb.fmul(kb.intrinsic("llvm.sin", [theta]), mscale), b.gep(sin_t, [i64(0), k]))
-        with kb.loop(i64(0), ne1, "h") as h:
-            srow = row_ptr(kb, kb.arg("src0"), src, h, i2, i3)
-            drow = row_ptr(kb, kb.arg("dst"), node, h, i2, i3)
-            with kb.loop(i64(0), i64(half), "k") as k:
-                c = b.load(b.gep(cos_t, [i64(0), k]), typ=F32)
-                s = b.load(b.gep(sin_t, [i64(0), k]), typ=F32)
-                if p["mode"] == ROPE_TYPE_NEOX:
-                    j0, j1 = k, b.add(k, i64(half))
-                else:
-                    j0 = b.mul(k, i64(2))
-                    j1 = b.add(j0, i64(1))
-                x0 = kb.load(elem_ptr(kb, srow, src, j0), src.type)
-                x1 = kb.load(elem_ptr(kb, srow, src, j1), src.type)
-                kb.store(elem_ptr(kb, drow, node, j0), kb.fsub(kb.fmul(x0, c), kb.fmul(x1, s)), node.type)
-                kb.store(elem_ptr(kb, drow, node, j1), kb.fadd(kb.fmul(x0, s), kb.fmul(x1, c)), node.type)
-            with kb.loop(i64(n_dims), kb.dim(node.ne[0]), "rest") as i0:
-                kb.store(elem_ptr(kb, drow, node, i0), kb.load(elem_ptr(kb, srow, src, i0), src.type), node.type)
+        for part, src_arg, dst_arg in parts:
+            _rotate_heads(kb, part, src_arg, dst_arg, i2, i3, cos_t, sin_t, half)
+
+
+def _rotate_heads(kb: KernelBuilder, node: Tensor, src_arg: str, dst_arg: str, i2: ir.Value, i3: ir.Value,
+                  cos_t: ir.Value, sin_t: ir.Value, half: int) -> None:
+    b = kb.b
+    p = node.params
+    src = node.src[0]
+    n_dims = p["n_dims"]
+    ne1 = kb.dim(node.ne[1])
+    with kb.loop(i64(0), ne1, "h") as h:
+        srow = row_ptr(kb, kb.arg(src_arg), src, h, i2, i3)
+        drow = row_ptr(kb, kb.arg(dst_arg), node, h, i2, i3)
+        with kb.loop(i64(0), i64(half), "k") as k:
+            c = b.load(b.gep(cos_t, [i64(0), k]), typ=F32)
+            s = b.load(b.gep(sin_t, [i64(0), k]), typ=F32)
+            if p["mode"] == ROPE_TYPE_NEOX:
+                j0, j1 = k, b.add(k, i64(half))
+            else:
+                j0 = b.mul(k, i64(2))
+                j1 = b.add(j0, i64(1))
+            x0 = kb.load(elem_ptr(kb, srow, src, j0), src.type)
+            x1 = kb.load(elem_ptr(kb, srow, src, j1), src.type)
+            kb.store(elem_ptr(kb, drow, node, j0), kb.fsub(kb.fmul(x0, c), kb.fmul(x1, s)), node.type)
+            kb.store(elem_ptr(kb, drow, node, j1), kb.fadd(kb.fmul(x0, s), kb.fmul(x1, c)), node.type)
+        with kb.loop(i64(n_dims), kb.dim(node.ne[0]), "rest") as i0:
+            kb.store(elem_ptr(kb, drow, node, i0), kb.load(elem_ptr(kb, srow, src, i0), src.type), node.type)
