@@ -25,6 +25,8 @@ Tokens go in blocks whose quantised activations fit in L2.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import llvmlite.ir as ir
 
 from ggmlpy.codegen_cpu import repack
@@ -198,41 +200,67 @@ def _sum4(b: ir.IRBuilder, accs: list[ir.Value]) -> ir.Value:
     return shuffle(b, q, None, [0, 4, 8, 12])
 
 
+DOT_TILE = 4  # output rows (consecutive tokens of one head) per tile of the dot form
+
+
 def _float_dot(kb: KernelBuilder, node: Tensor) -> None:
-    """dst[i0] = a[i0, :] . x[:] four a-rows at a time (x's vectors loaded once for four)."""
+    """dst[i0] = a[i0, :] . x[:]: four a-rows at a time against a tile of up to four x rows
+    (consecutive tokens of one head), so each a vector is converted once for the tile."""
     start, end = kb.thread_range(n_rows(kb, node))
-    with kb.loop(start, end, "r") as r:
-        float_dot_row(kb, node, r)
+    float_dot_tiles(kb, node, start, end, lambda rows: None)
 
 
-def float_dot_row(kb: KernelBuilder, node: Tensor, r: ir.Value) -> ir.Value:
-    """Output row r of the dot form (a = src0, x = src1, into dst); returns its pointer
-    (the attention fusion runs the softmax on it next, codegen_cpu/fusion.py)."""
+def float_dot_tiles(kb: KernelBuilder, node: Tensor, start: ir.Value, end: ir.Value,
+                    after: Callable[[list[tuple[ir.Value, ir.Value]]], None]) -> None:
+    """Rows [start, end) of the dot form in tiles; `after` gets each tile's (row, dst row
+    pointer) pairs once they are written (the attention fusion normalises them there).
+    A tile is DOT_TILE rows when they are all this thread's and one head's, else a single
+    row: each result is the same sum in the same order either way."""
+    b = kb.b
+    ne1 = kb.dim(node.ne[1])
+    with kb.loop(start, end, "r", step=DOT_TILE) as r0:
+        stop = b.add(r0, i64(DOT_TILE))
+        whole = b.and_(b.icmp_signed("<=", stop, end),
+                       b.icmp_signed("<=", b.add(b.srem(r0, ne1), i64(DOT_TILE)), ne1))
+        with b.if_else(whole) as (tile, single):
+            with tile:
+                after(_float_dot_rows(kb, node, r0, DOT_TILE))
+            with single:
+                with kb.loop(r0, b.select(b.icmp_signed("<", stop, end), stop, end), "r1") as r1:
+                    after(_float_dot_rows(kb, node, r1, 1))
+
+
+def _float_dot_rows(kb: KernelBuilder, node: Tensor, r0: ir.Value, n_t: int) -> list[tuple[ir.Value, ir.Value]]:
+    """Output rows r0 .. r0 + n_t - 1 (consecutive tokens of one head)."""
     b = kb.b
     a, x = node.src
     esize = type_size(a.type)
     chunks = a.ne[0] // VEC
     m = kb.dim(node.ne[0])
     m4 = b.mul(b.sdiv(m, i64(4)), i64(4))
-    i1, i2, i3, a2, a3 = _broadcast_rows(kb, node, r)
-    xrow = row_ptr(kb, kb.arg("src1"), x, i1, i2, i3)
-    drow = row_ptr(kb, kb.arg("dst"), node, i1, i2, i3)
+    i1, i2, i3, a2, a3 = _broadcast_rows(kb, node, r0)
+    toks = [b.add(i1, i64(t)) for t in range(n_t)]
+    xrows = [row_ptr(kb, kb.arg("src1"), x, i, i2, i3) for i in toks]
+    drows = [row_ptr(kb, kb.arg("dst"), node, i, i2, i3) for i in toks]
 
     def dots(i0, n):
         arows = [row_ptr(kb, kb.arg("src0"), a, b.add(i0, i64(j)), a2, a3) for j in range(n)]
-        accs = [zeros(F32, VEC)] * n
+        accs = [[zeros(F32, VEC)] * n for _ in range(n_t)]
         for c in range(chunks):
-            xv = _as_operand(b, load_vec(b, kb.elem_ptr(xrow, i64(VEC * c), F32), F32, VEC), a.type)
-            for j in range(n):
-                av = _load_f32x16(kb, kb.byte_ptr(arows[j], i64(VEC * c * esize)), a.type)
-                accs[j] = b.fadd(b.fmul(av, xv, flags=CONTRACT), accs[j], flags=CONTRACT)
+            avs = [_load_f32x16(kb, kb.byte_ptr(arows[j], i64(VEC * c * esize)), a.type) for j in range(n)]
+            for t in range(n_t):
+                xv = _as_operand(b, load_vec(b, kb.elem_ptr(xrows[t], i64(VEC * c), F32), F32, VEC), a.type)
+                for j in range(n):
+                    accs[t][j] = b.fadd(b.fmul(avs[j], xv, flags=CONTRACT), accs[t][j], flags=CONTRACT)
         return accs
 
     with kb.loop(i64(0), m4, "i0", step=4) as i0:
-        store_vec(b, _sum4(b, dots(i0, 4)), kb.elem_ptr(drow, i0, F32))
+        for drow, accs in zip(drows, dots(i0, 4)):
+            store_vec(b, _sum4(b, accs), kb.elem_ptr(drow, i0, F32))
     with kb.loop(m4, m, "i0t") as i0:
-        b.store(reduce_add_f32(b, dots(i0, 1)[0]), kb.elem_ptr(drow, i0, F32), align=4)
-    return drow
+        for drow, accs in zip(drows, dots(i0, 1)):
+            b.store(reduce_add_f32(b, accs[0]), kb.elem_ptr(drow, i0, F32), align=4)
+    return [(b.add(r0, i64(t)), drow) for t, drow in enumerate(drows)]
 
 
 def is_dot_form(node: Tensor) -> bool:
@@ -240,12 +268,15 @@ def is_dot_form(node: Tensor) -> bool:
 
 
 def _float_axpy(kb: KernelBuilder, node: Tensor) -> None:
-    """dst[:] = sum_k x[k] * a[k, :] with dst (<= 256 floats) held in registers; rows of
-    the same head are taken a few at a time, so each row of a is converted once for them."""
+    """dst[:] = sum_k x[k] * a[k, :] with dst held in registers, at most 8 vectors of it at a
+    time (wider rows, such as Gemma's 256-wide heads, in column blocks); rows of the same
+    head are taken a few at a time, so each row of a is converted once for them. Each
+    result is the same sum over k in the same order whatever the blocking."""
     b = kb.b
     a, x = node.src
-    nv = node.ne[0] // VEC
-    tok = max(1, min(4, 16 // nv))
+    nv_all = node.ne[0] // VEC
+    block = min(nv_all, 8)
+    tok = max(1, min(4, 16 // block))
     start, end = kb.thread_range(n_rows(kb, node))
     n_k = kb.dim(a.ne[0])
     a_step = kb.dim(a.nb[0])
@@ -256,19 +287,22 @@ def _float_axpy(kb: KernelBuilder, node: Tensor) -> None:
         i1s = [b.add(i1, i64(t)) for t in range(n)]
         xrows = [row_ptr(kb, kb.arg("src1"), x, i, i2, i3) for i in i1s]
         abase = row_ptr(kb, kb.arg("src0"), a, i64(0), a2, a3)
-        accs = [[kb.var(vec(F32, VEC), zeros(F32, VEC), "ax") for _ in range(nv)] for _ in range(n)]
-        with kb.loop(i64(0), n_k, "k") as k:
-            arow = kb.byte_ptr(abase, b.mul(k, a_step))
-            avs = [_load_f32x16(kb, kb.byte_ptr(arow, i64(VEC * v * type_size(a.type))), a.type) for v in range(nv)]
+        for v0 in range(0, nv_all, block):
+            vs = range(v0, min(v0 + block, nv_all))
+            accs = [{v: kb.var(vec(F32, VEC), zeros(F32, VEC), "ax") for v in vs} for _ in range(n)]
+            with kb.loop(i64(0), n_k, "k") as k:
+                arow = kb.byte_ptr(abase, b.mul(k, a_step))
+                avs = {v: _load_f32x16(kb, kb.byte_ptr(arow, i64(VEC * v * type_size(a.type))), a.type) for v in vs}
+                for t in range(n):
+                    xk = splat(b, _as_operand(b, b.load(kb.elem_ptr(xrows[t], k, F32), typ=F32, align=4), a.type),
+                               VEC)
+                    for v in vs:
+                        b.store(b.fadd(b.fmul(avs[v], xk, flags=CONTRACT), b.load(accs[t][v]), flags=CONTRACT),
+                                accs[t][v])
             for t in range(n):
-                xk = splat(b, _as_operand(b, b.load(kb.elem_ptr(xrows[t], k, F32), typ=F32, align=4), a.type), VEC)
-                for v in range(nv):
-                    b.store(b.fadd(b.fmul(avs[v], xk, flags=CONTRACT), b.load(accs[t][v]), flags=CONTRACT),
-                            accs[t][v])
-        for t in range(n):
-            drow = row_ptr(kb, kb.arg("dst"), node, i1s[t], i2, i3)
-            for v in range(nv):
-                store_vec(b, b.load(accs[t][v]), kb.elem_ptr(drow, i64(VEC * v), F32))
+                drow = row_ptr(kb, kb.arg("dst"), node, i1s[t], i2, i3)
+                for v in vs:
+                    store_vec(b, b.load(accs[t][v]), kb.elem_ptr(drow, i64(VEC * v), F32))
 
     if tok == 1:
         with kb.loop(start, end, "r") as r0:

@@ -78,13 +78,16 @@ def _attention_scores(kb: KernelBuilder, node: Tensor) -> None:
     """The matmul_softmax fusion group (codegen_cpu/fusion.py): per row, the scores k . q
     are written to dst and normalised there while still in cache; the same operations as
     the two nodes, so the same results."""
-    from ggmlpy.codegen_cpu.kernels.matmul import float_dot_row
+    from ggmlpy.codegen_cpu.kernels.matmul import float_dot_tiles
 
     kq, sm = _attention_parts(node)
     start, end = kb.thread_range(n_rows(kb, node))
-    with kb.loop(start, end, "r") as r:
-        scores = float_dot_row(kb, kq, r)
-        soft_max_row(kb, sm, r, scores, mask_arg="src2")
+
+    def normalise(rows):
+        for r, scores in rows:
+            soft_max_row(kb, sm, r, scores, mask_arg="src2")
+
+    float_dot_tiles(kb, kq, start, end, normalise)
 
 
 def _vector_row(kb: KernelBuilder, node: Tensor, srow: ir.Value, mrow: ir.Value | None, drow: ir.Value,
