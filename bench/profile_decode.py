@@ -22,14 +22,19 @@ import llama  # noqa: E402
 
 def _ghz(seconds: float = 0.2) -> float:
     """The cycle counter's rate (the TSC: constant, not the core clock)."""
-    import ctypes  # noqa: F401
-    from ggmlpy.codegen_cpu.runtime import JitModule
-    mod = JitModule("declare i64 @llvm.readcyclecounter()\n"
-                    "define i64 @tsc() {\n  %c = call i64 @llvm.readcyclecounter()\n  ret i64 %c\n}\n")
+    import ctypes
+
+    from ggmlpy.codegen_cpu.runtime import compile_module
+    mod = compile_module("declare i64 @llvm.readcyclecounter()\n"
+                         "define i64 @tsc() {\n  %c = call i64 @llvm.readcyclecounter()\n  ret i64 %c\n}\n")
     tsc = ctypes.CFUNCTYPE(ctypes.c_int64)(mod.address("tsc"))
     c0, t0 = tsc(), time.perf_counter()
     time.sleep(seconds)
     return (tsc() - c0) / (time.perf_counter() - t0) / 1e9
+
+
+def _compiled(ctx: llama.Context) -> list:
+    return [c for e in ctx.graph_cache.entries.values() for c in e.compiled]
 
 
 def main() -> None:
@@ -44,20 +49,18 @@ def main() -> None:
     ctx = llama.Context(model, n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=args.threads)
     rng = np.random.default_rng(0)
     toks = [int(t) for t in rng.integers(100, model.n_vocab - 100, 512)]
+    # warm-up: both graphs run once (weights repacked, pages touched) before anything is timed
     ctx.decode(llama.Batch.from_tokens(toks[:8]))
-    steps = 1
-    for e in ctx.graph_cache.entries.values():
-        for c in e.compiled:
-            c.reset_profile()
+    ctx.decode(llama.Batch.from_tokens(toks[8:9]))
+    if args.prompt:
+        ctx.memory.clear()
+    for c in _compiled(ctx):
+        c.reset_profile()
     t0 = time.perf_counter()
     if args.prompt:
         ctx.decode(llama.Batch.from_tokens(toks[:args.prompt]))
+        steps = 1
     else:
-        ctx.decode(llama.Batch.from_tokens(toks[8:9]))
-        for e in ctx.graph_cache.entries.values():
-            for c in e.compiled:
-                c.reset_profile()
-        t0 = time.perf_counter()
         for i in range(args.tokens):
             ctx.decode(llama.Batch.from_tokens([toks[9 + i]]))
         steps = args.tokens
@@ -65,25 +68,25 @@ def main() -> None:
     ghz = _ghz()
     per_op: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0])
     nodes = []
-    for e in ctx.graph_cache.entries.values():
-        for c in e.compiled:
-            for node, cyc in c.profile():
-                k_us, b_us = (cyc[0] / ghz / 1e3 / steps).tolist()
-                if k_us == 0 and b_us == 0:
-                    continue
-                key = node.op if node.op != "mul_mat" else f"mul_mat {node.src[0].type.name}"
-                acc = per_op[key]
-                acc[0] += k_us
-                acc[1] += b_us
-                acc[2] += 1
-                nodes.append((k_us + b_us, k_us, b_us, node))
+    for c in _compiled(ctx):
+        for node, cyc in c.profile():
+            k_us, b_us = (cyc[0] / ghz / 1e3 / steps).tolist()
+            if k_us == 0 and b_us == 0:
+                continue
+            key = node.op if node.op != "mul_mat" else f"mul_mat {node.src[0].type.name}"
+            acc = per_op[key]
+            acc[0] += k_us
+            acc[1] += b_us
+            acc[2] += 1
+            nodes.append((k_us + b_us, k_us, b_us, node))
     native = sum(a[0] + a[1] for a in per_op.values())
     ops = {k: {"kernel_us": round(v[0], 1), "barrier_us": round(v[1], 1), "nodes": v[2],
                "share": round((v[0] + v[1]) / (wall * 1e6), 3)}
            for k, v in sorted(per_op.items(), key=lambda kv: -(kv[1][0] + kv[1][1]))}
     nodes.sort(key=lambda x: -x[0])
-    top = [{"node": n.name, "op": n.op, "ne": " x ".join(str(d) for d in n.ne), "src0": n.src[0].type.name if n.src else "", "kernel_us": round(k, 2),
-            "barrier_us": round(b, 2)} for _, k, b, n in nodes[:args.top]]
+    top = [{"node": n.name, "op": n.op, "ne": " x ".join(str(d) for d in n.ne),
+            "src0": n.src[0].type.name if n.src else "", "kernel_us": round(k, 2), "barrier_us": round(b, 2)}
+           for _, k, b, n in nodes[:args.top]]
     print(json.dumps({"model": model.path.name, "threads": args.threads,
                       "mode": f"prompt {args.prompt}" if args.prompt else "decode",
                       "step_us": round(wall * 1e6, 1), "native_us": round(native, 1),

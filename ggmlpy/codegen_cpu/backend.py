@@ -116,7 +116,8 @@ class CpuSplit:
         self.ctx[lay.arena_slot] = self.arena.ctypes.data
         n = len(builder.nodes)
         self.nodes = builder.nodes
-        self.cycles = np.zeros((64, n, 2), dtype=np.int64)  # per thread and node: kernel, barrier
+        # per thread and node: cycles in the kernel and at the barrier (profiled builds only)
+        self.cycles = np.zeros((64, n, 2) if backend.profile else (0, n, 2), dtype=np.int64)
         self.table = np.zeros(TABLE_HEADER + 6 * n, dtype=np.int64)
         self.table[:TABLE_HEADER] = (n, self.scratch.ctypes.data, self.barrier.ctypes.data,
                                      self.cycles.ctypes.data)
@@ -125,8 +126,15 @@ class CpuSplit:
         self.ctx[TABLE_WORD] = self.table.ctypes.data
         slots, self.offsets, self.dynamic = builder.pointer_plan()
         self.used = slots >= 0
-        self._weight_slots: list | None = None
+        self._weight_slots: list | None = None   # bound on the first run (_bind_externals)
         self._other_slots: list = []
+        self._bound_sources: list = []
+        self._ctx_addr = self.ctx.ctypes.data
+        # what the symbol words, exported views and pointer table were last computed for
+        self._env_key: tuple | None = None
+        self._env_limits: dict | None = None
+        self._rows_key: tuple | None = None
+        self._exported: list = []
         self.slots = np.where(self.used, slots, 0)
         own = {n.id for n in nodes}
         consumers_outside = {s.id for t in graph.tensors if t.id not in own for s in t.src}
@@ -136,8 +144,8 @@ class CpuSplit:
 
     def profile(self) -> list[tuple[Tensor, np.ndarray]]:
         """Per node, cycles (summed over runs since the last reset) per thread: an array
-        [n_threads, 2] of time in the kernel and time waiting at the barrier after it. All
-        zero unless the backend was created with profile=True (GGMLPY_PROFILE=1)."""
+        [n_threads, 2] of time in the kernel and time waiting at the barrier after it (empty
+        unless the backend was created with profile=True, or GGMLPY_PROFILE=1)."""
         nth = self.backend.n_threads
         return [(node, self.cycles[:nth, i]) for i, node in enumerate(self.nodes)]
 
@@ -163,9 +171,7 @@ class CpuSplit:
                 else:
                     other_slots.append((N_SYM_WORDS + i, root))
             # per other slot, the array bound last (held, so its memory cannot be reused)
-            self._bound_sources: list = [None] * len(other_slots)
-            self._ctx_addr = ctx.ctypes.data
-            self._rows_key = None
+            self._bound_sources = [None] * len(other_slots)
             self._weight_slots, self._other_slots = weight_slots, other_slots
         sources = self._bound_sources
         changed = False
@@ -182,11 +188,10 @@ class CpuSplit:
         # The symbol words, the node pointers and the exported views depend only on env and
         # the bound buffers: from one decode step to the next usually neither changes, so
         # they are recomputed only when env (or a buffer) differs from the last run's.
-        state = self.__dict__
         env_key = tuple(env.items())
         limits = self.backend.worst_env
         ctx = self.ctx
-        if env_key != state.get("_env_key") or limits != state.get("_env_limits"):
+        if env_key != self._env_key or limits != self._env_limits:
             for name in SYMBOLS:
                 limit = limits.get(name)
                 value = env.get(name, 0)

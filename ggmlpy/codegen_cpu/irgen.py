@@ -368,6 +368,13 @@ def _suffix(t: ir.Type) -> str:
     return {F32: "f32", F64: "f64", F16: "f16", I16: "i16", I32: "i32", I8: "i8", I64: "i64"}[t]
 
 
+def round_f16(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """x (f32, scalar or vector) rounded to f16 and back: where ggml's CPU backend computes
+    through f16, kernels that match its results do the same."""
+    half = ir.VectorType(F16, x.type.count) if isinstance(x.type, ir.VectorType) else F16
+    return b.fpext(b.fptrunc(x, half), x.type)
+
+
 def declare_barrier(module: ir.Module) -> ir.Function:
     """Declare the barrier; its body (BARRIER_IR) is appended to the module's text, since
     llvmlite's builder cannot emit atomic stores through opaque pointers."""

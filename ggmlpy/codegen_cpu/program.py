@@ -80,6 +80,7 @@ class ProgramBuilder:
         fusion = CpuFusion(graph, nodes)
         nodes = fusion.apply(nodes)
         self.nodes = [n for n in nodes if n.op not in OPS or OPS[n.op].kind != Kind.VIEW]
+        self.kernel_keys = [kernel_key(node) for node in self.nodes]   # what makes kernels shared
         self.worst_env = dict(worst_env)
         externals: dict[tuple[int, bool], Tensor] = {}
         arena_roots: set[int] = set()
@@ -99,13 +100,12 @@ class ProgramBuilder:
                                     max(plan.arena_size, 64), scratch)
 
     def _plan_kernels(self) -> dict[str, Tensor]:
-        """Each distinct kernel (by kernel_key) with the first node using it, in order, and
-        per node the name of the kernel it calls (`kernel_names`)."""
+        """Each distinct kernel (by kernel_key) with the first node using it, in order; per
+        node the name of the kernel it calls (`kernel_names`) and its key (`kernel_keys`)."""
         kernels: dict[str, Tensor] = {}
         names: dict[str, str] = {}
         self.kernel_names: list[str] = []
-        for node in self.nodes:
-            key = kernel_key(node)
+        for key, node in zip(self.kernel_keys, self.nodes):
             if key not in kernels:
                 kernels[key] = node
                 names[key] = f"k{len(names)}_{node.op}"
@@ -119,10 +119,9 @@ class ProgramBuilder:
         does not spend a second building IR text only to hash it."""
         from ggmlpy.codegen_cpu.kernels.qvec import flavour
 
-        keys = [kernel_key(node) for node in self.nodes]
         self._plan_kernels()
         text = json.dumps([generator_version(), host().triple, flavour(), self.profile, TABLE_WORD,
-                           TABLE_HEADER, keys])
+                           TABLE_HEADER, self.kernel_keys])
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def build_ir(self) -> str:

@@ -85,16 +85,19 @@ def is_repacked(t: Tensor) -> bool:
             and t.ne[1] % GROUP == 0 and t.ne[2] == 1 and t.ne[3] == 1)
 
 
+# which sources of which ops a kernel reads repacked: matrix products (codegen_cpu/fusion.py
+# adds the fused ones) and get_rows' tables (kernels/qdequant.py reads the 32-block layouts)
+REPACKED_OPERANDS: dict[str, tuple[int, ...]] = {
+    "mul_mat": (0,), "mul_mat_add": (0,), "mul_mat_glu": (0, 1), "get_rows": (0,),
+}
+
+
 def operand_repacked(node: Tensor, j: int) -> bool:
-    """Whether source j of `node` is read in the repacked layout: the weights of mul_mat and
-    the tables of get_rows (a tied embedding is then resident once, repacked)."""
-    if node.op == "mul_mat_glu":   # gate and up weights (codegen_cpu/fusion.py)
-        return j in (0, 1) and is_repacked(node.src[j])
-    if j != 0 or not is_repacked(node.src[0]):
+    """Whether source j of `node` is read in the repacked layout (a tied embedding, read by
+    get_rows and the output product, is then resident once, repacked)."""
+    if j not in REPACKED_OPERANDS.get(node.op, ()) or not is_repacked(node.src[j]):
         return False
-    if node.op == "get_rows":  # (kernels/qdequant.py reads the 32-block layouts)
-        return node.src[0].type not in KQUANTS
-    return node.op in ("mul_mat", "mul_mat_add")   # (mul_mat_add: codegen_cpu/fusion.py)
+    return node.op != "get_rows" or node.src[j].type not in KQUANTS
 
 
 def repacked_nbytes(t: GGMLType, k: int, m: int) -> int:

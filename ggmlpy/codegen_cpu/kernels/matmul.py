@@ -30,7 +30,7 @@ from typing import Callable
 import llvmlite.ir as ir
 
 from ggmlpy.codegen_cpu import repack
-from ggmlpy.codegen_cpu.irgen import F16, F32, KernelBuilder, f32, i64
+from ggmlpy.codegen_cpu.irgen import F16, F32, KernelBuilder, f32, i64, round_f16
 from ggmlpy.codegen_cpu.kernels import qgemm
 from ggmlpy.codegen_cpu.kernels.qrepacked import RepackedMatmul
 from ggmlpy.codegen_cpu.kernels.common import elem_ptr, n_rows, row_ptr, unravel_row
@@ -64,11 +64,16 @@ def _scratch(node: Tensor, env: dict) -> int:
     if a.type in FLOAT:
         return 0
     kind = KINDS[a.type]
-    rows = evaluate(b.ne[1], env) * evaluate(b.ne[2], env) * evaluate(b.ne[3], env)
     if repack.is_repacked(a):
-        return kind.fmt.scratch_bytes(a.ne[0], rows)
+        return _activation_bytes(a, b, env)
     area = qgemm.MAX_THREADS * qgemm.area_bytes(kind, a.ne[0]) if qgemm.supports(kind) else 0
-    return kind.fmt.scratch_bytes(a.ne[0], rows) + area
+    return _activation_bytes(a, b, env) + area
+
+
+def _activation_bytes(w: Tensor, x: Tensor, env: dict) -> int:
+    """Scratch for x's rows quantised to the activation format of weight type w.type."""
+    rows = evaluate(x.ne[1], env) * evaluate(x.ne[2], env) * evaluate(x.ne[3], env)
+    return KINDS[w.type].fmt.scratch_bytes(w.ne[0], rows)
 
 
 def _epilogue_supported(node: Tensor) -> bool:
@@ -97,9 +102,7 @@ def _glu_supported(node: Tensor) -> bool:
 
 
 def _glu_scratch(node: Tensor, env: dict) -> int:
-    w, _, x = node.src
-    rows = evaluate(x.ne[1], env) * evaluate(x.ne[2], env) * evaluate(x.ne[3], env)
-    return KINDS[w.type].fmt.scratch_bytes(w.ne[0], rows)
+    return _activation_bytes(node.src[0], node.src[2], env)
 
 
 @lowering("mul_mat_glu", supports=_glu_supported, scratch_bytes=_glu_scratch)
@@ -164,10 +167,7 @@ def _as_operand(b: ir.IRBuilder, x: ir.Value, a_type: GGMLType) -> ir.Value:
     softmax weights times V) it is first rounded to f16 (ggml's vec_dot_type for F16), the
     products then run in f32. llama.cpp's results carry that rounding; matching it brings
     Gemma 3's logits measurably closer to the golden data (mean |d| 0.117 -> 0.106)."""
-    if a_type != GGMLType.F16:
-        return x
-    half = vec(F16, x.type.count) if isinstance(x.type, ir.VectorType) else F16
-    return b.fpext(b.fptrunc(x, half), x.type)
+    return round_f16(b, x) if a_type == GGMLType.F16 else x
 
 
 def _load_f32x16(kb: KernelBuilder, ptr: ir.Value, t: GGMLType) -> ir.Value:
@@ -212,22 +212,33 @@ def _float_dot(kb: KernelBuilder, node: Tensor) -> None:
 
 def float_dot_tiles(kb: KernelBuilder, node: Tensor, start: ir.Value, end: ir.Value,
                     after: Callable[[list[tuple[ir.Value, ir.Value]]], None]) -> None:
-    """Rows [start, end) of the dot form in tiles; `after` gets each tile's (row, dst row
-    pointer) pairs once they are written (the attention fusion normalises them there).
-    A tile is DOT_TILE rows when they are all this thread's and one head's, else a single
-    row: each result is the same sum in the same order either way."""
+    """Rows [start, end) of the dot form in tiles of DOT_TILE (see _token_tiles); `after`
+    gets each tile's (row, dst row pointer) pairs once they are written (the attention
+    fusion normalises them there)."""
+    _token_tiles(kb, node, start, end, DOT_TILE, lambda r0, n: after(_float_dot_rows(kb, node, r0, n)))
+
+
+def _token_tiles(kb: KernelBuilder, node: Tensor, start: ir.Value, end: ir.Value, size: int,
+                 body: Callable[[ir.Value, int], None]) -> None:
+    """body(r0, n) over rows [start, end) of node: n = size rows when they are all in the
+    range and consecutive tokens of one head (ne[1]), else one row at a time. Each row's
+    result must not depend on the tiling (it follows the thread split)."""
     b = kb.b
+    if size == 1:
+        with kb.loop(start, end, "r") as r0:
+            body(r0, 1)
+        return
     ne1 = kb.dim(node.ne[1])
-    with kb.loop(start, end, "r", step=DOT_TILE) as r0:
-        stop = b.add(r0, i64(DOT_TILE))
+    with kb.loop(start, end, "r", step=size) as r0:
+        stop = b.add(r0, i64(size))
         whole = b.and_(b.icmp_signed("<=", stop, end),
-                       b.icmp_signed("<=", b.add(b.srem(r0, ne1), i64(DOT_TILE)), ne1))
+                       b.icmp_signed("<=", b.add(b.srem(r0, ne1), i64(size)), ne1))
         with b.if_else(whole) as (tile, single):
             with tile:
-                after(_float_dot_rows(kb, node, r0, DOT_TILE))
+                body(r0, size)
             with single:
                 with kb.loop(r0, b.select(b.icmp_signed("<", stop, end), stop, end), "r1") as r1:
-                    after(_float_dot_rows(kb, node, r1, 1))
+                    body(r1, 1)
 
 
 def _float_dot_rows(kb: KernelBuilder, node: Tensor, r0: ir.Value, n_t: int) -> list[tuple[ir.Value, ir.Value]]:
@@ -280,7 +291,6 @@ def _float_axpy(kb: KernelBuilder, node: Tensor) -> None:
     start, end = kb.thread_range(n_rows(kb, node))
     n_k = kb.dim(a.ne[0])
     a_step = kb.dim(a.nb[0])
-    ne1 = kb.dim(node.ne[1])
 
     def rows(r0, n):
         i1, i2, i3, a2, a3 = _broadcast_rows(kb, node, r0)
@@ -304,21 +314,7 @@ def _float_axpy(kb: KernelBuilder, node: Tensor) -> None:
                 for v in vs:
                     store_vec(b, b.load(accs[t][v]), kb.elem_ptr(drow, i64(VEC * v), F32))
 
-    if tok == 1:
-        with kb.loop(start, end, "r") as r0:
-            rows(r0, 1)
-        return
-    with kb.loop(start, end, "r", step=tok) as r0:
-        i1 = b.srem(r0, ne1)
-        whole = b.and_(b.icmp_signed("<=", b.add(r0, i64(tok)), end),
-                       b.icmp_signed("<=", b.add(i1, i64(tok)), ne1))
-        with b.if_else(whole) as (tile, single):
-            with tile:
-                rows(r0, tok)
-            with single:
-                stop = b.add(r0, i64(tok))
-                with kb.loop(r0, b.select(b.icmp_signed("<", stop, end), stop, end), "r1") as r1:
-                    rows(r1, 1)
+    _token_tiles(kb, node, start, end, tok, rows)
 
 
 def _float_scalar(kb: KernelBuilder, node: Tensor) -> None:

@@ -117,18 +117,14 @@ class RepackedMatmul:
             b.store(total, acc)
 
     def _dots(self, ap: ir.Value, h: int, ws: list[tuple[ir.Value, int]]) -> ir.Value:
-        """The block's integer dots for one token, in two chains; the first starts from the
-        activation's offset correction (none for Q4_1)."""
+        """Block h's integer dots for one token, starting from the activation's offset
+        correction (none for Q4_1)."""
         kb, b = self.kb, self.kb.b
         if self.minimums:
             first = zeros(I32, 16)
         else:
             first = splat(b, b.load(kb.byte_ptr(ap, i64(128 + 32 * h)), typ=I32, align=4), 16)
-        chains = [first, zeros(I32, 16)]
-        for n, (w, at) in enumerate(ws):
-            a4 = b.load(kb.byte_ptr(ap, i64(32 * h + at)), typ=I32, align=4)
-            chains[n % 2] = dot_u8s8(kb, chains[n % 2], w, b.bitcast(splat(b, a4, 16), vec(I8, 64)))
-        return b.add(chains[0], chains[1])
+        return self._chain_dots(ap, [(w, 32 * h + at) for w, at in ws], first)
 
     def _weights(self, wp: ir.Value, h: int) -> list[tuple[ir.Value, int]]:
         """Block h of the step as 8 unsigned-byte vectors, each with the offset (within the
@@ -197,11 +193,11 @@ class RepackedMatmul:
                 corr = x if corr is None else b.fadd(corr, x, flags=CONTRACT)
             b.store(b.fadd(b.fmul(corr, corr_w, flags=CONTRACT), total, flags=CONTRACT), acc)
 
-    def _chain_dots(self, ap: ir.Value, ws: list[tuple[ir.Value, int]]) -> ir.Value:
-        """Sum of the dots of vectors w with the 4 activation bytes at ap + offset, in two
-        chains."""
+    def _chain_dots(self, ap: ir.Value, ws: list[tuple[ir.Value, int]], first: ir.Value | None = None) -> ir.Value:
+        """first (default 0) + the dots of vectors w with the 4 activation bytes at ap +
+        offset, in two chains, so consecutive dots do not wait on each other."""
         kb, b = self.kb, self.kb.b
-        chains = [zeros(I32, 16), zeros(I32, 16)]
+        chains = [zeros(I32, 16) if first is None else first, zeros(I32, 16)]
         for n, (w, at) in enumerate(ws):
             a4 = b.load(kb.byte_ptr(ap, i64(at)), typ=I32, align=4)
             chains[n % 2] = dot_u8s8(kb, chains[n % 2], w, b.bitcast(splat(b, a4, 16), vec(I8, 64)))
