@@ -27,9 +27,13 @@ def _tokens(model: llama.Model, n: int, seed: int = 0) -> list[int]:
 
 
 def run_bench(model_name: str, *, threads: int = 2, backend: str | None = None, n_prompt: int = 512,
-              n_gen: int = 128, reps: int = 3, start_times: bool = True) -> dict:
+              n_gen: int = 128, reps: int = 3, start_times: bool = True, devices: list[str] | None = None,
+              n_gpu_layers: int = 0, tensor_split: list[float] | None = None) -> dict:
+    """`devices`, `n_gpu_layers`, `tensor_split`: offloading, as llama.Model.load takes them
+    (llama-bench's -ngl and -ts)."""
+    where = {"devices": devices, "n_gpu_layers": n_gpu_layers, "tensor_split": tensor_split}
     t0 = time.perf_counter()
-    model = llama.Model.load(model_name)
+    model = llama.Model.load(model_name, **where)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     ctx = llama.Context(model, n_ctx=1024, n_batch=n_prompt, n_ubatch=n_prompt, n_threads=threads,
@@ -59,6 +63,7 @@ def run_bench(model_name: str, *, threads: int = 2, backend: str | None = None, 
             overhead.append((tg_s - native) / n_gen * 1e6 if native else float("nan"))
     result = {
         "model": model.path.name, "backend": ctx.backend_name, "threads": threads,
+        "devices": list(devices or []), "ngl": n_gpu_layers,
         f"pp{n_prompt}_tok_s": round(statistics.median(pp), 2),
         f"tg{n_gen}_tok_s": round(statistics.median(tg), 2),
         "python_overhead_us_per_token": round(statistics.median(overhead), 1),
@@ -67,16 +72,28 @@ def run_bench(model_name: str, *, threads: int = 2, backend: str | None = None, 
         "compile_s_per_graph": round(ctx_s / max(len(ctx.graph_cache.entries), 1), 3),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
+    result.update(device_stats(ctx))
     if start_times:
-        result["cold_start_s"], result["warm_start_s"] = start_times_s(model_name, threads, backend)
+        result["cold_start_s"], result["warm_start_s"] = start_times_s(model_name, threads, backend, where)
     return result
 
 
+def device_stats(ctx: llama.Context) -> dict:
+    """What an offload backend reports about its runs (CUDA: graph captures and replays)."""
+    out = {}
+    for be in ctx.backends:
+        stats = getattr(be, "stats", None)
+        if stats is not None and hasattr(stats, "graph_replays"):
+            out[f"{be.name}_stats"] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in vars(stats).items()}
+            out[f"{be.name}_device"] = getattr(be.driver, "device_name", "?")
+    return out
+
+
 _START = """
-import sys, time
+import json, sys, time
 t0 = time.perf_counter()
 import llama
-m = llama.Model.load(sys.argv[1])
+m = llama.Model.load(sys.argv[1], **json.loads(sys.argv[4]))
 ctx = llama.Context(m, n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=int(sys.argv[2]),
                     backend=None if sys.argv[3] == "-" else sys.argv[3])
 ctx.decode(llama.Batch.from_tokens(m.tokenize("Hello")))
@@ -85,13 +102,15 @@ print(time.perf_counter() - t0)
 """
 
 
-def start_times_s(model_name: str, threads: int, backend: str | None) -> tuple[float, float]:
+def start_times_s(model_name: str, threads: int, backend: str | None,
+                  where: dict | None = None) -> tuple[float, float]:
     """(cold, warm): a fresh process with an empty compile cache, then again with it filled."""
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, GGMLPY_CACHE=cache)
         out = []
         for _ in range(2):
-            proc = subprocess.run([sys.executable, "-c", _START, model_name, str(threads), backend or "-"],
+            proc = subprocess.run([sys.executable, "-c", _START, model_name, str(threads), backend or "-",
+                                   json.dumps(where or {})],
                                   env=env, capture_output=True, text=True, check=True)
             out.append(round(float(proc.stdout.strip().splitlines()[-1]), 3))
     return out[0], out[1]

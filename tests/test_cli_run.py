@@ -259,3 +259,61 @@ def test_tokenize_reads_stdin(smollm2, smollm2_path, capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO("from stdin"))
     assert main(["tokenize", "-m", str(smollm2_path), "-", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == smollm2.tokenize("from stdin")
+
+
+# offloading (-ngl, --devices, --tensor-split) -------------------------------------------------
+@pytest.mark.parametrize("ngl", ["99", "16"])
+def test_run_offloaded_to_a_second_cpu_device_gives_the_same_greedy_ids(smollm2_path, greedy_ids, ngl):
+    """All layers (99) or the last 15 and the output (16) on cpu:1: the scheduler splits the
+    graph and copies between the two backends, and the tokens stay those of one device."""
+    rc, out, err = call("run", "-m", str(smollm2_path), "-p", PROMPT, "-n", str(N_GEN), "--temp", "0",
+                        "-c", str(N_CTX), "--json", "--devices", "cpu:1", "-ngl", ngl)
+    assert rc == 0, err
+    result = json.loads(out)
+    assert result["devices"] == ["cpu:1"] and result["n_gpu_layers"] == int(ngl)
+    assert result["ids"] == greedy_ids
+
+
+def test_placement_options_resolve_like_llama_cpp(caplog):
+    import argparse
+
+    from ggmlpy.cli.placement_args import add_placement_args, placement_kwargs
+
+    p = argparse.ArgumentParser()
+    add_placement_args(p)
+    parse = p.parse_args
+    assert placement_kwargs(parse(["-dev", "cpu:1", "-ngl", "-1"]), n_layer=30) == \
+        {"devices": ["cpu:1"], "n_gpu_layers": 31, "tensor_split": None}
+    assert placement_kwargs(parse(["--devices", "cpu:1,cpu:2", "-ts", "3,1", "-ngl", "8"])) == \
+        {"devices": ["cpu:1", "cpu:2"], "n_gpu_layers": 8, "tensor_split": [3.0, 1.0]}
+    assert placement_kwargs(parse([])) == {"devices": None, "n_gpu_layers": 0, "tensor_split": None}
+    with pytest.raises(ValueError, match="2 shares for 1 devices"):
+        placement_kwargs(parse(["--devices", "cpu:1", "-ts", "1,1", "-ngl", "4"]))
+    with pytest.raises(ValueError, match="-ngl must be -1"):
+        placement_kwargs(parse(["-ngl", "-2"]))
+    with pytest.raises(SystemExit):  # argparse names the bad option
+        parse(["-ts", "1,x"])
+
+
+def test_ngl_without_a_gpu_is_ignored_with_a_warning(tiny_path, caplog):
+    from ggmlpy.codegen_cuda import cuda_available
+
+    if cuda_available()[0]:
+        pytest.skip("a GPU is present: -ngl offloads to it")
+    with caplog.at_level("WARNING", logger="ggmlpy.cli"):
+        rc, out, err = call("run", "-m", str(tiny_path), "-p", "the", "-n", "3", "--temp", "0", "-c", "256",
+                            "--json", "-ngl", "99")
+    assert rc == 0, err
+    result = json.loads(out)
+    assert result["devices"] == [] and result["n_gpu_layers"] == 0 and len(result["ids"]) == 3
+    assert any("-ngl 99 ignored: no GPU device" in r.getMessage() for r in caplog.records)
+
+
+def test_bench_offloaded_reports_its_devices(tiny_path):
+    rc, out, err = call("bench", "-m", str(tiny_path), "-p", "8", "-n", "4", "-r", "1", "--no-start-times",
+                        "--devices", "cpu:1", "-ngl", "99")
+    assert rc == 0, err
+    result = json.loads(out)
+    assert result["devices"] == ["cpu:1"] and result["ngl"] == 99
+    assert result["backend"] == "cpu:1"  # every layer and the output on the device
+    assert result["pp8_tok_s"] > 0 and result["tg4_tok_s"] > 0

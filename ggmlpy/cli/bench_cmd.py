@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ggmlpy.cli.placement_args import add_placement_args, placement_kwargs
 from ggmlpy.hub import DEFAULT_MODEL
 
 
@@ -17,6 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-n", "--n-gen", type=int, default=128)
     p.add_argument("--no-start-times", action="store_true", help="skip the cold/warm start subprocesses")
     p.add_argument("--json", action="store_true", help="print one JSON object (the default output too)")
+    add_placement_args(p)
     p.set_defaults(func=run)
 
 
@@ -26,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads < 1 or args.reps < 1 or args.n_prompt < 1 or args.n_gen < 1:
         raise ValueError("threads, reps, n-prompt and n-gen must be positive")
     result = run_bench(args.model, threads=args.threads, backend=args.backend, n_prompt=args.n_prompt,
-                       n_gen=args.n_gen, reps=args.reps, start_times=not args.no_start_times)
+                       n_gen=args.n_gen, reps=args.reps, start_times=not args.no_start_times,
+                       **placement_kwargs(args))
     print(json.dumps(result))
     return 0

@@ -18,6 +18,7 @@ import json
 import sys
 from typing import Any
 
+from ggmlpy.cli.placement_args import add_placement_args, placement_kwargs
 from ggmlpy.cli.run_cmd import DEFAULT_N_CTX, add_model_arg
 from ggmlpy.ir import dump
 from ggmlpy.ir.graph import Graph
@@ -50,28 +51,11 @@ def register(subparsers: Any) -> None:
                         f"({', '.join(pass_names())}) instead of the graph as built")
     p.add_argument("--pipeline", default="cpu", choices=sorted(PIPELINES),
                    help="whose pass pipeline --dump-after runs (default cpu)")
-    s = p.add_argument_group("scheduling (implied by --devices, -ngl, --tensor-split)")
+    s = add_placement_args(p, "scheduling (implied by --devices, -ngl, --tensor-split)")
     s.add_argument("--backends", action="store_true",
                    help="assign backends: show each tensor's backend, the splits, the copies "
                         "between them and why every node went where it did")
-    s.add_argument("--devices", type=_names, default=None, metavar="LIST",
-                   help="offload devices, comma-separated (cuda:0, or cpu:1 for a second CPU backend)")
-    s.add_argument("-ngl", "--n-gpu-layers", type=int, default=None, metavar="N",
-                   help="layers on the devices, the output layer counting as one (default 0)")
-    s.add_argument("--tensor-split", type=_floats, default=None, metavar="LIST",
-                   help="shares of the devices, comma-separated (default: by free memory)")
     p.set_defaults(func=run)
-
-
-def _names(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
 def build_ubatch_graph(model: Model, n_tokens: int, n_ctx: int) -> tuple[Graph, int]:
@@ -144,8 +128,9 @@ def run(args: argparse.Namespace) -> int:
             title += "\n# " + result.plan.describe().strip()
     sched = None
     if args.backends or args.devices or args.n_gpu_layers is not None or args.tensor_split is not None:
-        sched = schedule_graph(model, graph, args.devices, args.n_gpu_layers or 0, args.tensor_split)
-        title += f", devices {','.join(args.devices or []) or 'none'}, ngl {args.n_gpu_layers or 0}"
+        where = placement_kwargs(args, model.hparams.n_layer)
+        sched = schedule_graph(model, graph, **where)
+        title += f", devices {','.join(where['devices'] or []) or 'none'}, ngl {where['n_gpu_layers']}"
     text = render(graph, args.format, title, sched)
     if args.format == "txt" and graph.hints.get(FUSION_HINT):
         text += "\n" + describe_groups(graph)

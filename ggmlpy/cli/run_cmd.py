@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any
 
+from ggmlpy.cli.placement_args import add_placement_args, placement_kwargs
 from ggmlpy.hub import DEFAULT_MODEL, KNOWN_MODELS
 from llama.context import Context
 from llama.generate import Generation, GenerationError, stream
@@ -53,6 +54,7 @@ def register(subparsers: Any) -> None:
     c.add_argument("-t", "--threads", type=int, default=2, help="threads (default 2)")
     c.add_argument("--backend", default=None,
                    help="compute backend by name (default: the best available)")
+    add_placement_args(p)
     p.add_argument("--json", action="store_true",
                    help="print one JSON object at the end instead of streaming text")
     p.set_defaults(func=run)
@@ -62,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     if args.n_predict < -1:
         raise ValueError(f"-n must be >= 0, or -1 for no limit, got {args.n_predict}")
-    model = Model.load(args.model)
+    where = placement_kwargs(args)
+    model = Model.load(args.model, **where)
     sampler = make_sampler(n_vocab=model.n_vocab, temp=args.temp, top_k=args.top_k,
                            top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
                            repeat_last_n=args.repeat_last_n, seed=args.seed)
@@ -87,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         json.dump({
             "model": str(model.path), "backend": ctx.backend_name, "n_ctx": ctx.n_ctx,
+            "devices": where["devices"] or [], "n_gpu_layers": where["n_gpu_layers"],
             "seed": sampler_seed(sampler), "prompt": args.prompt, "prompt_ids": gen.prompt_tokens,
             "ids": gen.tokens, "text": gen.text, "stop_reason": gen.stop_reason,
             "timings": timings, "compile": ctx.compile_report(),

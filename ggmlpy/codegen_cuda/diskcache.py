@@ -21,8 +21,9 @@ MAGIC = b"ggmlpy-kernel-cache v1"
 
 
 def default_cache_dir() -> Path:
-    """`$GGMLPY_CACHE_DIR/cuda`, else ~/.cache/ggmlpy/cuda."""
-    base = os.environ.get("GGMLPY_CACHE_DIR")
+    """`$GGMLPY_CACHE/cuda` (the CPU backend's cache root too; GGMLPY_CACHE_DIR is an older
+    name for it), else ~/.cache/ggmlpy/cuda."""
+    base = os.environ.get("GGMLPY_CACHE") or os.environ.get("GGMLPY_CACHE_DIR")
     return (Path(base) if base else Path.home() / ".cache" / "ggmlpy") / "cuda"
 
 

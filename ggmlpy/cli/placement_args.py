@@ -1,0 +1,69 @@
+"""The offload options shared by `ggmlpy run`, `bench` and `graph`: llama.cpp's -ngl,
+--device and --tensor-split.
+
+As with llama-cli and llama-bench, `-ngl N` alone offloads to the GPU when there is one: the
+devices default to every CUDA device found. Without one, -ngl is ignored with a warning (as
+llama.cpp does when built without GPU support), unless devices were named, which is then an
+error naming the device. A second CPU backend (`--devices cpu:1`) makes offloading testable
+on a machine without a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+log = logging.getLogger("ggmlpy.cli")
+
+
+def add_placement_args(p: argparse.ArgumentParser, title: str = "offloading") -> argparse._ArgumentGroup:
+    g = p.add_argument_group(title)
+    g.add_argument("--devices", "-dev", "--device", dest="devices", type=device_names, default=None,
+                   metavar="LIST", help="offload devices, comma-separated (cuda:0, or cpu:1 for a second "
+                                        "CPU backend); default with -ngl: every CUDA device")
+    g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", dest="n_gpu_layers", type=int, default=None,
+                   metavar="N", help="layers on the devices, the output layer counting as one; -1 = all "
+                                     "(default 0)")
+    g.add_argument("-ts", "--tensor-split", dest="tensor_split", type=shares, default=None, metavar="LIST",
+                   help="shares of the devices, comma-separated (default: by free memory)")
+    return g
+
+
+def device_names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def shares(text: str) -> list[float]:
+    try:
+        return [float(part) for part in text.replace("/", ",").split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def placement_kwargs(args: argparse.Namespace, n_layer: int | None = None) -> dict[str, Any]:
+    """`devices`, `n_gpu_layers` and `tensor_split` for llama.Model.load from parsed options.
+
+    n_gpu_layers -1 (llama-cpp-python's "all") becomes a count past every layer."""
+    ngl = args.n_gpu_layers or 0
+    if ngl < -1:
+        raise ValueError(f"-ngl must be -1 (all layers) or at least 0, got {ngl}")
+    if ngl == -1:
+        ngl = 1 << 30 if n_layer is None else n_layer + 1
+    devices = args.devices
+    if devices is None and ngl > 0:
+        devices = default_devices()
+        if not devices:
+            log.warning("-ngl %d ignored: no GPU device (name one with --devices, e.g. cpu:1)",
+                        args.n_gpu_layers)
+            ngl = 0
+    if args.tensor_split is not None and devices and len(args.tensor_split) != len(devices):
+        raise ValueError(f"--tensor-split has {len(args.tensor_split)} shares for {len(devices)} devices")
+    return {"devices": devices or None, "n_gpu_layers": ngl, "tensor_split": args.tensor_split}
+
+
+def default_devices() -> list[str]:
+    """Every CUDA device this process can use (the backend drives one: cuda:0)."""
+    from ggmlpy.codegen_cuda import cuda_available
+
+    ok, _ = cuda_available()
+    return ["cuda:0"] if ok else []
