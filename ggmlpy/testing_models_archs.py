@@ -47,6 +47,7 @@ class TinyConfig:
     seed: int = 0
     omit: tuple[str, ...] = ()        # tensor names to leave out (files for error tests)
     extra_keys: dict[str, Any] = field(default_factory=dict)
+    extra_tensors: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. rope_freqs.weight
 
     @property
     def head(self) -> int:
@@ -242,6 +243,8 @@ def write_tiny_model(arch: str, path: str | Path, **overrides: Any) -> Path:
     t = _Tiny(cfg)
     _common_keys(t)
     _embeddings(t)
+    for name, data in cfg.extra_tensors.items():
+        t.add(name, np.asarray(data, np.float32))
     layer = LAYER_WRITERS[arch]
     for il in range(cfg.n_layer):
         layer(t, f"blk.{il}.")

@@ -1,33 +1,54 @@
 """The K-shift graph: after seq_add/seq_div moved positions, cached keys (already rotated)
-are rotated again by each cell's position delta, in place (llama.cpp's build_graph_shift)."""
+are rotated again by each cell's position delta, in place (llama.cpp's build_graph_shift).
+
+The second rotation must use the forward graph's own RoPE: the same per-layer base and
+scale (`hp.rope_args(il)`), attention factor and frequency factors. Anything else leaves
+the shifted keys at angles a fresh decode at the new positions would never have produced.
+"""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ggmlpy.ir import GGMLType, GraphBuilder
-from llama.graph import BuiltGraph, KVLayout
+from ggmlpy.ir import GGMLType
+from llama.graph import BuiltGraph, KVLayout, LlmGraph
 from llama.graph_inputs import GraphParams
+from llama.weights import WeightRef
 
 if TYPE_CHECKING:
     from llama.model import Model
 
 
+def rope_factors(model: "Model", kv: KVLayout) -> WeightRef | None:
+    """The frequency factors the forward graph rotates with (llama_model::get_rope_factors):
+    llama 3's `rope_freqs`, else LongRoPE's long factors when the cache is longer than the
+    original training context (as llama/models/phi3.py decides), else its short ones; None
+    for files with neither."""
+    w = model.w
+    if getattr(w, "rope_freqs", None) is not None:
+        return w.rope_freqs
+    long = getattr(w, "rope_long", None)
+    if long is not None and kv.kv_size > model.hparams.n_ctx_orig_yarn:
+        return long
+    return getattr(w, "rope_short", None)
+
+
 def build_k_shift(model: "Model", kv: KVLayout) -> BuiltGraph:
     hp = model.hparams
-    b = GraphBuilder()
+    g = LlmGraph(model, kv, GraphParams("kshift", False, kv.kv_size))
+    b = g.b
     shift = b.input("inp_k_shift", GGMLType.I32, (kv.kv_size,))
     # the separate sliding-window cache (iSWA) has its own cells, so its own shifts
     shift_swa = b.input("inp_k_shift_swa", GGMLType.I32, (kv.kv_size_swa,)) if kv.kv_size_swa else None
+    # a weight leaf like the model graphs' (g.w): the context binds it to the loaded tensor
+    factors = g.w(rope_factors(model, kv))
     outs = []
     for il in range(hp.n_layer):
         hk, n_head_kv = hp.n_embd_head_k, hp.n_head_kv[il]
         size = kv.size_of(hp, il)
         cache_k = b.cache(f"cache_k_l{il}", kv.type_k, (hp.n_embd_k_gqa(il), size))
         k = b.view(cache_k, (hk, n_head_kv, size), (cache_k.nb[0] * hk, cache_k.nb[1]))
-        base = hp.rope_freq_base_swa if hp.is_swa(il) else hp.rope_freq_base
-        scale = hp.rope_freq_scale_swa if hp.is_swa(il) else hp.rope_freq_scale
         delta = shift_swa if kv.separate_swa(hp, il) else shift
-        rotated = b.rope_ext(k, delta, None, hp.n_rot, hp.rope_type, hp.n_ctx_orig_yarn, base, scale)
+        rotated = b.rope_ext(k, delta, factors, **hp.rope_args(il))
         outs.append(b.name(b.cpy(rotated, k), "k_shifted", il))
     graph = b.build(outs)
-    return BuiltGraph(graph, outs[-1], [], GraphParams("kshift", False, kv.kv_size))
+    return BuiltGraph(graph, outs[-1], [], g.params)

@@ -23,6 +23,7 @@ from ggmlpy.ir import Tensor
 from llama.arch import Architecture, register
 from llama.graph import LlmGraph
 from llama.hparams import HParams, HParamsError, MetadataReader
+from llama.kshift import rope_factors as kshift_rope_factors
 from llama.kv_cells import SWAType
 from llama.weights import TensorLoadError, TensorTable
 
@@ -98,11 +99,9 @@ def build_ffn_fused(g: LlmGraph, layer, cur: Tensor, il: int) -> Tensor:
 
 
 def rope_factors(g: LlmGraph):
-    """LongRoPE's frequency factors for this context size (None for ordinary files)."""
-    m, hp = g.model, g.hp
-    if m.w.rope_long is not None and g.kv.kv_size > hp.n_ctx_orig_yarn:
-        return m.w.rope_long
-    return m.w.rope_short
+    """LongRoPE's frequency factors for this context size (None for ordinary files); the
+    K-shift graph rotates with the same ones (one rule: llama/kshift.py)."""
+    return kshift_rope_factors(g.model, g.kv)
 
 
 def build(g: LlmGraph) -> Tensor:
