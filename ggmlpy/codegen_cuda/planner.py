@@ -2,7 +2,8 @@
 
 Following ggml-alloc in a simple form (DESIGN.md decision 5): tensors computed by the split
 get an offset in one arena; a buffer is free once the last step touching it (through any
-view) has run, and a later buffer may take its place (first fit, 256-byte aligned). Views
+view) has run, and a later buffer may take its place (best fit, 256-byte aligned, by the
+allocator passes/arena.py that the graph-level planner uses too). Views
 never own memory; weights, caches and graph inputs live outside the arena; outputs and
 tensors other splits read are kept to the end.
 """
@@ -15,6 +16,8 @@ from ggmlpy.codegen_cuda.steps import Step
 from ggmlpy.ir.symbolic import evaluate
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import block_size
+from ggmlpy.passes.arena import Arena
+from ggmlpy.passes.arena import align as align_to
 
 ALIGN = 256
 
@@ -32,7 +35,7 @@ def nbytes(t: Tensor, env: Mapping[str, int]) -> int:
 
 
 def align(n: int, a: int = ALIGN) -> int:
-    return -(-n // a) * a
+    return align_to(n, a)
 
 
 @dataclass
@@ -45,39 +48,33 @@ class ArenaPlan:
 def plan_arena(steps: list[Step], env: Mapping[str, int], owned: set[int], keep: Iterable[int] = ()) -> ArenaPlan:
     """Offsets for every root in `owned` (tensor ids) that the steps write or read.
 
-    `keep`: roots that stay live after the last step (outputs)."""
+    `keep`: roots that stay live after the last step (outputs). The steps run in order:
+    before step i every root it touches first gets a block, after it every root it touches
+    last gives its block back. All of a step's new blocks are taken before any of its dying
+    ones are freed, so what a step writes never lies on what the same step reads."""
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     roots: dict[int, Tensor] = {}
     for i, step in enumerate(steps):
-        for t in step.writes:
+        for t in (*step.writes, *step.reads):
             r = root_of(t)
             if r.id in owned:
                 first.setdefault(r.id, i)
                 last[r.id] = i
                 roots[r.id] = r
-        for t in step.reads:
-            r = root_of(t)
-            if r.id in owned:
-                first.setdefault(r.id, i)
-                last[r.id] = max(last.get(r.id, i), i)
-                roots[r.id] = r
-    end = len(steps)
-    for rid in keep:
-        if rid in last:
-            last[rid] = end
+    kept = set(keep)
     sizes = {rid: align(max(1, nbytes(r, env))) for rid, r in roots.items()}
+    born: dict[int, list[int]] = {}
+    dying: dict[int, list[int]] = {}
+    for rid in first:  # in order of first touch
+        born.setdefault(first[rid], []).append(rid)
+        if rid not in kept:
+            dying.setdefault(last[rid], []).append(rid)
+    arena = Arena(ALIGN)
     offsets: dict[int, int] = {}
-    placed: list[tuple[int, int, int]] = []  # (offset, size, last step)
-    for rid in sorted(first, key=lambda r: (first[r], r)):
-        start, size = first[rid], sizes[rid]
-        live = sorted((p for p in placed if p[2] >= start), key=lambda p: p[0])
-        off = 0
-        for p_off, p_size, _ in live:
-            if off + size <= p_off:
-                break
-            off = max(off, p_off + p_size)
-        offsets[rid] = off
-        placed.append((off, size, last[rid]))
-    total = max((o + s for o, s, _ in placed), default=0)
-    return ArenaPlan(offsets, sizes, total)
+    for i in range(len(steps)):
+        for rid in born.get(i, ()):
+            offsets[rid] = arena.alloc(rid, sizes[rid])
+        for rid in dying.get(i, ()):
+            arena.free(rid)
+    return ArenaPlan(offsets, sizes, arena.top)

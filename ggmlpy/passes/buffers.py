@@ -11,6 +11,7 @@ computed tensor at an offset in it, blocks reused once their last reader has run
     other node and no view.
   - A freed block is reused best-fit (the smallest free block that fits, the lowest offset
     on ties); with none, the arena grows from its top. Neighbouring free blocks merge.
+    The allocator is passes/arena.py, shared with the CUDA backend's planner.
   - Fusion groups (fusion.py) are one step each: their interior members get no memory,
     their outputs are allocated when the group runs, and what they read lives until then.
 Sizes are symbolic; the plan is made for the worst case given as `env` (n_tokens = n_ubatch,
@@ -26,6 +27,7 @@ from ggmlpy.ir.ops import OPS
 from ggmlpy.ir.symbolic import evaluate
 from ggmlpy.ir.tensor import Flag, Tensor
 from ggmlpy.ir.types import block_size, type_size
+from ggmlpy.passes.arena import Arena, align
 from ggmlpy.passes.common import memory_root
 from ggmlpy.passes.fusion import ResolvedGroup, fusion_groups
 
@@ -73,10 +75,6 @@ def tensor_nbytes(t: Tensor, env: Mapping[str, int]) -> int:
     else:
         first = type_size(t.type) + (ne[0] - 1) * nb[0]
     return first + sum((n - 1) * s for n, s in zip(ne[1:], nb[1:]))
-
-
-def align(n: int, alignment: int = ALIGNMENT) -> int:
-    return -(-n // alignment) * alignment
 
 
 Fused = Union[bool, Callable[[ResolvedGroup], bool]]
@@ -135,7 +133,7 @@ def plan_buffers(graph: Graph, env: Mapping[str, int] | None = None, alignment: 
         dying.setdefault(last, []).append(tid)
     pinned = {memory_root(o).id for o in graph.outputs}
     n_readers = _readers(graph)
-    arena = _Arena(alignment)
+    arena = Arena(alignment)
     offsets: dict[int, int] = {}
     inplace: dict[int, int] = {}
     for i, step in enumerate(steps):
@@ -187,58 +185,3 @@ def _inplace_parent(t: Tensor, step: list[Tensor], sizes, n_readers, pinned) -> 
     ok = (p.id in sizes and p.id not in pinned and not p.flags & Flag.OUTPUT
           and n_readers.get(p.id, 0) == 1 and (p.type, p.ne, p.nb) == (t.type, t.ne, t.nb))
     return p if ok else None
-
-
-class _Arena:
-    """Best-fit allocator over [0, top) with a free list of (offset, size) blocks."""
-
-    def __init__(self, alignment: int):
-        self.alignment = alignment
-        self.free_blocks: list[tuple[int, int]] = []  # sorted by offset
-        self.blocks: dict[int, tuple[int, int]] = {}  # tensor id -> (offset, aligned size)
-        self.top = 0
-        self.live = 0
-        self.peak = 0
-
-    def alloc(self, tid: int, size: int) -> int:
-        size = align(max(size, 1), self.alignment)
-        fits = [(s, o) for o, s in self.free_blocks if s >= size]
-        if fits:
-            s, o = min(fits)
-            self.free_blocks.remove((o, s))
-            if s > size:
-                self._insert(o + size, s - size)
-        elif self.free_blocks and sum(self.free_blocks[-1]) == self.top:
-            o, s = self.free_blocks.pop()  # the free block at the top grows to fit
-            self.top = o + size
-        else:
-            o = self.top
-            self.top += size
-        self.blocks[tid] = (o, size)
-        self.live += size
-        return o
-
-    def transfer(self, old: int, new: int) -> None:
-        self.blocks[new] = self.blocks.pop(old)
-
-    def free(self, tid: int) -> None:
-        if tid not in self.blocks:
-            return
-        o, s = self.blocks.pop(tid)
-        self.live -= s
-        self._insert(o, s)
-
-    def note_peak(self) -> None:
-        self.peak = max(self.peak, self.live)
-
-    def _insert(self, offset: int, size: int) -> None:
-        blocks = self.free_blocks
-        blocks.append((offset, size))
-        blocks.sort()
-        merged: list[tuple[int, int]] = []
-        for o, s in blocks:
-            if merged and sum(merged[-1]) == o:
-                merged[-1] = (merged[-1][0], merged[-1][1] + s)
-            else:
-                merged.append((o, s))
-        self.free_blocks = merged

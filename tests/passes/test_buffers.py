@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from ggmlpy.ir import N_KV, GGMLType, GraphBuilder
-from ggmlpy.passes.buffers import PlanError, _Arena, plan_buffers
+from ggmlpy.passes.arena import Arena
+from ggmlpy.passes.buffers import PlanError, plan_buffers
 from ggmlpy.passes.fusion import mark_fusion_groups
 from ggmlpy.passes.pipeline import run_pipeline
 from tests.passes.helpers import (
@@ -142,7 +143,7 @@ def test_fused_interior_tensors_get_no_memory():
 
 
 def test_best_fit_reuse_and_merging_of_free_blocks():
-    arena = _Arena(64)
+    arena = Arena(64)
     offs = [arena.alloc(i, size) for i, size in enumerate([192, 64, 64, 128, 64])]
     assert offs == [0, 192, 256, 320, 448]
     arena.free(0)                       # a 192-byte hole at 0
