@@ -80,6 +80,7 @@ class CudaBackend:
         self._shared_set: dict[str, int] = {}
         self.limits: dict[str, int] = {}
         self._allocs: set[int] = set()
+        self._host_buffers: list[np.ndarray] = []
 
     # scheduler protocol ------------------------------------------------------------------------
     def supports_op(self, node: Tensor) -> bool:
@@ -137,6 +138,24 @@ class CudaBackend:
             self._allocs.discard(ptr)
             self.driver.free(ptr)
 
+    def host_buffer(self, nbytes: int) -> np.ndarray:
+        """A uint8 host array the device copies to and from directly (page-locked where the
+        driver can; plain memory, with a log line, where it cannot)."""
+        try:
+            arr = self.driver.host_alloc(nbytes)
+        except Exception as e:  # an old binding, no pinned memory left ...
+            log.warning("page-locked host memory unavailable (%s): pageable buffers", e)
+            return np.zeros(int(nbytes), dtype=np.uint8)
+        self._host_buffers.append(arr)
+        return arr
+
+    def free_host_buffer(self, arr: np.ndarray) -> None:
+        for i, held in enumerate(self._host_buffers):
+            if held is arr:
+                del self._host_buffers[i]
+                self.driver.host_free(arr)
+                return
+
     def bind_resident(self, leaf: Tensor, host: np.ndarray) -> int:
         """Device address of a weight or cache leaf, uploading `host` when it is new."""
         entry = self.resident.get(leaf.name)
@@ -164,6 +183,8 @@ class CudaBackend:
     def close(self) -> None:
         for ptr in list(self._allocs):
             self.free(ptr)
+        for arr in list(self._host_buffers):
+            self.free_host_buffer(arr)
         self.resident.clear()
 
     def __del__(self):

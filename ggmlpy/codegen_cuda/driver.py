@@ -117,6 +117,15 @@ class CudaPythonDriver:
     def free(self, ptr: int) -> None:
         self._call(self.cu.cuMemFree, ptr)
 
+    def host_alloc(self, nbytes: int) -> np.ndarray:
+        """Page-locked host memory (a uint8 array): copies to and from it are plain DMA,
+        without the driver's staging through its own pinned buffer."""
+        (ptr,) = self._call(self.cu.cuMemHostAlloc, max(int(nbytes), 1), 0)
+        return np.ctypeslib.as_array((ctypes.c_uint8 * max(int(nbytes), 1)).from_address(int(ptr)))[:nbytes]
+
+    def host_free(self, arr: np.ndarray) -> None:
+        self._call(self.cu.cuMemFreeHost, arr.ctypes.data)
+
     def htod(self, dst: int, src: np.ndarray, nbytes: int, stream: Any = None) -> None:
         self._call(self.cu.cuMemcpyHtoDAsync, dst, src.ctypes.data, nbytes, stream or self.stream)
 
@@ -286,6 +295,12 @@ class PyCudaDriver:
     def free(self, ptr: int) -> None:
         self._allocs.pop(ptr).free()
 
+    def host_alloc(self, nbytes: int) -> np.ndarray:
+        return self.drv.pagelocked_empty(int(nbytes), np.uint8)
+
+    def host_free(self, arr: np.ndarray) -> None:
+        pass  # pycuda frees page-locked arrays with them
+
     def htod(self, dst: int, src: np.ndarray, nbytes: int, stream: Any = None) -> None:
         self.drv.memcpy_htod_async(dst, src.reshape(-1).view(np.uint8)[:nbytes], stream or self.stream)
 
@@ -341,6 +356,12 @@ class CompileOnlyDriver:
     def load_module(self, specs: Sequence[KernelSpec], cache: DiskCache | None) -> Module:
         compile_cuda(module_source(specs), self.arch, "cubin", cache)
         return Module(None, {s.name: s.name for s in specs})
+
+    def host_alloc(self, nbytes: int) -> np.ndarray:
+        return np.zeros(int(nbytes), dtype=np.uint8)
+
+    def host_free(self, arr: np.ndarray) -> None:
+        pass
 
     def __getattr__(self, name: str):
         raise CudaUnavailable(f"the compile-only driver cannot {name}: there is no GPU")

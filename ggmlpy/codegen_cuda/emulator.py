@@ -79,6 +79,12 @@ class EmuDriver:
     def free(self, ptr: int) -> None:
         del self._mem[ptr]
 
+    def host_alloc(self, nbytes: int) -> np.ndarray:
+        return np.zeros(int(nbytes), dtype=np.uint8)
+
+    def host_free(self, arr: np.ndarray) -> None:
+        pass
+
     def htod(self, dst: int, src: np.ndarray, nbytes: int, stream: Any = None) -> None:
         ctypes.memmove(dst, src.ctypes.data, nbytes)
 

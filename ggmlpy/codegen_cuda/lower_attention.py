@@ -15,6 +15,7 @@ from ggmlpy.codegen_cuda.lower_simple import alibi_params
 from ggmlpy.codegen_cuda.steps import (
     Addr, Env, Launch, Step, check_grid, ev, nb_of, ne_of, sfx, static_int,
 )
+from ggmlpy.ir.symbolic import SymExpr
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import GGMLType
 
@@ -38,7 +39,13 @@ class AttentionStep(Step):
         hk, hv = static_int(q.ne[0]), static_int(v.ne[1])
         assert hk is not None and hv is not None
         self.hk, self.hv = hk, hv
-        fields = [(n, "ptr") for n in ("q", "k", "v", "m", "o")]
+        # the cache length's symbol (n_kv or n_kv_swa); with `count_at` holding a device
+        # address for it, the kernel reads the length there instead of from its parameters
+        kv_len = k.ne[1]
+        self.count_symbol = next(iter(kv_len.symbols)) if not isinstance(kv_len, int) and \
+            kv_len == SymExpr.symbol(next(iter(kv_len.symbols))) else None
+        self.count_at: int = 0
+        fields = [(n, "ptr") for n in ("q", "k", "v", "m", "o", "n_kv_dev")]
         fields += [(n, "i64") for n in ("n_kv", "hv", "rk", "rv", "mne2", "n_head_log2")]
         fields += [(f"qnb{i}", "i64") for i in range(3)] + [(f"knb{i}", "i64") for i in range(3)]
         fields += [(f"vnb{i}", "i64") for i in range(3)] + [(f"mnb{i}", "i64") for i in range(3)]
@@ -62,6 +69,8 @@ class AttentionStep(Step):
         axes = self.perm.params["axes"]
         return [lin[axes[i]] for i in range(3)]
 
+    max_threads = max(THREADS, FEW_BLOCKS_THREADS)  # the most threads a launch may have
+
     def smem_bytes(self, env: Env, threads: int) -> int:
         n_kv = ev(self.k.ne[1], env)
         return 4 * (self.hk + (threads // 32) * self.hv + n_kv)
@@ -71,7 +80,7 @@ class AttentionStep(Step):
         qne, kne, vne = ne_of(q, env), ne_of(k, env), ne_of(v, env)
         n_tokens, n_head = qne[1], qne[2]
         m0, m1, nhl = alibi_params(n_head, self.sm.params.get("max_bias", 0.0))
-        vals = {"q": addr(q), "k": addr(k), "v": addr(v), "o": addr(self.out), "m": 0,
+        vals = {"q": addr(q), "k": addr(k), "v": addr(v), "o": addr(self.out), "m": 0, "n_kv_dev": self.count_at,
                 "n_kv": kne[1], "hv": self.hv, "rk": n_head // kne[2], "rv": n_head // vne[2],
                 "mne2": 1, "n_head_log2": nhl, "scale": self.sm.params["scale"], "m0": m0, "m1": m1}
         for prefix, t in (("q", q), ("k", k), ("v", v)):

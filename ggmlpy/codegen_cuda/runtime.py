@@ -10,12 +10,18 @@ new n_kv re-packs the attention launches and nothing else.
 
 Plans and graphs. A RunPlan is the launch list for one env (symbol values). One-token decode
 graphs (graph.hints["tokens"] == "single") are captured as a CUDA graph the first time an
-env is seen and replayed after: graphs are keyed by (signature, env), and since n_kv moves in
-steps of the cache padding (32 cells), generation re-captures every 32 tokens. Plans live in
-an LRU of MAX_PLANS.
+env is seen and replayed after. Plans live in an LRU of MAX_PLANS.
+
+Device counts. In a decode graph the cache lengths (n_kv, and n_kv_swa with a sliding-window
+cache) change every 32 tokens, and only the fused attention launches depend on them. Those
+launches then read the length from device memory (4 bytes each at the start of the input
+buffer, uploaded with the inputs) and size their shared memory for the limit, so one plan
+and one captured graph serve a whole generation: no re-capture (about 1.2 ms on an H200)
+every 32 tokens. Inputs sized by a count (the mask) are uploaded at each run's size.
 """
 from __future__ import annotations
 
+import operator
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -26,6 +32,7 @@ import numpy as np
 from ggmlpy.codegen_cuda.backend import _bytes_of, _lookup
 from ggmlpy.codegen_cuda.driver import PreparedLaunch
 from ggmlpy.codegen_cuda.fusion import SINGLE_TOKEN_SYMBOLS, lower_split
+from ggmlpy.codegen_cuda.lower_attention import AttentionStep
 from ggmlpy.codegen_cuda.planner import ALIGN, ArenaPlan, align, nbytes, plan_arena, root_of
 from ggmlpy.codegen_cuda.steps import Step
 from ggmlpy.ir.graph import Graph
@@ -68,6 +75,13 @@ def _symbols(x: Any, out: set[str]) -> None:
     elif isinstance(x, dict):
         for v in x.values():
             _symbols(v, out)
+
+
+def _mentions(t: Tensor, names: Any) -> bool:
+    """Whether t's shape or strides depend on any of the symbols `names`."""
+    found: set[str] = set()
+    _symbols((t.ne, t.nb), found)
+    return not found.isdisjoint(names)
 
 
 def step_symbols(step: Step) -> tuple[str, ...]:
@@ -113,12 +127,17 @@ class CudaSplit:
                 outs[r.id] = r
         self.output_roots = list(outs.values())
         self.single = graph.hints.get("tokens") == "single"
+        self.counts = self._device_counts()
+        self._count_index = {c: i for i, c in enumerate(self.counts)}
+        self._count_sized = {r.id for r in self.input_roots if _mentions(r, self.counts)}
+        self._sized_memo: dict[tuple, int] = {}
         self._plans: OrderedDict[tuple, RunPlan] = OrderedDict()
         self._layout: Layout | None = None
         self._step_launches: list[dict[tuple, list[PreparedLaunch]]] = [{} for _ in self.steps]
         self._arena = (0, 0)     # (device address, capacity)
         self._inbuf = (0, 0)
-        self._staging = np.zeros(0, dtype=np.uint8)
+        self._staging = np.zeros(0, dtype=np.uint8)   # page-locked once planned
+        self._out_host: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # root id -> (buffer, this size's view)
         self._weight_ptrs: dict[int, int] | None = None  # leaf id -> device address
         self._cache_ptrs: dict[int, int] = {}
         self._cache_names = [leaf.name for leaf in self.cache_leaves]
@@ -128,14 +147,18 @@ class CudaSplit:
     # running -----------------------------------------------------------------------------------
     def run(self, store: TensorStore, env: Mapping[str, int]) -> None:
         drv, be = self.backend.driver, self.backend
-        key = tuple(sorted((k, int(v)) for k, v in env.items()))
+        if self.counts:  # a count's value is uploaded; the plan only depends on its capacity
+            key = tuple(sorted((k, self._count_capacity(k, v) if k in self._count_index else int(v))
+                               for k, v in env.items()))
+        else:
+            key = tuple(sorted((k, int(v)) for k, v in env.items()))
         self._bind_resident(store)
         plan = self._plans.get(key)
         if plan is None:
             plan = self._prepare(env, key)
         else:
             self._plans.move_to_end(key)
-        self._upload_inputs(plan, store)
+        self._upload_inputs(plan, store, env)
         if plan.graph is not None:
             drv.graph_launch(plan.graph)
             be.stats.graph_replays += 1
@@ -160,11 +183,25 @@ class CudaSplit:
                 if host.nbytes < n:
                     raise BindingError(f"{root.name!r} has {host.nbytes} bytes bound, the graph writes {n}")
             else:
-                host = np.empty(n, dtype=np.uint8)
+                host = self._output_buffer(root, n)
                 store.buffers[root.id] = host
             if n:
                 drv.dtoh(host, ptr, n)
         drv.synchronize()
+
+    def _output_buffer(self, root: Tensor, n: int) -> np.ndarray:
+        """Where an output lands on the host: one page-locked buffer per output, reused by
+        every run (its readers copy what they keep, as llama's logits are), and the same
+        array object while the size stays."""
+        held = self._out_host.get(root.id)
+        if held is None or held[0].nbytes < n:
+            if held is not None:
+                self.backend.free_host_buffer(held[0])
+            buf = self.backend.host_buffer(n)
+            held = self._out_host[root.id] = (buf, buf[:n])
+        elif held[1].nbytes != n:
+            held = self._out_host[root.id] = (held[0], held[0][:n])
+        return held[1]
 
     def _bind_resident(self, store: TensorStore) -> None:
         """Weights are bound on the first run; caches every run (by identity of the bound
@@ -202,16 +239,32 @@ class CudaSplit:
             return False
         holder, hosts = seen
         for m in getattr(bindings, "maps", [bindings]):
-            if m is holder:
-                get = holder.get
-                return all(get(n) is h for n, h in zip(self._cache_names, hosts))
+            if m is holder:  # (map and operator.is_ keep the loop over 2 * n_layer names in C)
+                return all(map(operator.is_, map(holder.get, self._cache_names), hosts))
             if not m.keys().isdisjoint(self._cache_name_set):
                 return False
         return False
 
-    def _upload_inputs(self, plan: RunPlan, store: TensorStore) -> None:
+    def _sized_bytes(self, root: Tensor, env: Mapping[str, int]) -> int:
+        """nbytes(root, env) for an input sized by a device count, remembered per length."""
+        key = (root.id, *(env[c] for c in self.counts))
+        n = self._sized_memo.get(key)
+        if n is None:
+            if len(self._sized_memo) > 4096:
+                self._sized_memo.clear()
+            n = self._sized_memo[key] = nbytes(root, env)
+        return n
+
+    def _upload_inputs(self, plan: RunPlan, store: TensorStore, env: Mapping[str, int]) -> None:
         total = 0
+        if self.counts:
+            counts = self._staging[:4 * len(self.counts)].view(np.int32)
+            for i, c in enumerate(self.counts):
+                counts[i] = env[c]
+            total = counts.nbytes
         for root, off, n, is_input in plan.inputs:
+            if root.id in self._count_sized:
+                n = self._sized_bytes(root, env)
             if not n:
                 continue
             if is_input:
@@ -244,7 +297,7 @@ class CudaSplit:
             penv = {k: max(v, dict(lay.key).get(k, 0)) for k, v in penv.items()}
             key = tuple(sorted(penv.items()))
         arena = plan_arena(self.steps, penv, self.arena_ids, keep=[r.id for r in self.output_roots])
-        inputs, off = [], 0
+        inputs, off = [], align(4 * len(self.counts)) if self.counts else 0
         for r in self.input_roots:
             inputs.append((r, off, bool(r.flags & Flag.INPUT)))
             off = align(off + nbytes(r, penv))
@@ -252,17 +305,23 @@ class CudaSplit:
         self._grow("_arena", arena.size)
         self._grow("_inbuf", off)
         if self._staging.nbytes < self._inbuf[1]:
-            self._staging = np.zeros(self._inbuf[1], dtype=np.uint8)
+            self.backend.free_host_buffer(self._staging)
+            self._staging = self.backend.host_buffer(self._inbuf[1])
         bases = {**(self._weight_ptrs or {}), **self._cache_ptrs}
         for rid, o in arena.offsets.items():
             bases[rid] = self._arena[0] + o
         for r, o, _ in inputs:
             bases[r.id] = self._inbuf[0] + o
+        for step in self.steps:
+            if isinstance(step, AttentionStep) and step.count_symbol in self._count_index:
+                step.count_at = self._inbuf[0] + 4 * self._count_index[step.count_symbol]
         self._layout = Layout(key, arena, inputs, bases)
         return self._layout
 
     def _prepare(self, env: Mapping[str, int], key: tuple) -> RunPlan:
         be = self.backend
+        if self.counts:  # launches (shared memory) for the capacity; the kernels read the value
+            env = {k: self._count_capacity(k, v) if k in self._count_index else v for k, v in env.items()}
         lay = self._ensure_layout(env)
         bases = lay.bases
         memo: dict[Any, int] = {}
@@ -299,6 +358,31 @@ class CudaSplit:
             _, old = self._plans.popitem(last=False)
             self._destroy(old)
         return plan
+
+    def _device_counts(self) -> tuple[str, ...]:
+        """The symbols this split reads from device memory (see the module docstring): in a
+        one-token graph with limits, the cache lengths when nothing but fused attention
+        steps depends on them and no output's size does."""
+        limits = self.backend.limits
+        if not self.single:
+            return ()
+        found: set[str] = set()
+        for step, syms in zip(self.steps, self._step_symbols):
+            varying = set(syms) - SINGLE_TOKEN_SYMBOLS.keys()
+            if not varying:
+                continue
+            if not isinstance(step, AttentionStep) or varying != {step.count_symbol} or varying - limits.keys():
+                return ()
+            if step.smem_bytes(limits, step.max_threads) > self.backend.driver.max_shared:
+                return ()  # scores for the longest cache would not fit: size per length instead
+            found |= varying
+        if any(_mentions(r, found) for r in self.output_roots):
+            return ()
+        return tuple(sorted(found))
+
+    def _count_capacity(self, name: str, value: int) -> int:
+        """What launches reading count `name` are sized for: its limit, or the value past it."""
+        return max(int(value), self.backend.limits.get(name, 0))
 
     def _grow(self, attr: str, need: int) -> None:
         ptr, cap = getattr(self, attr)

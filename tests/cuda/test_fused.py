@@ -181,3 +181,45 @@ def test_one_token_graphs_upload_only_their_few_input_bytes(device, monkeypatch)
     monkeypatch.setattr(driver, "htod", lambda dst, src, n, stream=None: (sizes.append(n), real_htod(dst, src, n))[1])
     split.run(TensorStore(dict(inputs)), {"n_tokens": 1})
     assert len(sizes) == 1 and 64 * 4 < sizes[0] <= 1024, sizes
+
+
+def test_decode_attention_reads_the_cache_length_on_the_device(device):
+    """A one-token graph with limits: the attention launches read n_kv from device memory, so
+    one plan (and one captured CUDA graph) serves every cache length, each matching the
+    reference; shared memory is sized for the limit."""
+    kind, driver = device
+    kv_size = 192
+    g = attention_graph(n_tokens=1, n_kv=kv_size, kv_size=kv_size, head=64, n_head=3, n_head_kv=1)
+    g.hints["tokens"] = "single"
+    be = CudaBackend(driver=driver)
+    be.set_limits({"n_tokens": 1, "n_outputs": 1, "n_kv": kv_size})
+    split = be.compile(g, g.nodes)
+    assert split.counts == ("n_kv",)
+    rng = np.random.default_rng(5)
+    for n_kv in (40, 150, 64, 150):
+        env = {"n_tokens": 1, "n_kv": n_kv}
+        inputs = attention_inputs(g, 1, n_kv, rng)
+        (ref,), _, _ = run_graph(RefBackend(), g, inputs, env)
+        bound = {k: np.array(v, copy=True) for k, v in inputs.items()}
+        store = TensorStore(bound)
+        split.run(store, env)
+        ours = np.array(store.array(g.outputs[0], env), dtype=np.float32)
+        assert normalized_error(ours, ref) <= 1e-9, f"{kind} n_kv={n_kv}"
+    assert be.stats.plans_built == 1 and be.stats.graph_captures == 1 and be.stats.graph_replays == 3
+    (launch,) = [pl for pl in next(iter(split._plans.values())).launches if "attention" in pl.name]
+    step = next(s for s in split.steps if isinstance(s, AttentionStep))
+    assert launch.shmem == step.smem_bytes({"n_kv": kv_size}, launch.block[0])
+
+
+def test_device_cache_length_needs_limits_that_fit(emu_driver):
+    """Without limits, or with a limit whose scores would not fit in shared memory, the
+    length stays a launch parameter (a plan per length)."""
+    g = attention_graph(n_tokens=1, n_kv=64, kv_size=64, head=64, n_head=3, n_head_kv=1)
+    g.hints["tokens"] = "single"
+    assert CudaBackend(driver=emu_driver).compile(g, g.nodes).counts == ()
+    be = CudaBackend(driver=emu_driver)
+    be.set_limits({"n_tokens": 1, "n_kv": 1 << 20})
+    assert be.compile(g, g.nodes).counts == ()
+    multi = attention_graph(n_tokens=4, n_kv=64, kv_size=64)
+    be.set_limits({"n_tokens": 4, "n_kv": 64})
+    assert be.compile(multi, multi.nodes).counts == ()  # prompts are not captured as graphs
