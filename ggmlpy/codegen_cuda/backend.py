@@ -64,14 +64,16 @@ class CudaBackend:
 
     def __init__(self, driver: Any = None, cache_dir: str | None = None, fuse: bool = True,
                  graphs: bool = True, matvec_max_cols: int = 8, tiled: bool = True,
-                 matvec_rows: int | None = None, fuse_rope: bool = True):
+                 matvec_rows: int | None = None, fuse_rope: bool = True, fuse_oproj: bool | None = None):
         self.driver = driver if driver is not None else get_driver()
         self.cache = DiskCache(cache_dir)
         if matvec_rows is None:  # 0: by matrix size; the environment lets a benchmark compare
             matvec_rows = int(os.environ.get("GGMLPY_CUDA_MATVEC_ROWS", "0"))
         if matvec_rows not in (0, 1, 2, 4):
             raise ValueError(f"matvec_rows must be 0 (automatic), 1, 2 or 4, not {matvec_rows}")
-        self.options = LowerOptions(fuse, MatMulOptions(matvec_max_cols, tiled, matvec_rows, fuse_rope))
+        if fuse_oproj is None:  # off until measured on a GPU; the environment lets a benchmark compare
+            fuse_oproj = os.environ.get("GGMLPY_CUDA_FUSE_OPROJ", "0") == "1"
+        self.options = LowerOptions(fuse, MatMulOptions(matvec_max_cols, tiled, matvec_rows, fuse_rope), fuse_oproj)
         self.use_graphs = graphs and self.driver.name != "pycuda"
         self.functions: dict[str, Any] = {}
         self.modules: list[Any] = []

@@ -24,8 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ggmlpy.codegen_cuda.lower_attention import AttentionStep, match_attention
-from ggmlpy.codegen_cuda.lower_matmul import MatMulOptions, MatMulStep, PreNorm, RopeEpilogue, RowStore, matvec_ok
+from ggmlpy.codegen_cuda.lower_attention import AttentionStep, OutProjection, match_attention
+from ggmlpy.codegen_cuda.lower_matmul import (
+    MatMulOptions, MatMulStep, PreNorm, RopeEpilogue, RowStore, a_rows_contiguous, matvec_ok,
+)
+from ggmlpy.codegen_cuda.steps import DQ8_TYPES
 from ggmlpy.codegen_cuda.lower_simple import NormStep, RopeStep, lower_simple
 from ggmlpy.codegen_cuda.planner import root_of
 from ggmlpy.codegen_cuda.steps import Step, same_shape
@@ -44,6 +47,7 @@ SINGLE_TOKEN_SYMBOLS = {"n_tokens": 1, "n_outputs": 1}
 class LowerOptions:
     fuse: bool = True
     matmul: MatMulOptions = field(default_factory=MatMulOptions)
+    fuse_oproj: bool = False  # a decode attention computes its output projection and residual add
 
 
 class _Graph:
@@ -103,13 +107,23 @@ def lower_split(graph: Graph, nodes: list[Tensor], opts: LowerOptions) -> list[S
         return all(t.id in g.in_split and t.id not in taken for t in ts)
 
     if opts.fuse:
+        attentions = []
         for node in nodes:
             if node.id not in taken and node.op == "mul_mat":
                 m = match_attention(node, g.consumers, g.is_output)
                 members = [t for t in m if t is not None] if m is not None else []
                 if m is not None and free(*members):
-                    place(AttentionStep(*m), members[-1])
-        for prod in _products(nodes, g, opts, free):
+                    taken.update(t.id for t in members)  # kept from the products below
+                    attentions.append((m, members))
+        products = _products(nodes, g, opts, free)
+        for m, members in attentions:
+            prod = _out_projection(m, products, g) if opts.fuse_oproj else None
+            if prod is None:
+                place(AttentionStep(*m), members[-1])
+            else:
+                products.remove(prod)
+                place(AttentionStep(*m, oproj=OutProjection(prod.mats[0], prod.add)), prod.add)
+        for prod in products:
             step = MatMulStep(prod.mats, opts.matmul, glu=prod.glu, add=prod.add, prenorm=prod.prenorm,
                               store=prod.store, ropes=prod.ropes)
             place(step, prod.at)
@@ -188,6 +202,35 @@ def _products(nodes: list[Tensor], g: _Graph, opts: LowerOptions, free: Free) ->
             if opts.matmul.fuse_rope:
                 prod.ropes = _rope_epilogues(prod, g, free)
     return out
+
+
+def _out_projection(m: tuple, products: list[_Product], g: _Graph) -> _Product | None:
+    """The product `add(mul_mat(wo, out), residual)` that alone reads a one-token attention's
+    output `out` (the cont of its heads, head after head), when the attention kernel can
+    compute it (attention.cu.j2, `oproj`): wo a plain matrix of a dq8 type with a row per
+    output, heads of a multiple of 8 dims that divides 256, nothing in between to move past."""
+    kq, sm, kqv, perm, cont = m
+    if cont is None or g.cols_bound(cont) != 1:
+        return None
+    q, hv = kq.src[1], kqv.ne[0]
+    n_head = q.ne[2]
+    if not isinstance(hv, int) or hv % 8 or 32 % (hv // 8) or not isinstance(n_head, int):
+        return None
+    mm = g.only_consumer(cont)
+    prod = next((p for p in products if len(p.mats) == 1 and p.mats[0] is mm and p.add is not None), None)
+    if prod is None or prod.glu is not None or prod.prenorm is not None:
+        return None
+    wo, add = mm.src[0], prod.add
+    if mm.src[1] is not cont or wo.type not in DQ8_TYPES or not a_rows_contiguous(wo):
+        return None
+    if wo.ne[0] != n_head * hv or not isinstance(wo.ne[1], int) or wo.ne[2] != 1 or wo.ne[3] != 1:
+        return None
+    if cont.nb[0] != 4 or add.type != GGMLType.F32 or add.nb[0] != 4:
+        return None
+    between = g.nodes[g.position[cont.id] + 1:g.position[add.id]]
+    if any(n is not mm and OPS[n.op].kind != Kind.VIEW for n in between):
+        return None
+    return prod
 
 
 def _rope_epilogues(prod: _Product, g: _Graph, free: Free) -> dict[int, RopeEpilogue]:

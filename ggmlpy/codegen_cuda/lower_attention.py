@@ -9,11 +9,12 @@ strided, permuted views); heads share K/V heads by ggml's broadcast rule (h / ra
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from ggmlpy.codegen_cuda.kernels import KernelSpec
 from ggmlpy.codegen_cuda.lower_simple import alibi_params
 from ggmlpy.codegen_cuda.steps import (
-    Addr, Env, Launch, Step, check_grid, ev, nb_of, ne_of, sfx, static_int,
+    Addr, Env, Launch, LoweringError, Step, check_grid, ev, nb_of, ne_of, sfx, static_int,
 )
 from ggmlpy.ir.symbolic import SymExpr
 from ggmlpy.ir.tensor import Tensor
@@ -26,15 +27,38 @@ MAX_DPL = 8          # output dims per lane: head sizes up to 256
 DEFAULT_SMEM = 48 * 1024
 
 
+@dataclass
+class OutProjection:
+    """The attention's output only feeds add(mul_mat(wo, .), residual), for one token: the
+    kernel computes the projection and the add too (attention.cu.j2, `oproj`)."""
+
+    mm: Tensor
+    add: Tensor
+
+    @property
+    def wo(self) -> Tensor:
+        return self.mm.src[0]
+
+    @property
+    def residual(self) -> Tensor:
+        return self.add.src[1] if self.add.src[0] is self.mm else self.add.src[0]
+
+
 class AttentionStep(Step):
     def __init__(self, kq: Tensor, sm: Tensor, kqv: Tensor, perm: Tensor | None = None,
-                 cont: Tensor | None = None):
+                 cont: Tensor | None = None, oproj: OutProjection | None = None):
         k, q = kq.src
         v = kqv.src[0]
         mask = sm.src[1] if len(sm.src) > 1 else None
         out = cont if cont is not None else kqv
         nodes = [kq, sm, kqv] + ([perm, cont] if cont is not None else [])
-        super().__init__(nodes, reads=[q, k, v] + ([mask] if mask is not None else []), writes=[out])
+        reads = [q, k, v] + ([mask] if mask is not None else [])
+        if oproj is not None:
+            nodes += [oproj.mm, oproj.add]
+            reads += [oproj.wo, oproj.residual]
+            out = oproj.add
+        super().__init__(nodes, reads=reads, writes=[out])
+        self.oproj = oproj
         self.q, self.k, self.v, self.mask, self.sm, self.kqv, self.perm, self.out = q, k, v, mask, sm, kqv, perm, out
         hk, hv = static_int(q.ne[0]), static_int(v.ne[1])
         assert hk is not None and hv is not None
@@ -50,10 +74,17 @@ class AttentionStep(Step):
         fields += [(f"qnb{i}", "i64") for i in range(3)] + [(f"knb{i}", "i64") for i in range(3)]
         fields += [(f"vnb{i}", "i64") for i in range(3)] + [(f"mnb{i}", "i64") for i in range(3)]
         fields += [(f"onb{i}", "i64") for i in range(3)] + [("scale", "f64"), ("m0", "f64"), ("m1", "f64")]
+        self.scratch_bytes = 0  # device memory of its own (oproj: a row per head, a counter)
+        self.scratch_at = 0
+        if oproj is not None:
+            fields += [("wo", "ptr"), ("wonb1", "i64"), ("wo_m", "i64"), ("res", "ptr"), ("rnb0", "i64"),
+                       ("od", "ptr"), ("dnb0", "i64"), ("scr", "ptr"), ("cnt", "ptr")]
+            self.scratch_bytes = 4 * static_int(q.ne[2]) * static_int(oproj.wo.ne[1]) + 256
         self.spec = KernelSpec.make(
             "attention", fields, hk=hk, dpl=-(-hv // 32), ktype=sfx(k.type), vtype=sfx(v.type),
             mask=sfx(mask.type) if mask is not None else "none",
-            alibi=sm.params.get("max_bias", 0.0) > 0.0, kvec=_k_vectorisable(k, hk))
+            alibi=sm.params.get("max_bias", 0.0) > 0.0, kvec=_k_vectorisable(k, hk),
+            oproj=sfx(oproj.wo.type) if oproj is not None else "none", ohv=hv if oproj is not None else 0)
 
     def specs(self) -> list[KernelSpec]:
         return [self.spec]
@@ -91,6 +122,14 @@ class AttentionStep(Step):
             vals["mne2"] = ev(mask.ne[2], env)
             vals.update({f"mnb{i}": x for i, x in enumerate(nb_of(mask, env)[:3])})
         vals.update({f"onb{i}": x for i, x in enumerate(self.out_strides(env))})
+        if self.oproj is not None:
+            if n_tokens != 1:
+                raise LoweringError(f"attention with its output projection runs one token, not {n_tokens}")
+            wo, add = self.oproj.wo, self.oproj.add
+            counter = self.scratch_at + self.scratch_bytes - 256
+            vals.update({"o": 0, "wo": addr(wo), "wonb1": ev(wo.nb[1], env), "wo_m": ev(wo.ne[1], env),
+                         "res": addr(self.oproj.residual), "rnb0": ev(self.oproj.residual.nb[0], env),
+                         "od": addr(add), "dnb0": ev(add.nb[0], env), "scr": self.scratch_at, "cnt": counter})
         grid = check_grid((n_tokens, n_head, 1), "attention")
         threads = FEW_BLOCKS_THREADS if n_tokens * n_head < FEW_BLOCKS else THREADS
         return [Launch(self.spec, grid, (threads, 1, 1), self.smem_bytes(env, threads), self.spec.pack(vals))]

@@ -136,6 +136,7 @@ class CudaSplit:
         self._step_launches: list[dict[tuple, list[PreparedLaunch]]] = [{} for _ in self.steps]
         self._arena = (0, 0)     # (device address, capacity)
         self._inbuf = (0, 0)
+        self._scratch = 0        # device address of the steps' own memory (_place_scratch)
         self._staging = np.zeros(0, dtype=np.uint8)   # page-locked once planned
         self._out_host: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # root id -> (buffer, this size's view)
         self._weight_ptrs: dict[int, int] | None = None  # leaf id -> device address
@@ -315,6 +316,7 @@ class CudaSplit:
         for step in self.steps:
             if isinstance(step, AttentionStep) and step.count_symbol in self._count_index:
                 step.count_at = self._inbuf[0] + 4 * self._count_index[step.count_symbol]
+        self._place_scratch()
         self._layout = Layout(key, arena, inputs, bases)
         return self._layout
 
@@ -358,6 +360,21 @@ class CudaSplit:
             _, old = self._plans.popitem(last=False)
             self._destroy(old)
         return plan
+
+    def _place_scratch(self) -> None:
+        """Device memory steps keep for themselves across runs (a fused output projection's
+        rows per head and its counter), zeroed once; the steps reset what they count."""
+        users = [s for s in self.steps if getattr(s, "scratch_bytes", 0)]
+        if not users or self._scratch:
+            return
+        offsets, total = [], 0
+        for step in users:
+            offsets.append(total)
+            total = align(total + step.scratch_bytes)
+        self._scratch = self.backend.alloc(total)
+        self.backend.driver.memset(self._scratch, 0, total)
+        for step, off in zip(users, offsets):
+            step.scratch_at = self._scratch + off
 
     def _device_counts(self) -> tuple[str, ...]:
         """The symbols this split reads from device memory (see the module docstring): in a

@@ -67,8 +67,10 @@ def all_cases() -> Iterator[tuple[str, str, OpCase]]:
 # attention and fused graphs ---------------------------------------------------------------------
 def attention_graph(n_tokens: int = 5, n_kv: int = 40, kv_size: int = 64, head: int = 16,
                     n_head: int = 4, n_head_kv: int = 2, kv_type: GGMLType = F16,
-                    fuse_cont: bool = True, max_bias: float = 0.0) -> Graph:
-    """llama's attention block over a KV cache (store K and V, attend through strided views)."""
+                    fuse_cont: bool = True, max_bias: float = 0.0, wo_type: GGMLType | None = None) -> Graph:
+    """llama's attention block over a KV cache (store K and V, attend through strided views);
+    with `wo_type`, followed by the output projection and the residual add, as a one-token
+    (decode) graph."""
     b = GraphBuilder()
     q = b.input("q", F32, (head, n_head, N_TOKENS))
     k = b.input("k", F32, (head, n_head_kv, N_TOKENS))
@@ -85,7 +87,13 @@ def attention_graph(n_tokens: int = 5, n_kv: int = 40, kv_size: int = 64, head: 
     kq = b.soft_max_ext(kq, mask, 0.25, max_bias)
     kqv = b.mul_mat(b.permute(vv, 1, 2, 0, 3), kq)
     out = b.cont(b.permute(kqv, 0, 2, 1, 3), head * n_head, N_TOKENS) if fuse_cont else kqv
+    if wo_type is not None:
+        n_embd = head * n_head + 32  # the projection may change the width
+        wo = b.weight("wo", wo_type, (head * n_head, n_embd))
+        out = b.add(b.mul_mat(wo, out), b.input("resid", F32, (n_embd, N_TOKENS)))
     g = b.build([out])
+    if wo_type is not None:
+        g.hints["tokens"] = "single"
     return g
 
 
@@ -105,7 +113,21 @@ def attention_inputs(g: Graph, n_tokens: int, n_kv: int, rng: np.random.Generato
         "mask": mask,
         "cache_k": rng.standard_normal((kv_size, head * n_head_kv)).astype(dt),
         "cache_v": rng.standard_normal((kv_size, head * n_head_kv)).astype(dt),
+        **_projection_inputs(g, n_tokens, rng),
     }
+
+
+def _projection_inputs(g: Graph, n_tokens: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """The output projection's weight and the residual, when the graph has them."""
+    from ggmlpy.quants import quantize
+
+    if "wo" not in {t.name for t in g.leafs}:
+        return {}
+    wo = g.find("wo")
+    k, m = wo.ne[0], wo.ne[1]
+    w = (rng.standard_normal((m, k)) / np.sqrt(k)).astype(np.float32)
+    return {"wo": w.astype(np.float16) if wo.type == F16 else quantize(w, wo.type),
+            "resid": rng.standard_normal((n_tokens, m)).astype(np.float32)}
 
 
 def ffn_graph(n_embd: int = 64, n_ff: int = 96, wtype: GGMLType = GGMLType.Q4_1, single: bool = True) -> Graph:
@@ -203,6 +225,11 @@ def fused_specs() -> dict[str, KernelSpec]:
               qkv_graph(single=False)]
     for g in graphs:
         specs.update({s.name: s for s in graph_specs(g, opts)})
+    oproj = LowerOptions(matmul=opts.matmul, fuse_oproj=True)
+    for wtype in (GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q5_0, F16):
+        for head, n_head, n_head_kv in ((64, 9, 3), (16, 4, 2)):
+            g = attention_graph(n_tokens=1, head=head, n_head=n_head, n_head_kv=n_head_kv, wo_type=wtype)
+            specs.update({s.name: s for s in graph_specs(g, oproj)})
     return specs
 
 

@@ -223,3 +223,33 @@ def test_device_cache_length_needs_limits_that_fit(emu_driver):
     multi = attention_graph(n_tokens=4, n_kv=64, kv_size=64)
     be.set_limits({"n_tokens": 4, "n_kv": 64})
     assert be.compile(multi, multi.nodes).counts == ()  # prompts are not captured as graphs
+
+
+@pytest.mark.parametrize("wtype", [GGMLType.Q4_1, GGMLType.Q8_0, F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("heads", [(64, 9, 3), (16, 4, 2)], ids=["smollm2-heads", "small-heads"])
+def test_decode_attention_with_its_output_projection(device, wtype, heads):
+    """fuse_oproj: the decode attention kernel also multiplies by Wo and adds the residual
+    (one launch instead of two); the result matches the reference, also on a second run with
+    new inputs (the per-head rows and the arrival counter reused)."""
+    kind, driver = device
+    head, n_head, n_head_kv = heads
+    env = {"n_tokens": 1, "n_kv": 70}
+    g = attention_graph(n_tokens=1, n_kv=70, kv_size=96, head=head, n_head=n_head, n_head_kv=n_head_kv,
+                        wo_type=wtype)
+    inputs = attention_inputs(g, 1, 70, np.random.default_rng(6))
+    (ref,), _, _ = run_graph(RefBackend(), g, inputs, env)
+    (plain,), _, split0 = run_graph(CudaBackend(driver=driver), g, inputs, env)
+    be = CudaBackend(driver=driver, fuse_oproj=True)
+    (fused,), _, split = run_graph(be, g, inputs, env)
+    att = [s for s in split.steps if isinstance(s, AttentionStep)]
+    assert len(att) == 1 and att[0].oproj is not None
+    assert len(split.steps) == len(split0.steps) - 1  # the projection's own launch is gone
+    assert normalized_error(fused, ref) <= 1e-9, f"{kind} {wtype.name}"
+    assert normalized_error(fused, plain) <= 1e-9
+    # a second run with another residual: the counter was reset, so the last block sums again
+    inputs["resid"] = inputs["resid"] + 1.0
+    (ref2,), _, _ = run_graph(RefBackend(), g, inputs, env)
+    store = TensorStore({k: np.array(v, copy=True) for k, v in inputs.items()})
+    split.run(store, env)
+    again = np.array(store.array(g.outputs[0], env), dtype=np.float32)
+    assert normalized_error(again, ref2) <= 1e-9 and not np.allclose(again, fused)

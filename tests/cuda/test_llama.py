@@ -39,29 +39,34 @@ def device_backends(device, monkeypatch):
     return kind, made
 
 
-def _logits(model, on_device: bool) -> tuple[list[np.ndarray], list[tuple[str, ...]]]:
-    """The prompt's and each next token's logits, and the symbols every one-token split
-    reads from device memory."""
+def _logits(model, on_device: bool) -> tuple[list[np.ndarray], list]:
+    """The prompt's and each next token's logits, and the compiled one-token (decode) splits
+    of the device."""
     ctx = llama.Context(model, n_ctx=256, backend=HOST)
     assert ctx.decode(llama.Batch.from_tokens(PROMPT, logits_all=True)) == 0
     out = [ctx.get_logits().copy()]
     for t in NEXT:
         assert ctx.decode(llama.Batch.from_tokens([t])) == 0
         out.append(ctx.get_logits().copy())
-    counts = [s.counts for c in ctx.graph_cache.entries.values() for s in c.compiled if getattr(s, "single", False)]
+    decode = [s for c in ctx.graph_cache.entries.values() for s in c.compiled if getattr(s, "single", False)]
     for compiled in ctx.graph_cache.entries.values():
         names = [s.backend.name for s in compiled.splits]
         # the embedding lookup on the host, then everything else on the device
         assert names == ([HOST, "cuda"] if on_device else [HOST]), names
-    return out, counts
+    return out, decode
 
 
+@pytest.mark.parametrize("oproj", [False, True], ids=["", "fused-oproj"])
 @pytest.mark.parametrize("wtype", [GGMLType.Q4_1, GGMLType.F16], ids=lambda t: t.name)
-def test_tiny_llama_matches_reference(device_backends, tmp_path, wtype):
+def test_tiny_llama_matches_reference(device_backends, tmp_path, wtype, oproj, monkeypatch):
+    """With `oproj` the decode attention kernels also compute the output projection and the
+    residual add (GGMLPY_CUDA_FUSE_OPROJ=1): every layer but the last, whose output rows
+    are picked (get_rows) between the projection and the add."""
+    monkeypatch.setenv("GGMLPY_CUDA_FUSE_OPROJ", "1" if oproj else "0")
     kind, made = device_backends
     path = write_tiny_llama(tmp_path / "tiny.gguf", weight_type=wtype)
     ref, _ = _logits(llama.Model.load(path), False)
-    ours, counts = _logits(llama.Model.load(path, devices=["cuda:0"], n_gpu_layers=99), True)
+    ours, decode = _logits(llama.Model.load(path, devices=["cuda:0"], n_gpu_layers=99), True)
     # the prompt's products run on the tiled kernel (operands rounded to half), so the
     # prompt logits and the cache they leave differ from float32 at the 1e-3 level
     for r, o in zip(ref, ours):
@@ -73,7 +78,9 @@ def test_tiny_llama_matches_reference(device_backends, tmp_path, wtype):
     # decode: one CUDA graph for every cache length (the view grows from 32 to 64 cells; the
     # attention kernels read n_kv from device memory), replayed for the other tokens
     assert used[0].stats.graph_captures == 1 and used[0].stats.graph_replays == len(NEXT) - 1
-    assert counts == [("n_kv",)]
+    assert [s.counts for s in decode] == [("n_kv",)]
+    fused = sum(1 for s in decode for step in s.steps if getattr(step, "oproj", None) is not None)
+    assert fused == (llama.Model.load(path).hparams.n_layer - 1 if oproj else 0)
 
 
 @pytest.fixture(scope="module")
