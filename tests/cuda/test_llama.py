@@ -119,3 +119,23 @@ def test_smollm2_partial_offload_within_golden_bars(gpu_driver, smollm2_path, go
     print("smollm2 partial offload logits:", r)
     assert r["top1_mismatch_confident"] == 0
     assert r["mean"] <= golden.MEAN_BAR and r["max"] <= golden.MAX_BAR, r
+
+
+@pytest.mark.parametrize("arch, counts", [("gemma3", [("n_kv", "n_kv_swa")]), ("gemma2", [()]),
+                                          ("qwen2", [("n_kv",)])])
+def test_tiny_architectures_on_cuda_match_reference(device_backends, tmp_path, arch, counts):
+    """Other block shapes on the device: Gemma 3's sliding-window cache (two cache lengths,
+    both read on the device), Gemma 2's attention soft-capping (the attention chain does not
+    fuse, so lengths stay launch parameters: a graph per length), Qwen 2's biases."""
+    from ggmlpy.testing_models_archs import write_tiny_model
+
+    path = write_tiny_model(arch, tmp_path / f"{arch}.gguf")
+    ref, _ = _logits(llama.Model.load(path), False)
+    ours, decode = _logits(llama.Model.load(path, devices=["cuda:0"], n_gpu_layers=99), True)
+    for r, o in zip(ref, ours):
+        assert np.abs(o - r).max() < 1e-2 * max(1.0, np.abs(r).max())
+        assert np.argmax(o[-1]) == np.argmax(r[-1])
+    assert [s.counts for s in decode] == counts
+    _, made = device_backends
+    (used,) = [be for be in made if be.stats.plans_built]
+    assert used.stats.graph_captures == (1 if counts[0] else 2)  # n_kv 32 then 64: a graph each
