@@ -18,7 +18,7 @@ from ggmlpy.codegen_cuda.steps import (
 )
 from ggmlpy.ir.symbolic import SymExpr
 from ggmlpy.ir.tensor import Tensor
-from ggmlpy.ir.types import GGMLType
+from ggmlpy.ir.types import GGMLType, block_size, type_size
 
 THREADS = 256        # per block; FEW_BLOCKS_THREADS when the grid is small (decode)
 FEW_BLOCKS_THREADS = int(os.environ.get("GGMLPY_CUDA_ATTN_THREADS", "1024"))  # (for comparisons)
@@ -84,7 +84,9 @@ class AttentionStep(Step):
             "attention", fields, hk=hk, dpl=-(-hv // 32), ktype=sfx(k.type), vtype=sfx(v.type),
             mask=sfx(mask.type) if mask is not None else "none",
             alibi=sm.params.get("max_bias", 0.0) > 0.0, kvec=_k_vectorisable(k, hk),
-            oproj=sfx(oproj.wo.type) if oproj is not None else "none", ohv=hv if oproj is not None else 0)
+            oproj=sfx(oproj.wo.type) if oproj is not None else "none", ohv=hv if oproj is not None else 0,
+            obs=block_size(oproj.wo.type) if oproj is not None else 1,
+            ots=type_size(oproj.wo.type) if oproj is not None else 1)
 
     def specs(self) -> list[KernelSpec]:
         return [self.spec]

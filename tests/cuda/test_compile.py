@@ -54,7 +54,8 @@ def test_all_variants_compile_to_ptx(specs):
 def test_every_kernel_waits_for_its_predecessor_first(specs):
     """With programmatic dependent launch a kernel may start before the previous one ends:
     every kernel calls gg_pdl_wait() before touching memory, except that the matrix-vector
-    kernel may first load its weights when they are constant (a_const)."""
+    kernel may first load its weights when they are constant (a_const), and the attention
+    kernel with its output projection prefetches Wo (a weight) into L2."""
     for spec in specs.values():
         src = spec.source()
         body = src[src.index(f"{spec.name}(const {spec.name}_params p) {{"):]
@@ -62,5 +63,8 @@ def test_every_kernel_waits_for_its_predecessor_first(specs):
         if spec.family == "matvec":  # address arithmetic, then (a_const) weight loads only
             assert ("mvu_load_" in before) == dict(spec.variant)["a_const"], spec.name
             assert not any(w in before for w in ("st_", "ld_", "*(const", "warp_sum")), spec.name
+        elif spec.family == "attention" and dict(spec.variant)["oproj"] != "none":
+            assert "gg_prefetch_l2(p.wo + " in before, spec.name
+            assert not any(w in before for w in ("st_", "ld_", "*(", "atomic")), spec.name
         else:
             assert before.count(";") == 0, f"{spec.family}: {before!r}"
