@@ -25,6 +25,8 @@ backend refused it, and `CompiledGraph.fallbacks` lists it. Splits and copies: c
 """
 from __future__ import annotations
 
+import functools
+
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -420,12 +422,17 @@ class CompiledGraph:
     def __init__(self, graph: Graph, backends: Sequence[Backend],
                  placement: LeafPlacement | Mapping[str, str] | None = None):
         self.graph = graph
-        self.signature = graph.signature()
         self.schedule = schedule(graph, backends, placement)
         self.assignment = self.schedule.assignment
         self.splits = self.schedule.splits
         self.copy_stats = CopyStats()
         self.compiled: list[CompiledSplit] = [s.backend.compile(graph, s.nodes) for s in self.splits]
+
+    @functools.cached_property
+    def signature(self) -> str:
+        """The optimised graph's signature (computed when asked: hashing a graph costs about
+        50 ms, and a start-up compiles two)."""
+        return self.graph.signature()
 
     @property
     def fallbacks(self) -> list[Tensor]:
