@@ -60,13 +60,15 @@ def run_bench(model_name: str, *, threads: int = 2, backend: str | None = None, 
         if rep:  # the first round is the warm-up
             pp.append(n_prompt / pp_s)
             tg.append(n_gen / tg_s)
-            overhead.append((tg_s - native) / n_gen * 1e6 if native else float("nan"))
+            if native:  # a backend that reports its native time (the CPU's)
+                overhead.append((tg_s - native) / n_gen * 1e6)
     result = {
         "model": model.path.name, "backend": ctx.backend_name, "threads": threads,
         "devices": list(devices or []), "ngl": n_gpu_layers,
         f"pp{n_prompt}_tok_s": round(statistics.median(pp), 2),
         f"tg{n_gen}_tok_s": round(statistics.median(tg), 2),
-        "python_overhead_us_per_token": round(statistics.median(overhead), 1),
+        # null where the first backend does not time its native code (CUDA): JSON has no NaN
+        "python_overhead_us_per_token": round(statistics.median(overhead), 1) if overhead else None,
         "load_s": round(load_s, 3),
         "context_and_compile_s": round(ctx_s, 3),
         "compile_s_per_graph": round(ctx_s / max(len(ctx.graph_cache.entries), 1), 3),

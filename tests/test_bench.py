@@ -1,0 +1,39 @@
+"""`ggmlpy.bench.run_bench` with an offload device: the JSON stays strict (no NaN where a
+backend does not time its native code) and reports the device backend's graph statistics.
+The CUDA backend runs on the dry-run driver (compiles nothing, launches nothing), so this
+checks the bookkeeping of a CUDA generation without a GPU: one captured graph for every
+cache length, replayed for every other token."""
+from __future__ import annotations
+
+import json
+
+import llama.model
+import ggmlpy.sched.placement as placement
+from ggmlpy.bench import run_bench
+from ggmlpy.codegen_cuda.backend import CudaBackend
+from ggmlpy.codegen_cuda.driver import DryRunDriver
+from ggmlpy.testing_models import write_tiny_llama
+
+
+def test_bench_on_a_cuda_device_reports_one_graph_per_generation(tmp_path, monkeypatch):
+    driver = DryRunDriver(compile=False)
+
+    def make(name: str) -> CudaBackend:
+        be = CudaBackend(driver=driver)
+        be.buffer_type = name
+        return be
+
+    monkeypatch.setattr(placement, "make_device_backend", make)
+    monkeypatch.setattr(llama.model, "make_device_backend", make)
+    path = write_tiny_llama(tmp_path / "tiny.gguf", n_layer=2)
+    n_gen, reps = 40, 2  # 41 tokens per round: the cache view grows past 32 cells
+    result = run_bench(str(path), n_prompt=8, n_gen=n_gen, reps=reps, start_times=False,
+                       devices=["cuda:0"], n_gpu_layers=99, backend="ref")
+    json.dumps(result, allow_nan=False)  # strict JSON
+    assert result["devices"] == ["cuda:0"] and result["ngl"] == 99
+    assert result["python_overhead_us_per_token"] is None  # CUDA does not time native code
+    stats = result["cuda_stats"]
+    decodes = (reps + 1) * (1 + n_gen)  # each round: one start token, then n_gen
+    assert stats["graph_captures"] == 1
+    assert stats["graph_replays"] == decodes - 1
+    assert result["cuda_device"] == driver.device_name
