@@ -42,7 +42,7 @@ import ggmlpy.sched.placement as placement  # noqa: E402
 from ggmlpy.hub import resolve_model  # noqa: E402
 from ggmlpy.ir.types import GGMLType  # noqa: E402
 
-HOST = "ref"  # the host backend: with -ngl 99 it only looks up token embeddings
+HOST = "ref"  # the default host backend (--host): with -ngl 99 it only looks up token embeddings
 
 SYNTHETIC = {  # SmolLM2-135M's shapes
     "smollm2": dict(n_layer=30, n_embd=576, n_head=9, n_head_kv=3, n_ff=1536, n_vocab=49152,
@@ -122,12 +122,12 @@ def gpu_times(split, reps: int = 20, per_launch_reps: int = 10) -> dict:
 
 
 def bench(model, n_prompt: int, n_gen: int, reps: int, timers: Timers | None, seed: int = 0,
-          gpu: bool = True) -> dict:
+          gpu: bool = True, host: str = HOST) -> dict:
     rng = np.random.default_rng(seed)
     n_vocab = model.hparams.n_vocab
     out: dict = {}
     if n_prompt:
-        ctx = llama.Context(model, n_ctx=n_prompt + n_gen, n_batch=n_prompt, n_ubatch=n_prompt, backend=HOST)
+        ctx = llama.Context(model, n_ctx=n_prompt + n_gen, n_batch=n_prompt, n_ubatch=n_prompt, backend=host)
         runs = []
         for i in range(reps + 1):
             ctx.memory.clear()
@@ -144,7 +144,7 @@ def bench(model, n_prompt: int, n_gen: int, reps: int, timers: Timers | None, se
             out[f"pp{n_prompt}"]["gpu"] = gpu_times(split, reps=3, per_launch_reps=2)
     if n_gen:
         n_batch = max(n_prompt, 1)
-        ctx = llama.Context(model, n_ctx=n_prompt + n_gen, n_batch=n_batch, n_ubatch=n_batch, backend=HOST)
+        ctx = llama.Context(model, n_ctx=n_prompt + n_gen, n_batch=n_batch, n_ubatch=n_batch, backend=host)
         runs, splits = [], []
         for i in range(reps + 1):
             ctx.memory.clear()
@@ -241,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry", action="store_true", help="no GPU: a driver that does nothing (host cost)")
     ap.add_argument("--prebuild", action="store_true", help="no GPU: compile every kernel for sm_90 into the cache")
     ap.add_argument("--label", default=None, help="a name for this configuration in the JSON")
+    ap.add_argument("--host", default=HOST, help="backend of the host part (ref, or cpu as ggmlpy run uses)")
     ap.add_argument("--summarize", nargs="+", metavar="JSON", help="one compact JSON of earlier reports")
     ap.add_argument("--golden-log", default=None, help="with --summarize: the golden tests' output")
     args = ap.parse_args(argv)
@@ -304,7 +305,9 @@ def main(argv: list[str] | None = None) -> int:
 
         CudaSplit.run = timed_run
     reps = 1 if args.prebuild else args.reps
-    result.update(bench(model, args.n_prompt, args.n_gen, reps, timers, gpu=not (args.dry or args.prebuild)))
+    result["host_backend"] = args.host
+    result.update(bench(model, args.n_prompt, args.n_gen, reps, timers, gpu=not (args.dry or args.prebuild),
+                        host=args.host))
     print(json.dumps(result, indent=1))
     return 0
 
