@@ -262,10 +262,11 @@ def test_tokenize_reads_stdin(smollm2, smollm2_path, capsys, monkeypatch):
 
 
 # offloading (-ngl, --devices, --tensor-split) -------------------------------------------------
-@pytest.mark.parametrize("ngl", ["99", "16"])
+@pytest.mark.parametrize("ngl", ["-1", "16"])
 def test_run_offloaded_to_a_second_cpu_device_gives_the_same_greedy_ids(smollm2_path, greedy_ids, ngl):
-    """All layers (99) or the last 15 and the output (16) on cpu:1: the scheduler splits the
-    graph and copies between the two backends, and the tokens stay those of one device."""
+    """All layers (-1, as llama-cpp-python's) or the last 15 and the output (16) on cpu:1:
+    the scheduler splits the graph and copies between the two backends, and the tokens stay
+    those of one device."""
     rc, out, err = call("run", "-m", str(smollm2_path), "-p", PROMPT, "-n", str(N_GEN), "--temp", "0",
                         "-c", str(N_CTX), "--json", "--devices", "cpu:1", "-ngl", ngl)
     assert rc == 0, err
@@ -282,15 +283,13 @@ def test_placement_options_resolve_like_llama_cpp(caplog):
     p = argparse.ArgumentParser()
     add_placement_args(p)
     parse = p.parse_args
-    assert placement_kwargs(parse(["-dev", "cpu:1", "-ngl", "-1"]), n_layer=30) == \
-        {"devices": ["cpu:1"], "n_gpu_layers": 31, "tensor_split": None}
+    assert placement_kwargs(parse(["-dev", "cpu:1", "-ngl", "-1"])) == \
+        {"devices": ["cpu:1"], "n_gpu_layers": -1, "tensor_split": None}
     assert placement_kwargs(parse(["--devices", "cpu:1,cpu:2", "-ts", "3,1", "-ngl", "8"])) == \
         {"devices": ["cpu:1", "cpu:2"], "n_gpu_layers": 8, "tensor_split": [3.0, 1.0]}
     assert placement_kwargs(parse([])) == {"devices": None, "n_gpu_layers": 0, "tensor_split": None}
     with pytest.raises(ValueError, match="2 shares for 1 devices"):
         placement_kwargs(parse(["--devices", "cpu:1", "-ts", "1,1", "-ngl", "4"]))
-    with pytest.raises(ValueError, match="-ngl must be -1"):
-        placement_kwargs(parse(["-ngl", "-2"]))
     with pytest.raises(SystemExit):  # argparse names the bad option
         parse(["-ts", "1,x"])
 

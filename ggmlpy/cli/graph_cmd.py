@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
             title += "\n# " + result.plan.describe().strip()
     sched = None
     if args.backends or args.devices or args.n_gpu_layers is not None or args.tensor_split is not None:
-        where = placement_kwargs(args, model.hparams.n_layer)
+        where = placement_kwargs(args)
         sched = schedule_graph(model, graph, **where)
         title += f", devices {','.join(where['devices'] or []) or 'none'}, ngl {where['n_gpu_layers']}"
     text = render(graph, args.format, title, sched)

@@ -22,8 +22,8 @@ def add_placement_args(p: argparse.ArgumentParser, title: str = "offloading") ->
                    metavar="LIST", help="offload devices, comma-separated (cuda:0, or cpu:1 for a second "
                                         "CPU backend); default with -ngl: every CUDA device")
     g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", dest="n_gpu_layers", type=int, default=None,
-                   metavar="N", help="layers on the devices, the output layer counting as one; -1 = all "
-                                     "(default 0)")
+                   metavar="N", help="layers on the devices, the output layer counting as one; negative: "
+                                     "all (default 0)")
     g.add_argument("-ts", "--tensor-split", dest="tensor_split", type=shares, default=None, metavar="LIST",
                    help="shares of the devices, comma-separated (default: by free memory)")
     return g
@@ -40,21 +40,15 @@ def shares(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
-def placement_kwargs(args: argparse.Namespace, n_layer: int | None = None) -> dict[str, Any]:
-    """`devices`, `n_gpu_layers` and `tensor_split` for llama.Model.load from parsed options.
-
-    n_gpu_layers -1 (llama-cpp-python's "all") becomes a count past every layer."""
+def placement_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """`devices`, `n_gpu_layers` and `tensor_split` for llama.Model.load from parsed options
+    (a negative -ngl, as llama-cpp-python's -1, means every layer: the placement decides)."""
     ngl = args.n_gpu_layers or 0
-    if ngl < -1:
-        raise ValueError(f"-ngl must be -1 (all layers) or at least 0, got {ngl}")
-    if ngl == -1:
-        ngl = 1 << 30 if n_layer is None else n_layer + 1
     devices = args.devices
-    if devices is None and ngl > 0:
+    if devices is None and ngl:
         devices = default_devices()
         if not devices:
-            log.warning("-ngl %d ignored: no GPU device (name one with --devices, e.g. cpu:1)",
-                        args.n_gpu_layers)
+            log.warning("-ngl %d ignored: no GPU device (name one with --devices, e.g. cpu:1)", ngl)
             ngl = 0
     if args.tensor_split is not None and devices and len(args.tensor_split) != len(devices):
         raise ValueError(f"--tensor-split has {len(args.tensor_split)} shares for {len(devices)} devices")
