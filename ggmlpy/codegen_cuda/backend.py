@@ -1,8 +1,9 @@
 """The CUDA backend: lowers a split to kernel launches and runs it on the device.
 
 Memory, as llama.cpp keeps it on a GPU:
-- WEIGHT leaves are uploaded on first use and stay on the device, keyed by leaf name (a
-  Context creates its own backend, so a name always denotes the same data);
+- WEIGHT leaves are uploaded on first use and stay on the device, keyed by leaf name, in a
+  `DeviceWeights` that lives with the model (`share_model_cache`): every context of a model
+  (each has its own backend) uses one copy, as llama.cpp's model buffers;
 - CACHE leaves (the KV cache) are device-resident too: the host array is uploaded on first
   use and the device copy is the truth afterwards (the host copy is NOT updated, except
   where a cache tensor is a graph output, as in the K-shift graph). A cache bound to a
@@ -46,6 +47,32 @@ class Resident:
     host: Any  # the bound host array (held, so its identity cannot be reused)
 
 
+class DeviceWeights:
+    """A model's weights on one device, by name; freed when the last holder lets go (the
+    model's backend cache, or a backend that never shared one)."""
+
+    def __init__(self, driver: Any):
+        self.driver = driver
+        self.entries: dict[str, Resident] = {}
+
+    def get(self, name: str) -> Resident | None:
+        return self.entries.get(name)
+
+    def upload(self, name: str, raw: np.ndarray) -> Resident:
+        ptr = self.driver.alloc(raw.nbytes)
+        self.driver.htod(ptr, raw, raw.nbytes)
+        entry = self.entries[name] = Resident(ptr, raw.nbytes, None)
+        return entry
+
+    def __del__(self):
+        try:
+            for entry in self.entries.values():
+                self.driver.free(entry.ptr)
+        except Exception:  # interpreter shutdown: the driver may be gone first
+            pass
+        self.entries = {}
+
+
 @dataclass
 class Stats:
     launches: int = 0
@@ -77,7 +104,8 @@ class CudaBackend:
         self.use_graphs = graphs and self.driver.name != "pycuda"
         self.functions: dict[str, Any] = {}
         self.modules: list[Any] = []
-        self.resident: dict[str, Resident] = {}
+        self.resident: dict[str, Resident] = {}      # caches (this context's own)
+        self.weights = DeviceWeights(self.driver)    # replaced by the model's (share_model_cache)
         self.stats = Stats()
         self._shared_set: dict[str, int] = {}
         self.limits: dict[str, int] = {}
@@ -99,6 +127,15 @@ class CudaBackend:
         from ggmlpy.codegen_cuda.runtime import CudaSplit
 
         return CudaSplit(self, graph, nodes)
+
+    def share_model_cache(self, cache: dict) -> None:
+        """Keep uploaded weights with the model (Model.backend_cache), one copy per driver,
+        so a second context of the model uploads none."""
+        per_driver = cache.setdefault("cuda.weights", {})
+        held = per_driver.get(id(self.driver))
+        if held is None or held.driver is not self.driver:
+            held = per_driver[id(self.driver)] = self.weights
+        self.weights = held
 
     def set_limits(self, worst_env: Mapping[str, int]) -> None:
         """Upper bounds of the symbols (n_tokens <= n_ubatch, n_kv <= n_ctx ...): memory is
@@ -160,11 +197,15 @@ class CudaBackend:
 
     def bind_resident(self, leaf: Tensor, host: np.ndarray) -> int:
         """Device address of a weight or cache leaf, uploading `host` when it is new."""
+        if leaf.flags & Flag.WEIGHT:  # trusted by name (see the module docstring)
+            entry = self.weights.get(leaf.name)
+            if entry is None:
+                entry = self.weights.upload(leaf.name, _bytes_of(host, leaf.name))
+                self.stats.bytes_uploaded += entry.nbytes
+            return entry.ptr
         entry = self.resident.get(leaf.name)
         if entry is not None and entry.host is host:
             return entry.ptr
-        if entry is not None and leaf.flags & Flag.WEIGHT:
-            return entry.ptr  # weights are trusted by name (see the module docstring)
         raw = _bytes_of(host, leaf.name)
         if entry is not None:
             self.free(entry.ptr)

@@ -169,3 +169,23 @@ def test_context_shift_on_cuda_matches_reference(device_backends, tmp_path):
         assert np.abs(o - r).max() < 5e-3 * max(1.0, np.abs(r).max())
         assert np.argmax(o) == np.argmax(r)
         assert np.abs(u - r).max() > 0.1
+
+
+def test_contexts_of_a_model_share_its_device_weights(device_backends, tmp_path):
+    """Weights live with the model on the device (as llama.cpp's model buffers): a second
+    context uploads only its own KV cache, and computes the same logits."""
+    _, made = device_backends
+    model = llama.Model.load(write_tiny_llama(tmp_path / "tiny.gguf", n_layer=2),
+                             devices=["cuda:0"], n_gpu_layers=99)
+    weight_bytes = sum(info.nbytes for name, info in model.gguf.tensors.items() if name != "token_embd.weight")
+    logits = []
+    for _ in range(2):
+        ctx = llama.Context(model, n_ctx=64, backend=HOST)
+        assert ctx.decode(llama.Batch.from_tokens(PROMPT[:5])) == 0
+        logits.append(ctx.get_logits_ith(-1).copy())
+    first, second = [be for be in made if be.stats.plans_built]
+    assert first.weights is second.weights
+    cache_bytes = second.stats.bytes_uploaded
+    assert first.stats.bytes_uploaded >= weight_bytes + cache_bytes  # weights once, then caches
+    assert 0 < cache_bytes < weight_bytes / 4
+    np.testing.assert_array_equal(logits[0], logits[1])
