@@ -28,10 +28,9 @@ from ggmlpy.codegen_cuda.lower_attention import AttentionStep, OutProjection, ma
 from ggmlpy.codegen_cuda.lower_matmul import (
     MatMulOptions, MatMulStep, PreNorm, RopeEpilogue, RowStore, a_rows_contiguous, matvec_ok,
 )
-from ggmlpy.codegen_cuda.steps import DQ8_TYPES
 from ggmlpy.codegen_cuda.lower_simple import NormStep, RopeStep, lower_simple
 from ggmlpy.codegen_cuda.planner import root_of
-from ggmlpy.codegen_cuda.steps import Step, same_shape
+from ggmlpy.codegen_cuda.steps import DQ8_TYPES, Step, same_shape
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import OPS, Kind
 from ggmlpy.ir.ops.common import can_repeat

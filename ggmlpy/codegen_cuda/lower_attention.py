@@ -65,9 +65,7 @@ class AttentionStep(Step):
         self.hk, self.hv = hk, hv
         # the cache length's symbol (n_kv or n_kv_swa); with `count_at` holding a device
         # address for it, the kernel reads the length there instead of from its parameters
-        kv_len = k.ne[1]
-        self.count_symbol = next(iter(kv_len.symbols)) if not isinstance(kv_len, int) and \
-            kv_len == SymExpr.symbol(next(iter(kv_len.symbols))) else None
+        self.count_symbol = _symbol_name(k.ne[1])
         self.count_at: int = 0
         fields = [(n, "ptr") for n in ("q", "k", "v", "m", "o", "n_kv_dev")]
         fields += [(n, "i64") for n in ("n_kv", "hv", "rk", "rv", "mne2", "n_head_log2")]
@@ -84,9 +82,7 @@ class AttentionStep(Step):
             "attention", fields, hk=hk, dpl=-(-hv // 32), ktype=sfx(k.type), vtype=sfx(v.type),
             mask=sfx(mask.type) if mask is not None else "none",
             alibi=sm.params.get("max_bias", 0.0) > 0.0, kvec=_k_vectorisable(k, hk),
-            oproj=sfx(oproj.wo.type) if oproj is not None else "none", ohv=hv if oproj is not None else 0,
-            obs=block_size(oproj.wo.type) if oproj is not None else 1,
-            ots=type_size(oproj.wo.type) if oproj is not None else 1)
+            **_oproj_variant(oproj, hv))
 
     def specs(self) -> list[KernelSpec]:
         return [self.spec]
@@ -135,6 +131,24 @@ class AttentionStep(Step):
         grid = check_grid((n_tokens, n_head, 1), "attention")
         threads = FEW_BLOCKS_THREADS if n_tokens * n_head < FEW_BLOCKS else THREADS
         return [Launch(self.spec, grid, (threads, 1, 1), self.smem_bytes(env, threads), self.spec.pack(vals))]
+
+
+def _symbol_name(d) -> str | None:
+    """The name of the symbol d is (n_kv), when it is exactly one symbol; else None."""
+    if isinstance(d, SymExpr) and len(d.terms) == 1:
+        ((mono, coef),) = d.terms.items()
+        if coef == 1 and len(mono) == 1:
+            return mono[0]
+    return None
+
+
+def _oproj_variant(oproj: OutProjection | None, hv: int) -> dict:
+    """The template's choices for the output projection: Wo's decoder (dq8_<type>), the head
+    size, and Wo's block size and bytes (for the prefetch)."""
+    if oproj is None:
+        return dict(oproj="none", ohv=0, obs=1, ots=1)
+    t = oproj.wo.type
+    return dict(oproj=sfx(t), ohv=hv, obs=block_size(t), ots=type_size(t))
 
 
 def _k_vectorisable(k: Tensor, hk: int) -> bool:
