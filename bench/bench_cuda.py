@@ -167,6 +167,9 @@ def bench(model, n_prompt: int, n_gen: int, reps: int, timers: Timers | None, se
                    "graph_launch_call": s.get("graph_launch", 0.0), "htod_call": s.get("htod", 0.0)}
             res["per_token_ms"] = {k: round(1e3 * v / n_gen, 4) for k, v in per.items()}
         split = cuda_split(ctx, single=True)
+        if split is not None:  # known without a GPU too: what one decode token launches
+            res["launches_per_token"] = max(len(p.launches) for p in split._plans.values())
+            res["graph_captures"] = split.backend.stats.graph_captures
         if split is not None and gpu:
             if timers is not None:
                 timers.reset()
