@@ -14,6 +14,7 @@ Patterns (each node joins at most one step):
   rope        two ropes with the same positions and parameters (Q and K) in one launch;
               rope -> reshape -> set_rows(cache, ., idx): rotated keys straight into the cache
   norm        rms_norm/norm -> mul(., weight)
+  chains      map ops each read only by the next (scale -> tanh -> scale): one kernel
 A fusion never hides a result someone else needs (a graph output, a node of another split,
 a second consumer). A step runs where its last node ran, except product groups, which run
 where their first product ran (every input exists by then; a store moved earlier is checked
@@ -28,6 +29,7 @@ from ggmlpy.codegen_cuda.lower_attention import AttentionStep, OutProjection, ma
 from ggmlpy.codegen_cuda.lower_matmul import (
     MatMulOptions, MatMulStep, PreNorm, RopeEpilogue, RowStore, a_rows_contiguous, matvec_ok,
 )
+from ggmlpy.codegen_cuda.lower_elementwise import MAP_OPS, ElementwiseStep
 from ggmlpy.codegen_cuda.lower_simple import NormStep, RopeStep, lower_simple
 from ggmlpy.codegen_cuda.planner import root_of
 from ggmlpy.codegen_cuda.steps import DQ8_TYPES, Step, same_shape
@@ -133,6 +135,8 @@ def lower_split(graph: Graph, nodes: list[Tensor], opts: LowerOptions) -> list[S
                 found = _norm_mul(node, g, free)
                 if found is not None:
                     place(*found)
+        for chain in _elementwise_chains(nodes, g, free):
+            place(ElementwiseStep(chain), chain[-1])
 
     for i, node in enumerate(nodes):
         if node.id in taken or OPS[node.op].kind == Kind.VIEW:
@@ -403,6 +407,33 @@ def _ropes(nodes: list[Tensor], g: _Graph, free: Free) -> list[tuple[Step, Tenso
             out += [(RopeStep([(p[0], p[1])]), p[2]) for p in (other, part)]
     out += [(RopeStep([(p[0], p[1])]), p[2]) for p in pending.values()]
     return out
+
+
+def _elementwise_chains(nodes: list[Tensor], g: _Graph, free: Free) -> list[list[Tensor]]:
+    """Runs of two or more map ops where each result is read only by the next, all of one
+    shape, float32 in between (lower_elementwise.py). The chain runs where its last node
+    ran, so nothing in between may write memory (a later stage's operand could change)."""
+    chains: list[list[Tensor]] = []
+    used: set[int] = set()
+    for node in nodes:
+        if node.id in used or node.op not in MAP_OPS or not free(node):
+            continue
+        chain = [node]
+        while True:
+            cur = chain[-1]
+            nxt = g.only_consumer(cur)
+            if nxt is None or nxt.op not in MAP_OPS or not free(nxt) or cur.type != GGMLType.F32 \
+                    or tuple(nxt.ne) != tuple(cur.ne) or all(s is not cur for s in nxt.src):
+                break
+            chain.append(nxt)
+        if len(chain) < 2:
+            continue
+        span = g.nodes[g.position[chain[0].id]:g.position[chain[-1].id]]
+        if any(OPS[n.op].kind == Kind.WRITE for n in span):
+            continue
+        chains.append(chain)
+        used.update(n.id for n in chain)
+    return chains
 
 
 def _norm_mul(node: Tensor, g: _Graph, free: Free):

@@ -1,11 +1,11 @@
-"""Lowerings of the one-kernel ops: elementwise maps, copies, norms, rope, softmax, row
-gathers and scatters. `EXPRS` is the renderer table keyed by op (tinygrad's code_for_op):
-adding an elementwise op to the CUDA backend is one line here."""
+"""Lowerings of the one-kernel ops: norms, rope, softmax, row gathers and scatters, and (in
+lower_elementwise.py) elementwise maps and copies."""
 from __future__ import annotations
 
 import math
 
 from ggmlpy.codegen_cuda.kernels import KernelSpec, tensor_fields
+from ggmlpy.codegen_cuda.lower_elementwise import ELEMENTWISE_OPS, ElementwiseStep
 from ggmlpy.codegen_cuda.steps import (
     FLOAT_TYPES, INDEX_TYPES, Addr, Env, Launch, LoweringError, Step, check_grid, ev,
     grid_stride_blocks, nb_of, ne_of, row_threads, sfx, tensor_values,
@@ -13,52 +13,6 @@ from ggmlpy.codegen_cuda.steps import (
 from ggmlpy.ir.ops.rope import yarn_corr_dims
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import GGMLType, is_quantized
-
-EXPRS = {
-    "add": "x0 + x1", "sub": "x0 - x1", "mul": "x0 * x1", "div": "x0 / x1",
-    "silu": "gg_silu(x0)", "gelu": "gg_gelu(x0)",
-    "gelu_erf": "0.5f * x0 * (1.0f + erff(x0 * 0.70710678118654752f))",
-    "tanh": "tanhf(x0)", "relu": "fmaxf(x0, 0.0f)", "sqr": "x0 * x0", "sqrt": "sqrtf(x0)",
-    "abs": "fabsf(x0)",
-    "scale": "x0 * (float)p.s + (float)p.b",
-    "swiglu": "gg_silu(x0) * x1", "geglu": "gg_gelu(x0) * x1",
-    "cont": "x0", "cpy": "x0", "concat": "x0",
-}
-LINEAR_OPS = ("cont", "cpy")  # read the source in its own element order
-
-
-# elementwise ------------------------------------------------------------------------------------
-class ElementwiseStep(Step):
-    def __init__(self, node: Tensor):
-        srcs = list(node.src[1:]) if node.op == "cpy" else list(node.src)
-        super().__init__([node], reads=srcs, writes=[node])
-        self.node, self.srcs = node, srcs
-        mode = "linear" if node.op in LINEAR_OPS else "concat" if node.op == "concat" else "map"
-        fields = [("d", "ptr")] + [(f"ne{i}", "i64") for i in range(4)] + [(f"nbd{i}", "i64") for i in range(4)]
-        for i in range(len(srcs)):
-            fields += tensor_fields(f"s{i}")
-        if node.op == "scale":
-            fields += [("s", "f64"), ("b", "f64")]
-        variant = dict(mode=mode, expr=EXPRS[node.op], srcs=[sfx(s.type) for s in srcs], dst=sfx(node.type))
-        if mode == "concat":
-            variant["concat_dim"] = int(node.params["dim"])
-        self.spec = KernelSpec.make("elementwise", fields, cooperative=False, **variant)
-
-    def specs(self) -> list[KernelSpec]:
-        return [self.spec]
-
-    def launches(self, env: Env, addr: Addr) -> list[Launch]:
-        node = self.node
-        ne = ne_of(node, env)
-        vals: dict[str, int | float] = {"d": addr(node), **{f"ne{i}": v for i, v in enumerate(ne)}}
-        vals.update({f"nbd{i}": v for i, v in enumerate(nb_of(node, env))})
-        for i, s in enumerate(self.srcs):
-            vals.update(tensor_values(f"s{i}", s, env, addr))
-        if node.op == "scale":
-            vals.update(s=node.params["s"], b=node.params.get("b", 0.0))
-        n = ne[0] * ne[1] * ne[2] * ne[3]
-        return [Launch(self.spec, (grid_stride_blocks(n), 1, 1), (256, 1, 1), 0, self.spec.pack(vals))]
-
 
 # norms ------------------------------------------------------------------------------------------
 class NormStep(Step):
@@ -277,9 +231,6 @@ class SetRowsStep(Step):
 
 
 # support checks ---------------------------------------------------------------------------------
-ELEMENTWISE_OPS = tuple(EXPRS)
-
-
 def supports_simple(node: Tensor) -> bool:
     op, srcs = node.op, node.src
     if op in ELEMENTWISE_OPS:
@@ -305,7 +256,7 @@ def supports_simple(node: Tensor) -> bool:
 
 def lower_simple(node: Tensor) -> Step:
     if node.op in ELEMENTWISE_OPS:
-        return ElementwiseStep(node)
+        return ElementwiseStep([node])
     if node.op == "rope":
         return RopeStep([(node, None)])
     builders = {"rms_norm": NormStep, "norm": NormStep, "soft_max": SoftmaxStep,

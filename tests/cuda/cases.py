@@ -130,6 +130,17 @@ def _projection_inputs(g: Graph, n_tokens: int, rng: np.random.Generator) -> dic
             "resid": rng.standard_normal((n_tokens, m)).astype(np.float32)}
 
 
+def chain_graph(n: int = 40) -> Graph:
+    """Elementwise chains: soft-capping (scale -> tanh -> scale, Gemma 2's) and a chain with
+    a broadcast operand and an operand used twice (mul(x, x))."""
+    b = GraphBuilder()
+    x = b.input("x", F32, (n, N_TOKENS))
+    w = b.input("w", F32, (n,))
+    capped = b.scale(b.tanh(b.scale(x, 1.0 / 30.0)), 30.0)
+    y = b.silu(b.add(b.mul(x, x), w))
+    return b.build([capped, y])
+
+
 def ffn_graph(n_embd: int = 64, n_ff: int = 96, wtype: GGMLType = GGMLType.Q4_1, single: bool = True) -> Graph:
     """norm * w -> (q, k, v products sharing x) and a SwiGLU feed-forward with residual: every
     fusion pattern except attention, in one graph."""
@@ -222,7 +233,7 @@ def fused_specs() -> dict[str, KernelSpec]:
     graphs = [attention_graph(), attention_graph(kv_type=F32, fuse_cont=False, max_bias=8.0),
               attention_graph(head=64, n_head=9, n_head_kv=3), ffn_graph(), ffn_graph(single=False),
               ffn_graph(wtype=F16), ffn_graph(wtype=GGMLType.Q8_0), qkv_graph(), qkv_graph("norm"),
-              qkv_graph(single=False)]
+              qkv_graph(single=False), chain_graph()]
     for g in graphs:
         specs.update({s.name: s for s in graph_specs(g, opts)})
     oproj = LowerOptions(matmul=opts.matmul, fuse_oproj=True)

@@ -253,3 +253,26 @@ def test_decode_attention_with_its_output_projection(device, wtype, heads):
     split.run(store, env)
     again = np.array(store.array(g.outputs[0], env), dtype=np.float32)
     assert normalized_error(again, ref2) <= 1e-9 and not np.allclose(again, fused)
+
+
+def test_elementwise_chains_run_as_one_kernel(device):
+    """scale -> tanh -> scale and mul(x, x) -> add(., w) -> silu each become one launch; the
+    result equals the unfused kernels' bit for bit (float32 in between) and the reference."""
+    from ggmlpy.codegen_cuda.lower_elementwise import ElementwiseStep
+
+    from .cases import chain_graph
+
+    kind, driver = device
+    env = {"n_tokens": 3}
+    g = chain_graph()
+    rng = np.random.default_rng(8)
+    inputs = {"x": (rng.standard_normal((3, 40)) * 40).astype(np.float32),
+              "w": rng.standard_normal(40).astype(np.float32)}
+    refs, _, _ = run_graph(RefBackend(), g, inputs, env)
+    fused, _, split = run_graph(CudaBackend(driver=driver), g, inputs, env)
+    plain, _, split0 = run_graph(CudaBackend(driver=driver, fuse=False), g, inputs, env)
+    chains = [s for s in split.steps if isinstance(s, ElementwiseStep)]
+    assert sorted(len(s.nodes) for s in chains) == [3, 3] and len(split0.steps) == 6
+    for r, f, u in zip(refs, fused, plain):
+        np.testing.assert_array_equal(f, u)
+        assert normalized_error(f, r) <= 1e-12, kind
