@@ -14,8 +14,8 @@ plan treats exactly those groups as one step (their interior tensors get no memo
 
 Each fused kernel computes the same f32 operations in the same order as the nodes it
 replaces, so results are bit-identical (tests/cpu/test_cpu_fusion.py). The other groups
-(scale_softmax, elementwise chains; none occurs in the supported models' graphs) still run
-node by node.
+(scale_softmax, elementwise chains: of the supported models only Gemma 2's soft-capping has
+them) still run node by node.
 """
 from __future__ import annotations
 
