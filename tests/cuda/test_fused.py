@@ -196,16 +196,25 @@ def test_decode_attention_reads_the_cache_length_on_the_device(device):
     split = be.compile(g, g.nodes)
     assert split.counts == ("n_kv",)
     rng = np.random.default_rng(5)
+    first = attention_inputs(g, 1, kv_size, rng)
+    # one KV cache across the runs, as in a generation (a cache bound to a new array is a new
+    # cache: uploaded again and the plan rebuilt); the reference keeps its own copy
+    ref_cache = {n: first[n] for n in ("cache_k", "cache_v")}
+    dev_cache = {n: np.array(a, copy=True) for n, a in ref_cache.items()}
     for n_kv in (40, 150, 64, 150):
         env = {"n_tokens": 1, "n_kv": n_kv}
         inputs = attention_inputs(g, 1, n_kv, rng)
-        (ref,), _, _ = run_graph(RefBackend(), g, inputs, env)
+        inputs.update(ref_cache)
+        (ref,), ref_bound, _ = run_graph(RefBackend(), g, inputs, env)
+        ref_cache = {n: ref_bound[n] for n in ref_cache}  # with this token's row written
         bound = {k: np.array(v, copy=True) for k, v in inputs.items()}
+        bound.update(dev_cache)
         store = TensorStore(bound)
         split.run(store, env)
         ours = np.array(store.array(g.outputs[0], env), dtype=np.float32)
         assert normalized_error(ours, ref) <= 1e-9, f"{kind} n_kv={n_kv}"
     assert be.stats.plans_built == 1 and be.stats.graph_captures == 1 and be.stats.graph_replays == 3
+    assert be.stats.bytes_uploaded == sum(a.nbytes for a in dev_cache.values())  # the cache, once
     (launch,) = [pl for pl in next(iter(split._plans.values())).launches if "attention" in pl.name]
     step = next(s for s in split.steps if isinstance(s, AttentionStep))
     assert launch.shmem == step.smem_bytes({"n_kv": kv_size}, launch.block[0])
