@@ -24,6 +24,24 @@ from ggmlpy.sched.store import TensorStore
 
 log = logging.getLogger("ggmlpy.codegen_cpu")
 
+# A run that moves less than this (its results, plus the matrices its products read) stays on
+# the calling thread: waking a sleeping worker costs tens of microseconds, more than such a run
+# takes alone. The embedding lookup in front of a GPU decode (2 KiB) is the case in point.
+SMALL_RUN_BYTES = 64 << 10
+
+
+def run_bytes(nodes: list[Tensor], env: Mapping[str, int]) -> int:
+    """About the memory a run of `nodes` touches: every result, and the whole first operand
+    of each product (a weight or a KV cache view). Other ops read about what they write;
+    get_rows reads only the rows it returns."""
+    total = 0
+    for node in nodes:
+        if OPS[node.op].kind == Kind.VIEW:
+            continue
+        total += tensor_nbytes(node, env)
+        if node.op == "mul_mat":
+            total += tensor_nbytes(node.src[0], env)
+    return total
 
 
 class CpuBackend:
@@ -135,6 +153,8 @@ class CpuSplit:
         self._env_limits: dict | None = None
         self._rows_key: tuple | None = None
         self._exported: list = []
+        self._n_threads: int | None = None  # per env: 1 for a small run (SMALL_RUN_BYTES)
+        self._work_nodes = list(nodes)
         self.slots = np.where(self.used, slots, 0)
         own = {n.id for n in nodes}
         consumers_outside = {s.id for t in graph.tensors if t.id not in own for s in t.src}
@@ -201,6 +221,7 @@ class CpuSplit:
                 ctx[i] = env.get(name, 0)
             self._exported = [(t.id, self.arena[offset:offset + tensor_nbytes(t, env)])
                               for t, offset in self.exports]
+            self._n_threads = 1 if run_bytes(self._work_nodes, env) < SMALL_RUN_BYTES else None
             self._env_key, self._env_limits = env_key, dict(limits)
         if self._bind_externals(store) or self._rows_key != env_key:
             ptrs = np.where(self.used, ctx[self.slots] + self.offsets, 0)
@@ -209,7 +230,7 @@ class CpuSplit:
             self.rows[:, 1:] = ptrs
             self._rows_key = env_key
         t0 = time.perf_counter()
-        self.backend.pool.run(self.fn_addr, self._ctx_addr)
+        self.backend.pool.run(self.fn_addr, self._ctx_addr, self._n_threads)
         self.backend.native_seconds += time.perf_counter() - t0
         buffers = store.buffers
         for tid, view in self._exported:

@@ -13,11 +13,13 @@ the fallback for an object the loader rejects.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import logging
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -197,6 +199,18 @@ _WORKER = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
 _LAUNCH = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 
 
+# Pools whose workers must be stopped before the interpreter exits: a daemon worker still
+# spinning in native code while finalisation frees the compiled runtime would crash the
+# process on its way out.
+_LIVE_POOLS: "weakref.WeakSet[ThreadPool]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_pools() -> None:
+    for pool in list(_LIVE_POOLS):
+        pool.close()
+
+
 class ThreadPool:
     """n_threads - 1 workers plus the calling thread run each launched graph together."""
 
@@ -217,6 +231,7 @@ class ThreadPool:
                                           name=f"ggmlpy-cpu-{i}") for i in range(1, n_threads)]
         for t in self._threads:
             t.start()
+        _LIVE_POOLS.add(self)
 
     def _work(self, ith: int) -> None:
         """Spin natively while work comes often; sleep here when it stops. The native loop
@@ -231,6 +246,9 @@ class ThreadPool:
 
     def run(self, fn_addr: int, ctx_addr: int, n_threads: int | None = None) -> None:
         nth = min(n_threads or self.n_threads, self.n_threads)
+        if nth == 1:  # no launch: the workers must not see a generation they have no part in
+            self._run_and_wait(self._addr, fn_addr, ctx_addr, 1)
+            return
         self._launch(self._addr, fn_addr, ctx_addr, nth)
         for ith in range(1, nth):
             if self.pool[IDLE + ith]:
