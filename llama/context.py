@@ -26,7 +26,7 @@ from ggmlpy.sched.scheduler import CompiledGraph
 from ggmlpy.sched.store import TensorStore
 from llama.batch import Batch, BatchAllocator, BatchError, UBatch
 from llama.graph import BuiltGraph, KVLayout, LlmGraph
-from llama.graph_inputs import GraphParams, InputBuffers, InputState
+from llama.graph_inputs import GraphParams, InputBuffers, InputState, is_single
 from llama.kshift import build_k_shift
 from llama.kv_cache import KV_TYPES, KVCache
 from llama.kv_cache_iswa import KVCacheISWA
@@ -271,7 +271,7 @@ class Context:
 
     def _params_for(self, ub: UBatch) -> GraphParams:
         """GraphParams.for_ubatch, one object per value (the reuse check compares them)."""
-        key = (ub.n_tokens == 1, ub.embd is not None)
+        key = (is_single(ub), ub.embd is not None)
         params = self._params.get(key)
         if params is None:
             params = self._params[key] = GraphParams.for_ubatch(ub, self.n_ctx)

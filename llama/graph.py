@@ -91,7 +91,12 @@ class LlmGraph:
         self.inputs.append(InpPos())
         return self.b.input("inp_pos", GGMLType.I32, (N_TOKENS,))
 
-    def build_inp_out_ids(self) -> Tensor:
+    def build_inp_out_ids(self) -> Tensor | None:
+        """The rows of the last layer that reach the output; None in the one-token graph,
+        whose one token is always an output (llama.cpp's "when all tokens are output, we
+        could skip this": the selection would copy the row onto itself, in two launches)."""
+        if self.params.tokens_class == "single":
+            return None
         self.inputs.append(InpOutIds())
         return self.b.input("inp_out_ids", GGMLType.I32, (N_OUTPUTS,))
 

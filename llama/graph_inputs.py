@@ -20,13 +20,20 @@ if TYPE_CHECKING:
 class GraphParams:
     """Everything about a ubatch that shapes the graph's topology (not its sizes)."""
 
-    tokens_class: str  # "single" (decode: one token) or "multi" (prompt); see README
+    tokens_class: str  # "single" (decode: one token, its output wanted) or "multi"; see README
     use_embd: bool     # embeddings instead of token ids
     kv_size: int
 
     @staticmethod
     def for_ubatch(ub: "UBatch", kv_size: int) -> "GraphParams":
-        return GraphParams("single" if ub.n_tokens == 1 else "multi", ub.embd is not None, kv_size)
+        return GraphParams("single" if is_single(ub) else "multi", ub.embd is not None, kv_size)
+
+
+def is_single(ub: "UBatch") -> bool:
+    """One token whose output is wanted: every step of generation. Its graph selects no
+    output rows (build_inp_out_ids), so a one-token ubatch without output takes the general
+    graph."""
+    return ub.n_tokens == 1 and bool(ub.output[0])
 
 
 @dataclass

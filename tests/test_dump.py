@@ -234,14 +234,18 @@ def test_graph_json_names_sources_and_output(smol_json):
 
 
 def test_graph_signature_by_tokens_class(smol_json, smollm2_path):
-    """Sizes are symbols: 5 and 300 tokens share a graph; one token is its own class; the KV
-    size is static (it is in the cache leaves' shapes)."""
+    """Sizes are symbols: 5 and 300 tokens share a graph; one token is its own class, without
+    the selection of output rows (two get_rows nodes and the inp_out_ids leaf); the KV size
+    is static (it is in the cache leaves' shapes)."""
     big = graph_json(smollm2_path, 300, n_ctx=512)
     assert graph_json(smollm2_path, 5, n_ctx=512)["signature"] == big["signature"]
     assert big["signature"] != smol_json["signature"]
     single = graph_json(smollm2_path, 1)
     assert single["signature"] != smol_json["signature"]
-    assert len(single["nodes"]) == len(smol_json["nodes"])
+    assert len(single["nodes"]) == len(smol_json["nodes"]) - 2
+    assert sum(r["op"] == "get_rows" for r in smol_json["nodes"]) == 3  # the embedding and the two
+    assert sum(r["op"] == "get_rows" for r in single["nodes"]) == 1
+    assert {r["name"] for r in smol_json["leafs"]} - {r["name"] for r in single["leafs"]} == {"inp_out_ids"}
 
 
 def test_graph_dot(smollm2_path, smol_json):

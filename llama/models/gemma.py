@@ -69,7 +69,7 @@ def build(g: LlmGraph) -> Tensor:
         q = g.cb(b.scale(q, 1.0 / math.sqrt(head)), "Qcur_scaled", il)
 
         cur = g.build_attn(inp_attn, layer.wo, None, q, k, v, 1.0, il)
-        if il == hp.n_layer - 1:
+        if il == hp.n_layer - 1 and inp_out_ids is not None:
             cur = b.get_rows(cur, inp_out_ids)
             inp_l = b.get_rows(inp_l, inp_out_ids)
         sa_out = g.cb(b.add(cur, inp_l), "sa_out", il)

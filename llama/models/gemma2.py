@@ -94,7 +94,7 @@ def build(g: LlmGraph) -> Tensor:
 
         cur = g.build_attn(inp_attn, layer.wo, None, q, k, v, 1.0, il,
                            softcap=hp.f_attn_logit_softcapping)
-        if il == hp.n_layer - 1:
+        if il == hp.n_layer - 1 and inp_out_ids is not None:
             cur = b.get_rows(cur, inp_out_ids)
             inp_l = b.get_rows(inp_l, inp_out_ids)
         cur = g.cb(g.build_norm(cur, layer.attn_post_norm, None, "rms", il), "attn_post_norm", il)

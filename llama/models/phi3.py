@@ -122,7 +122,7 @@ def build(g: LlmGraph) -> Tensor:
         q = g.cb(b.scale(q, 1.0 / math.sqrt(hp.n_embd_head_k)), "Qcur_scaled", il)
 
         cur = g.build_attn(inp_attn, layer.wo, None, q, k, v, 1.0, il)
-        if il == hp.n_layer - 1:
+        if il == hp.n_layer - 1 and inp_out_ids is not None:
             cur = b.get_rows(cur, inp_out_ids)
             residual = b.get_rows(residual, inp_out_ids)
         residual = g.cb(b.add(cur, residual), "ffn_inp", il)

@@ -70,7 +70,7 @@ def build(g: LlmGraph) -> Tensor:
         k = g.cb(b.rope_ext(k, inp_pos, None, **rope), "Kcur_rope", il)
 
         cur = g.build_attn(inp_attn, layer.wo, layer.bo, q, k, v, kq_scale, il)
-        if il == hp.n_layer - 1:
+        if il == hp.n_layer - 1 and inp_out_ids is not None:
             cur = b.get_rows(cur, inp_out_ids)
             inp_sa = b.get_rows(inp_sa, inp_out_ids)
         ffn_inp = g.cb(b.add(cur, inp_sa), "ffn_inp", il)

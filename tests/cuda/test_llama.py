@@ -60,8 +60,8 @@ def _logits(model, on_device: bool) -> tuple[list[np.ndarray], list]:
 @pytest.mark.parametrize("wtype", [GGMLType.Q4_1, GGMLType.F16], ids=lambda t: t.name)
 def test_tiny_llama_matches_reference(device_backends, tmp_path, wtype, oproj, monkeypatch):
     """With `oproj` the decode attention kernels also compute the output projection and the
-    residual add (GGMLPY_CUDA_FUSE_OPROJ=1): every layer but the last, whose output rows
-    are picked (get_rows) between the projection and the add."""
+    residual add (GGMLPY_CUDA_FUSE_OPROJ=1): in every layer, the last included (the
+    one-token graph selects no output rows between the projection and the add)."""
     monkeypatch.setenv("GGMLPY_CUDA_FUSE_OPROJ", "1" if oproj else "0")
     kind, made = device_backends
     path = write_tiny_llama(tmp_path / "tiny.gguf", weight_type=wtype)
@@ -80,7 +80,7 @@ def test_tiny_llama_matches_reference(device_backends, tmp_path, wtype, oproj, m
     assert used[0].stats.graph_captures == 1 and used[0].stats.graph_replays == len(NEXT) - 1
     assert [s.counts for s in decode] == [("n_kv",)]
     fused = sum(1 for s in decode for step in s.steps if getattr(step, "oproj", None) is not None)
-    assert fused == (llama.Model.load(path).hparams.n_layer - 1 if oproj else 0)
+    assert fused == (llama.Model.load(path).hparams.n_layer if oproj else 0)
 
 
 @pytest.fixture(scope="module")

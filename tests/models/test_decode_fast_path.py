@@ -123,6 +123,32 @@ def test_cpu_one_token_steps_match_the_reference_backend(tiny_model):
         np.testing.assert_allclose(x, y, atol=2e-3, rtol=0, err_msg=f"step {i}")
 
 
+@pytest.mark.parametrize("backend", ["ref", "cpu"])
+def test_one_token_without_output_takes_the_general_graph(tiny_model, backend):
+    """The one-token graph selects no output rows (its token is always an output), so a
+    one-token batch that wants no logits runs the general graph: a prompt fed token by token,
+    logits only for the last, leaves the cache and the logits of the prompt in one batch."""
+    prompt = [5, 17, 200, 42, 9]
+    whole = llama.Context(tiny_model, n_ctx=256, n_batch=64, n_ubatch=64, backend=backend)
+    assert whole.decode(Batch.from_tokens(prompt)) == 0
+    steps = llama.Context(tiny_model, n_ctx=256, n_batch=64, n_ubatch=64, backend=backend)
+    built = []
+    real = steps.build_graph
+    steps.build_graph = lambda params: built.append(params.tokens_class) or real(params)
+    for i, tok in enumerate(prompt):
+        last = i == len(prompt) - 1
+        assert steps.decode(Batch(tokens=[tok], logits=[last])) == 0
+        assert steps.get_logits().shape == ((1 if last else 0), tiny_model.n_vocab)
+    assert built == []  # both graphs were reserved with the context
+    np.testing.assert_allclose(steps.get_logits_ith(-1), whole.get_logits_ith(-1), atol=1e-4, rtol=0)
+    for name, arr in whole.memory.bindings().items():
+        np.testing.assert_allclose(np.asarray(steps.memory.bindings()[name], np.float32),
+                                   np.asarray(arr, np.float32), atol=2e-3, rtol=0, err_msg=name)
+    classes = {c.graph.hints["tokens"]: c.graph for c in steps.graph_cache.entries.values()}
+    assert "inp_out_ids" in {t.name for t in classes["multi"].leafs}
+    assert "inp_out_ids" not in {t.name for t in classes["single"].leafs}
+
+
 def test_failed_one_token_step_leaves_no_trace(tiny_model, monkeypatch):
     ctx = llama.Context(tiny_model, n_ctx=256, backend="ref")
     assert ctx.decode(Batch.from_tokens([1, 2, 3])) == 0
