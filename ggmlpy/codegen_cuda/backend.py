@@ -16,6 +16,7 @@ Running a split (plans, CUDA graphs): runtime.py.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -65,11 +66,9 @@ class DeviceWeights:
         return entry
 
     def __del__(self):
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown: the driver may be gone first
             for entry in self.entries.values():
                 self.driver.free(entry.ptr)
-        except Exception:  # interpreter shutdown: the driver may be gone first
-            pass
         self.entries = {}
 
 

@@ -3,6 +3,7 @@ woken: the embedding lookup before a GPU decode), larger ones are shared, both w
 results; and the workers are stopped before the interpreter exits."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -90,6 +91,6 @@ def test_workers_stop_before_the_interpreter_exits(tmp_path):
         sys.modules["__main__"].keep = (backend, split)  # alive until finalisation
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env={**__import__("os").environ, "GGMLPY_CACHE": str(tmp_path / "cache")})
+                          env={**os.environ, "GGMLPY_CACHE": str(tmp_path / "cache")})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "alive at exit: []" in done.stdout
