@@ -8,6 +8,10 @@ compute, and append the flagged logits in batch order. Return codes are llama.cp
 A generation step (one token, one sequence) skips the general allocator (single_token.py),
 writes its inputs into buffers that persist between steps (so the compiled graph rebinds
 nothing) and undoes a failed step from a checkpoint of its one cell rather than a snapshot.
+
+An embeddings context (embeddings=True) runs graphs whose output is t_embd, the normed
+hidden states, instead of the logits; every token is an output, and the rows are pooled
+per sequence on the host (llama/pooling.py).
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from llama.kshift import build_k_shift
 from llama.kv_cache import KV_TYPES, KVCache
 from llama.kv_cache_iswa import KVCacheISWA
 from llama.model import Model
+from llama.pooling import PoolingType, batch_layout, check_supported, pool, resolve_pooling
 from llama.single_token import single_token_ubatch
 
 log = logging.getLogger("llama.context")
@@ -60,7 +65,10 @@ class Context:
     def __init__(self, model: Model, n_ctx: int = 512, n_batch: int = 512, n_ubatch: int = 512,
                  n_seq_max: int = 1, n_threads: int = 2, n_threads_batch: int | None = None,
                  backend: str | None = None, type_k: str = "f16", type_v: str = "f16",
-                 abort_callback: Callable[[], bool] | None = None, swa_full: bool = False):
+                 abort_callback: Callable[[], bool] | None = None, swa_full: bool = False,
+                 embeddings: bool = False, pooling_type: str | int | None = None,
+                 rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0,
+                 flash_attn: bool | None = None):
         hp = model.hparams
         if model.w is None:
             raise ValueError("the model was loaded with vocab_only=True: it has no weights to run")
@@ -72,7 +80,16 @@ class Context:
             raise ValueError(f"n_seq_max must be in [1, {MAX_SEQ}], got {n_seq_max}")
         if type_k not in KV_TYPES or type_v not in KV_TYPES:
             raise ValueError(f"KV cache types must be one of {sorted(KV_TYPES)}")
-        self.model = model
+        if flash_attn not in (None, "auto", True, False):
+            raise ValueError(f"flash_attn must be True, False or None ('auto'), got {flash_attn!r}")
+        # recorded, changes nothing: attention is always built as llama.cpp's graph without
+        # flash attention and the backends fuse it (the CUDA one into one kernel)
+        self.flash_attn: bool | None = None if flash_attn == "auto" else flash_attn
+        # RoPE base/scale overrides are this context's (llama.cpp's cparams; 0: the model's):
+        # its graphs see the model through a view with these hparams, the Model is shared
+        rope_hp = hp.with_rope(rope_freq_base, rope_freq_scale)
+        self.model = model if rope_hp is hp else model.with_hparams(rope_hp)
+        self.rope_freq_base, self.rope_freq_scale = rope_hp.rope_freq_base, rope_hp.rope_freq_scale
         self.n_ctx = _pad(n_ctx or hp.n_ctx_train, 256)
         self.n_batch = min(self.n_ctx, n_batch) if hp.causal_attn else n_batch
         if n_ubatch > n_batch:
@@ -110,7 +127,15 @@ class Context:
         self._out_view: tuple | None = None  # (buffer, tensor, env, rows) of the last logits
         self._reusable: tuple | None = None  # (graph, params) that passed the reuse check
         self._weights = model.weight_arrays()
-        self._logits: np.ndarray | None = np.zeros((0, hp.n_vocab), np.float32)
+        # embeddings: every token is an output and its row is t_embd (n_embd wide), no logits
+        self.embeddings = embeddings
+        self.pooling_type = resolve_pooling(pooling_type, model.gguf.metadata, hp.arch)
+        if embeddings:
+            check_supported(self.pooling_type)
+        self._row_width = hp.n_embd if embeddings else hp.n_vocab
+        self._embd_seq: dict[int, np.ndarray] = {}  # pooled vectors of the last decode
+        # the output rows of the last decode: logits, or t_embd in an embeddings context
+        self._logits: np.ndarray | None = np.zeros((0, self._row_width), np.float32)
         self._n_outputs = 0
         self._output_ids = np.zeros(0, np.int64)
         self._reserve()
@@ -168,7 +193,8 @@ class Context:
 
     def _reserve_graphs(self) -> None:
         for n_tokens in (self.n_ubatch, 1):
-            params = GraphParams("single" if n_tokens == 1 else "multi", False, self.n_ctx)
+            params = GraphParams("single" if n_tokens == 1 else "multi", False, self.n_ctx,
+                                 embeddings=self.embeddings)
             built = self.build_graph(params)
             self._built[params] = (built, self._compile(built))
 
@@ -215,7 +241,8 @@ class Context:
         # until the logits are in they read as zeros (as after a failed or aborted ubatch)
         self._output_ids = output_ids
         self._n_outputs = n_outputs
-        self._logits = None if in_order else np.zeros((n_outputs, self.n_vocab), np.float32)
+        self._logits = None if in_order else np.zeros((n_outputs, self._row_width), np.float32)
+        self._embd_seq = {}
 
         self._apply_k_shift()
         for ub, slot in zip(ubatches, slots):
@@ -233,13 +260,18 @@ class Context:
                 self._logits = np.array(logits, dtype=np.float32)  # a copy: the graph's memory is reused
             else:
                 self._logits[self._output_ids[ub.idxs[ub.output]]] = logits
+        if self.embeddings and self.pooling_type != PoolingType.NONE:
+            pos, seq_ids = batch_layout(ubatches, len(output_ids))
+            self._embd_seq = pool(self._logits, pos, seq_ids, self.pooling_type)
         return DECODE_OK
 
     def _split(self, batch: Batch) -> tuple[list[UBatch], np.ndarray] | int:
         """Validate the batch and split it into ubatches: (ubatches, output flags in batch
         order), or decode's return code for an invalid batch."""
         try:
-            ab = BatchAllocator.init(batch, self.n_vocab, self.n_seq_max, self.memory)
+            # embeddings: every token is an output, as llama.cpp's output_all
+            ab = BatchAllocator.init(batch, self.n_vocab, self.n_seq_max, self.memory,
+                                     output_all=self.embeddings)
         except BatchError as e:
             log.error("decode: invalid batch: %s", e)
             return DECODE_INVALID_BATCH
@@ -274,7 +306,7 @@ class Context:
         key = (is_single(ub), ub.embd is not None)
         params = self._params.get(key)
         if params is None:
-            params = self._params[key] = GraphParams.for_ubatch(ub, self.n_ctx)
+            params = self._params[key] = GraphParams.for_ubatch(ub, self.n_ctx, self.embeddings)
         return params
 
     def _output_rows(self, store: TensorStore, out: Tensor, env: dict[str, int]) -> np.ndarray:
@@ -284,7 +316,7 @@ class Context:
         last = self._out_view
         if last is not None and last[0] is buf and last[1] is out and last[2] == env:
             return last[3]
-        rows = store.array(out, env).reshape(-1, self.n_vocab)
+        rows = store.array(out, env).reshape(-1, self._row_width)
         self._out_view = (buf, out, env, rows)
         return rows
 
@@ -301,22 +333,59 @@ class Context:
     # logits -----------------------------------------------------------------------------------
     def get_logits(self) -> np.ndarray:
         """All output rows of the last decode, in batch order: [n_outputs, n_vocab]."""
+        if self.embeddings:
+            raise RuntimeError("an embeddings context computes no logits: use get_embeddings*")
+        return self._rows()
+
+    def _rows(self) -> np.ndarray:
         if self._logits is None:  # the decode stopped before its only ubatch computed
-            self._logits = np.zeros((self._n_outputs, self.n_vocab), np.float32)
+            self._logits = np.zeros((self._n_outputs, self._row_width), np.float32)
         return self._logits
 
     def get_logits_ith(self, i: int) -> np.ndarray:
         """Logits of batch position i (which must have been flagged), or of the i-th output
         from the end when i < 0 (-1: the last)."""
-        logits = self.get_logits()
-        n_out = len(logits)
+        return self._row_ith(self.get_logits(), i, "get_logits_ith")
+
+    def _row_ith(self, rows: np.ndarray, i: int, what: str) -> np.ndarray:
+        n_out = len(rows)
         if i < 0:
             if -i > n_out:
-                raise IndexError(f"get_logits_ith({i}): only {n_out} outputs in the last batch")
-            return logits[n_out + i]
+                raise IndexError(f"{what}({i}): only {n_out} outputs in the last batch")
+            return rows[n_out + i]
         if i >= len(self._output_ids):
-            raise IndexError(f"get_logits_ith({i}): the last batch had {len(self._output_ids)} tokens")
+            raise IndexError(f"{what}({i}): the last batch had {len(self._output_ids)} tokens")
         row = self._output_ids[i]
         if row < 0:
-            raise IndexError(f"get_logits_ith({i}): batch position {i} was not flagged for logits")
-        return logits[row]
+            raise IndexError(f"{what}({i}): batch position {i} was not flagged for logits")
+        return rows[row]
+
+    # embeddings -------------------------------------------------------------------------------
+    def _check_embeddings(self) -> None:
+        if not self.embeddings:
+            raise RuntimeError("this context computes logits: create it with embeddings=True")
+
+    def get_embeddings(self) -> np.ndarray:
+        """The final normed hidden state of every token of the last decode (llama.cpp's
+        t_embd, in an embeddings context every token is an output), in batch order:
+        [n_outputs, n_embd]. Given with every pooling type, not only none: pooling runs on
+        the host from these rows."""
+        self._check_embeddings()
+        return self._rows()
+
+    def get_embeddings_ith(self, i: int) -> np.ndarray:
+        """The hidden state of batch position i, or of the i-th from the end when i < 0."""
+        self._check_embeddings()
+        return self._row_ith(self._rows(), i, "get_embeddings_ith")
+
+    def get_embeddings_seq(self, seq_id: int) -> np.ndarray:
+        """The pooled vector [n_embd] of sequence seq_id over its tokens in the last decode
+        (pooling mean, cls or last; not normalised, as llama.cpp's)."""
+        self._check_embeddings()
+        if self.pooling_type == PoolingType.NONE:
+            raise RuntimeError("pooling type none: no vector per sequence, use get_embeddings_ith")
+        vec = self._embd_seq.get(seq_id)
+        if vec is None:
+            raise KeyError(f"get_embeddings_seq({seq_id}): sequence {seq_id} had no tokens "
+                           "in the last decode")
+        return vec

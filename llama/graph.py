@@ -46,7 +46,7 @@ class KVLayout:
 @dataclass
 class BuiltGraph:
     graph: Graph
-    logits: Tensor
+    output: Tensor  # the logits; t_embd in an embeddings graph (params.embeddings)
     inputs: list[GraphInput]
     params: GraphParams
 
@@ -59,6 +59,7 @@ class LlmGraph:
     b: GraphBuilder = field(default_factory=GraphBuilder)
     inputs: list[GraphInput] = field(default_factory=list)
     _leaves: dict[str, Tensor] = field(default_factory=dict)
+    t_embd: Tensor | None = None  # the final normed hidden states, as llama.cpp's res->t_embd
 
     @property
     def hp(self) -> HParams:
@@ -76,6 +77,10 @@ class LlmGraph:
         return t
 
     def cb(self, t: Tensor, name: str, il: int = -1) -> Tensor:
+        """Name t. "result_norm" (the output norm, before the projection) is also recorded as
+        t_embd, as every llama.cpp model file does right after naming it."""
+        if name == "result_norm":
+            self.t_embd = t
         return self.b.name(t, name, il)
 
     # inputs ----------------------------------------------------------------------------------
@@ -190,10 +195,19 @@ class LlmGraph:
         return self.cb(self.build_lora_mm(wo, cur, wo_b), "attn_out", il)
 
     def finish(self, logits: Tensor) -> BuiltGraph:
+        """The graph of the logits, or in an embeddings graph of t_embd alone: the output
+        projection is then left out (llama.cpp extracts no logits for embeddings), which
+        for a large vocabulary is the biggest product of the graph."""
         self.cb(logits, "result_output")
-        graph = self.b.build([logits])
+        out = logits
+        if self.params.embeddings:
+            if self.t_embd is None:
+                raise ValueError(f"{self.hp.arch}: the graph names no 'result_norm' tensor, "
+                                 "so it has no embeddings output")
+            out = self.t_embd
+        graph = self.b.build([out])
         graph.hints["tokens"] = self.params.tokens_class
-        return BuiltGraph(graph, logits, self.inputs, self.params)
+        return BuiltGraph(graph, out, self.inputs, self.params)
 
     @staticmethod
     def default_kq_scale(hp: HParams) -> float:

@@ -23,10 +23,14 @@ class GraphParams:
     tokens_class: str  # "single" (decode: one token, its output wanted) or "multi"; see README
     use_embd: bool     # embeddings instead of token ids
     kv_size: int
+    # the output is t_embd (the normed hidden states, llama.cpp's embeddings context), not
+    # the logits: a different topology, so a different signature and compiled graph
+    embeddings: bool = False
 
     @staticmethod
-    def for_ubatch(ub: "UBatch", kv_size: int) -> "GraphParams":
-        return GraphParams("single" if is_single(ub) else "multi", ub.embd is not None, kv_size)
+    def for_ubatch(ub: "UBatch", kv_size: int, embeddings: bool = False) -> "GraphParams":
+        return GraphParams("single" if is_single(ub) else "multi", ub.embd is not None, kv_size,
+                           embeddings=embeddings)
 
 
 def is_single(ub: "UBatch") -> bool:

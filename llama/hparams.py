@@ -5,6 +5,8 @@ per-layer arrays), then the architecture's own keys (its `load_hparams`), rope t
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -61,6 +63,21 @@ class HParams:
                     freq_base=self.rope_freq_base_swa if swa else self.rope_freq_base,
                     freq_scale=self.rope_freq_scale_swa if swa else self.rope_freq_scale,
                     attn_factor=self.extra.get("rope_attn_factor", 1.0))
+
+    def with_rope(self, freq_base: float = 0.0, freq_scale: float = 0.0) -> "HParams":
+        """These hparams with a context's RoPE overrides (llama.cpp's cparams.rope_freq_base
+        and rope_freq_scale; 0 keeps the model's value). As llama_model::get_rope_freq_base
+        does, only the dense layers take them: sliding-window layers keep their own base
+        and scale. self when nothing changes; otherwise a copy (the model is shared)."""
+        for name, value in (("rope_freq_base", freq_base), ("rope_freq_scale", freq_scale)):
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0 (0: the model's), got {value!r}")
+        base = float(freq_base) or self.rope_freq_base
+        scale = float(freq_scale) or self.rope_freq_scale
+        if base == self.rope_freq_base and scale == self.rope_freq_scale:
+            return self
+        return dataclasses.replace(self, rope_freq_base=base, rope_freq_scale=scale,
+                                   extra=dict(self.extra))
 
     def set_swa_pattern(self, n_pattern: int, dense_first: bool = False) -> None:
         """Every n_pattern-th layer is global (dense), the others use the sliding window

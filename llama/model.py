@@ -1,10 +1,14 @@
 """`Model.load`: GGUF -> architecture -> hparams -> vocab -> checked weights (SPEC steps 2-6).
 
-Weights stay in the file's memory map (zero copy); a half-built model is never handed out:
-any failure, or a progress callback returning False, closes the file and raises.
+Weights stay in the file's memory map (zero copy), or with use_mmap=False in the file's bytes
+read into memory; use_mlock locks them in RAM, kv_overrides retype metadata before anything
+reads it, check_tensors validates the weights' values. A half-built model is never handed
+out: any failure, or a progress callback returning False, closes the file and raises.
 """
 from __future__ import annotations
 
+import copy
+import logging
 import os
 import time
 from pathlib import Path
@@ -17,11 +21,14 @@ from ggmlpy.gguf import GGUFFile
 from ggmlpy.hub import resolve_model
 from ggmlpy.sched.placement import Placement, make_device_backend, parse_devices
 from llama.arch import Architecture, get_arch
+from ggmlpy.quants.validate import can_validate, validate_tensor
 from llama.hparams import HParams, MetadataReader, load_common
+from llama.kv_overrides import KVOverrideValue, apply_kv_overrides
 from llama.vocab import Vocab
 from llama.weights import TensorTable, WeightRef
 
 ProgressCallback = Callable[[float], "bool | None"]
+log = logging.getLogger("llama.model")
 
 
 class LoadCancelled(RuntimeError):
@@ -52,17 +59,26 @@ class Model:
     @classmethod
     def load(cls, path: str | os.PathLike, n_gpu_layers: int = 0, vocab_only: bool = False,
              progress: ProgressCallback | None = None, *, devices: list[str] | None = None,
-             tensor_split: list[float] | None = None, download: bool = True) -> "Model":
+             tensor_split: list[float] | None = None, download: bool = True, use_mmap: bool = True,
+             use_mlock: bool = False, kv_overrides: dict[str, KVOverrideValue] | None = None,
+             check_tensors: bool = False) -> "Model":
         """Load a GGUF file (or a known model name such as `smollm2-135m`).
 
         devices: offload devices by name ("cuda:0", or "cpu:1", a second CPU backend); the
         host CPU is always there and keeps the input layer. n_gpu_layers: how many of the
         last layers (the output layer counts as one) go to the devices; tensor_split: their
-        shares (default: by free memory, equal for CPU devices)."""
+        shares (default: by free memory, equal for CPU devices).
+
+        use_mmap=False reads the file into memory instead of mapping it (a failed map does
+        too); use_mlock locks the weights in RAM (a refusal is a warning, not an error);
+        kv_overrides replaces or adds metadata values (bool/int/float/str, matching the
+        key's type) before hparams and vocab are read; check_tensors raises
+        TensorDataError for a NaN/Inf weight or quantisation scale, naming the tensor."""
         t0 = time.perf_counter()
         resolved = resolve_model(path, download=download)
-        gguf = GGUFFile(resolved)
+        gguf = GGUFFile(resolved, use_mmap=use_mmap)
         try:
+            apply_kv_overrides(gguf, kv_overrides)
             arch_name = gguf.metadata.get("general.architecture")
             if not isinstance(arch_name, str):
                 raise ValueError(f"{resolved}: general.architecture is missing")
@@ -77,7 +93,9 @@ class Model:
                 table = TensorTable()
                 arch.tensors(hp, table)
                 w, layers = table.resolve(gguf.tensors)
-                _report_progress(progress, len(gguf.tensors))
+                _load_tensor_data(gguf, progress, check_tensors)
+                if use_mlock:
+                    gguf.mlock()
             model = cls(Path(resolved), gguf, arch, hp, vocab, w, layers, n_gpu_layers,
                         (time.perf_counter() - t0) * 1000)
             if not vocab_only:
@@ -139,6 +157,14 @@ class Model:
     def n_vocab(self) -> int:
         return self.vocab.n_vocab
 
+    def with_hparams(self, hparams: HParams) -> "Model":
+        """This model seen with other hyperparameters (a context's RoPE overrides): file,
+        weights, vocab, placement and backend caches are shared, nothing is copied, and
+        this model is left as it is. Closing either closes the shared file."""
+        view = copy.copy(self)
+        view.hparams = hparams
+        return view
+
     def close(self) -> None:
         self.gguf.close()
 
@@ -148,10 +174,19 @@ class Model:
                 f"n_vocab {self.n_vocab})")
 
 
-def _report_progress(progress: ProgressCallback | None, n: int) -> None:
-    """Tensors are mapped, not read, so progress moves per tensor checked (0.0 .. 1.0)."""
-    if progress is None:
-        return
-    for i in range(n + 1):
-        if progress(i / max(n, 1)) is False:
+def _load_tensor_data(gguf: GGUFFile, progress: ProgressCallback | None, check: bool) -> None:
+    """Progress per tensor (0.0, then after each one up to 1.0): the bytes are already mapped
+    or read, so what moves is the check of each tensor's values (check_tensors, as
+    llama.cpp's load_all_data validates each tensor it loads), or nothing but the count."""
+    n = len(gguf.tensors)
+    if progress is not None and progress(0.0) is False:
+        raise LoadCancelled("model loading cancelled by the progress callback")
+    for i, info in enumerate(gguf.tensors.values()):
+        if check:
+            if can_validate(info.type):
+                validate_tensor(info.name, info.type, info.data)
+            else:
+                log.warning("check_tensors: %s tensors cannot be validated; %s not checked",
+                            info.type.name, info.name)
+        if progress is not None and progress((i + 1) / max(n, 1)) is False:
             raise LoadCancelled("model loading cancelled by the progress callback")

@@ -10,6 +10,7 @@ COMMANDS = {
     "inspect": "ggmlpy.cli.inspect_cmd",
     "bench": "ggmlpy.cli.bench_cmd",
     "run": "ggmlpy.cli.run_cmd",
+    "chat": "ggmlpy.cli.chat_cmd",
     "tokenize": "ggmlpy.cli.tokenize_cmd",
     "graph": "ggmlpy.cli.graph_cmd",
 }

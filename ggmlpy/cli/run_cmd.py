@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from ggmlpy.cli.placement_args import add_placement_args, placement_kwargs
@@ -48,6 +49,11 @@ def register(subparsers: Any) -> None:
     s.add_argument("--repeat-last-n", type=int, default=64,
                    help="tokens the repeat penalty looks back over (default 64)")
     s.add_argument("--seed", type=int, default=-1, help="sampling seed; -1 = random (default)")
+    g = p.add_argument_group("structured output (llama-cli's options)").add_mutually_exclusive_group()
+    g.add_argument("--json-schema", dest="json_schema_file", type=Path, metavar="FILE", default=None,
+                   help="a JSON schema file: the output is JSON valid under it")
+    g.add_argument("--grammar-file", type=Path, metavar="FILE", default=None,
+                   help="a GBNF grammar file (llama.cpp's format): the output follows it")
     c = p.add_argument_group("context")
     c.add_argument("-c", "--n-ctx", type=int, default=DEFAULT_N_CTX,
                    help=f"context size in tokens; 0 = the model's (default {DEFAULT_N_CTX})")
@@ -68,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     model = Model.load(args.model, **where)
     sampler = make_sampler(n_vocab=model.n_vocab, temp=args.temp, top_k=args.top_k,
                            top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
-                           repeat_last_n=args.repeat_last_n, seed=args.seed)
+                           repeat_last_n=args.repeat_last_n, seed=args.seed,
+                           grammar=grammar_sampler(args, model))
     ctx = Context(model, n_ctx=args.n_ctx, n_threads=args.threads, backend=args.backend)
     load_ms = (time.perf_counter() - t_start) * 1000
     max_tokens = ctx.n_ctx if args.n_predict == -1 else args.n_predict
@@ -106,6 +113,21 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(format_timings(timings))
         sys.stderr.write(format_compile(ctx.compile_report()))
     return 0
+
+
+def grammar_sampler(args: argparse.Namespace, model: Model):
+    """The grammar of --json-schema or --grammar-file, as the chain's first sampler. A file
+    that cannot be read or parsed is a ValueError naming it (one line, no traceback)."""
+    path = args.json_schema_file or args.grammar_file
+    if path is None:
+        return None
+    from llama.grammar import Grammar, GrammarError, GrammarSampler
+    try:
+        text = path.read_text(encoding="utf-8")
+        grammar = Grammar.from_json_schema(text) if args.json_schema_file else Grammar.from_gbnf(text)
+        return GrammarSampler(model.vocab, grammar)
+    except (OSError, UnicodeDecodeError, GrammarError) as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 def format_compile(report: dict) -> str:

@@ -10,6 +10,7 @@ from ggmlpy.gguf.constants import (
     KEY_SPLIT_COUNT, KEY_SPLIT_NO, KEY_SPLIT_TENSORS_COUNT, GGUFValueType,
 )
 from ggmlpy.gguf.errors import GGUFError
+from ggmlpy.gguf.memlock import MemoryLock
 from ggmlpy.gguf.reader import GGUFField, TensorInfo, _Part
 
 _INTEGER_TYPES = {GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
@@ -39,13 +40,18 @@ class GGUFFile:
     `metadata` maps keys to Python values (numeric arrays as numpy arrays, string arrays as
     lazily decoded sequences); `fields` keeps the declared value types; `tensors` maps names
     to `TensorInfo` across every part of a split model.
+
+    use_mmap=False reads every part into memory instead of mapping it (llama.cpp's
+    `use_mmap`); a part whose mapping fails is read too. `mlock()` locks the bytes in RAM.
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, use_mmap: bool = True):
         self.path = Path(path)
         self._parts: list[_Part] = []
+        self._use_mmap = use_mmap
+        self._lock = MemoryLock()
         try:
-            first = _Part(self.path, 0)
+            first = _Part(self.path, 0, use_mmap)
             self._parts.append(first)
             self._open_other_parts(first)
         except BaseException:
@@ -85,7 +91,7 @@ class GGUFFile:
             if not part_path.exists():
                 raise GGUFError(f"split part {i + 1} of {count} is missing: {part_path}",
                                 path=str(self.path))
-            part = _Part(part_path, i)
+            part = _Part(part_path, i, self._use_mmap)
             self._parts.append(part)
             got_no = _split_int(part, KEY_SPLIT_NO, None)
             got_count = _split_int(part, KEY_SPLIT_COUNT, None)
@@ -112,10 +118,29 @@ class GGUFFile:
     def data_offset(self) -> int:
         return self._parts[0].data_offset
 
+    @property
+    def mapped(self) -> bool:
+        """Whether every part is memory-mapped (False: read into memory)."""
+        return all(p.mapped for p in self._parts)
+
+    @property
+    def locked_bytes(self) -> int:
+        """Bytes `mlock` locked in RAM (0 when never asked or refused)."""
+        return self._lock.locked_bytes
+
+    def mlock(self) -> bool:
+        """Lock every part's bytes in RAM, mapped or read (llama.cpp's use_mlock). False, with
+        a warning, when the OS refuses for any part; the file stays usable either way."""
+        ok = True
+        for part in self._parts:
+            ok = self._lock.lock(part.buffer, str(part.path)) and ok
+        return ok
+
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
 
     def close(self) -> None:
+        self._lock.unlock()  # while the regions are still mapped
         for part in self._parts:
             part.close()
         for info in getattr(self, "tensors", {}).values():

@@ -3,10 +3,13 @@
 Every length read from the file is checked against the bytes that remain before anything is
 allocated for it, so a hostile file fails with a `GGUFError` naming the field and offset
 instead of hanging, crashing or asking for gigabytes. Tensor data is never read at open:
-`TensorInfo.data` is a numpy view into a read-only memory map.
+`TensorInfo.data` is a numpy view into a read-only memory map. Without a map (use_mmap=False,
+or when mapping fails, as llama.cpp falls back) the file is read into memory in one pass and
+the views point into that read-only buffer instead: everything downstream is the same.
 """
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import struct
@@ -25,6 +28,9 @@ from ggmlpy.gguf.strings import StringArray, string_array_end
 from ggmlpy.ir.types import GGMLType, REMOVED_TYPES, block_size, type_name, type_size
 
 _INT64_MAX = (1 << 63) - 1
+_READ_CHUNK = 1 << 26  # bytes per read() call: one call may return less than asked for
+
+log = logging.getLogger("ggmlpy.gguf")
 
 
 @dataclass
@@ -179,20 +185,45 @@ def _read_array(cur: _Cursor, key: str, depth: int) -> tuple[Any, GGUFValueType]
     return values, etype
 
 
-class _Part:
-    """One parsed file: header, metadata and tensor infos, with its memory map."""
+def _read_all(f, size: int, path: Path) -> np.ndarray:
+    """The whole file as a read-only uint8 array (the no-mmap load mode)."""
+    buf = np.empty(size, dtype=np.uint8)
+    view = memoryview(buf)
+    pos = 0
+    while pos < size:
+        n = f.readinto(view[pos:pos + _READ_CHUNK])
+        if not n:
+            raise GGUFError(f"read stopped after {pos} of {size} bytes (the file shrank?)",
+                            path=str(path), offset=pos)
+        pos += n
+    buf.flags.writeable = False  # tensor views are read-only, as with a map
+    return buf
 
-    def __init__(self, path: Path, file_index: int = 0):
+
+class _Part:
+    """One parsed file: header, metadata and tensor infos, over its memory map or, without
+    one, over its bytes read into memory (`mapped` says which)."""
+
+    def __init__(self, path: Path, file_index: int = 0, use_mmap: bool = True):
         self.path = path
         self.file_index = file_index
         self._map = None
-        with open(path, "rb") as f:  # the map keeps its own descriptor; ours closes here
+        with open(path, "rb", buffering=0) as f:  # a map keeps its own descriptor; ours closes here
             self.size = os.fstat(f.fileno()).st_size
             if self.size == 0:
                 raise GGUFError("empty file, not a GGUF file", path=str(path), offset=0)
-            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            if use_mmap:
+                try:
+                    self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                except (OSError, ValueError) as e:  # e.g. a file system without mmap
+                    log.warning("%s: mmap failed (%s); reading the file into memory instead", path, e)
+            self.mapped = self._map is not None
+            if self.mapped:
+                buffer = np.frombuffer(self._map, dtype=np.uint8)
+            else:
+                buffer = _read_all(f, self.size, path)
         try:
-            self.buffer = np.frombuffer(self._map, dtype=np.uint8)
+            self.buffer = buffer
             self._parse()
         except BaseException:
             self.close()

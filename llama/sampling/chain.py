@@ -102,11 +102,13 @@ def make_sampler(*, n_vocab: int, temp: float = 0.8, top_k: int = 40, top_p: flo
                  min_p: float = 0.05, typical_p: float = 1.0, repeat_penalty: float = 1.0,
                  frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                  repeat_last_n: int = 64, logit_bias: Mapping[int, float] | None = None,
-                 seed: int | None = None) -> SamplerChain:
+                 seed: int | None = None, grammar: Sampler | None = None) -> SamplerChain:
     """The chain llama.cpp's common sampler builds (see the package docstring).
 
-    temp > 0: [logit-bias] -> penalties -> top-k -> typical -> top-p -> min-p -> temp -> dist.
-    temp <= 0: [logit-bias] -> penalties -> greedy.
+    temp > 0: [grammar] -> [logit-bias] -> penalties -> top-k -> typical -> top-p -> min-p
+              -> temp -> dist.
+    temp <= 0: [grammar] -> [logit-bias] -> penalties -> greedy.
+    `grammar` (a `llama.grammar.GrammarSampler`) comes first, as llama.cpp's grammar sampler.
     """
     n_vocab = check_int("n_vocab", n_vocab, 1)
     temp = check_float("temp", temp)
@@ -115,7 +117,7 @@ def make_sampler(*, n_vocab: int, temp: float = 0.8, top_k: int = 40, top_p: flo
         check_unit(name, value)
     seed = check_seed(seed)
 
-    samplers: list[Sampler] = []
+    samplers: list[Sampler] = [] if grammar is None else [grammar]
     if logit_bias is not None:
         bias = LogitBias(n_vocab, logit_bias)
         if bias.biases:

@@ -248,7 +248,10 @@ def test_small_swa_cache_equals_full_size_one(tiny, long_run):
     full = make_ctx(model, n_ctx=512, n_batch=512, n_ubatch=8, swa_full=True)
     assert full.memory.swa.size == 512
     assert full.decode(Batch.from_tokens(TOKENS, logits_all=True)) == 0
-    np.testing.assert_allclose(full.get_logits(), ours, atol=1e-4, rtol=0)
+    # the two caches hold the same cells in other places and sizes, so numpy's BLAS sums in
+    # another order; an f32 difference that flips an f16 rounding of K/V then grows through
+    # the layers (3e-4 on an AVX2 machine), so this uses the oracle's tolerance
+    assert_close(full.get_logits(), ours)
 
 
 # -- seq operations on both halves ---------------------------------------------------------------

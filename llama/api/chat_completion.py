@@ -1,0 +1,280 @@
+"""`create_chat_completion`: messages in, OpenAI's `chat.completion` (or chunks) out.
+
+messages -> the chat template (the file's, a named built-in, or chatml) -> prompt tokens ->
+the completion loop with the constraints the request asks for:
+- `response_format` `json_object` (optionally with `schema`, llama-cpp-python's form) or
+  OpenAI's `json_schema` -> a JSON-schema grammar;
+- `tool_choice` `required` or a named function -> a grammar that allows exactly one call
+  in the template family's syntax, with the arguments checked against the tool's schema;
+  `auto` lets the model choose and parses calls out of its text (streamed as deltas);
+  `none` keeps the text as it is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator
+
+from llama.api import responses
+from llama.api.completion import make_sequence, resolve_max_tokens, run_sequence, sampling_params
+from llama.api.logprobs import chat_logprobs
+from llama.api.sequence import Sequence, Step
+from llama.chat import ChatTemplate, select_template
+from llama.chat.tool_calls import (ToolCallStream, detect_tool_format, generic_tools_instruction,
+                                   parse_tool_calls, tool_call_grammar)
+from llama.model import Model
+
+if TYPE_CHECKING:
+    from llama.api.llama import Llama
+
+
+class ChatSetup:
+    """The model's chat template, chosen once and parsed on first use: a file whose
+    template is broken or hostile loads, and fails only when chat is used."""
+
+    def __init__(self, model: Model, *, chat_format: str | None, chat_template: str | None):
+        self.model = model
+        self.chat_format = chat_format
+        self.chat_template = chat_template
+        self._template: ChatTemplate | None = None
+
+    @property
+    def template(self) -> ChatTemplate:
+        if self._template is None:
+            vocab = self.model.vocab
+            bos, eos = vocab.special.bos, vocab.special.eos
+            self._template = select_template(
+                self.model.gguf.metadata, chat_format=self.chat_format,
+                chat_template=self.chat_template,
+                bos_token=vocab.tokens[bos] if bos is not None else "",
+                eos_token=vocab.tokens[eos] if eos is not None else "")
+        return self._template
+
+    @property
+    def tool_format(self) -> str:
+        return detect_tool_format(self.template.source)
+
+    def render(self, messages: list[dict], *, add_generation_prompt: bool = True,
+               tools: list[dict] | None = None, **kwargs: Any) -> str:
+        return self.template.render(normalize_messages(messages),
+                                    add_generation_prompt=add_generation_prompt, tools=tools, **kwargs)
+
+    def tokens(self, text: str) -> list[int]:
+        """The prompt's ids: control tokens parsed, BOS added by the vocab's rule but never
+        twice (templates often write the BOS themselves, as llama.cpp's chat code handles)."""
+        vocab = self.model.vocab
+        bos = vocab.special.bos
+        if vocab.flags.add_bos and bos is not None and text.startswith(vocab.tokens[bos]):
+            text = text[len(vocab.tokens[bos]):]
+        return self.model.tokenize(text, add_special=True, parse_special=True)
+
+
+def normalize_messages(messages: list[dict]) -> list[dict]:
+    """Check the roles and flatten OpenAI's content parts: text parts are joined (as
+    llama.cpp does for templates that take a string); other part types are refused."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list")
+    out = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or "role" not in msg:
+            raise ValueError(f"messages[{i}] must be an object with a 'role'")
+        if msg["role"] not in ("system", "developer", "user", "assistant", "tool", "function"):
+            raise ValueError(f"messages[{i}].role {msg['role']!r} is not one of system, user, "
+                             "assistant, tool")
+        content = msg.get("content")
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                    raise ValueError(f"messages[{i}].content[{j}]: content part type {kind!r} is "
+                                     "not supported (only 'text')")
+                texts.append(str(part.get("text", "")))
+            msg = {**msg, "content": "".join(texts)}
+        elif content is not None and not isinstance(content, str):
+            raise ValueError(f"messages[{i}].content must be a string or a list of parts")
+        out.append(msg)
+    return out
+
+
+def _legacy_functions(functions, function_call) -> tuple[list | None, Any]:
+    """OpenAI's deprecated functions/function_call, as tools/tool_choice."""
+    tools = [{"type": "function", "function": f} for f in functions] if functions else None
+    choice = function_call
+    if isinstance(function_call, dict) and "name" in function_call:
+        choice = {"type": "function", "function": {"name": function_call["name"]}}
+    return tools, choice
+
+
+def response_grammar(response_format: dict | None) -> Any:
+    """The grammar a response_format asks for (None for text)."""
+    from llama.grammar import Grammar
+    return None if response_format is None else Grammar.from_response_format(response_format)
+
+
+def _tool_choice(tools: list | None, tool_choice: Any) -> Any:
+    if not tools:
+        if tool_choice not in (None, "none", "auto"):
+            raise ValueError("tool_choice needs tools")
+        return "none"
+    if tool_choice is None:
+        return "auto"
+    if tool_choice in ("none", "auto", "required"):
+        return tool_choice
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
+        name = (tool_choice.get("function") or {}).get("name")
+        if name not in {t.get("function", {}).get("name") for t in tools}:
+            raise ValueError(f"tool_choice names the function {name!r}, which is not among the tools")
+        return tool_choice
+    raise ValueError(f"tool_choice {tool_choice!r} is not none, auto, required or a named function")
+
+
+@dataclass
+class ChatJob:
+    """A chat request made ready to run: its `Sequence` and what the response needs.
+    fmt: the tool-call syntax to parse out of the text (None: keep the text as it is)."""
+    seq: Sequence
+    meta: tuple  # (id, created, model)
+    fmt: str | None
+    include_usage: bool
+    logprobs: bool
+
+    def response(self) -> dict:
+        """The `chat.completion` of the finished sequence."""
+        seq = self.seq
+        content: str | None = seq.completion_text()
+        message: dict = {"role": "assistant", "content": content}
+        finish = seq.finish_reason
+        if self.fmt is not None:
+            content, calls = parse_tool_calls(content, self.fmt)
+            if calls:
+                message = {"role": "assistant", "content": content, "tool_calls": calls}
+                finish = "tool_calls"
+        lp = chat_logprobs(seq.logprobs) if self.logprobs else None
+        return responses.chat_completion(*self.meta, message, finish, lp,
+                                         responses.usage(len(seq.prompt), len(seq.tokens)))
+
+    def chunks(self) -> "ChatChunks":
+        return ChatChunks(self)
+
+
+class ChatChunks:
+    """The streamed chunks, built step by step: a role delta, content (or tool-call)
+    deltas, a final chunk with the finish reason; with include_usage, every chunk has
+    "usage": null and a last one carries the usage."""
+
+    def __init__(self, job: ChatJob):
+        self.job = job
+        self.calls = ToolCallStream(job.fmt) if job.fmt is not None else None
+        self.saw_call = False
+
+    def _chunk(self, delta: dict, finish: str | None = None, lp: dict | None = None) -> dict:
+        return responses.chat_chunk(*self.job.meta, delta, finish, lp,
+                                    with_usage_field=self.job.include_usage)
+
+    def start(self) -> list[dict]:
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def feed(self, step: Step) -> list[dict]:
+        calls = self.calls
+        lp = chat_logprobs(step.logprobs) if self.job.logprobs and step.logprobs else None
+        deltas = calls.feed(step.text) if calls is not None else (
+            [{"content": step.text}] if step.text else [])
+        if step.finish_reason is not None and calls is not None:
+            deltas += calls.finish()
+        out = []
+        for i, delta in enumerate(deltas):
+            self.saw_call = self.saw_call or "tool_calls" in delta
+            out.append(self._chunk(delta, None, lp if i == 0 else None))
+        if not deltas and lp is not None:
+            out.append(self._chunk({}, None, lp))
+        return out
+
+    def end(self) -> list[dict]:
+        seq = self.job.seq
+        out = [self._chunk({}, "tool_calls" if self.saw_call else seq.finish_reason)]
+        if self.job.include_usage:
+            out.append(responses.chat_usage_chunk(*self.job.meta,
+                                                  responses.usage(len(seq.prompt), len(seq.tokens))))
+        return out
+
+
+def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
+                 function_call=None, tools: list[dict] | None = None, tool_choice=None,
+                 temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40,
+                 min_p: float = 0.05, typical_p: float = 1.0,
+                 stop: str | list[str] | None = None, seed: int | None = None,
+                 response_format: dict | None = None, max_tokens: int | None = None,
+                 presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                 repeat_penalty: float = 1.0, tfs_z: float = 1.0,
+                 mirostat_mode: int = 0, mirostat_tau: float = 5.0,
+                 mirostat_eta: float = 0.1, model: str | None = None,
+                 logits_processor=None, grammar=None,
+                 logit_bias: dict[int, float] | None = None,
+                 logprobs: bool | None = None, top_logprobs: int | None = None,
+                 stream_options: dict | None = None,
+                 chat_template_kwargs: dict | None = None,
+                 n_ctx: int | None = None) -> ChatJob:
+    """A chat request -> a `ChatJob` (template, constraints, sampler chain); the checks
+    fail here, before anything is decoded. `n_ctx`: the context the sequence may fill."""
+    if mirostat_mode:
+        raise ValueError("mirostat_mode is not supported by ggmlpy")
+    if functions:
+        tools, tool_choice = _legacy_functions(functions, function_call)
+    choice = _tool_choice(tools, tool_choice)
+    setup = llm._chat
+    msgs = normalize_messages(messages)
+    fmt = setup.tool_format if tools else "generic"
+    if tools and choice != "none" and fmt == "generic":
+        msgs = [{"role": "system", "content": generic_tools_instruction(tools)}] + msgs
+    text = setup.render(msgs, add_generation_prompt=True, tools=tools or None,
+                        **(chat_template_kwargs or {}))
+    ids = setup.tokens(text)
+    n_max = resolve_max_tokens(max_tokens, len(ids), n_ctx or llm.n_ctx())
+
+    constraint = grammar
+    if choice in ("required",) or isinstance(choice, dict):
+        if grammar is not None or response_format not in (None, {"type": "text"}):
+            raise ValueError("tool_choice required/named cannot be combined with grammar or "
+                             "response_format")
+        from llama.grammar import Grammar
+        constraint = Grammar.from_lark(tool_call_grammar(tools, choice, fmt))
+    elif response_format is not None:
+        if grammar is not None:
+            raise ValueError("give either grammar or response_format, not both")
+        constraint = response_grammar(response_format)
+    if top_logprobs is not None and not logprobs:
+        raise ValueError("top_logprobs needs logprobs=true")
+    if top_logprobs is not None and not 0 <= int(top_logprobs) <= 20:
+        raise ValueError(f"top_logprobs must be in [0, 20], got {top_logprobs}")
+    params = sampling_params(llm, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                             typical_p=typical_p, repeat_penalty=repeat_penalty,
+                             presence_penalty=presence_penalty,
+                             frequency_penalty=frequency_penalty, logit_bias=logit_bias, seed=seed)
+    seq = make_sequence(llm, ids, max_tokens=n_max, stop=stop,
+                        logprobs=int(top_logprobs or 0) if logprobs else None, params=params,
+                        grammar=constraint, logits_processor=logits_processor)
+    meta = (responses.new_id("chatcmpl"), responses.now(), model or llm.model_path)
+    include_usage = bool((stream_options or {}).get("include_usage"))
+    return ChatJob(seq, meta, fmt if choice != "none" else None, include_usage, bool(logprobs))
+
+
+def create_chat_completion(llm: "Llama", messages: list[dict], *, stream: bool = False,
+                           **kwargs: Any) -> dict | Iterator[dict]:
+    """llama-cpp-python's create_chat_completion (same arguments and defaults, see
+    `prepare_chat`), plus OpenAI's `json_schema` response format, `tool_choice="auto"`,
+    `stream_options` and the template's extra variables (`chat_template_kwargs`, e.g.
+    enable_thinking)."""
+    job = prepare_chat(llm, messages, **kwargs)
+    steps = run_sequence(llm, job.seq)
+    if stream:
+        return _stream(job.chunks(), steps)
+    for _ in steps:
+        pass
+    return job.response()
+
+
+def _stream(chunks: ChatChunks, steps: Iterator[Step]) -> Iterator[dict]:
+    yield from chunks.start()
+    for step in steps:
+        yield from chunks.feed(step)
+    yield from chunks.end()

@@ -1,0 +1,236 @@
+"""`create_completion`: a prompt in, OpenAI's `text_completion` out (or its chunks).
+
+The loop is the one every front end shares: prefill through the engine (reusing the cached
+prefix), then per token `Sequence.step` on the last logits and one decode of the picked
+token. Streaming yields each step's final text; the chunks concatenate to the text the
+non-streamed call returns, because both come from the same `TextStream`.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from llama.api import responses
+from llama.api.logprobs import TokenLogprob, completion_logprobs
+from llama.api.sequence import SamplingParams, Sequence, Step
+from llama.api.grammar_args import make_grammar_sampler
+
+if TYPE_CHECKING:
+    from llama.api.llama import Llama
+
+
+def prompt_tokens(llm: "Llama", prompt: str | list[int]) -> list[int]:
+    """Text is tokenized with the vocab's BOS and control tokens parsed (as
+    llama-cpp-python); ids are taken as they are. An empty prompt starts from BOS."""
+    if isinstance(prompt, str):
+        ids = llm.tokenize(prompt, add_bos=True, special=True) if prompt else []
+    else:
+        ids = [int(t) for t in prompt]
+        for t in ids:
+            llm.model.vocab.check_token(t)
+    if not ids:
+        bos = llm.token_bos()
+        if bos < 0:
+            raise ValueError("the prompt is empty and the vocab has no BOS token to start from")
+        ids = [bos]
+    return ids
+
+
+def resolve_max_tokens(max_tokens: int | None, n_prompt: int, n_ctx: int) -> int:
+    """llama-cpp-python's rule: None or <= 0 means up to the context's end; never past it."""
+    if n_prompt >= n_ctx:
+        raise ValueError(f"Requested tokens ({n_prompt}) exceed context window of {n_ctx}")
+    room = n_ctx - n_prompt
+    if max_tokens is None or max_tokens <= 0:
+        return room
+    return min(int(max_tokens), room)
+
+
+def make_sequence(llm: "Llama", ids: list[int], *, max_tokens: int, stop, logprobs: int | None,
+                  params: SamplingParams, grammar: Any = None, logits_processor=None,
+                  stopping_criteria=None) -> Sequence:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    vocab = llm.model.vocab
+    return Sequence(ids, n_vocab=llm.n_vocab(), is_eog=vocab.is_eog, piece_of=llm.piece,
+                    params=params, max_tokens=max_tokens, stop=stops, logprobs=logprobs,
+                    grammar=make_grammar_sampler(vocab, grammar),
+                    logits_processors=list(logits_processor or []),
+                    stopping_criteria=list(stopping_criteria or []))
+
+
+def run_sequence(llm: "Llama", seq: Sequence, *, logits_all_prompt: bool = False
+                 ) -> Iterator[Step]:
+    """Decode the sequence's prompt, then step it to the end (seq 0 of the Llama's engine).
+
+    A newer call on the same Llama invalidates this one: the cache then holds another
+    sequence, so a stream that is resumed afterwards raises instead of going astray."""
+    llm._generation += 1
+    generation = llm._generation
+    engine = llm.engine
+    t0 = time.perf_counter()
+    logits = engine.prefill(0, seq.prompt, logits_all=logits_all_prompt)
+    if logits_all_prompt:
+        seq.prompt_logits = logits
+        logits = logits[-1]
+    llm.scores = logits
+    t1 = time.perf_counter()
+    n_ctx = llm.n_ctx()
+    while not seq.finished:
+        if llm._generation != generation:
+            raise RuntimeError("another call on this Llama started; this stream cannot continue")
+        step = seq.step(logits)
+        yield step
+        if seq.finished:
+            break
+        if engine.n_past(0) >= n_ctx:
+            yield seq.stop_for_context()
+            break
+        logits = engine.decode_step([(0, step.token)])[0]
+        llm.scores = logits
+    if llm.verbose:
+        t2 = time.perf_counter()
+        n = len(seq.tokens)
+        print(f"prompt eval: {len(seq.prompt)} tokens in {(t1 - t0) * 1000:.1f} ms; "
+              f"generation: {n} tokens in {(t2 - t1) * 1000:.1f} ms "
+              f"({n / (t2 - t1) if t2 > t1 else 0:.1f} tok/s)", file=sys.stderr)
+
+
+@dataclass
+class CompletionJob:
+    """A completion request made ready to run: its `Sequence` and what the response needs.
+    `Llama.create_completion` runs it on sequence 0; the server runs it in a slot."""
+    seq: Sequence
+    meta: tuple  # (id, created, model)
+    prompt_text: str
+    echo: bool
+    logprobs: int | None
+    suffix: str | None
+    piece_of: Callable[[int], bytes]
+
+    @property
+    def wants_prompt_logits(self) -> bool:
+        return bool(self.echo and self.logprobs is not None)
+
+    def response(self) -> dict:
+        """The `text_completion` of the finished sequence."""
+        seq = self.seq
+        text = seq.completion_text()
+        lp = None
+        if self.logprobs is not None:
+            entries = seq.logprobs
+            offset0 = len(self.prompt_text)
+            if self.echo:
+                entries = _prompt_logprobs(self.piece_of, seq, self.logprobs) + entries
+                offset0 = 0
+            lp = completion_logprobs(entries, offset0)
+            if self.echo:  # OpenAI: the first prompt token has no logprob
+                lp["token_logprobs"][0] = None
+                lp["top_logprobs"][0] = None
+        if self.echo:
+            text = self.prompt_text + text
+        if self.suffix:
+            text += self.suffix
+        return responses.completion(*self.meta, text, seq.finish_reason, lp,
+                                    responses.usage(len(seq.prompt), len(seq.tokens)))
+
+    def chunks(self) -> "CompletionChunks":
+        return CompletionChunks(self)
+
+
+class CompletionChunks:
+    """The streamed `text_completion` chunks, built step by step (`start`, `feed` per
+    `Step`, `end`), so a loop that is not a generator (the server's) can build them too."""
+
+    def __init__(self, job: CompletionJob):
+        self.job = job
+        self.offset = len(job.prompt_text)  # text offsets count from the prompt's start, as OpenAI's
+
+    def start(self) -> list[dict]:
+        job = self.job
+        return [responses.completion(*job.meta, job.prompt_text, None, None, None)] if job.echo else []
+
+    def feed(self, step: Step) -> list[dict]:
+        if not (step.text or step.logprobs):
+            return []
+        lp = None
+        if self.job.logprobs is not None:
+            lp = completion_logprobs(step.logprobs, self.offset)
+        self.offset += len(step.text)
+        return [responses.completion(*self.job.meta, step.text, None, lp, None)]
+
+    def end(self) -> list[dict]:
+        return [responses.completion(*self.job.meta, "", self.job.seq.finish_reason, None, None)]
+
+
+def sampling_params(llm: "Llama", *, temperature: float, top_p: float, top_k: int, min_p: float,
+                    typical_p: float, repeat_penalty: float, presence_penalty: float,
+                    frequency_penalty: float, logit_bias: dict[int, float] | None,
+                    seed: int | None) -> SamplingParams:
+    return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                          typical_p=typical_p, repeat_penalty=repeat_penalty,
+                          presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                          logit_bias=logit_bias, seed=llm.next_seed(seed))
+
+
+def prepare_completion(llm: "Llama", prompt: str | list[int], *, suffix: str | None = None,
+                       max_tokens: int | None = 16, temperature: float = 0.8, top_p: float = 0.95,
+                       min_p: float = 0.05, typical_p: float = 1.0, logprobs: int | None = None,
+                       echo: bool = False, stop: str | list[str] | None = None,
+                       frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                       repeat_penalty: float = 1.0, top_k: int = 40, seed: int | None = None,
+                       tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_tau: float = 5.0,
+                       mirostat_eta: float = 0.1, model: str | None = None,
+                       stopping_criteria=None, logits_processor=None, grammar=None,
+                       logit_bias: dict[int, float] | None = None,
+                       n_ctx: int | None = None) -> CompletionJob:
+    """A request -> a `CompletionJob` (the checks, the prompt, the sampler chain). `n_ctx`:
+    the context the sequence may fill (the Llama's by default; a server slot's share)."""
+    if mirostat_mode:
+        raise ValueError("mirostat_mode is not supported by ggmlpy")
+    if logprobs is not None and (isinstance(logprobs, bool) or int(logprobs) < 0):
+        raise ValueError(f"logprobs must be a non-negative integer, got {logprobs!r}")
+    ids = prompt_tokens(llm, prompt)
+    n_max = resolve_max_tokens(max_tokens, len(ids), n_ctx or llm.n_ctx())
+    params = sampling_params(llm, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                             typical_p=typical_p, repeat_penalty=repeat_penalty,
+                             presence_penalty=presence_penalty,
+                             frequency_penalty=frequency_penalty, logit_bias=logit_bias, seed=seed)
+    seq = make_sequence(llm, ids, max_tokens=n_max, stop=stop, logprobs=logprobs, params=params,
+                        grammar=grammar, logits_processor=logits_processor,
+                        stopping_criteria=stopping_criteria)
+    prompt_text = prompt if isinstance(prompt, str) else llm.detokenize(ids).decode("utf-8", "replace")
+    meta = (responses.new_id("cmpl"), responses.now(), model or llm.model_path)
+    return CompletionJob(seq, meta, prompt_text, bool(echo), logprobs, suffix, llm.piece)
+
+
+def create_completion(llm: "Llama", prompt: str | list[int], *, stream: bool = False,
+                      **kwargs: Any) -> dict | Iterator[dict]:
+    """llama-cpp-python's create_completion (same arguments and defaults, see
+    `prepare_completion`). `tfs_z` is accepted and ignored (llama.cpp removed tail-free
+    sampling); mirostat is refused."""
+    job = prepare_completion(llm, prompt, **kwargs)
+    steps = run_sequence(llm, job.seq, logits_all_prompt=job.wants_prompt_logits)
+    if stream:
+        return _stream(job.chunks(), steps)
+    for _ in steps:
+        pass
+    return job.response()
+
+
+def _prompt_logprobs(piece_of: Callable[[int], bytes], seq: Sequence, n_top: int
+                     ) -> list[TokenLogprob]:
+    """Logprobs of the prompt's tokens after the first, each from the previous row."""
+    from llama.api.logprobs import token_logprob
+    rows = seq.prompt_logits
+    first = TokenLogprob(seq.prompt[0], piece_of(seq.prompt[0]), 0.0, [])
+    return [first] + [token_logprob(rows[i - 1], seq.prompt[i], n_top, piece_of)
+                      for i in range(1, len(seq.prompt))]
+
+
+def _stream(chunks: CompletionChunks, steps: Iterator[Step]) -> Iterator[dict]:
+    yield from chunks.start()
+    for step in steps:
+        yield from chunks.feed(step)
+    yield from chunks.end()

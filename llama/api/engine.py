@@ -1,0 +1,157 @@
+"""Sequences over one `Context`: prompts that reuse the cached prefix, and one decode per
+step for the tokens of every generating sequence.
+
+The engine remembers, per sequence id, which tokens its KV cells hold. A new prompt for a
+sequence keeps the longest common prefix and decodes only the rest (a second chat turn
+re-reads nothing it has seen), as llama-cpp-python and llama-server's `cache_prompt` do. The
+last prompt token is always decoded again when everything else is cached, because its
+logits are needed. With sliding-window layers the prefix is kept only while the window
+still holds the positions the next token attends to (llama-server's rule).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from llama.batch import Batch
+from llama.context import Context
+
+
+class DecodeError(RuntimeError):
+    """decode failed; the message names the code. The KV cache is left consistent."""
+
+    def __init__(self, rc: int, what: str):
+        names = {1: "no KV cache slot", 2: "aborted", -1: "invalid batch"}
+        super().__init__(f"decode of the {what} failed with {rc} ({names.get(rc, 'fatal error')})")
+        self.rc = rc
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class Engine:
+    """Decoding for sequences 0 .. ctx.n_seq_max - 1 of one context.
+
+    `n_prompt_decoded` counts the prompt tokens actually decoded (not taken from the cache),
+    so tests and benchmarks can see the prefix reuse."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.cached: list[list[int]] = [[] for _ in range(ctx.n_seq_max)]
+        self.n_prompt_decoded = 0
+        self.n_swa = ctx.model.hparams.n_swa if ctx.kv_layout.kv_size_swa else 0
+
+    def reusable_prefix(self, seq_id: int, tokens: list[int], *, keep_last: bool = True) -> int:
+        """How many leading tokens of `tokens` can stay in the cache for this sequence."""
+        n = common_prefix(self.cached[seq_id], tokens)
+        if keep_last and n == len(tokens):
+            n -= 1  # the last prompt token is decoded again for its logits
+        if n > 0 and self.n_swa:
+            mem = self.ctx.memory
+            self.ctx.memory.seq_rm(seq_id, n, -1)
+            self.cached[seq_id] = self.cached[seq_id][:n]
+            if mem.seq_pos_min(seq_id) > max(0, n - self.n_swa):
+                n = 0  # the window no longer holds what the next token attends to
+        return max(n, 0)
+
+    def prefill(self, seq_id: int, tokens: list[int], *, logits_all: bool = False,
+                reuse: bool = True) -> np.ndarray:
+        """Make the cache of `seq_id` hold exactly `tokens`; return the logits of the last
+        token ([n_vocab]), or of every decoded token with `logits_all` ([n, n_vocab], the
+        prefix is then decoded again too)."""
+        if not tokens:
+            raise ValueError("the prompt is empty (no tokens)")
+        ctx = self.ctx
+        keep = self.reusable_prefix(seq_id, tokens) if reuse and not logits_all else 0
+        self.forget(seq_id, keep)
+        rows = []
+        todo = tokens[keep:]
+        pos = keep
+        for i in range(0, len(todo), ctx.n_batch):
+            chunk = todo[i:i + ctx.n_batch]
+            last = i + ctx.n_batch >= len(todo)
+            flags = [logits_all or (last and j == len(chunk) - 1) for j in range(len(chunk))]
+            batch = Batch(tokens=chunk, pos=list(range(pos, pos + len(chunk))),
+                          seq_ids=[[seq_id]] * len(chunk), logits=flags)
+            rc = ctx.decode(batch)
+            if rc != 0:
+                self.forget(seq_id, keep)
+                raise DecodeError(rc, "prompt")
+            self.n_prompt_decoded += len(chunk)
+            self.cached[seq_id] = tokens[:pos + len(chunk)]
+            pos += len(chunk)
+            if logits_all:
+                rows.append(np.array(ctx.get_logits()))
+        if logits_all:
+            return np.concatenate(rows)
+        return ctx.get_logits_ith(-1)
+
+    def decode_step(self, items: list[tuple[int, int]]) -> np.ndarray:
+        """One decode of one token for each (seq_id, token); rows of logits in that order."""
+        ctx = self.ctx
+        if len(items) == 1:
+            seq_id, token = items[0]
+            batch = Batch.from_tokens([token], seq_id=seq_id)
+        else:
+            batch = Batch(tokens=[t for _, t in items], seq_ids=[[s] for s, _ in items],
+                          logits=[True] * len(items))
+        rc = ctx.decode(batch)
+        if rc != 0:
+            raise DecodeError(rc, "generation")
+        for seq_id, token in items:
+            self.cached[seq_id].append(token)
+        return ctx.get_logits()
+
+    def decode_mixed(self, items: list[tuple[int, list[int], bool]]) -> list[np.ndarray | None]:
+        """One decode for several sequences (the server's step): each (seq_id, tokens,
+        want_logits) appends its tokens to that sequence, a prompt chunk or one generated
+        token. Returns, per item, the logits row of its last token, or None if not wanted.
+        Nothing is recorded for any item when the decode fails."""
+        ctx = self.ctx
+        tokens, seq_ids, pos, flags = [], [], [], []
+        for seq_id, toks, want in items:
+            start = len(self.cached[seq_id])
+            tokens += toks
+            seq_ids += [[seq_id]] * len(toks)
+            pos += range(start, start + len(toks))
+            flags += [False] * (len(toks) - 1) + [bool(want)]
+        if len(tokens) > ctx.n_batch:
+            raise ValueError(f"a step of {len(tokens)} tokens exceeds n_batch ({ctx.n_batch})")
+        rc = ctx.decode(Batch(tokens=tokens, pos=pos, seq_ids=seq_ids, logits=flags))
+        if rc != 0:
+            raise DecodeError(rc, "batch")
+        rows: list[np.ndarray | None] = []
+        end = 0
+        for seq_id, toks, want in items:
+            end += len(toks)
+            self.cached[seq_id] += toks
+            rows.append(ctx.get_logits_ith(end - 1) if want else None)
+        return rows
+
+    def warmup(self) -> None:
+        """One decode of one token, then an empty cache (llama.cpp's warm-up run): the
+        backends prepare what they derive from the weights (the CPU backend repacks them)
+        before the first request instead of during it."""
+        vocab = self.ctx.model.vocab
+        token = vocab.special.bos if vocab.special.bos is not None else 0
+        rc = self.ctx.decode(Batch.from_tokens([token]))
+        self.reset()
+        if rc != 0:
+            raise DecodeError(rc, "warm-up run")
+
+    def n_past(self, seq_id: int) -> int:
+        return len(self.cached[seq_id])
+
+    def forget(self, seq_id: int, keep: int = 0) -> None:
+        """Drop the cells of `seq_id` from position `keep` on."""
+        self.ctx.memory.seq_rm(seq_id, keep, -1)
+        self.cached[seq_id] = self.cached[seq_id][:keep]
+
+    def reset(self) -> None:
+        self.ctx.memory.clear()
+        self.cached = [[] for _ in range(self.ctx.n_seq_max)]

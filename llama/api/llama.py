@@ -1,0 +1,308 @@
+"""`Llama`: llama-cpp-python's high-level class over ggmlpy's Model, Context and Engine.
+
+A program written for `llama_cpp.Llama` runs after changing its import to
+`from llama import Llama`: the constructor takes the same keywords (for what ggmlpy has),
+`create_completion`/`__call__`, `create_chat_completion`, `create_embedding`/`embed`,
+`tokenize`/`detokenize`, `save_state`/`load_state`, `reset` and the small accessors behave
+the same, and results have OpenAI's shapes. Where this class differs it says so:
+
+- `logprobs` work without `logits_all=True` (each step's logits are at hand anyway); only
+  `echo=True` with logprobs decodes the prompt with every row's logits.
+- `response_format` also takes OpenAI's `json_schema`; integer bounds and every other
+  constraint llguidance enforces are kept; `tool_choice="auto"` parses the model's calls;
+  `stream_options={"include_usage": True}` adds OpenAI's usage chunk.
+- The KV cache is always the prompt cache: a call whose prompt shares a prefix with what
+  the cache holds decodes only the rest (llama-cpp-python needs a `LlamaCache` for part of
+  this); `Llama.engine.n_prompt_decoded` counts what was decoded.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence as Seq
+
+import numpy as np
+
+from llama.api import chat_completion as chat_api
+from llama.api import completion as completion_api
+from llama.api import embedding as embedding_api
+from llama.api.engine import Engine
+from llama.api.progress import LoadProgress
+from llama.context import Context
+from llama.model import Model
+from llama.sampling.pick import LLAMA_DEFAULT_SEED
+
+log = logging.getLogger("llama.api")
+
+# llama-cpp-python's type_k/type_v are ggml type ids; ggmlpy's KV cache has these three
+_KV_TYPE_IDS = {0: "f32", 1: "f16", 30: "bf16"}
+
+# llama-cpp-python keywords ggmlpy has no counterpart for: accepted at their defaults only,
+# so a program that passes them explicitly still runs, and one that relies on them is told
+_UNSUPPORTED_DEFAULTS: dict[str, Any] = {
+    "split_mode": 1, "main_gpu": 0, "rpc_servers": None, "numa": False, "lora_base": None,
+    "lora_path": None, "lora_scale": 1.0, "rope_scaling_type": -1, "yarn_ext_factor": -1.0,
+    "yarn_attn_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0,
+    "yarn_orig_ctx": 0, "offload_kqv": True, "op_offload": None,
+    "no_perf": False, "last_n_tokens_size": 64, "chat_handler": None, "draft_model": None,
+    "tokenizer": None, "spm_infill": False, "clip_model_path": None,
+    "embd_normalize": None, "mul_mat_q": True,
+}
+
+
+def default_threads() -> int:
+    """The CPUs this process may run on, as llama.cpp's own default (llama-cpp-python
+    halves os.cpu_count(), which on a 2-core machine leaves one core idle)."""
+    return max(len(os.sched_getaffinity(0)), 1)
+
+
+def _changed(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """The options that differ from their defaults: only those are passed down, so the
+    lower layers keep one place for each default."""
+    return {k: v for k, v in values.items() if v != defaults[k]}
+
+
+@dataclass
+class LlamaState:
+    """What `save_state` captures: the cached tokens, the last logits and the KV cache."""
+    tokens: list[int]
+    logits: np.ndarray | None
+    arrays: dict[str, np.ndarray]
+    cells: Any
+    n_ctx: int
+
+    @property
+    def llama_state_size(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+
+class Llama:
+    """See the module docstring. `model_path` may be a file or a known model name
+    (`smollm2-135m`, `gemma3-270m`)."""
+
+    def __init__(self, model_path: str, *, n_gpu_layers: int = 0,
+                 tensor_split: list[float] | None = None, devices: list[str] | None = None,
+                 vocab_only: bool = False, use_mmap: bool = True, use_mlock: bool = False,
+                 kv_overrides: dict[str, bool | int | float | str] | None = None,
+                 check_tensors: bool = False, seed: int = LLAMA_DEFAULT_SEED, n_ctx: int = 512,
+                 n_batch: int = 512, n_ubatch: int = 512, n_threads: int | None = None,
+                 n_threads_batch: int | None = None, rope_freq_base: float = 0.0,
+                 rope_freq_scale: float = 0.0, flash_attn: bool | None = None,
+                 embedding: bool = False, pooling_type: int | str = -1, logits_all: bool = False,
+                 chat_format: str | None = None, chat_template: str | None = None,
+                 n_seq_max: int = 1, backend: str | None = None, verbose: bool = True,
+                 type_k: int | str | None = None, type_v: int | str | None = None,
+                 swa_full: bool | None = None, **kwargs: Any):
+        for name, value in kwargs.items():
+            if name not in _UNSUPPORTED_DEFAULTS:
+                raise TypeError(f"Llama() got an unexpected keyword argument {name!r}")
+            if value != _UNSUPPORTED_DEFAULTS[name] and value is not None:
+                raise ValueError(f"Llama({name}={value!r}) is not supported by ggmlpy")
+        self.verbose = verbose
+        self.model_path = str(model_path)
+        self._seed = seed
+        self._rng = random.Random(None if seed in (None, -1, LLAMA_DEFAULT_SEED) else seed)
+        progress = LoadProgress(enabled=verbose)
+        load_options = _changed({"use_mmap": use_mmap, "use_mlock": use_mlock,
+                                 "kv_overrides": kv_overrides, "check_tensors": check_tensors},
+                                {"use_mmap": True, "use_mlock": False, "kv_overrides": None,
+                                 "check_tensors": False})
+        self._model = Model.load(model_path, n_gpu_layers=n_gpu_layers, vocab_only=vocab_only,
+                                 devices=devices, tensor_split=tensor_split,
+                                 progress=progress.loading, **load_options)
+        progress.close()
+        self.logits_all = logits_all
+        self.embedding = embedding
+        self.chat_format = chat_format
+        self._chat = chat_api.ChatSetup(self._model, chat_format=chat_format,
+                                        chat_template=chat_template)
+        self._ctx: Context | None = None
+        self.engine: Engine | None = None
+        self.scores: np.ndarray | None = None  # the last decode's logits (llama-cpp-python's _scores[-1])
+        self._generation = 0
+        if vocab_only:
+            return
+        threads = n_threads or default_threads()
+        ctx_options = _changed({"rope_freq_base": rope_freq_base, "rope_freq_scale": rope_freq_scale,
+                                "flash_attn": flash_attn},
+                               {"rope_freq_base": 0.0, "rope_freq_scale": 0.0, "flash_attn": None})
+        for name, kv_type in (("type_k", type_k), ("type_v", type_v)):
+            if kv_type is not None:
+                if not isinstance(kv_type, str) and kv_type not in _KV_TYPE_IDS:
+                    raise ValueError(f"Llama({name}={kv_type!r}): the KV cache types are "
+                                     f"{sorted(_KV_TYPE_IDS.values())}")
+                ctx_options[name] = _KV_TYPE_IDS.get(kv_type, kv_type)
+        if swa_full:
+            ctx_options["swa_full"] = True
+        if embedding:
+            ctx_options["embeddings"] = True
+            ctx_options["pooling_type"] = None if pooling_type in (-1, None) else pooling_type
+            n_seq_max = max(n_seq_max, embedding_api.EMBED_SEQS)
+        with progress.stage("compiling graphs"):
+            self._ctx = Context(self._model, n_ctx=n_ctx, n_batch=n_batch,
+                                n_ubatch=min(n_ubatch, n_batch), n_seq_max=n_seq_max,
+                                n_threads=threads, n_threads_batch=n_threads_batch or threads,
+                                backend=backend, **ctx_options)
+        self.engine = Engine(self._ctx)
+        with progress.stage("warming up"):
+            self.engine.warmup()  # as llama.cpp's common init: weights repacked now, not on the first call
+        if verbose:
+            print(f"{self._model} on {self._ctx.backend_name}: n_ctx {self._ctx.n_ctx}, "
+                  f"{threads} threads, graphs compiled in {self._ctx.compile_ms:.0f} ms",
+                  file=sys.stderr)
+
+    # accessors ---------------------------------------------------------------------------------
+    @property
+    def model(self) -> Model:
+        return self._model
+
+    @property
+    def ctx(self) -> Context:
+        if self._ctx is None:
+            raise RuntimeError("this Llama was created with vocab_only=True: it has no context")
+        return self._ctx
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The file's scalar metadata as strings (llama-cpp-python's `metadata`); arrays
+        such as the token list are left out."""
+        return {k: str(v).lower() if isinstance(v, bool) else str(v)
+                for k, v in self._model.gguf.metadata.items()
+                if isinstance(v, (str, int, float, bool))}
+
+    def n_ctx(self) -> int:
+        return self.ctx.n_ctx
+
+    def n_vocab(self) -> int:
+        return self._model.n_vocab
+
+    def n_embd(self) -> int:
+        return self._model.hparams.n_embd
+
+    def token_bos(self) -> int:
+        bos = self._model.vocab.special.bos
+        return -1 if bos is None else bos
+
+    def token_eos(self) -> int:
+        eos = self._model.vocab.special.eos
+        return -1 if eos is None else eos
+
+    def token_nl(self) -> int:
+        nl = self._model.vocab.linefeed_id
+        return -1 if nl is None else nl
+
+    @property
+    def n_tokens(self) -> int:
+        return self.engine.n_past(0) if self.engine else 0
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return np.array(self.engine.cached[0] if self.engine else [], dtype=np.intc)
+
+    # tokens ------------------------------------------------------------------------------------
+    def tokenize(self, text: bytes | str, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids of UTF-8 `text`; add_bos adds the vocab's special tokens (BOS) as the
+        file asks; special parses control tokens written in the text."""
+        if isinstance(text, (bytes, bytearray)):
+            text = bytes(text).decode("utf-8", errors="replace")
+        return self._model.tokenize(text, add_special=add_bos, parse_special=special)
+
+    def detokenize(self, tokens: Seq[int], prev_tokens: Seq[int] | None = None,
+                   special: bool = False) -> bytes:
+        """The bytes of `tokens` (control tokens only with `special`)."""
+        return self._model.vocab.detokenize_bytes(list(tokens), unparse_special=special)
+
+    def piece(self, token: int) -> bytes:
+        return self._model.vocab.token_to_piece(token, special=False)
+
+    # low-level evaluation (llama-cpp-python's eval) -------------------------------------------
+    def eval(self, tokens: Seq[int]) -> None:
+        """Append `tokens` to the cached sequence and decode them; `scores` is then the
+        logits of the last one."""
+        self._generation += 1
+        self.scores = self.engine.prefill(0, self.engine.cached[0] + list(tokens))
+
+    def reset(self) -> None:
+        """Forget the cached tokens (the next prompt is decoded from the start)."""
+        self._generation += 1
+        self.engine.forget(0)
+
+    def set_seed(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+
+    def next_seed(self, seed: int | None) -> int:
+        """The seed of a call: the caller's, or one drawn from this object's generator
+        (seeded by the constructor's `seed`, random by default)."""
+        return int(seed) if seed is not None and seed >= 0 else self._rng.randrange(2**32 - 1)
+
+    # the three front ends -----------------------------------------------------------------------
+    def create_completion(self, prompt: str | list[int], **kwargs: Any) -> dict | Iterator[dict]:
+        """OpenAI's `text_completion` (or an iterator of chunks with stream=True); see
+        `llama.api.completion.create_completion` for the arguments."""
+        return completion_api.create_completion(self, prompt, **kwargs)
+
+    def __call__(self, prompt: str | list[int], **kwargs: Any) -> dict | Iterator[dict]:
+        return self.create_completion(prompt, **kwargs)
+
+    def create_chat_completion(self, messages: list[dict], **kwargs: Any) -> dict | Iterator[dict]:
+        """OpenAI's `chat.completion` (or `chat.completion.chunk`s with stream=True); see
+        `llama.api.chat_completion.create_chat_completion`."""
+        return chat_api.create_chat_completion(self, messages, **kwargs)
+
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None, **kwargs: Any) -> str:
+        """The prompt text the chat template makes of `messages`."""
+        return self._chat.render(messages, add_generation_prompt=add_generation_prompt,
+                                 tools=tools, **kwargs)
+
+    def create_embedding(self, input: str | list, model: str | None = None) -> dict:
+        return embedding_api.create_embedding(self, input, model=model)
+
+    def embed(self, input: str | list, normalize: bool = False, truncate: bool = True,
+              return_count: bool = False):
+        return embedding_api.embed(self, input, normalize=normalize, truncate=truncate,
+                                   return_count=return_count)
+
+    # state ---------------------------------------------------------------------------------------
+    def save_state(self) -> LlamaState:
+        mem = self.ctx.memory
+        return LlamaState(list(self.engine.cached[0]),
+                          None if self.scores is None else self.scores.copy(),
+                          {k: a.copy() for k, a in mem.bindings().items()}, mem.snapshot(),
+                          self.ctx.n_ctx)
+
+    def load_state(self, state: LlamaState) -> None:
+        mem = self.ctx.memory
+        if state.n_ctx != self.ctx.n_ctx or state.arrays.keys() != mem.bindings().keys():
+            raise ValueError("the state was saved from a context of another size or model")
+        self._generation += 1
+        for k, a in mem.bindings().items():
+            np.copyto(a, state.arrays[k])
+        mem.restore(state.cells)
+        self.engine.cached[0] = list(state.tokens)
+        self.scores = None if state.logits is None else state.logits.copy()
+
+    def close(self) -> None:
+        self._model.close()
+
+    def __enter__(self) -> "Llama":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # Hugging Face hub ---------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str, *, local_dir: str | None = None,
+                        cache_dir: str | None = None, revision: str | None = None,
+                        **kwargs: Any) -> "Llama":
+        """Download (or find in the local hub cache) `filename` of `repo_id` and load it.
+        Needs the optional extra `ggmlpy[hub]` (huggingface_hub); `filename` may be a glob
+        such as "*Q4_1.gguf". With HF_HUB_OFFLINE=1 only the local cache is used."""
+        from llama.api.hub import download
+        path = download(repo_id, filename, local_dir=local_dir, cache_dir=cache_dir,
+                        revision=revision, verbose=kwargs.get("verbose", True))
+        return cls(path, **kwargs)

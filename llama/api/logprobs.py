@@ -1,0 +1,69 @@
+"""Log-probabilities of generated tokens, in OpenAI's two response shapes.
+
+A token's logprob is taken from the model's raw logits for that step (log_softmax over the
+whole vocabulary, before any sampler reshapes them), as llama-cpp-python and OpenAI report
+it: the model's own belief, not the sampler's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """float64 log_softmax of one row (a float32 sum over 262k tokens loses digits)."""
+    x = np.asarray(logits, dtype=np.float64)
+    m = x.max()
+    return x - (m + np.log(np.exp(x - m).sum()))
+
+
+@dataclass
+class TokenLogprob:
+    """One generated token: its id, bytes, logprob and the `top` best alternatives."""
+    token: int
+    piece: bytes
+    logprob: float
+    top: list[tuple[int, bytes, float]]
+
+
+def token_logprob(logits: np.ndarray, token: int, n_top: int, piece_of) -> TokenLogprob:
+    """`piece_of(id) -> bytes`; the top list is sorted best first, ties by id."""
+    lp = log_softmax(logits)
+    top: list[tuple[int, bytes, float]] = []
+    if n_top > 0:
+        n_top = min(n_top, len(lp))
+        best = np.argpartition(-lp, n_top - 1)[:n_top]
+        best = best[np.lexsort((best, -lp[best]))]
+        top = [(int(i), piece_of(int(i)), float(lp[i])) for i in best]
+    return TokenLogprob(int(token), piece_of(int(token)), float(lp[token]), top)
+
+
+def _text(piece: bytes) -> str:
+    return piece.decode("utf-8", errors="replace")
+
+
+def completion_logprobs(entries: list[TokenLogprob], text_offset0: int) -> dict:
+    """The `text_completion` shape: parallel lists, top alternatives as {token: logprob}
+    (the chosen token always among them, as llama-cpp-python and OpenAI do)."""
+    tokens, offsets, lps, tops = [], [], [], []
+    offset = text_offset0
+    for e in entries:
+        text = _text(e.piece)
+        tokens.append(text)
+        offsets.append(offset)
+        offset += len(text)
+        lps.append(e.logprob)
+        top = {_text(p): lp for _, p, lp in e.top}
+        top[text] = e.logprob
+        tops.append(top)
+    return {"tokens": tokens, "text_offset": offsets, "token_logprobs": lps, "top_logprobs": tops}
+
+
+def chat_logprobs(entries: list[TokenLogprob]) -> dict:
+    """The `chat.completion` shape: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+    def item(piece: bytes, lp: float) -> dict:
+        return {"token": _text(piece), "logprob": lp, "bytes": list(piece)}
+    content = [dict(item(e.piece, e.logprob), top_logprobs=[item(p, lp) for _, p, lp in e.top])
+               for e in entries]
+    return {"content": content, "refusal": None}

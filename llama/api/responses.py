@@ -1,0 +1,60 @@
+"""OpenAI's response objects, built in one place so every front end returns the same shapes.
+
+`Llama`, the HTTP server and its streams all build their dicts here: `text_completion`,
+`chat.completion`, `chat.completion.chunk`, and the `list` of `embedding` objects.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4()}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion(cid: str, created: int, model: str, text: str, finish_reason: str | None,
+               logprobs: dict | None, use: dict | None) -> dict:
+    out = {"id": cid, "object": "text_completion", "created": created, "model": model,
+           "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason}]}
+    if use is not None:
+        out["usage"] = use
+    return out
+
+
+def chat_completion(cid: str, created: int, model: str, message: dict, finish_reason: str,
+                    logprobs: dict | None, use: dict) -> dict:
+    return {"id": cid, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": message, "logprobs": logprobs,
+                         "finish_reason": finish_reason}],
+            "usage": use}
+
+
+def chat_chunk(cid: str, created: int, model: str, delta: dict, finish_reason: str | None = None,
+               logprobs: dict | None = None, *, with_usage_field: bool = False) -> dict:
+    out = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+           "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]}
+    if with_usage_field:  # stream_options.include_usage: every chunk carries "usage": null
+        out["usage"] = None
+    return out
+
+
+def chat_usage_chunk(cid: str, created: int, model: str, use: dict) -> dict:
+    """The last chunk of a stream with include_usage: no choices, the usage (OpenAI's shape)."""
+    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [], "usage": use}
+
+
+def embeddings(vectors: list, model: str, prompt_tokens: int) -> dict:
+    return {"object": "list",
+            "data": [{"object": "embedding", "embedding": v, "index": i} for i, v in enumerate(vectors)],
+            "model": model, "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
+
+
+def now() -> int:
+    return int(time.time())

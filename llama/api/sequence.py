@@ -1,0 +1,162 @@
+"""One generation request as a state machine: logits in, token and final text out.
+
+A `Sequence` knows nothing about decoding. Whoever owns the context (the `Llama` class for
+one caller, the server's engine for many slots) decodes, hands each sequence its logits
+row, and feeds back the token the sequence picked. That split is what lets the server run
+one decode for every slot while each keeps its own sampler chain, grammar and stop strings
+(DESIGN.md decision 11).
+
+Per step, in llama.cpp's order: logits processors (llama-cpp-python's hook) -> the sampler
+chain, whose first stage is the grammar when there is one -> accept -> end checks
+(end-of-generation token, stopping criteria, the grammar finished, max_tokens, stop
+strings) -> the text that became final.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence as Seq
+
+import numpy as np
+
+from llama.api.logprobs import TokenLogprob, token_logprob
+from llama.api.text_stream import TextStream
+from llama.sampling import Sampler, SamplerChain, make_sampler
+
+LogitsProcessor = Callable[[np.ndarray, np.ndarray], np.ndarray]
+StoppingCriterion = Callable[[np.ndarray, np.ndarray], bool]
+
+
+@dataclass
+class SamplingParams:
+    """The sampling options of llama-cpp-python's create_completion (its defaults)."""
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_last_n: int = 64
+    logit_bias: dict[int, float] | None = None
+    seed: int | None = None
+
+    def chain(self, n_vocab: int) -> SamplerChain:
+        bias = {int(k): float(v) for k, v in self.logit_bias.items()} if self.logit_bias else None
+        return make_sampler(n_vocab=n_vocab, temp=self.temperature, top_k=self.top_k,
+                            top_p=self.top_p, min_p=self.min_p, typical_p=self.typical_p,
+                            repeat_penalty=self.repeat_penalty,
+                            frequency_penalty=self.frequency_penalty,
+                            presence_penalty=self.presence_penalty,
+                            repeat_last_n=self.repeat_last_n, logit_bias=bias, seed=self.seed)
+
+
+@dataclass
+class Step:
+    """What one token changed: the text that became final, the logprobs of the tokens that
+    text completed, and the finish reason once the sequence is done."""
+    token: int
+    text: str
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+class Sequence:
+    """The state of one request between decodes (see the module docstring).
+
+    prompt: the prompt's token ids (the penalties see them, as in llama.cpp's CLI and
+    llama-cpp-python; the grammar does not). max_tokens: the most tokens to generate.
+    stop: strings that end the text (never included, never streamed). logprobs: None, or
+    how many top alternatives to record per token (0 = only the chosen token's logprob).
+    grammar: a sampler that masks the logits (llama.grammar.GrammarSampler), the chain's
+    first stage."""
+
+    def __init__(self, prompt: Seq[int], *, n_vocab: int, is_eog: Callable[[int], bool],
+                 piece_of: Callable[[int], bytes], params: SamplingParams | None = None,
+                 max_tokens: int, stop: list[str] | None = None, logprobs: int | None = None,
+                 grammar: Sampler | None = None,
+                 logits_processors: list[LogitsProcessor] | None = None,
+                 stopping_criteria: list[StoppingCriterion] | None = None):
+        self.prompt = list(prompt)
+        self.n_vocab = n_vocab
+        self.max_tokens = max_tokens
+        self.is_eog = is_eog
+        self.piece_of = piece_of
+        self.n_logprobs = logprobs
+        self.logits_processors = list(logits_processors or [])
+        self.stopping_criteria = list(stopping_criteria or [])
+        base = (params or SamplingParams()).chain(n_vocab)
+        base.accept_many(self.prompt)  # the penalties' history starts with the prompt
+        self.grammar = grammar
+        self.sampler = SamplerChain([grammar, *base.samplers], n_vocab=n_vocab) if grammar else base
+        self.tokens: list[int] = []
+        self.text = TextStream(stop)
+        self.logprobs: list[TokenLogprob] = []
+        self._released_lp = 0
+        self.finish_reason: str | None = None
+        self.prompt_logits: np.ndarray | None = None  # every prompt row, when asked (echo logprobs)
+        if max_tokens <= 0:
+            self.finish_reason = "length"
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def input_ids(self) -> np.ndarray:
+        return np.array(self.prompt + self.tokens, dtype=np.intc)
+
+    def step(self, logits: np.ndarray) -> Step:
+        """Pick the next token from this step's logits row and account for it."""
+        if self.finished:
+            raise RuntimeError("step() on a finished sequence")
+        row = logits
+        if self.logits_processors:
+            ids = self.input_ids()
+            row = np.array(logits, dtype=np.float32)
+            for proc in self.logits_processors:
+                row = np.asarray(proc(ids, row), dtype=np.float32)
+        token = self.sampler.sample(row)
+        self.sampler.accept(token)
+        if self.is_eog(token):
+            return self._finish(token, "stop")
+        if self.stopping_criteria:
+            ids = np.array(self.prompt + self.tokens + [token], dtype=np.intc)
+            if any(crit(ids, logits) for crit in self.stopping_criteria):
+                return self._finish(token, "stop")
+        self.tokens.append(token)
+        if self.n_logprobs is not None:
+            self.logprobs.append(token_logprob(logits, token, self.n_logprobs, self.piece_of))
+        text = self.text.push(self.piece_of(token))
+        reason = None
+        if self.text.stopped:
+            reason = "stop"
+        elif self.grammar is not None and self._grammar_done():
+            reason = "stop"
+        elif len(self.tokens) >= self.max_tokens:
+            reason = "length"
+        if reason is not None:
+            return self._finish(token, reason, text)
+        return Step(token, text, self._release_logprobs())
+
+    def stop_for_context(self) -> Step:
+        """The context is full: end as llama.cpp does when n_ctx runs out ("length")."""
+        return self._finish(-1, "length")
+
+    def _grammar_done(self) -> bool:
+        return self.grammar.is_finished()  # type: ignore[union-attr]
+
+    def _finish(self, token: int, reason: str, text: str = "") -> Step:
+        self.finish_reason = reason
+        text += self.text.finish()
+        return Step(token, text, self._release_logprobs(), reason)
+
+    def _release_logprobs(self) -> list[TokenLogprob]:
+        if self.n_logprobs is None:
+            return []
+        n = min(self.text.tokens_released(), len(self.logprobs))
+        out = self.logprobs[self._released_lp:n]
+        self._released_lp = n
+        return out
+
+    def completion_text(self) -> str:
+        return self.text.text()

@@ -1,0 +1,49 @@
+"""Which chat template a model uses: the rule the Llama class applies.
+
+In order: an explicit `chat_template` source; else `chat_format`, a built-in name or the
+name of one of the file's named templates (`tokenizer.chat_template.<name>`, e.g.
+`tool_use`); else the file's `tokenizer.chat_template`; else chatml, llama.cpp's default.
+
+A file's template is always rendered by jinja, even when `detect_format` recognises it as
+a built-in (llama.cpp's `--jinja` behaviour): the model author's template is the
+specification, while the built-ins are approximations (they ignore tools, and most ignore
+their own system-message rules). Asking for the built-in is one `chat_format=` away.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from llama.chat.builtin import BUILTIN_FORMATS, builtin_source
+from llama.chat.template import ChatTemplate
+
+TEMPLATE_KEY = "tokenizer.chat_template"
+DEFAULT_FORMAT = "chatml"
+
+
+def named_templates(metadata: Mapping[str, Any]) -> dict[str, str]:
+    """The file's extra templates, `tokenizer.chat_template.<name>` -> source, by name."""
+    prefix = TEMPLATE_KEY + "."
+    return {key[len(prefix):]: value for key, value in metadata.items()
+            if key.startswith(prefix) and isinstance(value, str)}
+
+
+def select_template(metadata: Mapping[str, Any], *, chat_format: str | None = None,
+                    chat_template: str | None = None, bos_token: str = "", eos_token: str = "") -> ChatTemplate:
+    """The ChatTemplate for a model with GGUF `metadata` (parsed now; a template that does
+    not parse raises ChatTemplateError here, one that misbehaves raises it when rendered)."""
+    tokens = {"bos_token": bos_token, "eos_token": eos_token}
+    if chat_template is not None:
+        return ChatTemplate(chat_template, name="chat_template argument", **tokens)
+    if chat_format is not None:
+        named = named_templates(metadata)
+        if chat_format in BUILTIN_FORMATS:
+            return ChatTemplate(builtin_source(chat_format), name=f"chat format {chat_format!r}", **tokens)
+        if chat_format in named:
+            return ChatTemplate(named[chat_format], name=f"{TEMPLATE_KEY}.{chat_format}", **tokens)
+        known = list(BUILTIN_FORMATS) + [f"{name} (from the file)" for name in sorted(named)]
+        raise ValueError(f"unknown chat_format {chat_format!r}; known: {', '.join(known)}")
+    source = metadata.get(TEMPLATE_KEY)
+    if isinstance(source, str):
+        return ChatTemplate(source, name=TEMPLATE_KEY, **tokens)
+    return ChatTemplate(builtin_source(DEFAULT_FORMAT), name=f"chat format {DEFAULT_FORMAT!r} (default)", **tokens)

@@ -1,0 +1,82 @@
+"""TextStream: what a stream releases is final (never a partial stop string, never half a
+UTF-8 character) and concatenates to the non-streamed text."""
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llama.api.text_stream import TextStream, complete_utf8_end
+
+
+def _reference(pieces: list[bytes], stops: list[str]) -> str:
+    """Generation stops at the first token after which a stop string is in the text; the
+    text ends where the earliest of the stop strings found then begins."""
+    data = b""
+    for piece in pieces:
+        data += piece
+        hits = [data.find(s.encode()) for s in stops if s and s.encode() in data]
+        if hits:
+            return data[:min(hits)].decode("utf-8", "replace")
+    return data.decode("utf-8", "replace")
+
+
+def _chunks(data: bytes, cuts: list[int]) -> list[bytes]:
+    cuts = sorted({c % (len(data) + 1) for c in cuts})
+    edges = [0, *cuts, len(data)]
+    return [data[a:b] for a, b in zip(edges, edges[1:])]
+
+
+texts = st.text(alphabet=st.sampled_from(list("ab.<|>\n é漢🙂")), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(texts, st.lists(st.text(alphabet=st.sampled_from(list("ab.<|>é🙂")), min_size=1, max_size=4),
+                       max_size=3), st.lists(st.integers(0, 200), max_size=12))
+def test_stream_concatenates_to_the_text_and_never_leaks_a_stop(text, stops, cuts):
+    stream = TextStream(stops)
+    out = []
+    pieces = _chunks(text.encode(), cuts)
+    for piece in pieces:
+        released = stream.push(piece)
+        out.append(released)
+        shown = "".join(out)
+        assert "\ufffd" not in released  # only whole characters (the input is valid UTF-8)
+        assert not any(s in shown for s in stops)
+        if stream.stopped:
+            break
+    out.append(stream.finish())
+    assert "".join(out) == _reference(pieces, stops) == stream.text()
+
+
+def test_a_partial_stop_is_held_back_until_it_cannot_match():
+    s = TextStream(["</s>"])
+    assert s.push(b"Hello <") == "Hello "
+    assert s.push(b"/") == ""
+    assert s.push(b"b") == "</b"
+    assert s.push(b" </s> tail") == " "
+    assert s.stopped and s.text() == "Hello </b "
+
+
+def test_split_characters_are_held_until_complete():
+    data = "é🙂".encode()
+    s = TextStream()
+    assert s.push(data[:1]) == ""
+    assert s.push(data[1:3]) == "é"
+    assert s.push(data[3:5]) == ""
+    assert s.push(data[5:]) == "🙂"
+
+
+def test_invalid_bytes_are_released_as_replacement_characters():
+    s = TextStream()
+    assert s.push(b"\xe2") == ""  # could still become a character
+    assert s.push(b"a") == "\ufffda"
+    assert s.finish() == ""
+    assert complete_utf8_end(b"ab\xf0\x9f", 4) == 2
+    assert complete_utf8_end(b"\x80\x80", 2) == 2
+
+
+def test_tokens_released_follow_the_released_bytes():
+    s = TextStream(["STOP"])
+    s.push(b"one ")
+    s.push(b"ST")
+    assert s.tokens_released() == 1
+    s.push(b"OP")
+    assert s.stopped and s.tokens_released() == 3

@@ -1,0 +1,349 @@
+"""Tool calls: format detection on llama.cpp's real templates, parsing, streaming (checked against the parse
+over random chunkings), and the call-forcing grammars run through llguidance with a byte tokenizer."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from llama.chat.tool_calls import (FORMATS, ToolCallStream, assemble_deltas, detect_tool_format,
+                                   generic_tools_instruction, parse_tool_calls, tool_call_grammar, tool_call_id)
+
+# llama.cpp's models/templates: the copy kept with these tests, else a llama.cpp checkout.
+_TEMPLATE_DIRS = [
+    Path(__file__).resolve().parent / "templates",
+    *(Path(c) / "models/templates" for c in (os.environ.get("GGMLPY_LLAMA_CPP"),
+                                            "/tmp/peer/llama_cpp_python-0.3.36/vendor/llama.cpp") if c),
+]
+TEMPLATES = next((d for d in _TEMPLATE_DIRS if (d / "Qwen-Qwen2.5-7B-Instruct.jinja").is_file()), None)
+
+
+# ---------------------------------------------------------------------------------------------- detection
+
+@pytest.mark.parametrize("name, fmt", [
+    ("Qwen-Qwen2.5-7B-Instruct", "hermes"),
+    ("Qwen-Qwen3-0.6B", "hermes"),
+    ("Qwen-QwQ-32B", "hermes"),
+    ("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use", "hermes"),
+    ("NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "hermes"),
+    ("meta-llama-Llama-3.1-8B-Instruct", "llama3"),
+    ("meta-llama-Llama-3.2-3B-Instruct", "llama3"),
+    ("meta-llama-Llama-3.3-70B-Instruct", "llama3"),
+    ("mistralai-Mistral-Nemo-Instruct-2407", "mistral"),
+    ("google-gemma-2-2b-it", "generic"),
+    ("microsoft-Phi-3.5-mini-instruct", "generic"),
+    # llama.cpp's copy of SmolLM3's template is Unsloth's, which drops the tools section.
+    ("HuggingFaceTB-SmolLM3-3B", "generic"),
+    # call syntaxes that are not JSON (XML parameters, Mistral v11 name[ARGS]{..}) fall back to generic
+    ("Qwen3-Coder", "generic"),
+    ("Mistral-Small-3.2-24B-Instruct-2506", "generic"),
+    ("meetkai-functionary-medium-v3.1", "generic"),
+])
+def test_detect_on_llama_cpp_templates(name: str, fmt: str) -> None:
+    if TEMPLATES is None:
+        pytest.skip("llama.cpp's models/templates not found (set GGMLPY_LLAMA_CPP)")
+    assert detect_tool_format((TEMPLATES / f"{name}.jinja").read_text()) == fmt
+
+
+def test_detect_by_marker() -> None:
+    assert detect_tool_format(None) == "generic"
+    assert detect_tool_format("") == "generic"
+    assert detect_tool_format("{{- '<tool_call>\\n' }}") == "hermes"
+    assert detect_tool_format("<|start_header_id|>ipython<|end_header_id|>") == "llama3"
+    assert detect_tool_format('{{- "[TOOL_CALLS][" }}') == "mistral"
+    assert detect_tool_format("<tool_call>\n<function=x>") == "generic"
+
+
+def test_smollm3_upstream_tool_syntax_is_hermes() -> None:
+    # SmolLM3's own template (with xml_tools) writes calls as <tool_call>{...}</tool_call>
+    assert detect_tool_format('{{- "<tool_call>\\n" + tool_call | tojson + "\\n</tool_call>" }}') == "hermes"
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+def calls_of(text: str, fmt: str) -> tuple[str | None, list[tuple[str, dict]]]:
+    content, calls = parse_tool_calls(text, fmt)
+    return content, [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+
+
+@pytest.mark.parametrize("fmt, text, content, calls", [
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+     None, [("get_weather", {"city": "Paris"})]),
+    ("hermes", 'Let me check.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+               '<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>',
+     "Let me check.", [("a", {"x": 1}), ("b", {})]),
+    ("hermes", '<tool_call>{"name": "a", "arguments": "{\\"x\\": 2}"}</tool_call>', None, [("a", {"x": 2})]),
+    ("hermes", "no calls here", "no calls here", []),
+    ("hermes", '<tool_call>\n{"name": "a", "arguments": {"x": 1}\n</tool_call>',  # bad JSON
+     '<tool_call>\n{"name": "a", "arguments": {"x": 1}\n</tool_call>', []),
+    ("hermes", '<tool_call>\n{"name": "a", "argu', '<tool_call>\n{"name": "a", "argu', []),  # cut off
+    ("hermes", '<tool_call>\n{"arguments": {}}\n</tool_call>ok', '<tool_call>\n{"arguments": {}}\n</tool_call>ok', []),
+    ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"}}', None, [("get_weather", {"city": "Paris"})]),
+    ("llama3", '{"type": "function", "name": "f", "parameters": {"q": "}{"}}', None, [("f", {"q": "}{"})]),
+    ("llama3", 'Use {braces} and {"a": 1} freely', 'Use {braces} and {"a": 1} freely', []),
+    ("llama3", 'Her record: {"name": "Ada", "born": 1815}', 'Her record: {"name": "Ada", "born": 1815}', []),
+    ("llama3", '<|python_tag|>{"name": "f", "parameters": {"n": 3}}', None, [("f", {"n": 3})]),
+    ("llama3", '<|python_tag|>brave_search.call(query="weather in Paris")', None,
+     [("brave_search", {"query": "weather in Paris"})]),
+    ("llama3", "<|python_tag|>print(1)", "<|python_tag|>print(1)", []),
+    ("mistral", '[TOOL_CALLS][{"name": "a", "arguments": {"x": "y"}, "id": "abcdefghi"}, '
+                '{"name": "b", "arguments": {}}]', None, [("a", {"x": "y"}), ("b", {})]),
+    ("mistral", '[TOOL_CALLS] {"name": "a", "arguments": {}}', None, [("a", {})]),
+    ("mistral", "[TOOL_CALLS]oops", "[TOOL_CALLS]oops", []),
+    ("generic", '{"tool_calls": [{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]}',
+     None, [("a", {"x": 1}), ("b", {})]),
+    ("generic", '{"tool_call": {"name": "a", "arguments": {"x": 1}}}', None, [("a", {"x": 1})]),
+    ("generic", '{"response": "Hello \\"there\\"\\n\\u00e9 \\ud83d\\ude00"}', 'Hello "there"\né 😀', []),
+    ("generic", "Plain text, no JSON.", "Plain text, no JSON.", []),
+    ("generic", '{"something": "else"}', '{"something": "else"}', []),
+])
+def test_parse(fmt: str, text: str, content: str | None, calls: list) -> None:
+    assert calls_of(text, fmt) == (content, calls)
+
+
+def test_parse_openai_shape_and_ids() -> None:
+    text = '<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call><tool_call>{"name": "b"}</tool_call>'
+    _, calls = parse_tool_calls(text, "hermes", seed="chatcmpl-1")
+    assert calls == [
+        {"id": tool_call_id("chatcmpl-1", 0), "type": "function", "function": {"name": "a", "arguments": '{"x": 1}'}},
+        {"id": tool_call_id("chatcmpl-1", 1), "type": "function", "function": {"name": "b", "arguments": "{}"}},
+    ]
+    assert calls[0]["id"].startswith("call_") and calls[0]["id"] != calls[1]["id"]
+    assert parse_tool_calls(text, "hermes", seed="chatcmpl-1") == parse_tool_calls(text, "hermes", seed="chatcmpl-1")
+    assert parse_tool_calls(text, "hermes", seed="chatcmpl-2")[1][0]["id"] != calls[0]["id"]
+    mistral_id = parse_tool_calls('[TOOL_CALLS][{"name": "a", "arguments": {}}]', "mistral")[1][0]["id"]
+    assert len(mistral_id) == 9 and mistral_id.isalnum()
+
+
+def test_parse_deep_nesting_is_content() -> None:
+    for fmt, text in [("hermes", "<tool_call>" + "[" * 100_000 + "</tool_call>"),
+                      ("mistral", "[TOOL_CALLS]" + "[" * 100_000 + "]" * 100_000),
+                      ("llama3", '<|python_tag|>f.call(x=' + "(" * 100_000 + ")")]:
+        assert parse_tool_calls(text, fmt) == (text, [])
+
+
+def test_unknown_format() -> None:
+    with pytest.raises(ValueError):
+        parse_tool_calls("x", "nope")
+
+
+@settings(max_examples=150, deadline=None)
+@given(fmt=st.sampled_from(sorted(FORMATS)), text=st.text())
+def test_parse_never_raises(fmt: str, text: str) -> None:
+    content, calls = parse_tool_calls(text, fmt)
+    assert content is None or content.strip() == content
+
+
+# ---------------------------------------------------------------------------------------------- streaming
+
+CORPUS: list[tuple[str, str]] = [
+    ("hermes", 'Sure!\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n'
+               '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n'),
+    ("hermes", "a <tool b <tool_cal c </tool_call> <tool_call>{bad}</tool_call> tail <"),
+    ("hermes", '<tool_call>\n{"name": "x", "arguments": {"s": "</tool_call"}}'),
+    ("hermes", "  just some text with spaces   \n "),
+    ("llama3", 'Calling now {"name": "f", "parameters": {"deep": {"a": [1, 2, {"b": "}"}]}}} and {not json}'),
+    ("llama3", '{  "type" : "function", "name": "f", "parameters": {}}{"name": "g", "parameters": {"q": "é"}}'),
+    ("llama3", '<|python_tag|>wolfram_alpha.call(query="2+2")'),
+    ("llama3", '{"name": "f", "parameters": {"x": 1}'),
+    ("mistral", '[TOOL_CALLS][{"name": "a", "arguments": {"k": "[x]"}, "id": "123456789"}]'),
+    ("mistral", "Hello [TOOL_ and [TOOL_CALLS] [1, 2]"),
+    ("generic", '{"response": "Line one\\nLine \\"two\\" \\ud83d\\ude00 \\u00e9\\\\ end"}'),
+    ("generic", '  {"tool_calls": [{"name": "a", "arguments": {"x": [1, {"y": 2}]}}]}'),
+    ("generic", '{"response": "cut off \\ud83d'),
+    ("generic", "No JSON at all {\"response\": \"x\"}"),
+]
+
+FRAGMENTS = ["<tool_call>", "</tool_call>", "<tool", "[TOOL_CALLS]", "<|python_tag|>", "{", "}", "[", "]", '"',
+             "\\", '"name": "f"', '"parameters": {}', '"arguments": {"a": 1}', ", ", "\n", " ", "text",
+             '{"response": "', '{"tool_calls": [', "\\u00e9", "\\ud83d\\ude00", "é"]
+
+
+def stream(text: str, fmt: str, cuts: list[int]) -> list[dict]:
+    s = ToolCallStream(fmt, seed=7)
+    bounds = [0, *sorted(set(c % (len(text) + 1) for c in cuts)), len(text)]
+    deltas = [d for a, b in zip(bounds, bounds[1:]) for d in s.feed(text[a:b])]
+    return deltas + s.finish()
+
+
+def check_stream_matches_parse(fmt: str, text: str, cuts: list[int]) -> None:
+    deltas = stream(text, fmt, cuts)
+    assert assemble_deltas(deltas) == parse_tool_calls(text, fmt, seed=7)
+    for d in deltas:  # every fragment is either content or one tool-call piece
+        assert set(d) in ({"content"}, {"tool_calls"})
+        assert d.get("content", "x") != ""
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=st.sampled_from(CORPUS), cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=30))
+def test_stream_matches_parse_on_corpus(case: tuple[str, str], cuts: list[int]) -> None:
+    check_stream_matches_parse(*case, cuts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(fmt=st.sampled_from(sorted(FORMATS)), pieces=st.lists(st.sampled_from(FRAGMENTS), max_size=25),
+       cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=20))
+def test_stream_matches_parse_on_marker_soup(fmt: str, pieces: list[str], cuts: list[int]) -> None:
+    check_stream_matches_parse(fmt, "".join(pieces), cuts)
+
+
+def test_stream_char_by_char_corpus() -> None:
+    for fmt, text in CORPUS:
+        check_stream_matches_parse(fmt, text, list(range(len(text))))
+
+
+def test_stream_delta_shapes() -> None:
+    s = ToolCallStream("hermes", seed="c")
+    out = [(ch, s.feed(ch)) for ch in 'Hi <tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>']
+    assert [d for _, ds in out[:2] for d in ds] == [{"content": "H"}, {"content": "i"}]
+    assert all(not ds for _, ds in out[2:-1])  # " <tool_call>..." is held until the call closes
+    assert out[-1][1] == [
+        {"tool_calls": [{"index": 0, "id": tool_call_id("c", 0), "type": "function",
+                         "function": {"name": "f", "arguments": ""}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": '{"x": 1}'}}]},
+    ]
+    assert s.finish() == []
+
+
+def test_stream_holds_partial_marker_until_it_cannot_be_one() -> None:
+    s = ToolCallStream("hermes")
+    assert s.feed("a <tool") == [{"content": "a"}]
+    assert s.feed("_c") == []
+    assert s.feed("x") == [{"content": " <tool_cx"}]
+    assert s.finish() == []
+
+
+def test_stream_generic_response_streams_as_it_decodes() -> None:
+    s = ToolCallStream("generic")
+    assert s.feed('{"response": "Hel') == [{"content": "Hel"}]
+    assert s.feed('lo \\') == [{"content": "lo"}]  # the space waits for more text, the escape for its letter
+    assert s.feed('n!"}') == [{"content": " \n!"}]
+    assert s.finish() == []
+
+
+# ---------------------------------------------------------------------------------------------- grammars
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+        "required": ["city"]}}},
+    {"type": "function", "function": {"name": "get_time", "description": "The current time",
+                                      "parameters": {"type": "object", "properties": {}}}},
+]
+SPECIALS = {"<tool_call>": 257, "</tool_call>": 258, "[TOOL_CALLS]": 259}
+
+
+class _ByteTokenizer:
+    """Every byte is a token; then an end-of-text token and a few special marker tokens."""
+
+    def __init__(self) -> None:
+        self.tokens = [bytes([i]) for i in range(256)] + [b"<eos>"] + [m.encode() for m in SPECIALS]
+        self.eos_token_id = 256
+        self.bos_token_id = None
+        self.special_token_ids = [256, *SPECIALS.values()]
+
+    def __call__(self, s: bytes | str) -> list[int]:
+        return list(s if isinstance(s, bytes) else s.encode())
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    llg = pytest.importorskip("llguidance")
+    return llg.LLTokenizer(llg.TokenizerWrapper(_ByteTokenizer()))
+
+
+def accepts(tokenizer, grammar: str, text: str, specials: dict[str, int] | None = None) -> bool:
+    """Feed ``text`` (with the ``specials`` markers as their tokens) and ask whether the grammar is done."""
+    tokens: list[int] = []
+    rest = text
+    while rest:
+        marker = next((m for m in (specials or {}) if rest.startswith(m)), None)
+        if marker:
+            tokens.append(specials[marker])
+            rest = rest[len(marker):]
+        else:
+            tokens.extend(rest[0].encode())
+            rest = rest[1:]
+    import llguidance
+
+    m = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+    assert not m.is_error(), m.get_error()
+    return m.consume_tokens(tokens) and m.is_accepting()
+
+
+def render(fmt: str, name: str, args: dict) -> str:
+    """A call written as the format's template writes it."""
+    call = json.dumps({"name": name, FORMATS[fmt].arg_keys[0]: args})
+    return {"hermes": f"<tool_call>\n{call}\n</tool_call>", "llama3": call, "mistral": f"[TOOL_CALLS][{call}]",
+            "generic": json.dumps({"tool_calls": [json.loads(call)]})}[fmt]
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_grammar_forces_a_valid_call(tokenizer, fmt: str) -> None:
+    import llguidance
+
+    grammar = tool_call_grammar(TOOLS, "required", fmt)
+    assert llguidance.LLMatcher.validate_grammar(grammar, tokenizer) == ""
+    good = [render(fmt, "get_weather", {"city": "Paris"}), render(fmt, "get_weather", {"city": "Oslo", "days": 3}),
+            render(fmt, "get_time", {})]
+    bad = [render(fmt, "get_wether", {"city": "Paris"}),       # no such tool
+           render(fmt, "get_weather", {"days": 2}),           # missing required argument
+           render(fmt, "get_weather", {"city": 5}),           # wrong type
+           render(fmt, "get_weather", {"city": "x", "days": 0}),  # below the minimum
+           render(fmt, "get_time", {}) + " and more",         # anything after the call
+           "I will not call a tool."]
+    for text in good:
+        assert accepts(tokenizer, grammar, text), text
+        content, calls = parse_tool_calls(text, fmt)  # what the grammar lets through parses back as the call
+        assert content is None and len(calls) == 1
+    for text in bad:
+        assert not accepts(tokenizer, grammar, text), text
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_grammar_for_a_named_tool(tokenizer, fmt: str) -> None:
+    grammar = tool_call_grammar(TOOLS, {"type": "function", "function": {"name": "get_time"}}, fmt)
+    assert accepts(tokenizer, grammar, render(fmt, "get_time", {}))
+    assert not accepts(tokenizer, grammar, render(fmt, "get_weather", {"city": "Paris"}))
+
+
+def test_grammar_mistral_allows_its_call_id(tokenizer) -> None:
+    grammar = tool_call_grammar(TOOLS, "required", "mistral")
+    assert accepts(tokenizer, grammar, '[TOOL_CALLS][{"name": "get_time", "arguments": {}, "id": "a1B2c3D4e"}]')
+    assert not accepts(tokenizer, grammar, '[TOOL_CALLS][{"name": "get_time", "arguments": {}, "id": "short"}]')
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "mistral"])
+def test_grammar_special_token_markers(tokenizer, fmt: str) -> None:
+    grammar = tool_call_grammar(TOOLS, "required", fmt, special_tokens=SPECIALS)
+    text = render(fmt, "get_time", {})
+    assert accepts(tokenizer, grammar, text, SPECIALS)
+    assert not accepts(tokenizer, grammar, text)  # spelled out byte by byte, the marker is not the token
+
+
+def test_grammar_generic_auto_allows_a_response(tokenizer) -> None:
+    grammar = tool_call_grammar(TOOLS, "auto", "generic")
+    assert accepts(tokenizer, grammar, '{"response": "It is sunny."}')
+    assert accepts(tokenizer, grammar, render("generic", "get_time", {}))
+    assert not accepts(tokenizer, grammar, "It is sunny.")
+    assert not accepts(tokenizer, tool_call_grammar(TOOLS, "required", "generic"), '{"response": "x"}')
+
+
+def test_grammar_refuses_what_it_cannot_force() -> None:
+    with pytest.raises(ValueError):
+        tool_call_grammar(TOOLS, "auto", "hermes")
+    with pytest.raises(ValueError):
+        tool_call_grammar(TOOLS, "none", "generic")
+    with pytest.raises(ValueError):
+        tool_call_grammar(TOOLS, {"type": "function", "function": {"name": "missing"}}, "hermes")
+    with pytest.raises(ValueError):
+        tool_call_grammar([], "required", "hermes")
+
+
+def test_generic_tools_instruction() -> None:
+    text = generic_tools_instruction(TOOLS)
+    assert "get_weather" in text and "Weather in a city" in text and '"required": ["city"]' in text
+    assert '{"tool_calls": [' in text and '{"response": ' in text
