@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -106,23 +106,32 @@ class Model:
         return model
 
     def place(self, devices: list[str] | None = None, n_gpu_layers: int = 0,
-              tensor_split: list[float] | None = None) -> Placement:
+              tensor_split: list[float] | None = None, *,
+              make_backend: Callable[[str], Any] = make_device_backend) -> Placement:
         """Where this model's layers, weights and KV cache would live (SPEC step 6): layers to
         devices, then llama.cpp's check that each device can run its weights' ops. Without an
         output matrix the output reads the token embeddings, which then also live on the
-        output device (TENSOR_DUPLICATED)."""
+        output device (TENSOR_DUPLICATED). `make_backend(device)` makes the backend that
+        probes a device (`ggmlpy viz` passes one that works without a GPU)."""
+        return self.place_with_probes(devices, n_gpu_layers, tensor_split, make_backend=make_backend)[0]
+
+    def place_with_probes(self, devices: list[str] | None = None, n_gpu_layers: int = 0,
+                          tensor_split: list[float] | None = None, *,
+                          make_backend: Callable[[str], Any] = make_device_backend
+                          ) -> tuple[Placement, dict[str, Any]]:
+        """`place`, and the backends it probed the devices with, by device name."""
         n_layer = self.hparams.n_layer
         w = self.w
         tied = [w.tok_embd.name] if w is not None and getattr(w, "output", None) is None \
             and getattr(w, "tok_embd", None) is not None else []
         devs = parse_devices(devices)
         if not devs:
-            return Placement.plan(n_layer, None, n_gpu_layers, tied=tied)
-        probes = {d: make_device_backend(d) for d in devs}
+            return Placement.plan(n_layer, None, n_gpu_layers, tied=tied), {}
+        probes = {d: make_backend(d) for d in devs}
         free = [getattr(be, "free_memory", lambda: None)() for be in probes.values()]
         placement = Placement.plan(n_layer, devs, n_gpu_layers, tensor_split, free, tied)
         placement.check_weights(((r.name, r.type, r.ne) for r in self.weight_refs()), probes.__getitem__)
-        return placement
+        return placement, probes
 
     # weights ----------------------------------------------------------------------------------
     def weight_arrays(self) -> dict[str, np.ndarray]:

@@ -13,6 +13,8 @@ COMMANDS = {
     "chat": "ggmlpy.cli.chat_cmd",
     "tokenize": "ggmlpy.cli.tokenize_cmd",
     "graph": "ggmlpy.cli.graph_cmd",
+    "serve": "ggmlpy.cli.serve_cmd",
+    "viz": "ggmlpy.cli.viz_cmd",
 }
 
 

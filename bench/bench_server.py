@@ -1,0 +1,124 @@
+"""Server benchmark: ggmlpy serve vs llama-server, alternated in one run, JSON out.
+
+For each number of concurrent clients (1, 2, 4, 8), each server is started with
+`-np` = clients and every client streams chat completions of exactly `--tokens` tokens
+(ignore_eos). Reported per server and client count: aggregate output tokens/s, time to
+first token p50/p99, inter-token latency p50/p99, and failed requests.
+
+    python bench/bench_server.py --llama-server /tmp/llama-server-build/bin/llama-server
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from ggmlpy.hub import resolve_model
+
+PROMPT = [{"role": "user", "content": "Write a long story about a fox who learns to sail."}]
+
+
+def percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
+def start(cmd: list[str], url: str, timeout: float = 300) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    proc.terminate()
+    raise TimeoutError(f"{cmd} did not become healthy")
+
+
+def one_stream(url: str, n_tokens: int, seed: int) -> dict:
+    body = {"messages": PROMPT, "max_tokens": n_tokens, "stream": True, "ignore_eos": True,
+            "temperature": 0.8, "seed": seed, "cache_prompt": False}
+    t0 = time.perf_counter()
+    stamps = []
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                stamps.append(time.perf_counter())
+    return {"ttft": stamps[0] - t0, "itl": [b - a for a, b in zip(stamps, stamps[1:])],
+            "n": n_tokens, "t0": t0, "t1": stamps[-1]}
+
+
+def run_load(url: str, clients: int, n_tokens: int, rounds: int) -> dict:
+    results, failed = [], 0
+    with ThreadPoolExecutor(clients) as ex:
+        t0 = time.perf_counter()
+        futures = [ex.submit(one_stream, url, n_tokens, i) for i in range(clients * rounds)]
+        for f in futures:
+            try:
+                results.append(f.result())
+            except Exception:
+                failed += 1
+        wall = time.perf_counter() - t0
+    ttft = [r["ttft"] for r in results]
+    itl = [x for r in results for x in r["itl"]]
+    return {"clients": clients, "requests": len(results), "failed": failed,
+            "tokens_per_s": sum(r["n"] for r in results) / wall,
+            "ttft_p50_ms": percentile(ttft, 50) * 1e3, "ttft_p99_ms": percentile(ttft, 99) * 1e3,
+            "itl_p50_ms": percentile(itl, 50) * 1e3, "itl_p99_ms": percentile(itl, 99) * 1e3}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--llama-server", default="/tmp/llama-server-build/bin/llama-server")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--clients", default="1,2,4,8")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2, help="requests per client")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ctx-per-slot", type=int, default=512)
+    args = ap.parse_args()
+    model = str(resolve_model(args.model))
+    servers = {"ggmlpy": [sys.executable, "-m", "ggmlpy", "serve"]}
+    if os.path.exists(args.llama_server):
+        servers["llama-server"] = [args.llama_server]
+    out = {"model": args.model, "threads": args.threads, "tokens": args.tokens, "results": []}
+    port = 18080
+    for clients in [int(c) for c in args.clients.split(",")]:
+        for name, base in servers.items():  # alternated: both servers at each client count
+            port += 1
+            url = f"http://127.0.0.1:{port}"
+            cmd = base + ["-m", model, "--port", str(port), "-np", str(clients), "-t",
+                          str(args.threads), "-c", str(args.ctx_per_slot * clients)]
+            proc = start(cmd, url)
+            try:
+                run_load(url, clients, 8, 1)  # warm-up
+                row = run_load(url, clients, args.tokens, args.rounds)
+            finally:
+                proc.terminate()
+                proc.wait(30)
+            row["server"] = name
+            out["results"].append(row)
+            print(json.dumps(row), file=sys.stderr)
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

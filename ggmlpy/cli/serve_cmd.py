@@ -1,0 +1,114 @@
+"""`ggmlpy serve`: the OpenAI-compatible server with continuous batching (llama/server).
+
+The flags are llama-server's, by the same names and meanings, for what ggmlpy implements;
+an unknown flag is an error naming it. ggmlpy adds --max-queue, --body-limit,
+--cors-origin and --backend.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _on_off(value: str) -> str:
+    v = value.lower()
+    if v not in ("on", "off", "auto"):
+        raise argparse.ArgumentTypeError(f"expected on, off or auto, got {value!r}")
+    return v
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("serve", help="serve a model over HTTP (OpenAI API, llama-server's)",
+                              description="An OpenAI-compatible HTTP server with continuous "
+                              "batching over parallel slots.", allow_abbrev=False)
+    a = p.add_argument
+    a("-m", "--model", required=True, help="a GGUF file or a known model name")
+    a("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    a("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    a("-c", "--ctx-size", type=int, default=4096,
+      help="total context, shared by the slots (default 4096; 0 = the model's)")
+    a("-np", "--parallel", type=int, default=1, help="number of slots (default 1)")
+    a("-t", "--threads", type=int, default=None, help="threads (default: every CPU)")
+    a("-b", "--batch-size", type=int, default=2048, help="logical batch size (default 2048)")
+    a("-ub", "--ubatch-size", type=int, default=512, help="physical batch size (default 512)")
+    a("-ngl", "--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers", type=int, default=0,
+      help="layers to offload to the GPU")
+    a("--api-key", action="append", default=[], help="an API key (repeatable, or comma-separated)")
+    a("--api-key-file", type=Path, default=None, help="a file with one API key per line")
+    a("--alias", default=None, help="the model name the API reports")
+    a("-n", "--n-predict", type=int, default=-1, help="default max tokens; -1 = up to the context")
+    a("-s", "--seed", type=int, default=-1, help="default sampling seed; -1 = random")
+    a("--temp", type=float, default=0.8, help="default temperature (default 0.8)")
+    a("--embedding", "--embeddings", dest="embedding", action="store_true",
+      help="serve embeddings only")
+    a("--pooling", choices=["none", "mean", "cls", "last", "rank"], default=None)
+    a("--metrics", action="store_true", help="enable the Prometheus /metrics endpoint")
+    a("--slots", dest="slots", action="store_true", default=True, help="enable /slots (default)")
+    a("--no-slots", dest="slots", action="store_false", help="disable /slots")
+    a("--jinja", dest="jinja", action="store_true", default=True,
+      help="use the jinja chat template (default; ggmlpy's templates are all jinja)")
+    a("--no-jinja", dest="jinja", action="store_false")
+    a("--chat-template", default=None, help="a built-in template name (chatml, llama3, ...)")
+    a("--chat-template-file", type=Path, default=None, help="a jinja chat template file")
+    a("--context-shift", dest="context_shift", action="store_true", default=False)
+    a("--no-context-shift", dest="context_shift", action="store_false")
+    a("--slot-save-path", default=None, help="directory for /slots save and restore")
+    a("-cb", "--cont-batching", dest="cont_batching", action="store_true", default=True)
+    a("-nocb", "--no-cont-batching", dest="cont_batching", action="store_false")
+    a("-fa", "--flash-attn", type=_on_off, default="auto", help="on, off or auto")
+    a("-ctk", "--cache-type-k", default="f16", choices=["f16", "f32", "bf16"])
+    a("-ctv", "--cache-type-v", default="f16", choices=["f16", "f32", "bf16"])
+    a("-kvu", "--kv-unified", action="store_true", help="one KV buffer for every slot (always)")
+    a("--swa-full", action="store_true", help="full-size cache for sliding-window layers")
+    a("--offline", action="store_true", help="never download (ggmlpy never does)")
+    a("--no-webui", action="store_true", help="no web UI (ggmlpy has none)")
+    a("--max-queue", type=int, default=64, help="requests that may wait for a slot (ggmlpy)")
+    a("--body-limit", type=int, default=8 << 20, help="largest request body in bytes (ggmlpy)")
+    a("--cors-origin", action="append", default=[], help="allow CORS from this origin (ggmlpy)")
+    a("--backend", default=None, help="compute backend by name (ggmlpy)")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace):
+    from llama.server.config import ServerConfig
+    keys = [k for arg in args.api_key for k in arg.split(",") if k]
+    if args.api_key_file is not None:
+        keys += [line.strip() for line in args.api_key_file.read_text().splitlines() if line.strip()]
+    if args.parallel < 1:
+        raise ValueError(f"--parallel must be at least 1, got {args.parallel}")
+    template = args.chat_template
+    if args.chat_template_file is not None:
+        template = args.chat_template_file.read_text(encoding="utf-8")
+    return ServerConfig(
+        model=args.model, host=args.host, port=args.port, ctx_size=args.ctx_size,
+        parallel=args.parallel, threads=args.threads, batch_size=args.batch_size,
+        ubatch_size=args.ubatch_size, n_gpu_layers=args.n_gpu_layers, api_keys=keys,
+        alias=args.alias, n_predict=args.n_predict, seed=args.seed, temp=args.temp,
+        embedding=args.embedding, pooling=args.pooling, metrics=args.metrics, slots=args.slots,
+        jinja=args.jinja, chat_template=template, context_shift=args.context_shift,
+        slot_save_path=args.slot_save_path, cont_batching=args.cont_batching,
+        flash_attn=args.flash_attn, cache_type_k=args.cache_type_k,
+        cache_type_v=args.cache_type_v, kv_unified=args.kv_unified, swa_full=args.swa_full,
+        offline=args.offline, webui=not args.no_webui, backend=args.backend,
+        max_queue=args.max_queue, body_limit=args.body_limit, cors_origins=args.cors_origin)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from llama.server import create_app
+    config = config_from_args(args)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if config.context_shift:
+        logging.getLogger("llama.server").warning(
+            "--context-shift: ggmlpy ends a generation at its slot's context instead of shifting")
+    print(f"ggmlpy serve: {config.model} on http://{config.host}:{config.port} "
+          f"({config.parallel} slots)", file=sys.stderr)
+    server = uvicorn.Server(uvicorn.Config(
+        create_app(config), host=config.host, port=config.port, log_level="warning",
+        timeout_graceful_shutdown=config.timeout_graceful_shutdown))
+    server.run()  # SIGTERM/SIGINT: stop accepting, finish or cancel what runs, exit
+    return 0

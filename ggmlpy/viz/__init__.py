@@ -1,0 +1,14 @@
+"""Graph visualisation: one ubatch's graph, schedule, buffer plan, generated code and profile
+as one offline HTML page, Model Explorer JSON or a Chrome/Perfetto trace (`ggmlpy viz`).
+
+It knows the compiler, not the runtime: a `Snapshot` (snapshot.py) is what the compiler
+decided for one ubatch (the graph after every pass, the scheduler's splits, copies and causes,
+the buffer plan, each kernel's source), gathered by replaying the same steps a Context takes,
+without running anything; only `--profile` runs the model (profile.py). Every exporter reads
+the snapshot, so the page, the Model Explorer graph and the trace describe the same graph.
+"""
+from __future__ import annotations
+
+from ggmlpy.viz.snapshot import Snapshot, take_snapshot
+
+__all__ = ["Snapshot", "take_snapshot"]

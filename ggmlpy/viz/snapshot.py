@@ -1,0 +1,92 @@
+"""A Snapshot: everything the compiler decides for one ubatch, gathered for the exporters.
+
+The steps are a Context's (llama/context.py `_compile`): the graph as the model file builds
+it, the primary backend's pass pipeline (replayed pass by pass, stages.py), the scheduler over
+the optimised graph (assignment with causes, splits, copies), the buffer plan, and each
+split's generated code (kernels.py). Nothing is compiled or run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ggmlpy.ir.graph import Graph
+from ggmlpy.passes.buffers import BufferPlan, plan_buffers
+from ggmlpy.passes.pipeline import PIPELINES
+from ggmlpy.sched.backend import Backend
+from ggmlpy.sched.scheduler import Schedule, schedule
+from ggmlpy.viz.kernels import KernelMap, generate_kernels
+from ggmlpy.viz.layers import tensor_layers
+from ggmlpy.viz.lifetimes import Lifetimes, lifetimes
+from ggmlpy.viz.stages import Stage, replay_pipeline
+
+if TYPE_CHECKING:
+    from ggmlpy.viz.profile import Profile
+    from llama.model import Model
+
+
+@dataclass
+class Snapshot:
+    title: str
+    model: str
+    n_tokens: int                 # tokens in the ubatch (1: the one-token decode graph)
+    n_ctx: int
+    env: dict[str, int]           # the worst case the buffers are planned for
+    pipeline: str                 # whose pass pipeline ran ("cpu", "ref")
+    stages: list[Stage]
+    schedule: Schedule
+    plan: BufferPlan
+    lifetimes: Lifetimes
+    kernels: KernelMap
+    layers: dict[int, int | None]  # tensor id -> layer, for the tensors of every stage
+    profile: "Profile | None" = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def graph(self) -> Graph:
+        """The optimised graph: what the scheduler split and the backends compile."""
+        return self.stages[-1].graph
+
+
+def pipeline_of(backends: list[Backend]) -> str:
+    """The pipeline a Context runs: its primary backend's ("cpu:1" runs cpu's; else "ref")."""
+    name = backends[0].name.split(":")[0]
+    return name if name in PIPELINES else "ref"
+
+
+def worst_env(n_tokens: int, n_ctx: int) -> dict[str, int]:
+    """The symbol values the buffers are sized for, as a Context with n_ubatch = n_tokens."""
+    return {"n_tokens": n_tokens, "n_kv": n_ctx, "n_outputs": n_tokens, "n_kv_swa": n_ctx}
+
+
+def take_snapshot(model: "Model", graph: Graph, n_tokens: int, n_ctx: int, backends: list[Backend],
+                  placement: Any, code: bool = True, title: str = "") -> Snapshot:
+    """The snapshot of `graph` (one ubatch of n_tokens) scheduled over `backends` (priority
+    order) with `placement` (where weights and KV cache layers live). `code=False` skips the
+    generated code (it is most of the time and size for a large model)."""
+    env = worst_env(n_tokens, n_ctx)
+    pipeline = pipeline_of(backends)
+    stages = replay_pipeline(graph, pipeline, env)
+    final = stages[-1].graph
+    notes = []
+    plan = stages[-1].plan
+    if plan is None:
+        plan = plan_buffers(final, env)
+        notes.append(f"the {pipeline} pipeline plans no buffers; the plan shown is ggml-alloc's "
+                     "over its graph")
+    sched = schedule(final, backends, placement)
+    kernels = generate_kernels(final, sched.splits, env) if code else KernelMap()
+    layers: dict[int, int | None] = {}
+    for st in stages:
+        for tid, layer in tensor_layers(st.graph).items():
+            layers.setdefault(tid, layer)
+    return Snapshot(title or model.path.name, model.path.name, n_tokens, n_ctx, env, pipeline, stages,
+                    sched, plan, lifetimes(final, plan), kernels, layers, notes=notes)
+
+
+def build_graph(model: "Model", n_tokens: int, n_ctx: int) -> tuple[Graph, int]:
+    """The graph decode builds for a ubatch of n_tokens (as `ggmlpy graph`), and n_ctx as
+    the Context rounds it."""
+    from ggmlpy.cli.graph_cmd import build_ubatch_graph
+
+    return build_ubatch_graph(model, n_tokens, n_ctx)

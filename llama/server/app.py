@@ -1,0 +1,84 @@
+"""`create_app(config)`: the FastAPI app. It only translates (DESIGN.md decision 11):
+bodies become `prepare_chat`/`prepare_completion` jobs for the scheduler, events become
+OpenAI's (or llama-server's) responses. Security as llama-server: API keys compared in
+constant time with `/health` and `/v1/models` public, a request body limit, CORS only for
+the origins asked for.
+"""
+from __future__ import annotations
+
+import contextlib
+import hmac
+import threading
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import JSONResponse
+
+from llama.server import routes_llama, routes_openai
+from llama.server.config import ServerConfig
+from llama.server.errors import APIError
+from llama.server.state import ServerState
+
+PUBLIC = {"/health", "/v1/health", "/models", "/v1/models"}
+
+
+def create_app(config: ServerConfig, *, load_in_background: bool = True) -> FastAPI:
+    state = ServerState(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        loader = threading.Thread(target=state.load, name="ggmlpy-load", daemon=True)
+        loader.start()
+        if not load_in_background:
+            loader.join()
+        yield
+        loader.join(timeout=60)
+        if state.scheduler is not None:
+            state.scheduler.stop()
+
+    app = FastAPI(title="ggmlpy server", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.server = state
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > config.body_limit):
+            return APIError(413, f"the request body exceeds {config.body_limit} bytes").response()
+        if config.api_keys and request.method != "OPTIONS" and request.url.path not in PUBLIC:
+            if not _key_ok(request, config.api_keys):
+                return APIError(401, "Invalid API Key").response()
+        return await call_next(request)
+
+    if config.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins,
+                           allow_methods=["*"], allow_headers=["*"])
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = "File Not Found" if exc.status_code == 404 else str(exc.detail)
+        return APIError(exc.status_code, message).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return APIError(400, str(exc)).response()
+
+    routes_openai.register(app, state)
+    routes_llama.register(app, state)
+    return app
+
+
+def _key_ok(request: Request, keys: list[str]) -> bool:
+    """Bearer token or X-Api-Key, compared to every key in constant time."""
+    auth = request.headers.get("authorization", "")
+    given = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+    ok = False
+    for key in keys:
+        ok |= hmac.compare_digest(given.encode(), key.encode())
+    return ok

@@ -1,0 +1,49 @@
+"""The server's configuration: llama-server's options that ggmlpy implements, by the same
+names and meanings, plus a few of ggmlpy's own (`max_queue`, `body_limit`, `cors_origins`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ServerConfig:
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8080
+    ctx_size: int = 4096          # total, split between the slots (llama-server's -c)
+    parallel: int = 1             # slots (-np)
+    threads: int | None = None
+    batch_size: int = 2048
+    ubatch_size: int = 512
+    n_gpu_layers: int = 0
+    api_keys: list[str] = field(default_factory=list)
+    alias: str | None = None
+    n_predict: int = -1           # default max tokens per request; -1: up to the slot's end
+    seed: int = -1
+    temp: float = 0.8
+    embedding: bool = False
+    pooling: str | None = None
+    metrics: bool = False
+    slots: bool = True
+    jinja: bool = True
+    chat_template: str | None = None   # a built-in format name or a jinja source
+    context_shift: bool = False
+    slot_save_path: str | None = None
+    cont_batching: bool = True
+    flash_attn: str = "auto"
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    kv_unified: bool = False
+    swa_full: bool = False
+    offline: bool = False
+    webui: bool = False
+    backend: str | None = None
+    max_queue: int = 64           # requests waiting for a slot; beyond: 503
+    body_limit: int = 8 << 20     # bytes of a request body; beyond: 413
+    cors_origins: list[str] = field(default_factory=list)
+    timeout_graceful_shutdown: float = 10.0
+
+    @property
+    def model_name(self) -> str:
+        """The id /v1/models reports: the alias, or the model as given."""
+        return self.alias or self.model

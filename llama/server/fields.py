@@ -1,0 +1,164 @@
+"""Request bodies -> the keyword arguments of `prepare_chat` / `prepare_completion`.
+
+Only the fields ggmlpy implements are read (others, such as OpenAI's `user`, are ignored,
+as llama-server does); a field of the wrong type is a 400 naming it. Defaults are the
+server's (`--temp`, `--seed`, `-n`), not llama-cpp-python's, as llama-server's are.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from llama.server.config import ServerConfig
+from llama.server.errors import bad_request
+
+NUMBER = (int, float)
+
+
+def field(body: dict, name: str, kinds: tuple, default: Any = None) -> Any:
+    """body[name] if present and of one of `kinds` (bool is never a number here)."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) and bool not in kinds:
+        raise bad_request(f"'{name}' must be {_kind_names(kinds)}, got a boolean")
+    if not isinstance(value, kinds):
+        raise bad_request(f"'{name}' must be {_kind_names(kinds)}, got {type(value).__name__}")
+    return value
+
+
+def _kind_names(kinds: tuple) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", list: "an array",
+             dict: "an object", bool: "a boolean"}
+    return " or ".join(dict.fromkeys(names[k] for k in kinds))
+
+
+def max_tokens(body: dict, config: ServerConfig) -> int | None:
+    """max_completion_tokens / max_tokens / n_predict; a negative value is refused (only
+    llama-server's n_predict = -1 means "up to the context's end")."""
+    for name in ("max_completion_tokens", "max_tokens", "n_predict"):
+        value = field(body, name, (int,))
+        if value is None:
+            continue
+        if value < 0 and not (name == "n_predict" and value == -1):
+            raise bad_request(f"'{name}' must not be negative, got {value}")
+        return None if value == -1 else value
+    return None if config.n_predict < 0 else config.n_predict
+
+
+def stop_strings(body: dict) -> list[str] | None:
+    stop = body.get("stop")
+    if stop is None or isinstance(stop, str):
+        return stop
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return stop
+    raise bad_request("'stop' must be a string or an array of strings")
+
+
+def logit_bias(body: dict, eog_ids: list[int]) -> dict[int, float] | None:
+    """OpenAI's {"token id": bias} or llama-server's [[id, bias], ...]; `ignore_eos` adds
+    -inf for every end-of-generation token (llama-server's way)."""
+    raw = body.get("logit_bias")
+    bias: dict[int, float] = {}
+    try:
+        if isinstance(raw, dict):
+            bias = {int(k): float(v) for k, v in raw.items()}
+        elif isinstance(raw, list):
+            bias = {int(t): (float("-inf") if v is False else float(v)) for t, v in raw}
+        elif raw is not None:
+            raise TypeError
+    except (TypeError, ValueError):
+        raise bad_request("'logit_bias' must map token ids to numbers") from None
+    if field(body, "ignore_eos", (bool,), False):
+        bias.update({t: float("-inf") for t in eog_ids})
+    return bias or None
+
+
+def sampling(body: dict, config: ServerConfig, eog_ids: list[int]) -> dict:
+    """The sampling fields shared by every generation endpoint."""
+    seed = field(body, "seed", (int,), config.seed)
+    out = {
+        "temperature": float(field(body, "temperature", NUMBER, config.temp)),
+        "top_p": float(field(body, "top_p", NUMBER, 0.95)),
+        "top_k": int(field(body, "top_k", (int,), 40)),
+        "min_p": float(field(body, "min_p", NUMBER, 0.05)),
+        "typical_p": float(field(body, "typical_p", NUMBER, 1.0)),
+        "presence_penalty": float(field(body, "presence_penalty", NUMBER, 0.0)),
+        "frequency_penalty": float(field(body, "frequency_penalty", NUMBER, 0.0)),
+        "repeat_penalty": float(field(body, "repeat_penalty", NUMBER, 1.0)),
+        "seed": None if seed is None or seed < 0 else seed,
+        "stop": stop_strings(body),
+        "max_tokens": max_tokens(body, config),
+        "logit_bias": logit_bias(body, eog_ids),
+        "grammar": field(body, "grammar", (str,)),
+    }
+    if field(body, "n", (int,), 1) != 1:
+        raise bad_request("only n = 1 is supported")
+    return out
+
+
+def response_format(body: dict) -> dict | None:
+    fmt = field(body, "response_format", (dict,))
+    schema = field(body, "json_schema", (dict,))  # llama-server's own field
+    if schema is not None:
+        if fmt is not None:
+            raise bad_request("give either 'json_schema' or 'response_format', not both")
+        return {"type": "json_object", "schema": schema}
+    return fmt
+
+
+def chat_kwargs(body: dict, config: ServerConfig, eog_ids: list[int]) -> dict:
+    messages = field(body, "messages", (list,))
+    if not messages:
+        raise bad_request("'messages' is required and must be a non-empty array")
+    kwargs = sampling(body, config, eog_ids)
+    kwargs.update(
+        messages=messages,
+        tools=field(body, "tools", (list,)),
+        tool_choice=field(body, "tool_choice", (str, dict)),
+        response_format=response_format(body),
+        logprobs=field(body, "logprobs", (bool,)),
+        top_logprobs=field(body, "top_logprobs", (int,)),
+        stream_options=field(body, "stream_options", (dict,)),
+        chat_template_kwargs=field(body, "chat_template_kwargs", (dict,)),
+    )
+    if kwargs["grammar"] is not None and kwargs["response_format"] is not None:
+        raise bad_request("give either 'grammar' or 'response_format', not both")
+    return kwargs
+
+
+def completion_kwargs(body: dict, config: ServerConfig, eog_ids: list[int]) -> dict:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # OpenAI's batch of one prompt
+    if isinstance(prompt, list):
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise bad_request("'prompt' must be a string or an array of token ids")
+    elif not isinstance(prompt, str):
+        raise bad_request("'prompt' is required and must be a string or an array of token ids")
+    kwargs = sampling(body, config, eog_ids)
+    logprobs = field(body, "logprobs", (int,))
+    n_probs = field(body, "n_probs", (int,))  # llama-server's field
+    if n_probs:
+        logprobs = n_probs
+    if logprobs is not None and logprobs < 0:
+        raise bad_request("'logprobs' must not be negative")
+    echo = field(body, "echo", (bool,), False)
+    if echo and logprobs is not None:
+        raise bad_request("echo with logprobs is not supported by the server")
+    kwargs.update(prompt=prompt, logprobs=logprobs, echo=echo, suffix=field(body, "suffix", (str,)))
+    schema = field(body, "json_schema", (dict,))
+    if schema is not None:
+        if kwargs["grammar"] is not None:
+            raise bad_request("give either 'grammar' or 'json_schema', not both")
+        from llama.grammar import Grammar
+        kwargs["grammar"] = Grammar.from_response_format({"type": "json_object", "schema": schema})
+    return kwargs
+
+
+def slot_options(body: dict, n_slots: int) -> tuple[bool, int]:
+    """(cache_prompt, id_slot) - llama-server's fields."""
+    cache_prompt = field(body, "cache_prompt", (bool,), True)
+    id_slot = field(body, "id_slot", (int,), -1)
+    if id_slot >= n_slots:
+        raise bad_request(f"'id_slot' {id_slot} is not a slot (there are {n_slots})")
+    return cache_prompt, id_slot

@@ -1,0 +1,211 @@
+"""llama-server's own endpoints: /health, /completion, /tokenize, /detokenize,
+/apply-template, /embedding, /props, /slots, /slots/{id}, /metrics, with its shapes."""
+from __future__ import annotations
+
+import time
+
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+
+from llama.api.completion import prepare_completion
+from llama.api.sequence import Step
+from llama.server import fields, slot_files
+from llama.server.bridge import run_call
+from llama.server.errors import APIError, bad_request
+from llama.server.generate import read_body, serve
+from llama.server.metrics import make_registry, render
+from llama.server.routes_openai import embedding_input, not_embedding, prepare
+from llama.server.scheduler import Task
+from llama.server.slots import base_cells, shared_cells
+from llama.server.state import ServerState, safe_slot_file
+
+
+class LlamaCompletion:
+    """llama-server's /completion answer and stream ({"content", "stop", ...})."""
+
+    def __init__(self, job, task: Task, model: str):
+        self.job, self.task, self.model = job, task, model
+
+    def start(self) -> list[dict]:
+        return []
+
+    def feed(self, step: Step) -> list[dict]:
+        if not step.text and step.finish_reason is None:
+            return []
+        return [{"index": 0, "content": step.text, "tokens": [step.token] if step.token >= 0 else [],
+                 "stop": False, "id_slot": self.task.slot, "tokens_predicted": len(self.job.seq.tokens),
+                 "tokens_evaluated": len(self.job.seq.prompt)}]
+
+    def end(self) -> list[dict]:
+        final = self.response()
+        final["content"] = ""
+        return [final]
+
+    def response(self) -> dict:
+        seq, task = self.job.seq, self.task
+        stop_type = "limit" if seq.finish_reason == "length" else (
+            "word" if seq.text.stopped else "eos")
+        t_end = time.perf_counter()
+        prompt_ms = (task.t_first - task.t_start) * 1000 if task.t_first else 0.0
+        predicted_ms = (t_end - task.t_first) * 1000 if task.t_first else 0.0
+        n = len(seq.tokens)
+        return {"index": 0, "content": seq.completion_text(), "tokens": list(seq.tokens),
+                "id_slot": task.slot, "stop": True, "model": self.model,
+                "tokens_predicted": n, "tokens_evaluated": len(seq.prompt),
+                "prompt": self.job.prompt_text, "has_new_line": "\n" in seq.completion_text(),
+                "truncated": False, "stop_type": stop_type, "stopping_word": "",
+                "tokens_cached": task.n_cached,
+                "timings": {"prompt_n": len(seq.prompt) - task.n_cached, "prompt_ms": prompt_ms,
+                            "predicted_n": n, "predicted_ms": predicted_ms,
+                            "predicted_per_second": n / predicted_ms * 1000 if predicted_ms else 0.0}}
+
+
+def register(app: FastAPI, state: ServerState) -> None:
+    cfg = state.config
+    registry = make_registry(lambda: state.scheduler)
+
+    @app.get("/health")
+    @app.get("/v1/health")
+    async def health():
+        state.ready()
+        return {"status": "ok"}
+
+    @app.post("/completion")
+    async def completion(request: Request):
+        body = await read_body(request, cfg.body_limit)
+        llm, sched = state.ready()
+        not_embedding(state)
+        kwargs = fields.completion_kwargs(body, cfg, state.eog_ids)
+        cache_prompt, id_slot = fields.slot_options(body, cfg.parallel)
+        job = prepare(prepare_completion, llm, kwargs, state)
+        return await serve(request, sched, job.seq,
+                           response=lambda t: LlamaCompletion(job, t, cfg.model_name).response(),
+                           chunks=lambda t: LlamaCompletion(job, t, cfg.model_name),
+                           stream=fields.field(body, "stream", (bool,), False),
+                           cache_prompt=cache_prompt, id_slot=id_slot, done_marker=False)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = await read_body(request, cfg.body_limit)
+        llm, _ = state.ready()
+        content = fields.field(body, "content", (str,), "")
+        add_special = fields.field(body, "add_special", (bool,), False)
+        parse_special = fields.field(body, "parse_special", (bool,), True)
+        ids = llm.model.tokenize(content, add_special=add_special, parse_special=parse_special)
+        if not fields.field(body, "with_pieces", (bool,), False):
+            return {"tokens": ids}
+        out = []
+        for t in ids:
+            piece = llm.piece(t)
+            try:
+                out.append({"id": t, "piece": piece.decode("utf-8")})
+            except UnicodeDecodeError:
+                out.append({"id": t, "piece": list(piece)})
+        return {"tokens": out}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        body = await read_body(request, cfg.body_limit)
+        llm, _ = state.ready()
+        tokens = fields.field(body, "tokens", (list,), [])
+        try:
+            for t in tokens:
+                if not isinstance(t, int) or isinstance(t, bool):
+                    raise ValueError(f"token {t!r} is not an integer")
+                llm.model.vocab.check_token(t)
+        except ValueError as e:
+            raise bad_request(str(e)) from None
+        return {"content": llm.detokenize(tokens).decode("utf-8", "replace")}
+
+    @app.post("/apply-template")
+    async def apply_template(request: Request):
+        body = await read_body(request, cfg.body_limit)
+        llm, _ = state.ready()
+        try:
+            prompt = llm.apply_chat_template(fields.field(body, "messages", (list,), []),
+                                             tools=fields.field(body, "tools", (list,)))
+        except ValueError as e:
+            raise bad_request(str(e)) from None
+        return {"prompt": prompt}
+
+    @app.post("/embedding")
+    @app.post("/embeddings")
+    async def embedding(request: Request):
+        body = await read_body(request, cfg.body_limit)
+        llm, sched = state.ready()
+        if not cfg.embedding:
+            raise APIError(501, "This server does not support embeddings. Start it with "
+                           "`--embeddings`", type="not_supported_error")
+        inputs = embedding_input(body.get("content", body.get("input")))
+        vectors = await run_call(request, sched, lambda: llm.embed(inputs))
+        if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
+            vectors = [vectors]
+        return [{"index": i, "embedding": v if v and isinstance(v[0], list) else [v]}
+                for i, v in enumerate(vectors)]
+
+    @app.get("/props")
+    async def props():
+        llm, sched = state.ready()
+        try:
+            template = llm._chat.template.source  # noqa: SLF001 - the template being served
+        except ValueError:
+            template = ""
+        return {"default_generation_settings": {"n_ctx": state.n_ctx_slot,
+                                                "params": {"temperature": cfg.temp,
+                                                           "n_predict": cfg.n_predict,
+                                                           "seed": cfg.seed}},
+                "total_slots": cfg.parallel, "model_path": cfg.model, "model_alias": cfg.model_name,
+                "chat_template": template, "modalities": {"vision": False, "audio": False},
+                "build_info": "ggmlpy", "is_sleeping": False}
+
+    @app.get("/slots")
+    async def slots():
+        _, sched = state.ready()
+        if not cfg.slots:
+            raise APIError(501, "This server does not support slots endpoint. Start it with "
+                           "`--slots`", type="not_supported_error")
+        cells = base_cells(sched.engine)
+        out = []
+        for slot in sched.pool.slots:
+            task = slot.task
+            out.append({"id": slot.id, "id_task": task.id if task else -1, "n_ctx": slot.n_ctx,
+                        "speculative": False, "is_processing": slot.busy,
+                        "n_past": sched.engine.n_past(slot.id),
+                        "n_prompt_tokens": len(task.seq.prompt) if task else 0,
+                        "n_decoded": len(task.seq.tokens) if task else 0,
+                        "n_shared_prefix": slot.n_shared_in,
+                        "n_shared_cells": shared_cells(cells, slot.id)})
+        return out
+
+    @app.post("/slots/{slot_id}")
+    async def slot_action(slot_id: int, request: Request, action: str = ""):
+        _, sched = state.ready()
+        if not 0 <= slot_id < cfg.parallel:
+            raise bad_request(f"slot {slot_id} does not exist")
+        if action not in ("save", "restore", "erase"):
+            raise bad_request("action must be save, restore or erase")
+        body = await read_body(request, cfg.body_limit) if action != "erase" else {}
+        path = safe_slot_file(cfg, body.get("filename")) if action != "erase" else None
+        slot = sched.pool.slots[slot_id]
+
+        def work() -> dict:
+            if slot.busy:
+                raise APIError(400, f"slot {slot_id} is busy")
+            t0 = time.perf_counter()
+            if action == "erase":
+                return {"id_slot": slot_id, "n_erased": sched.pool.erase(slot)}
+            fn = slot_files.save if action == "save" else slot_files.restore
+            out = fn(sched.engine, slot_id, path)
+            ms = (time.perf_counter() - t0) * 1000
+            return {"id_slot": slot_id, "filename": path.name, **out,
+                    "timings": {f"{action}_ms": ms}}
+
+        return await run_call(request, sched, work)
+
+    @app.get("/metrics")
+    async def metrics():
+        if not cfg.metrics:
+            raise APIError(501, "This server does not support metrics endpoint. Start it with "
+                           "`--metrics`", type="not_supported_error")
+        state.ready()
+        return Response(render(registry), media_type="text/plain; version=0.0.4")

@@ -1,0 +1,112 @@
+"""OpenAI's endpoints: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models
+(and the same without /v1), answered with llama.api's jobs and response shapes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+
+from llama.api import responses
+from llama.api.chat_completion import prepare_chat
+from llama.api.completion import prepare_completion
+from llama.server import fields
+from llama.server.bridge import run_call
+from llama.server.errors import APIError, bad_request
+from llama.server.generate import read_body, serve
+from llama.server.state import ServerState
+
+
+def check_model(body: dict, state: ServerState) -> None:
+    """A `model` other than this server's (its alias, path or file name) is a 404."""
+    name = body.get("model")
+    if name is None:
+        return
+    cfg = state.config
+    known = {cfg.model_name, cfg.model, Path(cfg.model).name, Path(cfg.model).stem}
+    if name not in known:
+        raise APIError(404, f"The model '{name}' does not exist", type="not_found_error")
+
+
+def not_embedding(state: ServerState) -> None:
+    if state.config.embedding:
+        raise APIError(501, "This server does not support completions. Start it without "
+                       "`--embeddings`", type="not_supported_error")
+
+
+def prepare(fn, llm, kwargs: dict, state: ServerState):
+    try:
+        return fn(llm, **kwargs, model=state.config.model_name, n_ctx=state.n_ctx_slot)
+    except (ValueError, TypeError) as e:  # template, grammar, prompt too long ...
+        raise bad_request(str(e)) from None
+
+
+def register(app: FastAPI, state: ServerState) -> None:
+    cfg = state.config
+
+    async def chat(request: Request):
+        body = await read_body(request, cfg.body_limit)
+        llm, sched = state.ready()
+        not_embedding(state)
+        check_model(body, state)
+        kwargs = fields.chat_kwargs(body, cfg, state.eog_ids)
+        cache_prompt, id_slot = fields.slot_options(body, cfg.parallel)
+        job = prepare(prepare_chat, llm, kwargs, state)
+        return await serve(request, sched, job.seq, response=lambda t: job.response(),
+                           chunks=lambda t: job.chunks(),
+                           stream=fields.field(body, "stream", (bool,), False),
+                           cache_prompt=cache_prompt, id_slot=id_slot, done_marker=True)
+
+    async def completions(request: Request):
+        body = await read_body(request, cfg.body_limit)
+        llm, sched = state.ready()
+        not_embedding(state)
+        check_model(body, state)
+        kwargs = fields.completion_kwargs(body, cfg, state.eog_ids)
+        cache_prompt, id_slot = fields.slot_options(body, cfg.parallel)
+        job = prepare(prepare_completion, llm, kwargs, state)
+        return await serve(request, sched, job.seq, response=lambda t: job.response(),
+                           chunks=lambda t: job.chunks(),
+                           stream=fields.field(body, "stream", (bool,), False),
+                           cache_prompt=cache_prompt, id_slot=id_slot, done_marker=True)
+
+    async def embeddings(request: Request):
+        body = await read_body(request, cfg.body_limit)
+        llm, sched = state.ready()
+        check_model(body, state)
+        if not cfg.embedding:
+            raise APIError(501, "This server does not support embeddings. Start it with "
+                           "`--embeddings`", type="not_supported_error")
+        inputs = embedding_input(body.get("input", body.get("content")))
+        return await run_call(request, sched,
+                              lambda: llm.create_embedding(inputs, model=cfg.model_name))
+
+    async def models(request: Request):
+        meta = {}
+        if state.llm is not None:
+            llm = state.llm
+            meta = {"n_vocab": llm.n_vocab(), "n_ctx_train": llm.model.hparams.n_ctx_train,
+                    "n_embd": llm.n_embd()}
+        return {"object": "list",
+                "data": [{"id": cfg.model_name, "object": "model", "created": responses.now(),
+                          "owned_by": "ggmlpy", "meta": meta}]}
+
+    for prefix in ("/v1", ""):
+        app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"])
+        app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
+        app.add_api_route(f"{prefix}/embeddings", embeddings, methods=["POST"])
+        app.add_api_route(f"{prefix}/models", models, methods=["GET"])
+
+
+def embedding_input(value) -> str | list:
+    """A string, a list of strings, token ids, or lists of token ids."""
+    def ok_tokens(x) -> bool:
+        return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                       for t in x)
+    if isinstance(value, str) and value:
+        return value
+    if ok_tokens(value):
+        return value
+    if isinstance(value, list) and value and all((isinstance(v, str) and v) or ok_tokens(v)
+                                                 for v in value):
+        return value
+    raise bad_request("'input' must be a non-empty string, array of strings or of token ids")

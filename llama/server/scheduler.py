@@ -1,0 +1,266 @@
+"""The step loop: one worker thread owns the context and runs continuous batching.
+
+Each step (llama-server's `update_slots`): drop cancelled tasks, give waiting tasks the
+idle slots, then ONE decode of one token from every generating slot plus prompt chunks of
+the slots still reading their prompt (up to n_batch tokens in all), then each slot's own
+`Sequence.step` on its logits row. Tasks wait in a bounded queue while every slot is
+busy; a full queue refuses new ones. A task reports through `sink(kind, payload)`, called
+on the worker thread (the HTTP layer forwards it to its event loop): ("step", Step),
+("done", None) or ("error", APIError). A failing task fails alone.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from llama.api.engine import DecodeError, Engine
+from llama.api.sequence import Sequence
+from llama.server.errors import APIError
+from llama.server.slots import Slot, SlotPool
+
+log = logging.getLogger("llama.server")
+
+Sink = Callable[[str, Any], None]
+
+
+@dataclass
+class Task:
+    seq: Sequence
+    sink: Sink
+    cache_prompt: bool = True
+    id_slot: int = -1
+    cancelled: bool = False
+    id: int = 0
+    slot: int | None = None
+    t_queued: float = field(default_factory=time.perf_counter)
+    t_start: float = 0.0
+    t_first: float = 0.0
+    n_cached: int = 0             # prompt tokens taken from the cache (own or shared)
+
+
+@dataclass
+class CallTask:
+    """Work on the context between two steps (embeddings, slot files)."""
+    fn: Callable[[], Any]
+    sink: Sink
+    cancelled: bool = False
+    id: int = 0
+
+
+@dataclass
+class Stats:
+    n_prompt_tokens: int = 0      # prompt tokens decoded
+    t_prompt: float = 0.0
+    n_predicted: int = 0
+    t_predicted: float = 0.0
+    n_decode: int = 0
+    n_busy_slots_total: int = 0
+    n_requests: int = 0
+    n_failed: int = 0
+
+
+class QueueFull(Exception):
+    pass
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, n_slots: int, *, max_queue: int = 64):
+        self.engine = engine
+        self.pool = SlotPool(engine, n_slots)
+        self.max_queue = max_queue
+        self.stats = Stats()
+        self._pending: deque[Task | CallTask] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._next_id = 0
+        self._thread = threading.Thread(target=self._run, name="ggmlpy-scheduler", daemon=True)
+
+    # called from the HTTP layer -----------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, task: Task | CallTask) -> None:
+        with self._cond:
+            if self._stopping:
+                raise APIError(503, "the server is shutting down")
+            if len(self._pending) >= self.max_queue:
+                raise QueueFull()
+            self._next_id += 1
+            task.id = self._next_id
+            self._pending.append(task)
+            self._cond.notify()
+
+    def cancel(self, task: Task | CallTask) -> None:
+        """The client is gone: a queued task leaves the queue now, a running one frees its
+        slot at the start of the next step."""
+        with self._cond:
+            task.cancelled = True
+            if task in self._pending:
+                self._pending.remove(task)
+            self._cond.notify()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Refuse new tasks, cancel what waits or runs, and join the worker."""
+        with self._cond:
+            self._stopping = True
+            for task in self._pending:
+                task.cancelled = True
+                task.sink("error", APIError(503, "the server is shutting down"))
+            self._pending.clear()
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def n_pending(self) -> int:
+        return len(self._pending)
+
+    # the worker thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not self._pending and not self._any_busy():
+                    self._cond.wait(0.5)
+                if self._stopping:
+                    break
+            try:
+                self._step()
+            except Exception as e:  # a bug must not kill the server: fail what ran, go on
+                log.exception("scheduler step failed")
+                self._fail_all(APIError(500, f"internal error: {e}"))
+        self._fail_all(APIError(503, "the server is shutting down"))
+
+    def _any_busy(self) -> bool:
+        return any(s.busy for s in self.pool.slots)
+
+    def _step(self) -> None:
+        for slot in self.pool.slots:
+            if slot.busy and slot.task.cancelled:
+                self.pool.release(slot)
+        self._admit()
+        items, slots = self._batch()
+        if not items:
+            return
+        t0 = time.perf_counter()
+        try:
+            rows = self.engine.decode_mixed(items)
+        except (DecodeError, ValueError) as e:
+            for slot in slots:
+                self._fail(slot, APIError(500, str(e)))
+            return
+        dt = time.perf_counter() - t0
+        self._account(items, slots, dt)
+        for slot, (_, toks, want), row in zip(slots, items, rows):
+            if slot.next_token is None:
+                slot.n_prompt_done += len(toks)
+            if row is not None:
+                self._advance(slot, row)
+
+    def _admit(self) -> None:
+        """Waiting tasks into idle slots, in arrival order (a task that asks for a busy
+        slot waits without holding back the others)."""
+        with self._cond:
+            waiting = list(self._pending)
+        for task in waiting:
+            if isinstance(task, CallTask):  # between two decodes, the context is free
+                if self._take(task):
+                    self._run_call(task)
+                continue
+            slot = self.pool.pick(task.seq.prompt, cache_prompt=task.cache_prompt,
+                                  id_slot=task.id_slot)
+            if slot is None:
+                continue
+            if not self._take(task):
+                continue
+            self.pool.assign(slot, task, cache_prompt=task.cache_prompt)
+            task.slot, task.t_start, task.n_cached = slot.id, time.perf_counter(), slot.n_prompt_done
+            self.stats.n_requests += 1
+            if task.seq.finished:  # max_tokens 0
+                self._finish(slot)
+
+    def _take(self, task: Task | CallTask) -> bool:
+        with self._cond:
+            if task.cancelled or task not in self._pending:
+                return False
+            self._pending.remove(task)
+            return True
+
+    def _run_call(self, task: CallTask) -> None:
+        try:
+            task.sink("done", task.fn())
+        except APIError as e:
+            task.sink("error", e)
+        except (ValueError, RuntimeError, OSError) as e:
+            task.sink("error", APIError(400, str(e)))
+
+    def _batch(self) -> tuple[list[tuple[int, list[int], bool]], list[Slot]]:
+        """Generated tokens first (one per slot, never starved), then prompt chunks."""
+        budget = self.engine.ctx.n_batch
+        items, slots = [], []
+        for slot in self.pool.slots:
+            if slot.generating:
+                items.append((slot.id, [slot.next_token], True))
+                slots.append(slot)
+                budget -= 1
+        for slot in sorted((s for s in self.pool.slots if s.busy and not s.generating),
+                           key=lambda s: s.task.id):
+            if budget <= 0:
+                break
+            prompt = slot.task.seq.prompt
+            chunk = prompt[slot.n_prompt_done:slot.n_prompt_done + budget]
+            last = slot.n_prompt_done + len(chunk) == len(prompt)
+            items.append((slot.id, chunk, last))
+            slots.append(slot)
+            budget -= len(chunk)
+        return items, slots
+
+    def _account(self, items, slots: list[Slot], dt: float) -> None:
+        st = self.stats
+        n_gen = sum(1 for s in slots if s.generating)
+        n_prompt = sum(len(t) for s, (_, t, _) in zip(slots, items) if not s.generating)
+        n = n_gen + n_prompt
+        st.n_decode += 1
+        st.n_busy_slots_total += sum(1 for s in self.pool.slots if s.busy)
+        st.n_predicted += n_gen
+        st.n_prompt_tokens += n_prompt
+        if n:
+            st.t_predicted += dt * n_gen / n
+            st.t_prompt += dt * n_prompt / n
+
+    def _advance(self, slot: Slot, row) -> None:
+        task = slot.task
+        if not task.t_first:
+            task.t_first = time.perf_counter()
+        try:
+            step = task.seq.step(row)
+        except Exception as e:  # a grammar or sampler failure ends this task only
+            self._fail(slot, APIError(500, f"sampling failed: {e}"))
+            return
+        task.sink("step", step)
+        if task.seq.finished:
+            self._finish(slot)
+            return
+        slot.next_token = step.token
+        if self.engine.n_past(slot.id) + 1 > slot.n_ctx:
+            task.sink("step", task.seq.stop_for_context())
+            self._finish(slot)
+
+    def _finish(self, slot: Slot) -> None:
+        task = slot.task
+        self.pool.release(slot)
+        task.sink("done", None)
+
+    def _fail(self, slot: Slot, err: APIError) -> None:
+        task = slot.task
+        self.pool.release(slot)
+        self.stats.n_failed += 1
+        task.sink("error", err)
+
+    def _fail_all(self, err: APIError) -> None:
+        for slot in self.pool.slots:
+            if slot.busy:
+                self._fail(slot, err)

@@ -1,0 +1,82 @@
+"""What the routes share: the config, and once loaded the Llama and its scheduler.
+The model loads in a thread after the server starts listening, so `/health` can answer
+503 while it loads, as llama-server's does."""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llama.server.config import ServerConfig
+from llama.server.errors import APIError
+from llama.server.scheduler import Scheduler
+
+log = logging.getLogger("llama.server")
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    llm: object = None            # llama.Llama once loaded
+    scheduler: Scheduler | None = None
+    eog_ids: list[int] = field(default_factory=list)
+    load_error: str | None = None
+    loaded: threading.Event = field(default_factory=threading.Event)
+
+    def load(self) -> None:
+        """Load the model and start the scheduler (on a thread of its own)."""
+        try:
+            self.llm = load_llama(self.config)
+            vocab = self.llm.model.vocab
+            self.eog_ids = sorted(vocab.eog_ids)
+            self.scheduler = Scheduler(self.llm.engine, self.config.parallel,
+                                       max_queue=self.config.max_queue)
+            self.scheduler.start()
+        except Exception as e:  # reported by /health; the server stays up to say so
+            log.exception("loading the model failed")
+            self.load_error = str(e)
+        finally:
+            self.loaded.set()
+
+    def ready(self) -> tuple:
+        """(llm, scheduler), or a 503 while loading / 500 if the load failed."""
+        if self.load_error is not None:
+            raise APIError(500, f"the model failed to load: {self.load_error}")
+        if self.scheduler is None:
+            raise APIError(503, "Loading model")
+        return self.llm, self.scheduler
+
+    @property
+    def n_ctx_slot(self) -> int:
+        return self.scheduler.pool.slots[0].n_ctx
+
+
+def load_llama(config: ServerConfig):
+    from llama.api.llama import Llama
+    chat_format, chat_template = None, None
+    if config.chat_template is not None:
+        from llama.chat.builtin import BUILTIN_FORMATS
+        if config.chat_template in BUILTIN_FORMATS:
+            chat_format = config.chat_template
+        else:
+            chat_template = config.chat_template
+    flash = {"on": True, "off": False, "auto": None}[config.flash_attn]
+    return Llama(config.model, n_ctx=config.ctx_size, n_seq_max=config.parallel,
+                 n_batch=config.batch_size, n_ubatch=min(config.ubatch_size, config.batch_size),
+                 n_threads=config.threads, n_gpu_layers=config.n_gpu_layers, flash_attn=flash,
+                 embedding=config.embedding, pooling_type=config.pooling or -1,
+                 chat_format=chat_format, chat_template=chat_template,
+                 seed=config.seed if config.seed >= 0 else 0xFFFFFFFF,
+                 type_k=config.cache_type_k, type_v=config.cache_type_v,
+                 swa_full=config.swa_full, backend=config.backend, verbose=False)
+
+
+def safe_slot_file(config: ServerConfig, filename: object) -> Path:
+    """A file name under --slot-save-path (no directories, as llama-server's check)."""
+    if not config.slot_save_path:
+        raise APIError(501, "slot save/restore needs --slot-save-path", type="not_supported_error")
+    if (not isinstance(filename, str) or not filename or "/" in filename or "\\" in filename
+            or filename.startswith(".") or len(filename) > 255):
+        raise APIError(400, "Invalid filename")
+    return Path(config.slot_save_path) / filename

@@ -1,0 +1,63 @@
+"""Continuous batching: concurrent greedy requests give the tokens each gives alone, a
+request joining mid-generation changes nothing, shared prefixes are stored once."""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from llama.server.slots import base_cells
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a fox",
+           "The three primary colors are"]
+
+
+def _complete(server, prompt: str, n: int = 16, **extra) -> list[int]:
+    with server.client() as c:
+        r = c.post("/completion", json={"prompt": prompt, "n_predict": n, "temperature": 0,
+                                        "cache_prompt": False, **extra})
+        r.raise_for_status()
+        return r.json()["tokens"]
+
+
+def test_concurrent_greedy_requests_match_each_alone(server):
+    alone = [_complete(server, p) for p in PROMPTS]
+    with ThreadPoolExecutor(4) as ex:
+        together = list(ex.map(lambda p: _complete(server, p), PROMPTS))
+    assert together == alone
+    assert all(len(t) == 16 for t in alone)
+
+
+def test_joining_mid_generation_changes_no_tokens(server):
+    alone = _complete(server, PROMPTS[0], 40)
+    with ThreadPoolExecutor(2) as ex:
+        first = ex.submit(_complete, server, PROMPTS[0], 40)
+        time.sleep(0.3)  # the first is generating when the second's prompt arrives
+        second = ex.submit(_complete, server, PROMPTS[1], 8)
+        assert first.result(timeout=60) == alone
+        assert len(second.result(timeout=60)) == 8
+
+
+def test_shared_system_prompt_is_stored_once(server):
+    system = ("You are a helpful assistant who answers briefly and politely, "
+              "always in English, and never uses more than one sentence. ") * 3
+    chats = [[{"role": "system", "content": system}, {"role": "user", "content": q}]
+             for q in ("What is 2+2?", "Name a fruit.")]
+    with server.client() as c:
+        c.post("/slots/0?action=erase")  # the slots start empty, so sharing is what is measured
+        for sid in range(4):
+            c.post(f"/slots/{sid}?action=erase")
+        n_sys = len(c.post("/tokenize", json={"content": system}).json()["tokens"])
+        c.post("/v1/chat/completions", json={"messages": chats[0], "max_tokens": 2, "id_slot": 0,
+                                              "temperature": 0}).raise_for_status()
+        c.post("/v1/chat/completions", json={"messages": chats[1], "max_tokens": 2, "id_slot": 1,
+                                              "temperature": 0}).raise_for_status()
+        slots = c.get("/slots").json()
+    cells = base_cells(server.state.scheduler.engine)
+    shared = int(np.count_nonzero(cells.seq.sum(axis=1) > 1))
+    total_tokens = sum(s["n_past"] for s in slots)
+    assert shared >= n_sys  # the system prompt (and the template around it) once
+    assert cells.used == total_tokens - shared  # every shared cell counted once
+    assert sorted(s["n_shared_cells"] for s in slots)[-2:] == [shared, shared]

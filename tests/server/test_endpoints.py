@@ -1,0 +1,162 @@
+"""The OpenAI and llama-server endpoints, driven by the official `openai` client and
+plain HTTP against a real uvicorn server."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from tests.server.conftest import API_KEY
+
+
+@pytest.fixture(scope="module")
+def oai(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, timeout=60, max_retries=0)
+
+
+MSGS = [{"role": "user", "content": "Name three colors."}]
+
+
+def test_chat_stream_concatenates_to_the_non_streamed_text(oai):
+    full = oai.chat.completions.create(model="smol", messages=MSGS, max_tokens=12, temperature=0)
+    assert full.choices[0].finish_reason == "length"
+    assert full.usage.completion_tokens == 12
+    parts = [c.choices[0].delta.content or "" for c in
+             oai.chat.completions.create(model="smol", messages=MSGS, max_tokens=12,
+                                         temperature=0, stream=True) if c.choices]
+    assert "".join(parts) == full.choices[0].message.content != ""
+
+
+def test_completion_and_llama_server_completion_agree(oai, server):
+    out = oai.completions.create(model="smol", prompt="The capital of France is", max_tokens=6,
+                                 temperature=0)
+    with server.client() as c:
+        native = c.post("/completion", json={"prompt": "The capital of France is",
+                                             "n_predict": 6, "temperature": 0}).json()
+    assert out.choices[0].text == native["content"]
+    assert native["tokens_predicted"] == 6 and native["stop_type"] == "limit"
+
+
+def test_json_schema_output_validates(oai):
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    r = oai.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "A person as JSON."}],
+        max_tokens=60, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+
+
+def test_tool_call_required(oai):
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}}]
+    r = oai.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Weather in Paris?"}],
+                                    tools=tools, tool_choice="required", max_tokens=60, temperature=0)
+    call = r.choices[0].message.tool_calls[0]
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert call.function.name == "get_weather"
+    assert "city" in json.loads(call.function.arguments)
+
+
+def test_logprobs(oai):
+    r = oai.chat.completions.create(model="smol", messages=MSGS, max_tokens=4, temperature=0,
+                                    logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == 4
+    for item in content:
+        assert len(item.top_logprobs) == 3
+        assert item.logprob == pytest.approx(max(t.logprob for t in item.top_logprobs))  # greedy
+
+
+def test_models_and_health_are_public(server):
+    assert httpx.get(server.url + "/health", timeout=10).json() == {"status": "ok"}
+    models = httpx.get(server.url + "/v1/models", timeout=10).json()
+    assert models["data"][0]["id"] == "smol"
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"X-Api-Key": "nope"}])
+def test_api_key_required(server, headers):
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 1},
+                   headers=headers, timeout=10)
+    assert r.status_code == 401
+    assert r.json()["error"]["type"] == "authentication_error"
+    ok = httpx.post(server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 1},
+                    headers={"X-Api-Key": API_KEY}, timeout=30)
+    assert ok.status_code == 200
+
+
+@pytest.mark.parametrize("body,status", [
+    ("{not json", 400),
+    ('{"messages": "hi"}', 400),
+    ('{"messages": [{"role": "user", "content": "x"}], "max_tokens": -3}', 400),
+    ('{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', 400),
+    ('{"messages": [{"role": "user", "content": "x"}], "model": "gpt-9"}', 404),
+    ('{"messages": [{"role": "wizard", "content": "x"}]}', 400),
+    ('{"messages": [{"role": "user", "content": "x"}], "grammar": "root ::= ("}', 400),
+])
+def test_errors_have_openai_shape(server, body, status):
+    with server.client() as c:
+        r = c.post("/v1/chat/completions", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["code"] == status and err["message"] and err["type"]
+
+
+def test_prompt_longer_than_the_slot_is_400(server):
+    long = "word " * 700  # > 512 cells of one slot
+    with server.client() as c:
+        r = c.post("/v1/completions", json={"prompt": long, "max_tokens": 4})
+    assert r.status_code == 400 and "context" in r.json()["error"]["message"]
+
+
+def test_max_tokens_capped_by_the_slot_context(server):
+    with server.client() as c:
+        r = c.post("/completion", json={"prompt": "Once upon a time", "n_predict": 100000,
+                                        "temperature": 0, "stop": ["."]}).json()
+    assert r["tokens_predicted"] <= server.state.n_ctx_slot - r["tokens_evaluated"]
+
+
+def test_unknown_route_and_body_limit(server):
+    with server.client() as c:
+        assert c.get("/v1/nothing").json()["error"]["code"] == 404
+        big = c.post("/v1/completions", content=b"x" * (server.config.body_limit + 1))
+        assert big.status_code == 413
+
+
+def test_tokenize_detokenize_apply_template_props(server):
+    with server.client() as c:
+        ids = c.post("/tokenize", json={"content": "Hello world"}).json()["tokens"]
+        assert c.post("/detokenize", json={"tokens": ids}).json()["content"] == "Hello world"
+        pieces = c.post("/tokenize", json={"content": "Hello", "with_pieces": True}).json()["tokens"]
+        assert "".join(p["piece"] for p in pieces) == "Hello"
+        assert c.post("/detokenize", json={"tokens": [10 ** 9]}).status_code == 400
+        prompt = c.post("/apply-template", json={"messages": MSGS}).json()["prompt"]
+        assert "Name three colors." in prompt
+        props = c.get("/props").json()
+        assert props["total_slots"] == 4 and props["default_generation_settings"]["n_ctx"] == 512
+
+
+def test_metrics_counts_tokens(server):
+    with server.client() as c:
+        before = _metric(c.get("/metrics").text, "llamacpp:tokens_predicted_total")
+        c.post("/completion", json={"prompt": "One, two,", "n_predict": 5, "temperature": 0})
+        after = _metric(c.get("/metrics").text, "llamacpp:tokens_predicted_total")
+    assert after - before >= 4  # the 5th token is sampled, never decoded
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_embeddings_not_served_without_the_flag(server):
+    with server.client() as c:
+        r = c.post("/v1/embeddings", json={"input": "hello"})
+    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
