@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -110,5 +111,9 @@ def run(args: argparse.Namespace) -> int:
     server = uvicorn.Server(uvicorn.Config(
         create_app(config), host=config.host, port=config.port, log_level="warning",
         timeout_graceful_shutdown=config.timeout_graceful_shutdown))
-    server.run()  # SIGTERM/SIGINT: stop accepting, finish or cancel what runs, exit
+    # uvicorn stops accepting on SIGTERM, lets running requests finish (cancelling them after
+    # the grace period), then raises the signal again once it is done; with this handler in
+    # place that last raise returns, and the process exits 0 instead of dying by the signal
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    server.run()
     return 0

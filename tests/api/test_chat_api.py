@@ -160,3 +160,24 @@ def test_a_hostile_template_fails_only_when_chat_is_used(smollm2_path, tmp_path)
     assert llm("Hello", max_tokens=2, temperature=0)["choices"][0]["text"]
     with pytest.raises(ChatTemplateError):
         llm.create_chat_completion(HELLO, max_tokens=2)
+
+
+def test_second_chat_turn_decodes_only_its_new_tokens(smol):
+    from llama import Batch, Context
+    from llama.api.logprobs import log_softmax
+    smol.reset()
+    first = smol.create_chat_completion(HELLO, max_tokens=12, temperature=0)
+    turn2 = HELLO + [first["choices"][0]["message"], {"role": "user", "content": "And of Italy?"}]
+    ids2 = smol._chat.tokens(smol.apply_chat_template(turn2))
+    cached = list(smol.input_ids)
+    shared = next(i for i, (a, b) in enumerate(zip(cached + [-1], ids2)) if a != b)
+    # the reply as the template writes it back is what the cache holds, up to its end marker
+    assert shared >= first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"] - 1
+    before = smol.engine.n_prompt_decoded
+    second = smol.create_chat_completion(turn2, max_tokens=1, temperature=0, logprobs=True)
+    assert smol.engine.n_prompt_decoded - before == len(ids2) - shared
+    assert second["usage"]["prompt_tokens"] == len(ids2)
+    ctx = Context(smol.model, n_ctx=1024, n_threads=2)
+    assert ctx.decode(Batch.from_tokens(ids2)) == 0
+    fresh = log_softmax(ctx.get_logits_ith(-1))
+    assert second["choices"][0]["logprobs"]["content"][0]["logprob"] == pytest.approx(fresh.max(), abs=2e-3)
