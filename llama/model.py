@@ -107,7 +107,7 @@ class Model:
 
     def place(self, devices: list[str] | None = None, n_gpu_layers: int = 0,
               tensor_split: list[float] | None = None, *,
-              make_backend: Callable[[str], Any] = make_device_backend) -> Placement:
+              make_backend: Callable[[str], Any] | None = None) -> Placement:
         """Where this model's layers, weights and KV cache would live (SPEC step 6): layers to
         devices, then llama.cpp's check that each device can run its weights' ops. Without an
         output matrix the output reads the token embeddings, which then also live on the
@@ -117,9 +117,11 @@ class Model:
 
     def place_with_probes(self, devices: list[str] | None = None, n_gpu_layers: int = 0,
                           tensor_split: list[float] | None = None, *,
-                          make_backend: Callable[[str], Any] = make_device_backend
+                          make_backend: Callable[[str], Any] | None = None
                           ) -> tuple[Placement, dict[str, Any]]:
-        """`place`, and the backends it probed the devices with, by device name."""
+        """`place`, and the backends it probed the devices with, by device name
+        (`make_backend` None: `make_device_backend`, looked up at the call)."""
+        make_backend = make_backend or make_device_backend
         n_layer = self.hparams.n_layer
         w = self.w
         tied = [w.tok_embd.name] if w is not None and getattr(w, "output", None) is None \
