@@ -40,17 +40,41 @@ def no_eog_bias(llm) -> dict[int, float]:
     return {i: -1e9 for i in ids if i >= 0}
 
 
-def completion_tg(llm, n: int, reps: int, **kw) -> float:
-    """Median tokens/s of create_completion over n tokens (first token excluded)."""
-    rates = []
+def completion_tg(llm, n: int, variants: dict[str, dict], reps: int) -> dict[str, float]:
+    """Median tokens/s of create_completion over n tokens (first token excluded) for each
+    variant of keyword arguments, the variants interleaved round by round so that a noisy
+    neighbour hits them alike; round 0 is a warm-up."""
+    rates: dict[str, list[float]] = {name: [] for name in ["decode_only", *variants]}
     for rep in range(reps + 1):
-        clock = StepClock()
-        llm.reset()
-        llm.create_completion("Once upon a time", max_tokens=n + 1, logit_bias=no_eog_bias(llm),
-                              stopping_criteria=[clock], seed=rep, **kw)
         if rep:
-            rates.append(clock.tok_s())
-    return statistics.median(rates)
+            rates["decode_only"].append(decode_only_tg(llm, n))
+        for name, kw in variants.items():
+            clock = StepClock()
+            llm.reset()
+            llm.create_completion("Once upon a time", max_tokens=n + 1, logit_bias=no_eog_bias(llm),
+                                  stopping_criteria=criteria(llm, clock), seed=rep, **kw)
+            if rep:
+                rates[name].append(clock.tok_s())
+    return {name: statistics.median(r) for name, r in rates.items()}
+
+
+def decode_only_tg(llm, n: int) -> float:
+    """Tokens/s of n one-token decodes with nothing between them (ggmlpy bench's and
+    llama-bench's tg), through each library's low-level call (`eval`)."""
+    llm.reset()
+    llm.eval([llm.token_bos() if llm.token_bos() >= 0 else 0])
+    t0 = time.perf_counter()
+    for i in range(n):
+        llm.eval([100 + i])
+    return n / (time.perf_counter() - t0)
+
+
+def criteria(llm, clock: StepClock):
+    """llama-cpp-python wants a StoppingCriteriaList; ggmlpy takes any list of callables."""
+    if type(llm).__module__.startswith("llama_cpp"):
+        from llama_cpp import StoppingCriteriaList
+        return StoppingCriteriaList([clock])
+    return [clock]
 
 
 def timed_chat(llm, messages, max_tokens: int) -> tuple[dict, float]:
@@ -72,15 +96,13 @@ def second_turn(llm) -> dict:
             "turn2_ms": round(second_ms, 1), "turn2_from_scratch_ms": round(fresh_ms, 1)}
 
 
-def measure(llm, *, n: int = 128, reps: int = 3, schema: bool = True) -> dict:
-    result = {
-        "completion_tg128_greedy_tok_s": round(completion_tg(llm, n, reps, temperature=0.0), 2),
-        "completion_tg128_sampled_tok_s": round(completion_tg(llm, n, reps, temperature=0.8), 2),
-    }
+def measure(llm, *, n: int = 128, reps: int = 5, schema: bool = True) -> dict:
+    variants = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 0.8}}
     if schema:
         fmt = {"type": "json_object", "schema": LONG_STRING_SCHEMA}
-        result["completion_tg128_json_schema_tok_s"] = round(
-            completion_tg(llm, n, reps, temperature=0.8, grammar=json_grammar(llm, fmt)), 2)
+        variants["json_schema"] = {"temperature": 0.8, "grammar": json_grammar(llm, fmt)}
+    rates = completion_tg(llm, n, variants, reps)
+    result = {f"completion_tg{n}_{name}_tok_s": round(v, 2) for name, v in rates.items()}
     result.update(second_turn(llm))
     return result
 

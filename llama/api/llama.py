@@ -223,7 +223,11 @@ class Llama:
         """Append `tokens` to the cached sequence and decode them; `scores` is then the
         logits of the last one."""
         self._generation += 1
-        self.scores = self.engine.prefill(0, self.engine.cached[0] + list(tokens))
+        tokens = list(tokens)
+        if len(tokens) == 1 and self.engine.n_past(0) > 0:  # a generation step: the fast path
+            self.scores = self.engine.decode_step([(0, tokens[0])])[0]
+        else:
+            self.scores = self.engine.prefill(0, self.engine.cached[0] + tokens)
 
     def reset(self) -> None:
         """Forget the cached tokens (the next prompt is decoded from the start)."""

@@ -57,6 +57,17 @@ def test_run_bytes_counts_results_and_the_products_matrices():
     assert run_bytes(graph.nodes, {}) == 2 * 32 * 4 + 32 * 2 * 34
 
 
+def test_run_bytes_stops_counting_at_the_threshold():
+    b = GraphBuilder()
+    x = b.input("x", F32, (1024, 1, 1, 1))
+    outs = [b.scale(x, float(i)) for i in range(10)]  # 4 KiB each
+    nodes = b.build(outs).nodes
+    full = run_bytes(nodes, {})
+    assert full == 10 * 4096
+    assert run_bytes(nodes, {}, stop_at=10_000) == 3 * 4096  # stops after the third result
+    assert run_bytes(nodes, {}, stop_at=full + 1) == full  # below the threshold: all of it
+
+
 def test_workers_stop_before_the_interpreter_exits(tmp_path):
     """A backend still alive at exit: by the time later exit handlers run, its workers are
     gone (a worker spinning in native code while finalisation frees the compiled runtime
