@@ -112,6 +112,8 @@ class Engine:
         want_logits) appends its tokens to that sequence, a prompt chunk or one generated
         token. Returns, per item, the logits row of its last token, or None if not wanted.
         Nothing is recorded for any item when the decode fails."""
+        if len(items) == 1 and len(items[0][1]) == 1 and items[0][2]:
+            return list(self.decode_step([(items[0][0], items[0][1][0])]))  # the one-token fast path
         ctx = self.ctx
         tokens, seq_ids, pos, flags = [], [], [], []
         for seq_id, toks, want in items:
