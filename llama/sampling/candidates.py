@@ -94,6 +94,15 @@ def _id_range(n: int) -> np.ndarray:
     return ids
 
 
+@functools.lru_cache(maxsize=8)
+def _zero_probs(n: int) -> np.ndarray:
+    """The probabilities of fresh candidates (none computed yet), shared read-only: the
+    samplers assign new arrays, so one zero row per vocabulary size serves every step."""
+    probs = np.zeros(n, dtype=F32)
+    probs.flags.writeable = False
+    return probs
+
+
 class Candidates:
     """llama_token_data_array: candidate ids with their logits and probabilities.
 
@@ -128,7 +137,13 @@ class Candidates:
         """
         row = np.asarray(logits, dtype=F32).view()
         row.flags.writeable = False
-        return cls(_id_range(len(row)), row)
+        n = len(row)
+        # the three arrays are right by construction: skip __init__'s conversions and checks,
+        # which cost more than the sampling itself right after a decode (cold caches)
+        cur = cls.__new__(cls)
+        cur.ids, cur.logits, cur.probs = _id_range(n), row, _zero_probs(n)
+        cur.sorted, cur.selected = False, -1
+        return cur
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -157,6 +172,11 @@ class Candidates:
         """llama_token_data_array_partial_sort_inplace: keep the `n` best, sorted descending."""
         self.take(order_desc(self.logits, n))
         self.sorted = True
+
+    def in_id_order(self, n_vocab: int) -> bool:
+        """Whether these are still all n_vocab tokens in id order (as `from_logits` made
+        them), so that token t sits at index t: one identity check, no pass over the ids."""
+        return len(self.ids) == n_vocab and self.ids is _id_range(n_vocab)
 
     def positions(self, tokens: np.ndarray) -> np.ndarray:
         """Index of each token id among the candidates, -1 where it is not a candidate.

@@ -53,7 +53,7 @@ class SamplerChain(Sampler):
     def sample(self, logits: np.ndarray, *, accept: bool = False) -> int:
         """Run the chain over a float logits row and return the selected token id."""
         row = np.asarray(logits)
-        if row.ndim != 1 or not np.issubdtype(row.dtype, np.floating):
+        if row.ndim != 1 or row.dtype.kind != "f":
             raise ValueError(f"logits must be a 1-D float array, got shape {row.shape} "
                              f"dtype {row.dtype}")
         if self.n_vocab is None:

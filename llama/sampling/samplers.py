@@ -63,6 +63,12 @@ class LogitBias(Sampler):
     def apply(self, cur: Candidates) -> None:
         if len(self._tokens) == 0:
             return
+        if cur.in_id_order(self.n_vocab):  # first in the chain: token t sits at index t
+            logits = cur.logits.copy()
+            np.add.at(logits, self._tokens, self._values)
+            cur.logits = logits
+            cur.sorted = False
+            return
         pos = cur.positions(self._tokens)
         found = pos >= 0
         if found.any():
