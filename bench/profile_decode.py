@@ -18,19 +18,7 @@ os.environ["GGMLPY_PROFILE"] = "1"
 import numpy as np  # noqa: E402
 
 import llama  # noqa: E402
-
-
-def _ghz(seconds: float = 0.2) -> float:
-    """The cycle counter's rate (the TSC: constant, not the core clock)."""
-    import ctypes
-
-    from ggmlpy.codegen_cpu.runtime import compile_module
-    mod = compile_module("declare i64 @llvm.readcyclecounter()\n"
-                         "define i64 @tsc() {\n  %c = call i64 @llvm.readcyclecounter()\n  ret i64 %c\n}\n")
-    tsc = ctypes.CFUNCTYPE(ctypes.c_int64)(mod.address("tsc"))
-    c0, t0 = tsc(), time.perf_counter()
-    time.sleep(seconds)
-    return (tsc() - c0) / (time.perf_counter() - t0) / 1e9
+from ggmlpy.viz.profile import tsc_ghz  # noqa: E402
 
 
 def _compiled(ctx: llama.Context) -> list:
@@ -65,7 +53,7 @@ def main() -> None:
             ctx.decode(llama.Batch.from_tokens([toks[9 + i]]))
         steps = args.tokens
     wall = (time.perf_counter() - t0) / steps
-    ghz = _ghz()
+    ghz = tsc_ghz()
     per_op: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0])
     nodes = []
     for c in _compiled(ctx):

@@ -47,16 +47,14 @@ class Engine:
         self.n_swa = ctx.model.hparams.n_swa if ctx.kv_layout.kv_size_swa else 0
 
     def reusable_prefix(self, seq_id: int, tokens: list[int], *, keep_last: bool = True) -> int:
-        """How many leading tokens of `tokens` can stay in the cache for this sequence."""
+        """How many leading tokens of `tokens` can stay in the cache for this sequence (a
+        question only: the caller drops the rest with `forget`)."""
         n = common_prefix(self.cached[seq_id], tokens)
         if keep_last and n == len(tokens):
             n -= 1  # the last prompt token is decoded again for its logits
-        if n > 0 and self.n_swa:
-            mem = self.ctx.memory
-            self.ctx.memory.seq_rm(seq_id, n, -1)
-            self.cached[seq_id] = self.cached[seq_id][:n]
-            if mem.seq_pos_min(seq_id) > max(0, n - self.n_swa):
-                n = 0  # the window no longer holds what the next token attends to
+        # the oldest position still cached is the same before and after dropping those >= n
+        if n > 0 and self.n_swa and self.ctx.memory.seq_pos_min(seq_id) > max(0, n - self.n_swa):
+            n = 0  # the window no longer holds what the next token attends to
         return max(n, 0)
 
     def prefill(self, seq_id: int, tokens: list[int], *, logits_all: bool = False,

@@ -130,7 +130,7 @@ class Sequence:
         reason = None
         if self.text.stopped:
             reason = "stop"
-        elif self.grammar is not None and self._grammar_done():
+        elif self.grammar is not None and self.grammar.is_finished():
             reason = "stop"
         elif len(self.tokens) >= self.max_tokens:
             reason = "length"
@@ -141,9 +141,6 @@ class Sequence:
     def stop_for_context(self) -> Step:
         """The context is full: end as llama.cpp does when n_ctx runs out ("length")."""
         return self._finish(-1, "length")
-
-    def _grammar_done(self) -> bool:
-        return self.grammar.is_finished()  # type: ignore[union-attr]
 
     def _finish(self, token: int, reason: str, text: str = "") -> Step:
         self.finish_reason = reason

@@ -43,31 +43,25 @@ def prepare(fn, llm, kwargs: dict, state: ServerState):
 def register(app: FastAPI, state: ServerState) -> None:
     cfg = state.config
 
-    async def chat(request: Request):
+    async def generate(request: Request, prepare_job, request_kwargs):
+        """A chat or text completion: the request's fields -> a job in a slot -> its answer."""
         body = await read_body(request, cfg.body_limit)
         llm, sched = state.ready()
         not_embedding(state)
         check_model(body, state)
-        kwargs = fields.chat_kwargs(body, cfg, state.eog_ids)
+        kwargs = request_kwargs(body, cfg, state.eog_ids)
         cache_prompt, id_slot = fields.slot_options(body, cfg.parallel)
-        job = prepare(prepare_chat, llm, kwargs, state)
+        job = prepare(prepare_job, llm, kwargs, state)
         return await serve(request, sched, job.seq, response=lambda t: job.response(),
                            chunks=lambda t: job.chunks(),
                            stream=fields.field(body, "stream", (bool,), False),
                            cache_prompt=cache_prompt, id_slot=id_slot, done_marker=True)
 
+    async def chat(request: Request):
+        return await generate(request, prepare_chat, fields.chat_kwargs)
+
     async def completions(request: Request):
-        body = await read_body(request, cfg.body_limit)
-        llm, sched = state.ready()
-        not_embedding(state)
-        check_model(body, state)
-        kwargs = fields.completion_kwargs(body, cfg, state.eog_ids)
-        cache_prompt, id_slot = fields.slot_options(body, cfg.parallel)
-        job = prepare(prepare_completion, llm, kwargs, state)
-        return await serve(request, sched, job.seq, response=lambda t: job.response(),
-                           chunks=lambda t: job.chunks(),
-                           stream=fields.field(body, "stream", (bool,), False),
-                           cache_prompt=cache_prompt, id_slot=id_slot, done_marker=True)
+        return await generate(request, prepare_completion, fields.completion_kwargs)
 
     async def embeddings(request: Request):
         body = await read_body(request, cfg.body_limit)

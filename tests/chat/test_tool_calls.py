@@ -3,7 +3,6 @@ over random chunkings), and the call-forcing grammars run through llguidance wit
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -12,13 +11,8 @@ from hypothesis import given, settings, strategies as st
 from llama.chat.tool_calls import (FORMATS, ToolCallStream, assemble_deltas, detect_tool_format,
                                    generic_tools_instruction, parse_tool_calls, tool_call_grammar, tool_call_id)
 
-# llama.cpp's models/templates: the copy kept with these tests, else a llama.cpp checkout.
-_TEMPLATE_DIRS = [
-    Path(__file__).resolve().parent / "templates",
-    *(Path(c) / "models/templates" for c in (os.environ.get("GGMLPY_LLAMA_CPP"),
-                                            "/tmp/peer/llama_cpp_python-0.3.36/vendor/llama.cpp") if c),
-]
-TEMPLATES = next((d for d in _TEMPLATE_DIRS if (d / "Qwen-Qwen2.5-7B-Instruct.jinja").is_file()), None)
+# llama.cpp's models/templates, copied beside the chat-template tests
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
 # ---------------------------------------------------------------------------------------------- detection
@@ -43,8 +37,6 @@ TEMPLATES = next((d for d in _TEMPLATE_DIRS if (d / "Qwen-Qwen2.5-7B-Instruct.ji
     ("meetkai-functionary-medium-v3.1", "generic"),
 ])
 def test_detect_on_llama_cpp_templates(name: str, fmt: str) -> None:
-    if TEMPLATES is None:
-        pytest.skip("llama.cpp's models/templates not found (set GGMLPY_LLAMA_CPP)")
     assert detect_tool_format((TEMPLATES / f"{name}.jinja").read_text()) == fmt
 
 
