@@ -98,9 +98,14 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
+    try:
+        import uvicorn
 
-    from llama.server import create_app
+        from llama.server import create_app
+    except ImportError as e:  # the web stack is the optional extra, not a core dependency
+        print(f"ggmlpy serve: error: {e.name} is not installed; the server needs the extra: "
+              "pip install 'ggmlpy[server]'", file=sys.stderr)
+        return 1
     config = config_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if config.context_shift:

@@ -1,4 +1,8 @@
 """`ggmlpy serve` flags: llama-server's names map onto ServerConfig; unknown ones fail."""
+import os
+import subprocess
+import sys
+
 import pytest
 
 from ggmlpy.cli import build_parser
@@ -25,3 +29,15 @@ def test_unknown_flag_is_an_error_naming_it(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "-m", "m.gguf", "--no-such-flag"])
     assert "--no-such-flag" in capsys.readouterr().err
+
+
+def test_serve_without_the_server_extra_names_it(tmp_path):
+    """A Python where fastapi/uvicorn cannot be imported gets one line naming the extra."""
+    blocker = tmp_path / "block"
+    blocker.mkdir()
+    (blocker / "uvicorn.py").write_text("raise ImportError('blocked', name='uvicorn')\n")
+    res = subprocess.run([sys.executable, "-m", "ggmlpy", "serve", "-m", "smollm2-135m"],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(blocker)})
+    assert res.returncode == 1
+    assert "pip install 'ggmlpy[server]'" in res.stderr and "Traceback" not in res.stderr
