@@ -27,7 +27,8 @@ def test_dropped_stream_frees_its_slot(server):
     with server.client() as c:
         _wait_idle(c)
         with c.stream("POST", "/v1/completions", json={"prompt": "Count: 1, 2, 3,",
-                                                       "max_tokens": 400, "stream": True}) as r:
+                                                       "max_tokens": 400, "stream": True,
+                                                       "ignore_eos": True}) as r:
             lines = r.iter_lines()
             for _ in range(4):
                 next(lines)
@@ -40,7 +41,9 @@ def test_dropped_non_streaming_request_frees_its_slot(server):
     with server.client() as c:
         _wait_idle(c)
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(server.url + "/completion", json={"prompt": "Count:", "n_predict": 400},
+            # ignore_eos: a sampled end of text must not finish it within the timeout
+            httpx.post(server.url + "/completion",
+                       json={"prompt": "Count:", "n_predict": 400, "ignore_eos": True},
                        headers=c.headers, timeout=1.0)
         _wait_idle(c, 5)
 
@@ -56,7 +59,8 @@ def test_hostile_mix_leaves_the_server_healthy(server):
                               headers={"Content-Type": "application/json"}).status_code
             if kind == 2:
                 try:
-                    httpx.post(server.url + "/completion", json={"prompt": "Go", "n_predict": 300},
+                    httpx.post(server.url + "/completion",
+                               json={"prompt": "Go", "n_predict": 300, "ignore_eos": True},
                                headers=c.headers, timeout=0.5)
                 except httpx.ReadTimeout:
                     return 0
@@ -80,7 +84,9 @@ def test_hostile_mix_leaves_the_server_healthy(server):
 def test_full_queue_answers_503(smollm2_path):
     with running(smollm2_path, parallel=1, ctx_size=512, max_queue=1) as server:
         def long_request() -> int:
-            return httpx.post(server.url + "/completion", json={"prompt": "Count:", "n_predict": 60},
+            # ignore_eos: the slot stays busy for all 300 tokens (seconds), whatever is sampled
+            return httpx.post(server.url + "/completion",
+                              json={"prompt": "Count:", "n_predict": 300, "ignore_eos": True},
                               timeout=60).status_code
         with ThreadPoolExecutor(2) as ex:
             running_one = ex.submit(long_request)
