@@ -2,7 +2,8 @@
 spent in kernels and waiting at the barrier after them (thread 0's view), from a profiled
 build of the graphs (GGMLPY_PROFILE=1).
 
-Usage: python bench/profile_decode.py [-m MODEL] [-t THREADS] [-n TOKENS] [--prompt N] [--top K]
+Usage: python bench/profile_decode.py [-m MODEL] [-t THREADS] [-n TOKENS] [--seqs N] [--prompt N] [--top K]
+(--seqs N: batched decode, one token of each of N sequences per step)
 Prints JSON: per op (kernel and barrier µs per step, share of the step) and the top nodes.
 """
 from __future__ import annotations
@@ -30,16 +31,22 @@ def main() -> None:
     ap.add_argument("-m", "--model", default="smollm2-135m")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-n", "--tokens", type=int, default=64)
+    ap.add_argument("--seqs", type=int, default=1, help="sequences decoded together per step")
     ap.add_argument("--prompt", type=int, default=0, help="profile one prompt of N tokens instead")
     ap.add_argument("--top", type=int, default=12)
     args = ap.parse_args()
     model = llama.Model.load(args.model)
-    ctx = llama.Context(model, n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=args.threads)
+    n = args.seqs
+    ctx = llama.Context(model, n_ctx=1024 * n, n_batch=512, n_ubatch=512, n_threads=args.threads, n_seq_max=n)
     rng = np.random.default_rng(0)
     toks = [int(t) for t in rng.integers(100, model.n_vocab - 100, 512)]
     # warm-up: both graphs run once (weights repacked, pages touched) before anything is timed
     ctx.decode(llama.Batch.from_tokens(toks[:8]))
-    ctx.decode(llama.Batch.from_tokens(toks[8:9]))
+    def step(i: int) -> None:
+        ctx.decode(llama.Batch(tokens=[toks[(i + s) % 512] for s in range(n)], seq_ids=[[s] for s in range(n)],
+                               logits=[True] * n))
+
+    step(8)
     if args.prompt:
         ctx.memory.clear()
     for c in _compiled(ctx):
@@ -50,7 +57,7 @@ def main() -> None:
         steps = 1
     else:
         for i in range(args.tokens):
-            ctx.decode(llama.Batch.from_tokens([toks[9 + i]]))
+            step(9 + i)
         steps = args.tokens
     wall = (time.perf_counter() - t0) / steps
     ghz = tsc_ghz()
@@ -76,7 +83,7 @@ def main() -> None:
             "src0": n.src[0].type.name if n.src else "", "kernel_us": round(k, 2), "barrier_us": round(b, 2)}
            for _, k, b, n in nodes[:args.top]]
     print(json.dumps({"model": model.path.name, "threads": args.threads,
-                      "mode": f"prompt {args.prompt}" if args.prompt else "decode",
+                      "mode": f"prompt {args.prompt}" if args.prompt else f"decode, {n} sequence(s)",
                       "step_us": round(wall * 1e6, 1), "native_us": round(native, 1),
                       "outside_native_us": round(wall * 1e6 - native, 1), "tsc_ghz": round(ghz, 3),
                       "per_op": ops, "top_nodes": top}, indent=1))

@@ -4,6 +4,13 @@ pp512: one 512-token prompt decoded as one batch (tokens/s); tg128: 128 tokens d
 at a time after a one-token start. Each is the median of several runs after a warm-up. Cold
 start (empty compile cache: load, compile, first token) and warm start (disk cache hit) run in
 fresh subprocesses so nothing in this process helps them. Peak RSS is this process's maximum.
+
+The roofline: decode reads every weight once per step, so the machine's read bandwidth
+(codegen_cpu/bandwidth.py, a native loop on as many threads, measured in the same run) over
+the weight bytes a step reads is the most steps a second can reach. `tg128_roofline` is the
+fraction of it tg128 reaches; `tg128_batched` is one token from each of N sequences per step
+(the server's step), aggregate tokens/s, with its own fraction per N. The KV cache's reads
+(a few % at these lengths) are left out of the bytes.
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ import time
 import numpy as np
 
 import llama
+from ggmlpy.ir.tensor import Flag
 
 
 def _tokens(model: llama.Model, n: int, seed: int = 0) -> list[int]:
@@ -28,9 +36,11 @@ def _tokens(model: llama.Model, n: int, seed: int = 0) -> list[int]:
 
 def run_bench(model_name: str, *, threads: int = 2, backend: str | None = None, n_prompt: int = 512,
               n_gen: int = 128, reps: int = 3, start_times: bool = True, devices: list[str] | None = None,
-              n_gpu_layers: int = 0, tensor_split: list[float] | None = None) -> dict:
+              n_gpu_layers: int = 0, tensor_split: list[float] | None = None,
+              batched: tuple[int, ...] = (1, 2, 4, 8)) -> dict:
     """`devices`, `n_gpu_layers`, `tensor_split`: offloading, as llama.Model.load takes them
-    (llama-bench's -ngl and -ts)."""
+    (llama-bench's -ngl and -ts). `batched`: the sequence counts of `tg128_batched` (empty:
+    skipped)."""
     where = {"devices": devices, "n_gpu_layers": n_gpu_layers, "tensor_split": tensor_split}
     t0 = time.perf_counter()
     model = llama.Model.load(model_name, **where)
@@ -75,9 +85,68 @@ def run_bench(model_name: str, *, threads: int = 2, backend: str | None = None, 
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
     result.update(device_stats(ctx))
+    on_host = not devices and not n_gpu_layers
+    step_bytes = weight_bytes_per_step(ctx)
+    result["weight_mb_per_token"] = round(step_bytes / 1e6, 2)
+    if on_host:  # the host's bandwidth bounds decode only when every weight is in host memory
+        from ggmlpy.codegen_cpu.bandwidth import read_gb_s
+
+        gb_s = read_gb_s(threads)
+        result["read_gb_s"] = round(gb_s, 2)
+        result[f"tg{n_gen}_roofline"] = round(step_bytes * result[f"tg{n_gen}_tok_s"] / (gb_s * 1e9), 3)
+    if batched:
+        agg = batched_decode(model, threads, backend, batched, n_gen, reps)
+        result[f"tg{n_gen}_batched"] = {str(n): round(v, 2) for n, v in agg.items()}
+        if on_host:
+            result[f"tg{n_gen}_batched_roofline"] = {
+                str(n): round(step_bytes * v / n / (gb_s * 1e9), 3) for n, v in agg.items()}
     if start_times:
         result["cold_start_s"], result["warm_start_s"] = start_times_s(model_name, threads, backend, where)
     return result
+
+
+def weight_bytes_per_step(ctx: llama.Context) -> int:
+    """The model bytes a decode step reads: every weight an op reads whole (a get_rows
+    lookup reads a row, left out), each once, in the largest graph compiled so far."""
+    most = 0
+    for entry in ctx.graph_cache.entries.values():
+        read: dict[int, int] = {}
+        for node in entry.graph.nodes:
+            srcs = node.src[1:] if node.op == "get_rows" else node.src
+            for src in srcs:
+                if src is not None and src.flags & Flag.WEIGHT:
+                    read[id(src)] = int(src.nb[3]) * int(src.ne[3])
+        most = max(most, sum(read.values()))
+    return most
+
+
+def batched_decode(model: llama.Model, threads: int, backend: str | None, counts: tuple[int, ...],
+                   n_gen: int, reps: int) -> dict[int, float]:
+    """Aggregate tokens/s of n_gen steps that each decode one token of every one of N
+    sequences (each with its logits), the median of `reps` rounds after a warm-up."""
+    n_max = max(counts)
+    ctx = llama.Context(model, n_ctx=n_max * (n_gen + 2), n_batch=max(n_max, 8), n_ubatch=max(n_max, 8),
+                        n_seq_max=n_max, n_threads=threads, backend=backend)
+    toks = _tokens(model, (n_gen + 1) * n_max, seed=1)
+    out = {}
+    for n in counts:
+        seqs = [[s] for s in range(n)]
+        rates = []
+        for rep in range(reps + 1):
+            ctx.memory.clear()
+            step = llama.Batch(tokens=toks[:n], seq_ids=seqs, logits=[True] * n)
+            if ctx.decode(step) != 0:
+                raise RuntimeError("batched decode failed")
+            t0 = time.perf_counter()
+            for i in range(n_gen):
+                first = (i + 1) * n_max
+                step = llama.Batch(tokens=toks[first:first + n], seq_ids=seqs, logits=[True] * n)
+                if ctx.decode(step) != 0:
+                    raise RuntimeError("batched decode failed")
+            if rep:
+                rates.append(n * n_gen / (time.perf_counter() - t0))
+        out[n] = statistics.median(rates)
+    return out
 
 
 def device_stats(ctx: llama.Context) -> dict:

@@ -220,8 +220,7 @@ class Context:
     # decode -----------------------------------------------------------------------------------
     def decode(self, batch: Batch) -> int:
         """0 ok, 1 no KV slot (nothing written), 2 aborted, -1 invalid batch, < -1 fatal."""
-        ub = single_token_ubatch(batch, self.n_vocab, self.n_seq_max, self.memory,
-                                 equal_seqs=self.n_seq_max > 1)
+        ub = single_token_ubatch(batch, self.n_vocab, self.n_seq_max, self.memory)
         if ub is not None:  # a generation step: one ubatch of one output, nothing to split
             ubatches, n_outputs, in_order = [ub], 1, True
             output_ids = _FIRST_OUTPUT
@@ -278,8 +277,10 @@ class Context:
         if ab.n_tokens > self.n_batch:
             log.error("decode: %d tokens exceed n_batch %d", ab.n_tokens, self.n_batch)
             return DECODE_INVALID_BATCH
-        mode = "simple" if self.n_seq_max == 1 else "equal"
-        ubatches = ab.split_all(self.n_ubatch, mode)
+        # the KV cache is one stream shared by every sequence (llama.cpp's kv_unified), for
+        # which llama.cpp's init_batch splits simply: a server step's generated tokens and
+        # new prompt chunks go in one ubatch, so each weight is read once for all of them
+        ubatches = ab.split_all(self.n_ubatch, "simple")
         if ubatches is None:
             log.error("decode: the batch could not be split into ubatches")
             return DECODE_INVALID_BATCH

@@ -12,11 +12,10 @@ import numpy as np
 from llama.batch import LLAMA_MAX_SEQ, Batch, SeqPosMemory, UBatch
 
 
-def single_token_ubatch(batch: Batch, n_vocab: int, n_seq_max: int, memory: SeqPosMemory,
-                        equal_seqs: bool) -> UBatch | None:
+def single_token_ubatch(batch: Batch, n_vocab: int, n_seq_max: int, memory: SeqPosMemory) -> UBatch | None:
     """The ubatch of a plain one-token batch (`Batch.from_tokens([t], seq_id=s)`, every step
     of generation), built directly: the same UBatch as `BatchAllocator.init` followed by a
-    split (simple, or equal/seq with `equal_seqs`), without their general bookkeeping.
+    simple split (the KV cache is one stream), without their general bookkeeping.
 
     Only a batch that is valid at a glance takes this path: one int token in range, at most
     one sequence id in range, no positions (they continue the memory, so they are
@@ -52,7 +51,7 @@ def single_token_ubatch(batch: Batch, n_vocab: int, n_seq_max: int, memory: SeqP
     return UBatch(tokens=np.array([tok], dtype=np.int32), embd=None,
                   pos=np.array([pos], dtype=np.int32), seq_ids=[(seq,)],
                   output=_ONE_OUTPUT, idxs=_FIRST_INDEX,
-                  n_seq_tokens=1, n_seqs=1, equal_seqs=equal_seqs, seq_id_unq=[seq])
+                  n_seq_tokens=1, n_seqs=1, equal_seqs=False, seq_id_unq=[seq])
 
 
 def _constant(values, dtype) -> np.ndarray:

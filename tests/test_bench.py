@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import llama.model
 import ggmlpy.sched.placement as placement
 from ggmlpy.bench import run_bench
@@ -56,3 +58,37 @@ def test_bench_cuda_dry_run_reports_the_cpu_host_and_the_launches(smollm2_path):
     tg = result["tg8"]
     assert tg["launches_per_token"] == 151 and tg["graph_captures"] == 1
     assert 0 < tg["per_token_ms"]["backend_host"] < tg["per_token_ms"]["host"]
+
+
+def test_bench_reports_the_roofline_and_batched_decode(tmp_path):
+    """The bytes a decode step reads are every tensor of the file but the embedding table
+    (read a row at a time), counted by the gguf package; the roofline fraction is
+    tg128 x bytes / bandwidth; batched decode reports every sequence count asked for."""
+    import gguf
+
+    path = write_tiny_llama(tmp_path / "tiny.gguf", n_layer=2)
+    result = run_bench(str(path), n_prompt=8, n_gen=8, reps=1, start_times=False, batched=(1, 3))
+    json.dumps(result, allow_nan=False)
+    tensors = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(path).tensors}
+    expected = sum(n for name, n in tensors.items() if name != "token_embd.weight")
+    assert result["weight_mb_per_token"] == round(expected / 1e6, 2)
+    assert result["read_gb_s"] > 0.5
+    fraction = expected * result["tg8_tok_s"] / (result["read_gb_s"] * 1e9)
+    assert result["tg8_roofline"] == pytest.approx(fraction, rel=0.01, abs=1e-3)
+    assert set(result["tg8_batched"]) == {"1", "3"} and all(v > 0 for v in result["tg8_batched"].values())
+    assert set(result["tg8_batched_roofline"]) == {"1", "3"}
+
+
+def test_bench_batched_counts_are_checked():
+    import argparse
+
+    from ggmlpy.cli.bench_cmd import _counts
+
+    assert _counts("1,2, 4") == (1, 2, 4) and _counts("") == ()
+    for bad in ("0", "1,x", "65"):
+        try:
+            _counts(bad)
+        except argparse.ArgumentTypeError as e:
+            assert "--batched" in str(e)
+        else:
+            raise AssertionError(bad)

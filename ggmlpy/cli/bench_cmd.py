@@ -17,9 +17,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-p", "--n-prompt", type=int, default=512)
     p.add_argument("-n", "--n-gen", type=int, default=128)
     p.add_argument("--no-start-times", action="store_true", help="skip the cold/warm start subprocesses")
+    p.add_argument("--batched", default="1,2,4,8", type=_counts,
+                   help="sequence counts for batched decode (tg128_batched), comma-separated; '' skips it")
     p.add_argument("--json", action="store_true", help="print one JSON object (the default output too)")
     add_placement_args(p)
     p.set_defaults(func=run)
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(c) for c in text.split(",") if c.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--batched takes comma-separated counts, got {text!r}") from None
+    if any(not 1 <= c <= 64 for c in counts):
+        raise argparse.ArgumentTypeError(f"--batched counts must be in [1, 64], got {text!r}")
+    return counts
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads < 1 or args.reps < 1 or args.n_prompt < 1 or args.n_gen < 1:
         raise ValueError("threads, reps, n-prompt and n-gen must be positive")
     result = run_bench(args.model, threads=args.threads, backend=args.backend, n_prompt=args.n_prompt,
-                       n_gen=args.n_gen, reps=args.reps, start_times=not args.no_start_times,
+                       n_gen=args.n_gen, reps=args.reps, start_times=not args.no_start_times, batched=args.batched,
                        **placement_kwargs(args))
     print(json.dumps(result))
     return 0

@@ -119,15 +119,36 @@ def _blocks(raw: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarray:
     return rows.reshape(m // GROUP, GROUP, n_steps(t, k), 2, bb)
 
 
+def _moved(x: np.ndarray, word: type, order: tuple[int, ...]) -> np.ndarray:
+    """x's last axis (the bytes of one word) read as one `word`, the other axes put in
+    `order`, back as contiguous bytes. numpy then moves whole words, not single bytes:
+    repacking SmolLM2 or Gemma 3 runs 2 to 3 times faster than transposing bytes."""
+    words = x.view(word)[..., 0]
+    return np.ascontiguousarray(words.transpose(order)).view(np.uint8)
+
+
 def _lanes(x: np.ndarray) -> np.ndarray:
-    """[g, r, s, h, c, 4 bytes] -> [g, s, h, c, r, 4]: lane r of vector (h, c)."""
-    return x.transpose(0, 2, 3, 4, 1, 5)
+    """[g, r, s, h, c, 4 bytes] -> [g, s, h, c, r * 4]: lane r of vector (h, c)."""
+    return _moved(x, np.uint32, (0, 2, 3, 4, 1))
 
 
 def _scales(blocks: np.ndarray, at: int) -> np.ndarray:
     """The f16 at byte `at` of every block, as [g, s, h * 16 + r] bytes (one vector)."""
     f = blocks[..., at:at + 2]                      # [g, r, s, h, 2]
-    return f.transpose(0, 2, 3, 1, 4).reshape(f.shape[0], f.shape[2], 64)
+    return _moved(f, np.uint16, (0, 2, 3, 1)).reshape(f.shape[0], f.shape[2], 64)
+
+
+QS_AT = {GGMLType.Q4_0: (2, 16), GGMLType.Q4_1: (4, 16), GGMLType.Q5_0: (6, 16), GGMLType.Q8_0: (2, 32)}
+
+
+def _word_aligned(blocks: np.ndarray, at: int) -> tuple[np.ndarray, int]:
+    """The blocks copied with leading padding so that byte `at` of each lands on a 4-byte
+    boundary: (padded blocks, the new offset). One contiguous run per block to copy."""
+    pad = -at % 4
+    bb = blocks.shape[-1]
+    out = np.empty(blocks.shape[:-1] + (-(-(bb + pad) // 4) * 4,), np.uint8)
+    out[..., pad:pad + bb] = blocks
+    return out, at + pad
 
 
 def _qh_planes(qh: np.ndarray) -> np.ndarray:
@@ -176,13 +197,15 @@ def _repack_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
     blocks = _blocks(rows, t, k, rows.shape[0])
     g, s = blocks.shape[0], blocks.shape[2]
     parts: list[np.ndarray] = []
+    qs_at, n_qs = QS_AT[t]
+    quants = blocks
+    if qs_at % 4:  # quants off 4-byte alignment: numpy's unaligned word copies are slow
+        quants, qs_at = _word_aligned(blocks, qs_at)
+    q = quants[..., qs_at:qs_at + n_qs].reshape(g, GROUP, s, 2, n_qs // 4, 4)
+    lanes = _lanes(q)
     if t == GGMLType.Q8_0:
-        q = blocks[..., 2:34].reshape(g, GROUP, s, 2, 8, 4) ^ np.uint8(0x80)
-        parts.append(_lanes(q).reshape(g, s, -1))
-    else:
-        qs_at = {GGMLType.Q4_0: 2, GGMLType.Q4_1: 4, GGMLType.Q5_0: 6}[t]
-        q = blocks[..., qs_at:qs_at + 16].reshape(g, GROUP, s, 2, 4, 4)
-        parts.append(_lanes(q).reshape(g, s, -1))
+        lanes ^= np.uint8(0x80)
+    parts.append(lanes.reshape(g, s, -1))
     if t == GGMLType.Q5_0:
         qh = np.ascontiguousarray(blocks[..., 2:6]).view(np.uint32)[..., 0]   # [g, r, s, h]
         planes = _qh_planes(qh)                                                 # [g, r, s, h, 4]
@@ -201,7 +224,7 @@ def _repack_kquant_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
 
     def lanes(x: np.ndarray) -> np.ndarray:
         """[g, r, s, V, 4] -> [g, s, V * 64]: lane r of each of the V vectors."""
-        return x.transpose(0, 2, 3, 1, 4).reshape(g, s, -1)
+        return _moved(x, np.uint32, (0, 2, 3, 1)).reshape(g, s, -1)
 
     def per_row(x: np.ndarray) -> np.ndarray:
         """[g, r, s, n] bytes -> [g, s, n * 16]: byte 16i + r."""
@@ -211,7 +234,7 @@ def _repack_kquant_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
         qs = blk[..., 16:144].reshape(g, GROUP, s, 32, 4)   # vector 8j + c = bytes 32j + 4c..
         sc, mn = _k4_scales(blk[..., 4:16])
         d = blk[..., 0:4].reshape(g, GROUP, s, 2, 2)        # d, dmin: 16 f16 each
-        halves = d.transpose(0, 2, 3, 1, 4).reshape(g, s, -1)
+        halves = _moved(d, np.uint16, (0, 2, 3, 1)).reshape(g, s, -1)
         return np.concatenate([lanes(qs), per_row(sc), per_row(mn), halves], axis=2)
     q = _q6_values(blk)                                       # [g, r, s, 256] in 0..63
     q = q.reshape(g, GROUP, s, 4, 2, 8, 4)                    # chunk j, half, c, i
@@ -219,7 +242,7 @@ def _repack_kquant_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
     hi = (q >> 4).reshape(g, GROUP, s, 4, 2, 4, 2, 4)         # j, half, c', e, i
     qh = (hi[..., 0, :, 0, :] | (hi[..., 0, :, 1, :] << 2)
           | (hi[..., 1, :, 0, :] << 4) | (hi[..., 1, :, 1, :] << 6))         # [g,r,s,4,4,4]
-    d = blk[..., 208:210].reshape(g, GROUP, s, 1, 2).transpose(0, 2, 3, 1, 4).reshape(g, s, -1)
+    d = _moved(blk[..., 208:210].reshape(g, GROUP, s, 1, 2), np.uint16, (0, 2, 3, 1)).reshape(g, s, -1)
     return np.concatenate([lanes(ql.reshape(g, GROUP, s, 32, 4)), lanes(qh.reshape(g, GROUP, s, 16, 4)),
                            per_row(blk[..., 192:208]), d, np.zeros((g, s, 32), np.uint8)], axis=2)
 

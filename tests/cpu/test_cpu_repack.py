@@ -29,9 +29,9 @@ from .test_cpu_quant_kernels import EXACT_BAR, GGML_BAR, _kernel_model
 
 G = GGMLType
 TYPES = (G.Q4_0, G.Q4_1, G.Q5_0, G.Q8_0)
-SHAPES = [(64, 16, 1), (96, 32, 5), (576, 48, 7), (1536, 32, 13), (160, 16, 48), (576, 64, 300)]
+SHAPES = [(64, 16, 1), (64, 32, 2), (96, 16, 3), (96, 32, 5), (576, 48, 7), (1536, 32, 13), (160, 16, 48), (576, 64, 300)]
 KTYPES = (G.Q4_K, G.Q6_K)
-KSHAPES = [(256, 16, 1), (512, 32, 7), (1024, 48, 40), (2048, 16, 13), (768, 64, 300)]
+KSHAPES = [(256, 16, 1), (256, 32, 4), (512, 16, 3), (512, 32, 7), (1024, 48, 40), (2048, 16, 13), (768, 64, 300)]
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -170,6 +170,22 @@ def test_result_independent_of_threads(t, n):
     results = [run_case("mul_mat", case, CpuBackend(n_threads=nt), inputs=inputs)[0] for nt in (1, 2, 3)]
     np.testing.assert_array_equal(results[0], results[1])
     np.testing.assert_array_equal(results[0], results[2])
+
+
+@pytest.mark.parametrize("t", [G.Q4_1, G.Q8_0, G.Q4_K, G.Q6_K], ids=lambda t: t.name)
+def test_batched_tokens_equal_each_token_alone(t):
+    """Batched decode: a token's result does not depend on the tile it falls in (tiles of
+    6, 4, 2 and 1 tokens), bit for bit."""
+    k = 512 if t in KTYPES else 576
+    full = _weight_case(t, k, 48, 13)
+    inputs = make_inputs(full, np.random.default_rng(3))
+    backend = CpuBackend(n_threads=2)
+    batched, _ = run_case("mul_mat", full, backend, inputs=inputs)
+    for n in (1, 2, 3, 4, 5):
+        part = _weight_case(t, k, 48, n)
+        sub = dict(inputs, src1=inputs["src1"][..., :n, :])
+        alone, _ = run_case("mul_mat", part, backend, inputs=sub)
+        np.testing.assert_array_equal(alone, batched[..., :n, :])
 
 
 def test_weights_are_repacked_only_where_the_layout_applies():

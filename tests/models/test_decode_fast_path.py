@@ -49,9 +49,9 @@ def test_single_token_ubatch_equals_allocator_and_split(n_seq_max, batch):
     kv = KVCells(64, n_seq_max)
     for s in range(n_seq_max):
         place(kv, list(range(4 + s)), [s] * (4 + s))
-    fast = single_token_ubatch(batch, 320, n_seq_max, kv, equal_seqs=n_seq_max > 1)
+    fast = single_token_ubatch(batch, 320, n_seq_max, kv)
     ab = BatchAllocator.init(batch, 320, n_seq_max, kv)
-    (slow,) = ab.split_all(512, "simple" if n_seq_max == 1 else "equal")
+    (slow,) = ab.split_all(512, "simple")
     assert fast is not None
     for name in ("tokens", "pos", "output", "idxs"):
         a, b = getattr(fast, name), getattr(slow, name)
@@ -69,7 +69,7 @@ def test_single_token_ubatch_equals_allocator_and_split(n_seq_max, batch):
     Batch(tokens=[3], seq_ids=[True]), Batch(embd=np.zeros((1, 64), np.float32)),
 ])
 def test_single_token_ubatch_leaves_other_batches_to_the_allocator(batch):
-    assert single_token_ubatch(batch, 320, 4, KVCells(16, 4), equal_seqs=True) is None
+    assert single_token_ubatch(batch, 320, 4, KVCells(16, 4)) is None
 
 
 def test_invalid_one_token_batches_still_return_minus_one(tiny_model):

@@ -161,9 +161,11 @@ def test_pooling_several_sequences_in_one_batch(kind, models):
     for s, idx in enumerate(where):
         pooled = ctx.get_embeddings_seq(s)
         np.testing.assert_allclose(pooled, NUMPY_POOLING[kind](rows[idx]), atol=1e-6, rtol=0)
-        # each sequence saw only its own tokens: the same as that prompt alone
+        # each sequence saw only its own tokens: the same as that prompt alone, but for
+        # rounding (in one ubatch a softmax row spans every sequence's cells, masked, so
+        # its sum runs in another order, and the f16 rounding of its weights may differ)
         alone = hidden_states(m, PROMPTS[s])
-        np.testing.assert_allclose(pooled, NUMPY_POOLING[kind](alone), atol=1e-4, rtol=0)
+        np.testing.assert_allclose(pooled, NUMPY_POOLING[kind](alone), atol=1e-3, rtol=0)
     with pytest.raises(KeyError):
         ctx.get_embeddings_seq(3)
 

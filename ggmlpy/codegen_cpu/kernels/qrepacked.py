@@ -30,6 +30,7 @@ from ggmlpy.codegen_cpu.kernels.qvec import (
 from ggmlpy.ir.types import GGMLType
 
 TOKENS = 6                 # tokens per register tile (prefill)
+REST_TILES = (4, 2, 1)     # the tiles of a block's last tokens (their count's bits; < TOKENS)
 L2_BUDGET = 512 * 1024     # bytes of quantised activations per token block
 V = 64
 
@@ -63,11 +64,20 @@ class RepackedMatmul:
             t1 = b.add(t0, i64(block))
             t1 = b.select(b.icmp_signed("<", t1, self.n_tok), t1, self.n_tok)
             t_full = b.add(t0, b.mul(b.sdiv(b.sub(t1, t0), i64(TOKENS)), i64(TOKENS)))
+            rest = b.sub(t1, t_full)
             with kb.loop(g0, g1, "g") as g:
                 with kb.loop(t0, t_full, "tt", step=TOKENS) as tok0:
                     self._tile(g, tok0, TOKENS)
-                with kb.loop(t_full, t1, "t1") as tok0:
-                    self._tile(g, tok0, 1)
+                self._rest(g, t_full, rest)
+
+    def _rest(self, g: ir.Value, tok0: ir.Value, rest: ir.Value) -> None:
+        """The last rest (< TOKENS) tokens of a block as tiles of 4, 2 and 1 (rest's bits):
+        batched decode (2-5 sequences a step) reads and decodes each weight step once for
+        all of its tokens. Each token's arithmetic is the same whatever its tile."""
+        kb, b = self.kb, self.kb.b
+        for n_t in REST_TILES:
+            with kb.if_then(b.icmp_signed("!=", b.and_(rest, i64(n_t)), i64(0))):
+                self._tile(g, b.add(tok0, b.and_(rest, i64(~(2 * n_t - 1)))), n_t)
 
     # one tile: rows of group g x tokens tok0 .. tok0 + n_t - 1 --------------------------------
     def _tile(self, g: ir.Value, tok0: ir.Value, n_t: int) -> None:

@@ -1,0 +1,65 @@
+"""`ggmlpy bench` and llama.cpp's `llama-bench`, alternated in one run on every model given,
+so the ratios come from the same minutes of a shared machine. Prints one JSON object: each
+round's figures from both, and per model the medians and the ratios (ggmlpy / llama.cpp).
+
+Usage: python bench/bench_vs_llama.py --llama-bench PATH [-m MODEL ...] [-t 2] [--rounds 2]
+
+llama-bench is built outside the repo from llama.cpp's source (DESIGN.md's peers:
+`cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF && cmake --build build --target llama-bench`).
+The batched and roofline figures are ggmlpy's only (llama-bench has no batched decode).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+from ggmlpy.hub import resolve_model
+
+SHARED = ("pp512_tok_s", "tg128_tok_s")
+
+
+def llama_bench(binary: str, path: str, threads: int) -> dict:
+    out = subprocess.run([binary, "-m", path, "-t", str(threads), "-p", "512", "-n", "128", "-r", "3",
+                          "-o", "json"], capture_output=True, text=True, check=True).stdout
+    rows = json.loads(out)
+    by_test = {(r["n_prompt"], r["n_gen"]): r["avg_ts"] for r in rows}
+    return {"pp512_tok_s": round(by_test[(512, 0)], 2), "tg128_tok_s": round(by_test[(0, 128)], 2)}
+
+
+def ggmlpy_bench(path: str, threads: int, start_times: bool) -> dict:
+    args = [sys.executable, "-m", "ggmlpy", "bench", "-m", path, "-t", str(threads)]
+    if not start_times:
+        args.append("--no-start-times")
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--llama-bench", required=True, help="path of llama.cpp's llama-bench")
+    p.add_argument("-m", "--model", action="append", help="GGUF path or known name (repeatable)")
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2, help="alternations per model")
+    a = p.parse_args()
+    models = a.model or ["smollm2-135m", "gemma3-270m"]
+    report: dict = {"threads": a.threads, "models": {}}
+    for name in models:
+        path = str(resolve_model(name))
+        rounds = []
+        for r in range(a.rounds):
+            peer = llama_bench(a.llama_bench, path, a.threads)
+            ours = ggmlpy_bench(path, a.threads, start_times=r == 0)
+            rounds.append({"llama.cpp": peer, "ggmlpy": ours})
+        med = {side: {k: statistics.median(x[side][k] for x in rounds) for k in SHARED}
+               for side in ("llama.cpp", "ggmlpy")}
+        ratios = {k: round(med["ggmlpy"][k] / med["llama.cpp"][k], 2) for k in SHARED}
+        report["models"][name] = {"rounds": rounds, "median": med, "ratio": ratios}
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
