@@ -185,6 +185,9 @@ class CpuSplit:
         ctx = self.ctx
         if self._weight_slots is None:
             weight_slots, other_slots = [], []
+            self.backend.weight_layouts.prepare(
+                [(root, store.buffer(root)) for root, packed in self.layout.externals if packed],
+                self.backend.n_threads)
             for i, (root, packed) in enumerate(self.layout.externals):
                 if root.flags & (Flag.WEIGHT | Flag.CACHE):
                     data = store.buffer(root)

@@ -24,6 +24,7 @@ of a repacked tensor are then released, so the weights are resident once.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import mmap
 from typing import Callable
@@ -316,6 +317,23 @@ class WeightLayouts:
             out = repack(data, t.type, t.ne[0], t.ne[1], release_pages if self.release else None)
             self.arrays[t.name] = out
         return out
+
+    def prepare(self, pending: list[tuple[Tensor, np.ndarray]], n_threads: int) -> None:
+        """Repack every weight of `pending` not yet done, on up to n_threads threads at once:
+        numpy lets go of the GIL while it moves the words, so a first decode (the warm
+        start's largest part) repacks about twice as fast on two cores. The results are the
+        same as `get`'s, one at a time."""
+        todo = {t.name: (t, data) for t, data in pending if t.name not in self.arrays}
+        if n_threads < 2 or len(todo) < 2:
+            for t, data in todo.values():
+                self.get(t, data)
+            return
+        release = release_pages if self.release else None
+        with concurrent.futures.ThreadPoolExecutor(n_threads, thread_name_prefix="ggmlpy-repack") as pool:
+            jobs = {name: pool.submit(repack, data, t.type, t.ne[0], t.ne[1], release)
+                    for name, (t, data) in todo.items()}
+            for name, job in jobs.items():
+                self.arrays[name] = job.result()
 
     @property
     def nbytes(self) -> int:

@@ -20,7 +20,7 @@ from ggmlpy.ir.builder import GraphBuilder
 from ggmlpy.ir.ops import OpCase, SrcSpec
 from ggmlpy.ir.ops.testing import make_inputs, normalized_error, run_case, source_values
 from ggmlpy.ir.tensor import Flag
-from ggmlpy.ir.types import GGMLType
+from ggmlpy.ir.types import GGMLType, type_size
 from ggmlpy.quants import dequantize
 from ggmlpy.sched.ref_backend import RefBackend
 from ggmlpy.sched.store import TensorStore
@@ -244,6 +244,31 @@ def test_repacked_once_per_model_and_pages_released(smollm2_path):
     # the file pages of the repacked weights are no longer resident in this process
     resident = _mapping_rss_kib(str(smollm2_path))
     assert resident * 1024 < 0.25 * model.size_bytes, resident
+
+
+def test_parallel_repack_equals_one_at_a_time():
+    """WeightLayouts.prepare (a first decode's repack, on the backend's threads) makes the
+    same bytes as get, one weight at a time, and leaves the weights already done alone."""
+    from ggmlpy.codegen_cpu.repack import WeightLayouts
+    from ggmlpy.ir.tensor import Tensor, contiguous_strides
+
+    rng = np.random.default_rng(5)
+    pending = []
+    for i, (t, k, m) in enumerate([(G.Q4_1, 576, 64), (G.Q8_0, 576, 48), (G.Q4_K, 512, 32), (G.Q6_K, 256, 16),
+                                   (G.Q4_0, 96, 32)]):
+        per = 256 if t in KTYPES else 32
+        raw = rng.integers(0, 256, m * (k // per) * type_size(t), dtype=np.uint8)
+        ne = (k, m, 1, 1)
+        pending.append((Tensor(name=f"w{i}", type=t, ne=ne, nb=contiguous_strides(t, ne), flags=Flag.WEIGHT), raw))
+    serial, parallel = WeightLayouts(release=False), WeightLayouts(release=False)
+    for t, raw in pending:
+        serial.get(t, raw)
+    done_before = parallel.get(*pending[0])
+    parallel.prepare(pending, n_threads=2)
+    assert parallel.arrays["w0"] is done_before
+    assert serial.arrays.keys() == parallel.arrays.keys()
+    for name in serial.arrays:
+        np.testing.assert_array_equal(serial.arrays[name], parallel.arrays[name])
 
 
 def _mapping_rss_kib(path: str) -> int:
