@@ -4,6 +4,9 @@ pp512: one 512-token prompt decoded as one batch (tokens/s); tg128: 128 tokens d
 at a time after a one-token start. Each is the median of several runs after a warm-up. Cold
 start (empty compile cache: load, compile, first token) and warm start (disk cache hit) run in
 fresh subprocesses so nothing in this process helps them. Peak RSS is this process's maximum.
+`context_and_compile_s` is the time `Context()` takes: on a cache miss LLVM still runs in
+worker processes after it returns (the first decode waits for its graph), so a first run's
+cost is `cold_start_s`.
 
 The roofline: decode reads every weight once per step, so the machine's read bandwidth
 (codegen_cpu/bandwidth.py, a native loop on as many threads, measured in the same run) over

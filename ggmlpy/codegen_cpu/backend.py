@@ -2,6 +2,7 @@
 run by a pool of native-spinning threads (DESIGN.md decision 7)."""
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import time
@@ -14,6 +15,7 @@ from ggmlpy.codegen_cpu.irgen import SYMBOLS
 from ggmlpy.codegen_cpu.lowering import LOWERINGS
 from ggmlpy.codegen_cpu.repack import WeightLayouts
 from ggmlpy.codegen_cpu.program import N_SYM_WORDS, TABLE_HEADER, TABLE_WORD, ProgramBuilder, root_of
+from ggmlpy.codegen_cpu.elf_loader import NativeObject
 from ggmlpy.codegen_cpu.runtime import JitModule, ThreadPool
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import OPS, Kind
@@ -63,6 +65,7 @@ class CpuBackend:
         self.object_cache = ObjectCache()
         self.ir_builds = 0  # modules whose IR text had to be generated (a warm start: none)
         self.weight_layouts = WeightLayouts()  # repacked weights; shared per model, see share_model_cache
+        self._compiles: concurrent.futures.ThreadPoolExecutor | None = None  # LLVM runs, see compile
 
     def share_model_cache(self, cache: dict) -> None:
         """Keep repacked weights in a cache that lives with the model (Model.backend_cache),
@@ -82,6 +85,9 @@ class CpuBackend:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+        if self._compiles is not None:
+            self._compiles.shutdown(wait=False)
+            self._compiles = None
 
     def __del__(self) -> None:
         try:
@@ -107,6 +113,7 @@ class CpuBackend:
         own = {n.id for n in nodes}
         produced_elsewhere = {t.id for t in graph.tensors if not t.is_leaf and t.id not in own}
         builder = ProgramBuilder(graph, nodes, self.worst_env, produced_elsewhere, self.profile)
+        from ggmlpy.codegen_cpu.compile_worker import inprocess_requested
         from ggmlpy.codegen_cpu.runtime import compile_module, load_object  # cache, worker, ELF loader
 
         plan = builder.plan_key()
@@ -116,21 +123,34 @@ class CpuBackend:
         else:
             ir_text = builder.build_ir()
             self.ir_builds += 1
-            module = compile_module(ir_text, self.object_cache)
-            self.object_cache.remember_plan(plan, ir_text)
+
+            def compile_and_remember() -> NativeObject | JitModule:
+                module = compile_module(ir_text, self.object_cache)
+                self.object_cache.remember_plan(plan, ir_text)
+                return module
+
+            if inprocess_requested():  # LLVM in this process: one module at a time
+                module = compile_and_remember()
+            else:  # LLVM runs in a worker process while this one goes on (see CpuSplit)
+                if self._compiles is None:
+                    self._compiles = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="ggmlpy-compile")
+                module = self._compiles.submit(compile_and_remember)
         split = CpuSplit(self, graph, nodes, builder, module)
         self.compile_seconds = time.perf_counter() - t0
-        log.info("compiled %d nodes in %.2f s", len(builder.nodes), self.compile_seconds)
+        log.info("prepared %d nodes in %.2f s%s", len(builder.nodes), self.compile_seconds,
+                 " (LLVM compiling in a worker)" if isinstance(module, concurrent.futures.Future) else "")
         return split
 
 
 class CpuSplit:
     def __init__(self, backend: CpuBackend, graph: Graph, nodes: list[Tensor], builder: ProgramBuilder,
-                 module: JitModule):
+                 module: NativeObject | JitModule | concurrent.futures.Future):
+        """`module` may still be compiling (a Future): the first run waits for it, after
+        binding (and repacking) its weights, so a context's graphs compile side by side and
+        beside the first decode's weight repacking."""
         self.backend = backend
         self.layout = lay = builder.layout
-        self.module = module
-        self.fn_addr = module.address("graph")
+        self._kernel_names = builder.kernel_names
         self.arena = np.zeros(lay.arena_bytes + 64, dtype=np.uint8)
         self.scratch = np.zeros(max(lay.scratch_bytes, 64) + 64, dtype=np.uint8)
         self.barrier = np.zeros(16, dtype=np.int32)
@@ -144,7 +164,12 @@ class CpuSplit:
         self.table[:TABLE_HEADER] = (n, self.scratch.ctypes.data, self.barrier.ctypes.data,
                                      self.cycles.ctypes.data)
         self.rows = self.table[TABLE_HEADER:].reshape(n, 6)
-        self.rows[:, 0] = [module.address(name) for name in builder.kernel_names]
+        self.module: NativeObject | JitModule | None = None
+        self._compiling: concurrent.futures.Future | None = None
+        if isinstance(module, concurrent.futures.Future):
+            self._compiling = module
+        else:
+            self._load(module)
         self.ctx[TABLE_WORD] = self.table.ctypes.data
         slots, self.offsets, self.dynamic = builder.pointer_plan()
         self.used = slots >= 0
@@ -165,6 +190,18 @@ class CpuSplit:
         consumers_outside |= {root_of(o).id for o in graph.outputs}
         self.exports = [(t, lay.arena_offsets[t.id]) for t in graph.tensors
                         if t.id in lay.arena_offsets and (t.id in consumers_outside or t.flags & Flag.OUTPUT)]
+
+    def _load(self, module: NativeObject | JitModule) -> None:
+        self.module = module
+        self.fn_addr = module.address("graph")
+        self.rows[:, 0] = [module.address(name) for name in self._kernel_names]
+
+    def wait_compiled(self) -> None:
+        """Block until the module is loaded (re-raising the compile's error, if any)."""
+        if self._compiling is not None:
+            module = self._compiling.result()
+            self._compiling = None
+            self._load(module)
 
     def profile(self) -> list[tuple[Tensor, np.ndarray]]:
         """Per node, cycles (summed over runs since the last reset) per thread: an array
@@ -237,6 +274,7 @@ class CpuSplit:
                 ptrs[i, j] += evaluate(offs, env)
             self.rows[:, 1:] = ptrs
             self._rows_key = env_key
+        self.wait_compiled()
         t0 = time.perf_counter()
         self.backend.pool.run(self.fn_addr, self._ctx_addr, self._n_threads)
         self.backend.native_seconds += time.perf_counter() - t0

@@ -1,9 +1,10 @@
 """LLVM in a child process: IR text in, object code out (python -m ggmlpy.codegen_cpu.compile_worker).
 
 Why a child: loading libllvmlite.so costs the process that runs a model 40-70 MiB of resident
-memory for the rest of its life, and peak RSS is a target. The worker is started on the first
-cache miss, serves every compile (and the one-time host detection) over its stdin/stdout, and
-exits when its parent closes the pipe or after IDLE_SECONDS without work. If it cannot be
+memory for the rest of its life, and peak RSS is a target. A worker is started on the first
+cache miss, serves compiles (and the one-time host detection) over its stdin/stdout, and
+exits when its parent closes the pipe or after IDLE_SECONDS without work; compiles asked
+from several threads at once each get a worker of their own. If it cannot be
 started or dies, the parent compiles in-process (with a warning); GGMLPY_COMPILE_INPROCESS=1
 asks for that directly.
 
@@ -103,34 +104,46 @@ class _Worker:
             self.proc.kill()
 
 
+# Idle workers. A compile takes one (starting a new one if none is idle), so as many compiles
+# run at once as threads ask: a context's two graphs compile side by side on two cores.
 _lock = threading.Lock()
-_worker: _Worker | None = None
+_idle: list[_Worker] = []
 
 
 def _ask(command: bytes, payload: bytes) -> bytes:
     """One request; a worker that has exited (idle, killed) is replaced once."""
-    global _worker
-    with _lock:
-        for attempt in (0, 1):
-            if _worker is None or _worker.proc.poll() is not None:
-                _worker = _Worker()
-            try:
-                return _worker.request(command, payload)
-            except WorkerFailed:
-                _worker.proc.kill()
-                _worker = None
-                if attempt:
-                    raise
+    for attempt in (0, 1):
+        with _lock:
+            worker = _idle.pop() if _idle else None
+        if worker is None or worker.proc.poll() is not None:
+            worker = _Worker()
+        try:
+            body = worker.request(command, payload)
+        except WorkerFailed:
+            worker.proc.kill()
+            if attempt:
+                raise
+            continue
+        except RuntimeError:  # LLVM refused the module: the worker answered and is fine
+            _release(worker)
+            raise
+        _release(worker)
+        return body
     raise AssertionError("unreachable")
 
 
-def shutdown() -> None:
-    """Stop the worker (it also stops by itself when idle or when this process exits)."""
-    global _worker
+def _release(worker: _Worker) -> None:
     with _lock:
-        if _worker is not None:
-            _worker.close()
-            _worker = None
+        _idle.append(worker)
+
+
+def shutdown() -> None:
+    """Stop the workers (they also stop by themselves when idle or when this process exits)."""
+    with _lock:
+        workers = list(_idle)
+        _idle.clear()
+    for worker in workers:
+        worker.close()
 
 
 atexit.register(shutdown)

@@ -108,3 +108,25 @@ def test_one_compile_serves_every_prompt_length(tiny_path):
     ref = llama.Context(model, n_ctx=512, backend="ref")
     assert ref.decode(llama.Batch.from_tokens(list(range(1, 301)))) == 0
     np.testing.assert_allclose(ctx.get_logits_ith(-1), ref.get_logits_ith(-1), atol=1e-3, rtol=0)
+
+
+def test_llvm_runs_beside_the_caller(tiny_path, tmp_path, monkeypatch):
+    """On a miss the CPU backend hands LLVM's work to a worker process and returns at once:
+    each split waits for its module at its first run, with the same results as splits
+    compiled before Context returns (GGMLPY_COMPILE_INPROCESS=1)."""
+    monkeypatch.setenv("GGMLPY_CACHE", str(tmp_path / "async"))
+    model = llama.Model.load(tiny_path)
+    ctx = llama.Context(model, n_ctx=256, backend="cpu")
+    splits = [c for e in ctx.graph_cache.entries.values() for c in e.compiled]
+    assert splits and all(s.module is None and s._compiling is not None for s in splits)
+    assert ctx.decode(llama.Batch.from_tokens([1, 2, 3])) == 0
+    assert ctx.decode(llama.Batch.from_tokens([4])) == 0
+    logits = np.array(ctx.get_logits_ith(-1))
+    assert all(s.module is not None and s._compiling is None for s in splits)
+    monkeypatch.setenv("GGMLPY_CACHE", str(tmp_path / "sync"))
+    monkeypatch.setenv("GGMLPY_COMPILE_INPROCESS", "1")
+    ctx2 = llama.Context(model, n_ctx=256, backend="cpu")
+    assert all(s.module is not None for e in ctx2.graph_cache.entries.values() for s in e.compiled)
+    assert ctx2.decode(llama.Batch.from_tokens([1, 2, 3])) == 0
+    assert ctx2.decode(llama.Batch.from_tokens([4])) == 0
+    np.testing.assert_array_equal(ctx2.get_logits_ith(-1), logits)

@@ -288,7 +288,7 @@ def test_worker_failure_compiles_in_process(monkeypatch, caplog):
         raise compile_worker.WorkerFailed("could not start the compile worker: test")
 
     monkeypatch.delenv(compile_worker.INPROCESS_ENV, raising=False)
-    monkeypatch.setattr(compile_worker, "_worker", None)
+    monkeypatch.setattr(compile_worker, "_idle", [])
     monkeypatch.setattr(compile_worker, "_Worker", broken)
     caplog.set_level(logging.WARNING, "ggmlpy.codegen_cpu")
     obj = NativeObject(compile_worker.compile_ir("define i64 @six() { ret i64 6 }\n"))
@@ -299,8 +299,31 @@ def test_worker_failure_compiles_in_process(monkeypatch, caplog):
 def test_worker_reports_llvm_errors():
     with pytest.raises(RuntimeError, match="LLVM could not compile"):
         compile_worker._ask(b"C", b"define i64 @bad( { ret }")
-    assert compile_worker._worker is not None and compile_worker._worker.proc.poll() is None
+    # the worker that answered is idle again, alive, and serves the next compile
+    assert compile_worker._idle and compile_worker._idle[-1].proc.poll() is None
     assert compile_worker._ask(b"C", b"define i64 @ok() { ret i64 1 }\n")[:4] == b"\x7fELF"
+
+
+def test_concurrent_compiles_each_get_a_worker():
+    """Two threads compiling at once use two worker processes (a context's graphs compile
+    side by side), and both workers stay for later compiles."""
+    import threading
+
+    compile_worker.shutdown()
+    results, barrier = {}, threading.Barrier(2)
+
+    def compile_one(i: int) -> None:
+        barrier.wait()
+        results[i] = NativeObject(compile_worker.compile_ir(f"define i64 @v() {{ ret i64 {i} }}\n"))
+
+    threads = [threading.Thread(target=compile_one, args=(i,)) for i in (5, 9)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert {i: fn(obj, "v")() for i, obj in results.items()} == {5: 5, 9: 9}
+    assert len(compile_worker._idle) == 2
+    assert len({w.proc.pid for w in compile_worker._idle}) == 2
 
 
 SCRIPT = """
