@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import Enum
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from ggmlpy.ir import N_KV, N_OUTPUTS, N_TOKENS, GGMLType, Graph, GraphBuilder, Tensor
@@ -16,10 +18,26 @@ from llama.graph_inputs import (
     GraphInput, GraphParams, InpAttnKV, InpEmbd, InpOutIds, InpPos, InpTokens,
 )
 from llama.hparams import HParams
-from llama.weights import WeightRef
+from llama.weights import TensorLoadError, WeightRef
 
 if TYPE_CHECKING:
     from llama.model import Model
+
+
+class NormType(Enum):
+    """build_norm's normalisation, llama.cpp's llm_norm_type."""
+
+    NORM = "norm"  # LLM_NORM: layer norm (mean and variance)
+    RMS = "rms"    # LLM_NORM_RMS
+
+
+class FfnOp(Enum):
+    """build_ffn's activation, llama.cpp's llm_ffn_op_type; the value names the GLU node
+    (`ffn_siluglu`, `ffn_geluglu`)."""
+
+    SILU = "silu"
+    GELU = "gelu"  # tanh approximation, as ggml_gelu
+    RELU = "relu"
 
 
 @dataclass
@@ -124,12 +142,12 @@ class LlmGraph:
         return AttnInput(k_idxs, mask, mask_swa)
 
     # blocks ----------------------------------------------------------------------------------
-    def build_norm(self, cur: Tensor, w: WeightRef | None, bias: WeightRef | None, kind: str,
+    def build_norm(self, cur: Tensor, w: WeightRef | None, bias: WeightRef | None, kind: NormType,
                    il: int = -1) -> Tensor:
         hp = self.hp
-        if kind == "rms":
+        if kind is NormType.RMS:
             cur = self.b.rms_norm(cur, hp.f_norm_rms_eps)
-        elif kind == "norm":
+        elif kind is NormType.NORM:
             cur = self.b.norm(cur, hp.f_norm_eps)
         else:
             raise ValueError(f"unknown norm kind {kind!r}")
@@ -145,17 +163,69 @@ class LlmGraph:
 
     def build_ffn(self, cur: Tensor, up: WeightRef, up_b: WeightRef | None, gate: WeightRef | None,
                   gate_b: WeightRef | None, down: WeightRef, down_b: WeightRef | None,
-                  act: str, il: int) -> Tensor:
+                  act: FfnOp, il: int) -> Tensor:
         """down(act(gate(x)) * up(x)) with a gate (parallel GLU), down(act(up(x))) without."""
         b = self.b
         tmp = self.cb(self.build_lora_mm(up, cur, up_b), "ffn_up", il)
         if gate is not None:
             g = self.cb(self.build_lora_mm(gate, cur, gate_b), "ffn_gate", il)
-            glu = {"silu": b.swiglu, "gelu": b.geglu}[act]
-            cur = self.cb(glu(g, tmp), f"ffn_{act}glu", il)
+            glu = {FfnOp.SILU: b.swiglu, FfnOp.GELU: b.geglu}[act]
+            cur = self.cb(glu(g, tmp), f"ffn_{act.value}glu", il)
         else:
-            cur = {"silu": b.silu, "gelu": b.gelu, "relu": b.relu}[act](tmp)
+            cur = {FfnOp.SILU: b.silu, FfnOp.GELU: b.gelu, FfnOp.RELU: b.relu}[act](tmp)
         return self.cb(self.build_lora_mm(down, cur, down_b), "ffn_out", il)
+
+    def build_qkv_rope(self, layer: SimpleNamespace, cur: Tensor, inp_pos: Tensor, rope: dict,
+                       il: int, freq_factors: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Qcur, Kcur, Vcur of a layer (its tensors from TensorTable.add_attention), split
+        into heads, Q and K RMS-normalised per head where the layer has q/k norms, then
+        rotated with `rope` (hp.rope_args of the layer): the block every src/models/*.cpp
+        writes out between attn_norm and build_attn.
+
+        Returns q [head_k, n_head, n_tokens], k [head_k, n_head_kv, n_tokens] and
+        v [head_v, n_head_kv, n_tokens].
+        """
+        b = self.b
+        q, k, v = self._build_qkv(layer, cur, il)
+        if layer.attn_q_norm is not None:
+            q = self.cb(self.build_norm(q, layer.attn_q_norm, None, NormType.RMS, il), "Qcur_normed", il)
+        q = self.cb(b.rope_ext(q, inp_pos, freq_factors, **rope), "Qcur_rope", il)
+        if layer.attn_k_norm is not None:
+            k = self.cb(self.build_norm(k, layer.attn_k_norm, None, NormType.RMS, il), "Kcur_normed", il)
+        k = self.cb(b.rope_ext(k, inp_pos, freq_factors, **rope), "Kcur_rope", il)
+        return q, k, v
+
+    def _build_qkv(self, layer: SimpleNamespace, cur: Tensor, il: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The projections, as heads: from the fused attn_qkv when the layer has one (Q, K
+        and V are then views of its rows; V is made contiguous), else from wq, wk, wv."""
+        b, hp = self.b, self.hp
+        hk, hv, n_head, n_head_kv = hp.n_embd_head_k, hp.n_embd_head_v, hp.n_head[il], hp.n_head_kv[il]
+        if layer.wqkv is not None:
+            qkv = self.cb(self.build_lora_mm(layer.wqkv, cur), "wqkv", il)
+            n_tokens, esz, row = qkv.ne[1], qkv.nb[0], qkv.nb[1]
+            n_q, n_k = hk * n_head, hp.n_embd_k_gqa(il)
+            q = b.view(qkv, (hk, n_head, n_tokens), (esz * hk, row), 0)
+            k = b.view(qkv, (hk, n_head_kv, n_tokens), (esz * hk, row), esz * n_q)
+            v = b.view(qkv, (hv, n_head_kv, n_tokens), (esz * hv, row), esz * (n_q + n_k))
+            return q, k, b.cont(v, hv, n_head_kv, n_tokens)
+        if layer.wq is None or layer.wk is None or layer.wv is None:
+            raise TensorLoadError(f"{hp.arch} layer {il}: the file has neither blk.{il}.attn_qkv.weight "
+                                  f"nor all of blk.{il}.attn_q/k/v.weight")
+        q = self.cb(self.build_lora_mm(layer.wq, cur, layer.bq), "Qcur", il)
+        k = self.cb(self.build_lora_mm(layer.wk, cur, layer.bk), "Kcur", il)
+        v = self.cb(self.build_lora_mm(layer.wv, cur, layer.bv), "Vcur", il)
+        n_tokens = q.ne[1]
+        return (b.reshape(q, hk, n_head, n_tokens), b.reshape(k, hk, n_head_kv, n_tokens),
+                b.reshape(v, hv, n_head_kv, n_tokens))
+
+    def select_out_rows(self, cur: Tensor, residual: Tensor, inp_out_ids: Tensor | None,
+                        il: int) -> tuple[Tensor, Tensor]:
+        """In the last layer, keep only the rows that reach the output, of the attention
+        output and of its residual: the rest of the layer then runs on n_outputs rows
+        (llama.cpp's get_rows by inp_out_ids, in every model file)."""
+        if il != self.hp.n_layer - 1 or inp_out_ids is None:
+            return cur, residual
+        return self.b.get_rows(cur, inp_out_ids), self.b.get_rows(residual, inp_out_ids)
 
     def build_attn(self, inp: "AttnInput", wo: WeightRef, wo_b: WeightRef | None, q_cur: Tensor,
                    k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int,

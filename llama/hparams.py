@@ -12,6 +12,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ggmlpy.ir.ops.rope import ROPE_TYPE_NORM
+
 
 class HParamsError(ValueError):
     """A required hyperparameter is missing or has an impossible value."""
@@ -34,7 +36,7 @@ class HParams:
     rope_freq_scale: float = 1.0
     rope_scaling_type: str = "none"
     n_ctx_orig_yarn: int = 0
-    rope_type: int = 0  # 0 = normal (adjacent pairs), 2 = NeoX (halves)
+    rope_type: int = ROPE_TYPE_NORM  # or ROPE_TYPE_NEOX (ggmlpy/ir/ops/rope.py)
     f_norm_eps: float = 0.0
     f_norm_rms_eps: float = 0.0
     causal_attn: bool = True
@@ -132,6 +134,13 @@ class MetadataReader:
                 raise HParamsError(f"{self.key(suffix)} has {len(v)} entries for {n_layer} layers")
             return [int(x) for x in v]
         return [int(v)] * n_layer
+
+
+def require_rms_eps(r: MetadataReader, hp: HParams) -> None:
+    """The RMS-norm epsilon is a required key for the architectures that use RMS norms
+    (llama.cpp's ml.get_key without a default); LLaMA alone falls back to 1e-5."""
+    if not hp.f_norm_rms_eps:
+        raise HParamsError(f"required key {r.key('attention.layer_norm_rms_epsilon')} is missing")
 
 
 def load_common(md: Mapping[str, Any], arch: str) -> HParams:

@@ -7,11 +7,13 @@ GGUF and hands back `WeightRef`s grouped like llama.cpp's `model.layers[il].wq`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from types import SimpleNamespace
 from typing import Mapping
 
 from ggmlpy.gguf import TensorInfo
 from ggmlpy.ir.types import GGMLType
+from llama.hparams import HParams
 
 
 class TensorLoadError(ValueError):
@@ -27,12 +29,24 @@ class WeightRef:
     ne: tuple[int, ...]
 
 
+class Need(Enum):
+    """How an architecture expects a tensor, as llama.cpp's create_tensor flags.
+
+    UNUSED: the architecture has no such tensor; its attribute reads None, like a null
+    field of llama.cpp's llama_layer, so shared builders test it instead of probing.
+    """
+
+    REQUIRED = "required"
+    OPTIONAL = "optional"  # TENSOR_NOT_REQUIRED
+    UNUSED = "unused"
+
+
 @dataclass
 class _Spec:
     attr: str
     name: str
     ne: tuple[int, ...]
-    optional: bool
+    need: Need
 
 
 @dataclass
@@ -41,12 +55,38 @@ class TensorTable:
     layers: list[list[_Spec]] = field(default_factory=list)
 
     def add(self, attr: str, name: str, ne: tuple[int, ...], optional: bool = False) -> None:
-        self.globals.append(_Spec(attr, name, tuple(ne), optional))
+        self.globals.append(_Spec(attr, name, tuple(ne), Need.OPTIONAL if optional else Need.REQUIRED))
 
     def add_layer(self, il: int, attr: str, name: str, ne: tuple[int, ...], optional: bool = False) -> None:
+        self._add_layer(il, attr, name, ne, Need.OPTIONAL if optional else Need.REQUIRED)
+
+    def _add_layer(self, il: int, attr: str, name: str, ne: tuple[int, ...], need: Need) -> None:
         while len(self.layers) <= il:
             self.layers.append([])
-        self.layers[il].append(_Spec(attr, f"blk.{il}.{name}", tuple(ne), optional))
+        self.layers[il].append(_Spec(attr, f"blk.{il}.{name}", tuple(ne), need))
+
+    def add_attention(self, il: int, hp: HParams, qkv: Need = Need.REQUIRED,
+                      fused_qkv: Need = Need.UNUSED, qkv_bias: Need = Need.UNUSED,
+                      out_bias: Need = Need.UNUSED, qk_norm: Need = Need.UNUSED) -> None:
+        """The attention tensors of layer il: wqkv, wq, wk, wv, wo, bq, bk, bv, bo,
+        attn_q_norm and attn_k_norm, every one an attribute of the layer (None where UNUSED
+        or absent), so LlmGraph.build_qkv_rope reads any architecture's layer the same way.
+        A file with `fused_qkv` and `qkv` both OPTIONAL may have either (phi3); the graph
+        checks that one of them is there."""
+        n_embd, head_k = hp.n_embd, hp.n_embd_head_k
+        n_q, n_k, n_v = head_k * hp.n_head[il], hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)
+        n_out = hp.n_embd_head_v * hp.n_head[il]  # the attention output's width
+        self._add_layer(il, "wqkv", "attn_qkv.weight", (n_embd, n_q + n_k + n_v), fused_qkv)
+        self._add_layer(il, "wq", "attn_q.weight", (n_embd, n_q), qkv)
+        self._add_layer(il, "wk", "attn_k.weight", (n_embd, n_k), qkv)
+        self._add_layer(il, "wv", "attn_v.weight", (n_embd, n_v), qkv)
+        self._add_layer(il, "wo", "attn_output.weight", (n_out, n_embd), Need.REQUIRED)
+        self._add_layer(il, "bq", "attn_q.bias", (n_q,), qkv_bias)
+        self._add_layer(il, "bk", "attn_k.bias", (n_k,), qkv_bias)
+        self._add_layer(il, "bv", "attn_v.bias", (n_v,), qkv_bias)
+        self._add_layer(il, "bo", "attn_output.bias", (n_embd,), out_bias)
+        self._add_layer(il, "attn_q_norm", "attn_q_norm.weight", (head_k,), qk_norm)
+        self._add_layer(il, "attn_k_norm", "attn_k_norm.weight", (head_k,), qk_norm)
 
     def add_gated_ffn(self, il: int, n_embd: int, n_ff: int) -> None:
         """The gate, up and down projections of a GLU feed-forward block."""
@@ -59,9 +99,11 @@ class TensorTable:
         used: set[str] = set()
 
         def one(spec: _Spec) -> WeightRef | None:
+            if spec.need is Need.UNUSED:
+                return None  # a file tensor of that name stays unused: strict rejects it
             info = tensors.get(spec.name)
             if info is None:
-                if spec.optional:
+                if spec.need is Need.OPTIONAL:
                     return None
                 raise TensorLoadError(f"missing tensor {spec.name!r}")
             ne = tuple(info.ne) + (1,) * (len(spec.ne) - len(info.ne))

@@ -19,13 +19,13 @@ from __future__ import annotations
 import math
 
 from ggmlpy.ir import Tensor
+from ggmlpy.ir.ops.rope import ROPE_TYPE_NEOX
 from llama.arch import Architecture, register
-from llama.graph import LlmGraph
-from llama.hparams import HParams, HParamsError, MetadataReader
+from llama.graph import FfnOp, LlmGraph, NormType
+from llama.hparams import HParams, HParamsError, MetadataReader, require_rms_eps
 from llama.kv_cells import SWAType
-from llama.weights import TensorTable
+from llama.weights import Need, TensorTable
 
-ROPE_TYPE_NEOX = 2
 SWA_PATTERN = 6            # layers 5, 11, 17, ... are global
 ROPE_FREQ_BASE_SWA = 10000.0
 
@@ -46,26 +46,19 @@ def load_hparams(r: MetadataReader, hp: HParams) -> None:
         hp.extra["swa_type"] = int(SWAType.NONE)
         hp.swa_layers = [False] * hp.n_layer
     hp.f_final_logit_softcapping = float(r.get("final_logit_softcapping", 0.0))
-    if not hp.f_norm_rms_eps:
-        raise HParamsError(f"required key {r.key('attention.layer_norm_rms_epsilon')} is missing")
+    require_rms_eps(r, hp)
     is_27b = hp.n_layer == 62
     hp.f_attention_scale = 1.0 / math.sqrt(hp.n_embd / hp.n_head[0] if is_27b else hp.n_embd_head_k)
 
 
 def tensors(hp: HParams, t: TensorTable) -> None:
-    n_embd, n_vocab, head = hp.n_embd, hp.n_vocab, hp.n_embd_head_k
+    n_embd, n_vocab = hp.n_embd, hp.n_vocab
     t.add("tok_embd", "token_embd.weight", (n_embd, n_vocab))
     t.add("output_norm", "output_norm.weight", (n_embd,))
     t.add("output", "output.weight", (n_embd, n_vocab), optional=True)  # absent: tied embeddings
     for il in range(hp.n_layer):
-        n_q, n_k, n_v = head * hp.n_head[il], hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)
         t.add_layer(il, "attn_norm", "attn_norm.weight", (n_embd,))
-        t.add_layer(il, "wq", "attn_q.weight", (n_embd, n_q))
-        t.add_layer(il, "wk", "attn_k.weight", (n_embd, n_k))
-        t.add_layer(il, "wv", "attn_v.weight", (n_embd, n_v))
-        t.add_layer(il, "wo", "attn_output.weight", (hp.n_embd_head_v * hp.n_head[il], n_embd))
-        t.add_layer(il, "attn_q_norm", "attn_q_norm.weight", (head,))
-        t.add_layer(il, "attn_k_norm", "attn_k_norm.weight", (head,))
+        t.add_attention(il, hp, qk_norm=Need.REQUIRED)
         t.add_layer(il, "attn_post_norm", "post_attention_norm.weight", (n_embd,))
         t.add_layer(il, "ffn_norm", "ffn_norm.weight", (n_embd,))
         t.add_gated_ffn(il, n_embd, hp.n_ff[il])
@@ -74,7 +67,6 @@ def tensors(hp: HParams, t: TensorTable) -> None:
 
 def build(g: LlmGraph) -> Tensor:
     b, hp, m = g.b, g.hp, g.model
-    head = hp.n_embd_head_k
     inp_l = g.build_inp_embd(m.w.tok_embd)
     if not g.params.use_embd:  # raw embeddings (e.g. of images) are used as they are
         inp_l = g.cb(b.scale(inp_l, math.sqrt(hp.n_embd)), "inp_scaled")
@@ -84,34 +76,21 @@ def build(g: LlmGraph) -> Tensor:
 
     for il, layer in enumerate(m.layers):
         rope = hp.rope_args(il)
-        cur = g.cb(g.build_norm(inp_l, layer.attn_norm, None, "rms", il), "attn_norm", il)
-
-        q = g.cb(g.build_lora_mm(layer.wq, cur), "Qcur", il)
-        k = g.cb(g.build_lora_mm(layer.wk, cur), "Kcur", il)
-        v = g.cb(g.build_lora_mm(layer.wv, cur), "Vcur", il)
-        n_tokens = q.ne[1]
-        q = b.reshape(q, head, hp.n_head[il], n_tokens)
-        k = b.reshape(k, head, hp.n_head_kv[il], n_tokens)
-        v = b.reshape(v, hp.n_embd_head_v, hp.n_head_kv[il], n_tokens)
-        q = g.cb(g.build_norm(q, layer.attn_q_norm, None, "rms", il), "Qcur_normed", il)
-        q = g.cb(b.rope_ext(q, inp_pos, None, **rope), "Qcur_rope", il)
-        k = g.cb(g.build_norm(k, layer.attn_k_norm, None, "rms", il), "Kcur_normed", il)
-        k = g.cb(b.rope_ext(k, inp_pos, None, **rope), "Kcur_rope", il)
+        cur = g.cb(g.build_norm(inp_l, layer.attn_norm, None, NormType.RMS, il), "attn_norm", il)
+        q, k, v = g.build_qkv_rope(layer, cur, inp_pos, rope, il)
         q = g.cb(b.scale(q, hp.f_attention_scale), "Qcur_scaled", il)
 
         cur = g.build_attn(inp_attn, layer.wo, None, q, k, v, 1.0, il)
-        if il == hp.n_layer - 1 and inp_out_ids is not None:
-            cur = b.get_rows(cur, inp_out_ids)
-            inp_l = b.get_rows(inp_l, inp_out_ids)
-        cur = g.cb(g.build_norm(cur, layer.attn_post_norm, None, "rms", il), "attn_post_norm", il)
+        cur, inp_l = g.select_out_rows(cur, inp_l, inp_out_ids, il)
+        cur = g.cb(g.build_norm(cur, layer.attn_post_norm, None, NormType.RMS, il), "attn_post_norm", il)
         sa_out = g.cb(b.add(cur, inp_l), "sa_out", il)
 
-        cur = g.cb(g.build_norm(sa_out, layer.ffn_norm, None, "rms", il), "ffn_norm", il)
-        cur = g.build_ffn(cur, layer.ffn_up, None, layer.ffn_gate, None, layer.ffn_down, None, "gelu", il)
-        cur = g.cb(g.build_norm(cur, layer.ffn_post_norm, None, "rms", il), "ffn_post_norm", il)
+        cur = g.cb(g.build_norm(sa_out, layer.ffn_norm, None, NormType.RMS, il), "ffn_norm", il)
+        cur = g.build_ffn(cur, layer.ffn_up, None, layer.ffn_gate, None, layer.ffn_down, None, FfnOp.GELU, il)
+        cur = g.cb(g.build_norm(cur, layer.ffn_post_norm, None, NormType.RMS, il), "ffn_post_norm", il)
         inp_l = g.cb(b.add(cur, sa_out), "l_out", il)
 
-    cur = g.cb(g.build_norm(inp_l, m.w.output_norm, None, "rms"), "result_norm")
+    cur = g.cb(g.build_norm(inp_l, m.w.output_norm, None, NormType.RMS), "result_norm")
     logits = b.mul_mat(g.w(m.w.output or m.w.tok_embd), cur)
     cap = hp.f_final_logit_softcapping
     if cap and not any(hp.swa_layers):  # llama.cpp caps only the variant without a window

@@ -20,20 +20,18 @@ from __future__ import annotations
 import math
 
 from ggmlpy.ir import Tensor
+from ggmlpy.ir.ops.rope import ROPE_TYPE_NEOX
 from llama.arch import Architecture, register
-from llama.graph import LlmGraph
-from llama.hparams import HParams, HParamsError, MetadataReader
+from llama.graph import LlmGraph, NormType
+from llama.hparams import HParams, HParamsError, MetadataReader, require_rms_eps
 from llama.kshift import rope_factors as kshift_rope_factors
 from llama.kv_cells import SWAType
-from llama.weights import TensorLoadError, TensorTable
-
-ROPE_TYPE_NEOX = 2
+from llama.weights import Need, TensorTable
 
 
 def load_hparams(r: MetadataReader, hp: HParams) -> None:
     hp.rope_type = ROPE_TYPE_NEOX
-    if not hp.f_norm_rms_eps:
-        raise HParamsError(f"required key {r.key('attention.layer_norm_rms_epsilon')} is missing")
+    require_rms_eps(r, hp)
     if hp.n_embd_head_k != hp.n_embd_head_v:
         raise HParamsError(f"phi3: key_length {hp.n_embd_head_k} and value_length "
                            f"{hp.n_embd_head_v} must be equal")
@@ -52,39 +50,11 @@ def tensors(hp: HParams, t: TensorTable) -> None:
     t.add("rope_long", "rope_factors_long.weight", (hp.n_rot // 2,), optional=True)
     t.add("rope_short", "rope_factors_short.weight", (hp.n_rot // 2,), optional=True)
     for il in range(hp.n_layer):
-        n_q, n_k, n_v = hp.n_embd_head_k * hp.n_head[il], hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)
         t.add_layer(il, "attn_norm", "attn_norm.weight", (n_embd,))
-        t.add_layer(il, "wqkv", "attn_qkv.weight", (n_embd, n_q + n_k + n_v), optional=True)
-        t.add_layer(il, "wq", "attn_q.weight", (n_embd, n_q), optional=True)
-        t.add_layer(il, "wk", "attn_k.weight", (n_embd, n_k), optional=True)
-        t.add_layer(il, "wv", "attn_v.weight", (n_embd, n_v), optional=True)
-        t.add_layer(il, "wo", "attn_output.weight", (n_q, n_embd))
+        t.add_attention(il, hp, qkv=Need.OPTIONAL, fused_qkv=Need.OPTIONAL)  # either one
         t.add_layer(il, "ffn_norm", "ffn_norm.weight", (n_embd,))
         t.add_layer(il, "ffn_up", "ffn_up.weight", (n_embd, 2 * hp.n_ff[il]))
         t.add_layer(il, "ffn_down", "ffn_down.weight", (hp.n_ff[il], n_embd))
-
-
-def build_qkv(g: LlmGraph, layer, cur: Tensor, il: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Q, K, V as [head_dim, heads, n_tokens], from the fused projection when there is one."""
-    b, hp = g.b, g.hp
-    head, n_head, n_head_kv = hp.n_embd_head_k, hp.n_head[il], hp.n_head_kv[il]
-    if layer.wqkv is not None:
-        qkv = g.cb(g.build_lora_mm(layer.wqkv, cur), "wqkv", il)
-        n_tokens, esz, row = qkv.ne[1], qkv.nb[0], qkv.nb[1]
-        n_q, n_k = head * n_head, hp.n_embd_k_gqa(il)
-        q = b.view(qkv, (head, n_head, n_tokens), (esz * head, row), 0)
-        k = b.view(qkv, (head, n_head_kv, n_tokens), (esz * head, row), esz * n_q)
-        v = b.view(qkv, (head, n_head_kv, n_tokens), (esz * head, row), esz * (n_q + n_k))
-        return q, k, b.cont(v, head, n_head_kv, n_tokens)
-    if layer.wq is None or layer.wk is None or layer.wv is None:
-        raise TensorLoadError(f"phi3 layer {il}: the file has neither blk.{il}.attn_qkv.weight nor "
-                              f"all of blk.{il}.attn_q/k/v.weight")
-    q = g.cb(g.build_lora_mm(layer.wq, cur), "Qcur", il)
-    k = g.cb(g.build_lora_mm(layer.wk, cur), "Kcur", il)
-    v = g.cb(g.build_lora_mm(layer.wv, cur), "Vcur", il)
-    n_tokens = q.ne[1]
-    return (b.reshape(q, head, n_head, n_tokens), b.reshape(k, head, n_head_kv, n_tokens),
-            b.reshape(v, head, n_head_kv, n_tokens))
 
 
 def build_ffn_fused(g: LlmGraph, layer, cur: Tensor, il: int) -> Tensor:
@@ -115,23 +85,19 @@ def build(g: LlmGraph) -> Tensor:
 
     for il, layer in enumerate(m.layers):
         residual = inp_l
-        cur = g.cb(g.build_norm(inp_l, layer.attn_norm, None, "rms", il), "attn_norm", il)
-        q, k, v = build_qkv(g, layer, cur, il)
-        q = g.cb(b.rope_ext(q, inp_pos, freqs, **rope), "Qcur_rope", il)
-        k = g.cb(b.rope_ext(k, inp_pos, freqs, **rope), "Kcur_rope", il)
+        cur = g.cb(g.build_norm(inp_l, layer.attn_norm, None, NormType.RMS, il), "attn_norm", il)
+        q, k, v = g.build_qkv_rope(layer, cur, inp_pos, rope, il, freqs)
         q = g.cb(b.scale(q, 1.0 / math.sqrt(hp.n_embd_head_k)), "Qcur_scaled", il)
 
         cur = g.build_attn(inp_attn, layer.wo, None, q, k, v, 1.0, il)
-        if il == hp.n_layer - 1 and inp_out_ids is not None:
-            cur = b.get_rows(cur, inp_out_ids)
-            residual = b.get_rows(residual, inp_out_ids)
+        cur, residual = g.select_out_rows(cur, residual, inp_out_ids, il)
         residual = g.cb(b.add(cur, residual), "ffn_inp", il)
 
-        cur = g.cb(g.build_norm(residual, layer.ffn_norm, None, "rms", il), "ffn_norm", il)
+        cur = g.cb(g.build_norm(residual, layer.ffn_norm, None, NormType.RMS, il), "ffn_norm", il)
         cur = build_ffn_fused(g, layer, cur, il)
         inp_l = g.cb(b.add(residual, cur), "l_out", il)
 
-    cur = g.cb(g.build_norm(inp_l, m.w.output_norm, None, "rms"), "result_norm")
+    cur = g.cb(g.build_norm(inp_l, m.w.output_norm, None, NormType.RMS), "result_norm")
     return g.build_lora_mm(m.w.output or m.w.tok_embd, cur, m.w.output_b)
 
 

@@ -16,6 +16,7 @@ from ggmlpy.ir.ops.registry import Inferred, Kind, OpCase, OpDef, SrcSpec, regis
 from ggmlpy.ir.types import GGMLType
 
 F32 = GGMLType.F32
+# the op's `mode`, llama.cpp's LLAMA_ROPE_TYPE_*: model files set hp.rope_type from these
 ROPE_TYPE_NORM = 0
 ROPE_TYPE_NEOX = 2
 
