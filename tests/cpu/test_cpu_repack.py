@@ -18,7 +18,7 @@ from ggmlpy.codegen_cpu import repack
 from ggmlpy.codegen_cpu.backend import CpuBackend
 from ggmlpy.ir.builder import GraphBuilder
 from ggmlpy.ir.ops import OpCase, SrcSpec
-from ggmlpy.ir.ops.testing import make_inputs, normalized_error, run_case, source_values
+from ggmlpy.testing.ops import make_inputs, normalized_error, run_case, source_values
 from ggmlpy.ir.tensor import Flag
 from ggmlpy.ir.types import GGMLType, type_size
 from ggmlpy.quants import dequantize
@@ -175,7 +175,7 @@ def test_result_independent_of_threads(t, n):
 @pytest.mark.parametrize("t", [G.Q4_1, G.Q8_0, G.Q4_K, G.Q6_K], ids=lambda t: t.name)
 def test_batched_tokens_equal_each_token_alone(t):
     """Batched decode: a token's result does not depend on the tile it falls in (tiles of
-    6, 4, 2 and 1 tokens), bit for bit."""
+    4, 2 and 1 tokens), bit for bit."""
     k = 512 if t in KTYPES else 576
     full = _weight_case(t, k, 48, 13)
     inputs = make_inputs(full, np.random.default_rng(3))

@@ -29,8 +29,11 @@ from ggmlpy.codegen_cpu.kernels.qvec import (
 )
 from ggmlpy.ir.types import GGMLType
 
-TOKENS = 6                 # tokens per register tile (prefill)
-REST_TILES = (4, 2, 1)     # the tiles of a block's last tokens (their count's bits; < TOKENS)
+# tokens per register tile. 4 rather than 6: a batched decode step of 4 sequences is one
+# full tile, prefill loses about 3%, and each kernel's unrolled code (LLVM's compile time) is
+# what tiles of 6 and 1 took: 4 + 2 + 1 tokens' worth
+TOKENS = 4
+REST_TILES = (2, 1)        # the tiles of a block's last tokens (their count's bits; < TOKENS)
 L2_BUDGET = 512 * 1024     # bytes of quantised activations per token block
 V = 64
 
@@ -71,8 +74,8 @@ class RepackedMatmul:
                 self._rest(g, t_full, rest)
 
     def _rest(self, g: ir.Value, tok0: ir.Value, rest: ir.Value) -> None:
-        """The last rest (< TOKENS) tokens of a block as tiles of 4, 2 and 1 (rest's bits):
-        batched decode (2-5 sequences a step) reads and decodes each weight step once for
+        """The last rest (< TOKENS) tokens of a block as tiles of 2 and 1 (rest's bits):
+        batched decode (2-3 sequences a step) reads and decodes each weight step once for
         all of its tokens. Each token's arithmetic is the same whatever its tile."""
         kb, b = self.kb, self.kb.b
         for n_t in REST_TILES:
