@@ -196,9 +196,12 @@ def _serve(inp, out) -> None:
                 body, status = f"unknown command {command!r}".encode(), b"E"
         except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
             body, status = f"{type(e).__name__}: {e}".encode(), b"E"
-        out.write(HEADER.pack(status, len(body)))
-        out.write(body)
-        out.flush()
+        try:
+            out.write(HEADER.pack(status, len(body)))
+            out.write(body)
+            out.flush()
+        except BrokenPipeError:  # the parent is gone (it exited while this compile ran)
+            return
 
 
 def main() -> None:
