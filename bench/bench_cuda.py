@@ -287,11 +287,11 @@ def main(argv: list[str] | None = None) -> int:
         use_driver(driver)
         device = f"{driver.name} (compile={args.prebuild})"
         if args.prebuild:
-            from ggmlpy.codegen_cuda.diskcache import DiskCache
             from ggmlpy.codegen_cuda.driver import PDL_PROBE_SOURCE
             from ggmlpy.codegen_cuda.nvcc import compile_cuda
+            from ggmlpy.disk_cache import DiskCache
 
-            compile_cuda(PDL_PROBE_SOURCE, driver.arch, "cubin", DiskCache())
+            compile_cuda(PDL_PROBE_SOURCE, driver.arch, "cubin", DiskCache("cuda"))
     else:
         ok, device = cg.cuda_available()
         if not ok:
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         cg.register()
     if args.synthetic:
-        from ggmlpy.testing_models import write_tiny_llama
+        from ggmlpy.testing.models import write_tiny_llama
 
         path = Path(tempfile.gettempdir()) / f"ggmlpy-{args.synthetic}-random.gguf"  # reused by later runs
         if not path.exists():

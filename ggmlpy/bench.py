@@ -63,13 +63,13 @@ def run_bench(model_name: str, *, threads: int = 2, backend: str | None = None, 
         pp_s = time.perf_counter() - t0
         ctx.memory.clear()
         ctx.decode(llama.Batch.from_tokens(toks[:1]))
-        native0 = getattr(be, "native_seconds", 0.0)
+        native0 = be.native_seconds
         t0 = time.perf_counter()
         for i in range(n_gen):
             if ctx.decode(llama.Batch.from_tokens([toks[(i + 1) % n_prompt]])) != 0:
                 raise RuntimeError("generation decode failed")
         tg_s = time.perf_counter() - t0
-        native = getattr(be, "native_seconds", 0.0) - native0
+        native = be.native_seconds - native0
         if rep:  # the first round is the warm-up
             pp.append(n_prompt / pp_s)
             tg.append(n_gen / tg_s)
@@ -156,10 +156,8 @@ def device_stats(ctx: llama.Context) -> dict:
     """What an offload backend reports about its runs (CUDA: graph captures and replays)."""
     out = {}
     for be in ctx.backends:
-        stats = getattr(be, "stats", None)
-        if stats is not None and hasattr(stats, "graph_replays"):
-            out[f"{be.name}_stats"] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in vars(stats).items()}
-            out[f"{be.name}_device"] = getattr(be.driver, "device_name", "?")
+        for key, value in be.run_stats().items():
+            out[f"{be.name}_{key}"] = value
     return out
 
 

@@ -23,9 +23,9 @@ from typing import Callable
 import numpy as np
 
 from ggmlpy.ir.tensor import Tensor
-from ggmlpy.passes.pipeline import PIPELINES, run_pipeline
+from ggmlpy.passes.pipeline import context_passes, pipeline_name, run_pipeline
 from ggmlpy.sched.cache import GraphCache
-from ggmlpy.sched.registry import create_backend
+from ggmlpy.sched.registry import host_backends
 from ggmlpy.sched.scheduler import CompiledGraph
 from ggmlpy.sched.store import TensorStore
 from llama.batch import Batch, BatchAllocator, BatchError, UBatch
@@ -102,19 +102,16 @@ class Context:
         self.swa_full = swa_full
         self.memory = self._make_memory(KV_TYPES[type_k], KV_TYPES[type_v])
         self.kv_layout: KVLayout = self.memory.layout()
-        self.backends = [create_backend(backend)]
-        if self.backends[0].name != "ref":
-            self.backends.append(create_backend("ref"))  # the fallback for ops without a lowering
+        self.backends = host_backends(backend)  # the primary backend, then the reference fallback
         self.backends[:0] = model.placement.make_backends()  # offload devices first (priority order)
         for be in self.backends:
-            if hasattr(be, "set_limits"):
-                be.set_limits({"n_tokens": self.n_ubatch, "n_kv": self.n_ctx, "n_outputs": self.n_ubatch,
-                               "n_kv_swa": self.kv_layout.kv_size_swa or self.n_ctx})
-            if hasattr(be, "set_threads"):
-                be.set_threads(self.n_threads)
-            if hasattr(be, "share_model_cache"):
-                be.share_model_cache(model.backend_cache)
-        self._thread_setters = [be.set_threads for be in self.backends if hasattr(be, "set_threads")]
+            be.set_limits({"n_tokens": self.n_ubatch, "n_kv": self.n_ctx, "n_outputs": self.n_ubatch,
+                           "n_kv_swa": self.kv_layout.kv_size_swa or self.n_ctx})
+            be.set_threads(self.n_threads)
+            be.share_model_cache(model.backend_cache)
+        self._thread_setters = [be.set_threads for be in self.backends]
+        # every backend's passes, so each split gets its own backend's (passes/pipeline.py)
+        self.passes = context_passes(self.backends)
         self.graph_cache = GraphCache()
         self.n_reused = 0
         self.n_compute = 0
@@ -163,13 +160,12 @@ class Context:
         return g.finish(self.model.arch.build(g))
 
     def _compile(self, built: BuiltGraph) -> CompiledGraph:
-        """The compiled graph for this topology: from the cache, or through the primary
-        backend's pass pipeline (dce, cse, view folding, ...) and the scheduler."""
+        """The compiled graph for this topology: from the cache, or through the passes of
+        every backend (dce, cse, view folding, fusion marks ...) and the scheduler."""
         sig = built.graph.signature()
 
         def compile_graph() -> CompiledGraph:
-            name = self.backends[0].name.split(":")[0]  # "cpu:1" runs the cpu pipeline
-            optimized = run_pipeline(built.graph, backend=name if name in PIPELINES else "ref").graph
+            optimized = run_pipeline(built.graph, backend=pipeline_name(self.passes), passes=self.passes).graph
             return CompiledGraph(optimized, self.backends, self.model.placement)
 
         return self.graph_cache.get_or_compile(sig, compile_graph)
@@ -178,10 +174,8 @@ class Context:
         """How the graphs of this context were obtained: compile time and cache use."""
         report = {"graphs": len(self.graph_cache.entries), "compile_ms": round(self.compile_ms, 1)}
         for be in self.backends:
-            cache = getattr(be, "object_cache", None)
-            if cache is not None:
-                report[f"{be.name}_object_cache_hits"] = cache.hits
-                report[f"{be.name}_object_cache_misses"] = cache.misses
+            for key, value in be.cache_stats().items():
+                report[f"{be.name}_{key}"] = value
         return report
 
     def _reserve(self) -> None:

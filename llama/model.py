@@ -130,7 +130,7 @@ class Model:
         if not devs:
             return Placement.plan(n_layer, None, n_gpu_layers, tied=tied), {}
         probes = {d: make_backend(d) for d in devs}
-        free = [getattr(be, "free_memory", lambda: None)() for be in probes.values()]
+        free = [be.free_memory() for be in probes.values()]
         placement = Placement.plan(n_layer, devs, n_gpu_layers, tensor_split, free, tied)
         placement.check_weights(((r.name, r.type, r.ne) for r in self.weight_refs()), probes.__getitem__)
         return placement, probes

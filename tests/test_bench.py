@@ -14,7 +14,7 @@ import ggmlpy.sched.placement as placement
 from ggmlpy.bench import run_bench
 from ggmlpy.codegen_cuda.backend import CudaBackend
 from ggmlpy.codegen_cuda.driver import DryRunDriver
-from ggmlpy.testing_models import write_tiny_llama
+from ggmlpy.testing.models import write_tiny_llama
 
 
 def test_bench_on_a_cuda_device_reports_one_graph_per_generation(tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ import llama
 from ggmlpy.cli import main
 from ggmlpy.gguf import GGUFFile
 from ggmlpy.gguf.writer import GGUFWriter
-from ggmlpy.testing_models import write_tiny_llama
+from ggmlpy.testing.models import write_tiny_llama
 
 PROMPT = "The capital of France is"
 N_GEN = 8

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from ggmlpy.cli import main
-from ggmlpy.testing_models import write_tiny_llama
+from ggmlpy.testing.models import write_tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from ggmlpy.ir import dump
 from ggmlpy.ir.graph import Graph
 from ggmlpy.passes.fusion import FUSION_HINT, describe_groups
 from ggmlpy.passes.pipeline import PIPELINES, pass_names, pipeline_for, run_pipeline
-from ggmlpy.sched.registry import create_backend
+from ggmlpy.sched.registry import host_backends
 from ggmlpy.sched.scheduler import Schedule, schedule
 from llama.context import Context
 from llama.graph_inputs import GraphParams
@@ -75,7 +75,7 @@ def schedule_graph(model: Model, graph: Graph, devices: list[str] | None = None,
     """The scheduler's decisions for graph with the model placed on devices, as a Context
     with those devices would make them: device backends, then the host CPU, then "ref"."""
     placement = model.place(devices, n_gpu_layers, tensor_split)
-    backends = placement.make_backends() + [create_backend("cpu"), create_backend("ref")]
+    backends = placement.make_backends() + host_backends("cpu")
     return schedule(graph, backends, placement)
 
 

@@ -56,8 +56,7 @@ def placement_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def default_devices() -> list[str]:
-    """Every CUDA device this process can use (the backend drives one: cuda:0)."""
-    from ggmlpy.codegen_cuda import cuda_available
+    """Every GPU device this process can use (the device registry discovers them)."""
+    from ggmlpy.sched.registry import default_devices as discovered
 
-    ok, _ = cuda_available()
-    return ["cuda:0"] if ok else []
+    return discovered()

@@ -10,18 +10,20 @@ from typing import Mapping
 
 import numpy as np
 
-from ggmlpy.codegen_cpu.disk_cache import ObjectCache
+from ggmlpy.codegen_cpu.object_cache import ObjectCache
 from ggmlpy.codegen_cpu.irgen import SYMBOLS
 from ggmlpy.codegen_cpu.lowering import LOWERINGS
 from ggmlpy.codegen_cpu.repack import WeightLayouts
-from ggmlpy.codegen_cpu.program import N_SYM_WORDS, TABLE_HEADER, TABLE_WORD, ProgramBuilder, root_of
+from ggmlpy.codegen_cpu.program import N_SYM_WORDS, TABLE_HEADER, TABLE_WORD, ProgramBuilder
 from ggmlpy.codegen_cpu.elf_loader import NativeObject
 from ggmlpy.codegen_cpu.runtime import JitModule, ThreadPool
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import OPS, Kind
 from ggmlpy.ir.symbolic import evaluate
-from ggmlpy.ir.tensor import Flag, Tensor
+from ggmlpy.ir.tensor import Flag, Tensor, memory_root
 from ggmlpy.passes.buffers import tensor_nbytes
+from ggmlpy.passes.pipeline import PIPELINES
+from ggmlpy.sched.backend import Backend
 from ggmlpy.sched.store import TensorStore
 
 log = logging.getLogger("ggmlpy.codegen_cpu")
@@ -50,8 +52,9 @@ def run_bytes(nodes: list[Tensor], env: Mapping[str, int], stop_at: int | None =
     return total
 
 
-class CpuBackend:
+class CpuBackend(Backend):
     name = "cpu"
+    is_host = True
 
     def __init__(self, n_threads: int = 2, worst_env: Mapping[str, int] | None = None,
                  profile: bool | None = None):
@@ -97,6 +100,13 @@ class CpuBackend:
 
     def set_threads(self, n: int) -> None:
         self.n_threads = n
+
+    def pipeline(self) -> tuple[str, ...]:
+        """Every pass: view folding, and the fusion groups its kernels run as one (fusion.py)."""
+        return PIPELINES["cpu"]
+
+    def cache_stats(self) -> dict[str, int]:
+        return {"object_cache_hits": self.object_cache.hits, "object_cache_misses": self.object_cache.misses}
 
     def set_limits(self, worst_env: Mapping[str, int]) -> None:
         """The largest symbol values a run may use (n_ubatch, KV size): arenas are sized so."""
@@ -187,7 +197,7 @@ class CpuSplit:
         self.slots = np.where(self.used, slots, 0)
         own = {n.id for n in nodes}
         consumers_outside = {s.id for t in graph.tensors if t.id not in own for s in t.src}
-        consumers_outside |= {root_of(o).id for o in graph.outputs}
+        consumers_outside |= {memory_root(o).id for o in graph.outputs}
         self.exports = [(t, lay.arena_offsets[t.id]) for t in graph.tensors
                         if t.id in lay.arena_offsets and (t.id in consumers_outside or t.flags & Flag.OUTPUT)]
 

@@ -304,9 +304,11 @@ class KernelBuilder:
         x, y = self._same_shape((x, y))
         return self.b.fsub(x, y, flags=FAST)
 
-    def fdiv(self, x, y):
+    def fdiv(self, x, y, fast: bool = True):
+        """x / y; `fast=False` for an IEEE quotient (fast-math vector code may use a
+        reciprocal estimate)."""
         x, y = self._same_shape((x, y))
-        return self.b.fdiv(x, y, flags=FAST)
+        return self.b.fdiv(x, y, flags=FAST if fast else ())
 
     def select(self, cond: ir.Value, x: ir.Value, y: ir.Value) -> ir.Value:
         x, y = self._same_shape((cond, x, y))[1:]
@@ -354,6 +356,20 @@ class KernelBuilder:
         biased = b.add(ni, self.like(ir.Constant(I32, 127), ni))
         scale = b.bitcast(b.shl(biased, self.like(ir.Constant(I32, 23), ni)), x.type)
         return self.fmul(p, scale)
+
+    def erf(self, x: ir.Value) -> ir.Value:
+        """erf(x) by Abramowitz and Stegun 7.1.26 (absolute error under 1.5e-7, plus exp's),
+        for scalars and vectors: 1 - t*poly(t)*exp(-x^2) with t = 1/(1 + p|x|), x's sign.
+        Close to libm's erff where it matters for gelu_erf, 0.5*x*(1 + erf(x/sqrt 2)), whose
+        error stays absolute in (1 + erf)."""
+        ax = self.intrinsic("llvm.fabs", [x])
+        t = self.fdiv(f32(1.0), self.fadd(f32(1.0), self.fmul(f32(0.3275911), ax)))
+        poly = f32(1.061405429)
+        for c in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):
+            poly = self.fadd(self.fmul(poly, t), f32(c))
+        e = self.exp(self.b.fneg(self.fmul(ax, ax)))
+        y = self.fsub(f32(1.0), self.fmul(self.fmul(poly, t), e))
+        return self.intrinsic("llvm.copysign", [y, x])
 
     def tanh(self, x: ir.Value) -> ir.Value:
         """tanh(x) = 1 - 2 / (exp(2x) + 1), saturating cleanly for large |x|."""

@@ -34,17 +34,13 @@ from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import OPS, Kind
 from ggmlpy.passes.buffers import plan_buffers
 from ggmlpy.ir.symbolic import Dim, SymExpr
-from ggmlpy.ir.tensor import Tensor
+from ggmlpy.ir.tensor import Tensor, memory_root
 
 log = logging.getLogger("ggmlpy.codegen_cpu")
 
 TABLE_WORD = len(SYMBOLS)
 N_SYM_WORDS = TABLE_WORD + 1  # the symbols, then the node table's address
 TABLE_HEADER = 4  # node count, scratch, barrier, profile buffer; then 6 words per node
-
-
-def root_of(t: Tensor) -> Tensor:
-    return t.view_src if t.view_src is not None else t
 
 
 def _external_key(node: Tensor, j: int, root: Tensor) -> tuple[int, bool]:
@@ -86,7 +82,7 @@ class ProgramBuilder:
         arena_roots: set[int] = set()
         for n in nodes:
             for j, t in enumerate((n, *n.src)):
-                r = root_of(t)
+                r = memory_root(t)
                 if r.is_leaf or r.id in produced_elsewhere or r.id not in own:
                     externals.setdefault(_external_key(n, j, r), r)
                 else:
@@ -115,7 +111,7 @@ class ProgramBuilder:
     def plan_key(self) -> str:
         """What the module's IR text is a function of, without generating it: the kernel
         keys per node, the entry variant, the host and the code generator's own source. A warm
-        start looks the object code up by this key (disk_cache.ObjectCache.load_plan), so it
+        start looks the object code up by this key (object_cache.ObjectCache.load_plan), so it
         does not spend a second building IR text only to hash it."""
         from ggmlpy.codegen_cpu.kernels.qvec import flavour
 
@@ -150,7 +146,7 @@ class ProgramBuilder:
         dynamic: list[tuple[int, int, Dim]] = []
         for i, node in enumerate(self.nodes):
             for j, t in enumerate((node, *node.src)):
-                r = root_of(t)
+                r = memory_root(t)
                 key = _external_key(node, j, r)
                 if key in slot_of:
                     slots[i, j] = slot_of[key]

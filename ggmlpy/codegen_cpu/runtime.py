@@ -24,7 +24,7 @@ import weakref
 import numpy as np
 
 from ggmlpy.codegen_cpu.compile_worker import compile_ir, emit_object
-from ggmlpy.codegen_cpu.disk_cache import ObjectCache
+from ggmlpy.codegen_cpu.object_cache import ObjectCache
 from ggmlpy.codegen_cpu.elf_loader import ElfLoadError, NativeObject
 from ggmlpy.codegen_cpu.target import host, new_target_machine
 

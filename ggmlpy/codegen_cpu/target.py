@@ -16,10 +16,11 @@ import hashlib
 import importlib.metadata
 import json
 import logging
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from ggmlpy.disk_cache import cache_dir, write_atomic
 
 if TYPE_CHECKING:
     import llvmlite.binding as llvm
@@ -89,9 +90,7 @@ def host_key(cpuinfo: str | None = None) -> str | None:
 
 
 def _host_file(key: str) -> Path:
-    from ggmlpy.codegen_cpu.disk_cache import cache_dir
-
-    return cache_dir() / f"host-{key}.json"
+    return cache_dir("cpu") / f"host-{key}.json"
 
 
 def _read_host(path: Path) -> HostTarget | None:
@@ -104,10 +103,7 @@ def _read_host(path: Path) -> HostTarget | None:
 
 def _write_host(path: Path, h: HostTarget) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(asdict(h)))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(asdict(h)).encode())
     except OSError as e:  # only costs the next start a detection
         log.warning("could not write the host description %s: %s", path, e)
 

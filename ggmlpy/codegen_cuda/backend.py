@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
 
-from ggmlpy.codegen_cuda.diskcache import DiskCache
+from ggmlpy.disk_cache import DiskCache
 from ggmlpy.codegen_cuda.driver import DEFAULT_MAX_SHARED, PreparedLaunch, get_driver
 from ggmlpy.codegen_cuda.fusion import LowerOptions
 from ggmlpy.codegen_cuda.kernels import KernelSpec
@@ -33,6 +33,7 @@ from ggmlpy.codegen_cuda.lower_simple import supports_simple
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import OPS, Kind
 from ggmlpy.ir.tensor import Flag, Tensor
+from ggmlpy.sched.backend import Backend
 from ggmlpy.sched.store import BindingError
 
 log = logging.getLogger("ggmlpy.codegen_cuda")
@@ -82,7 +83,7 @@ class Stats:
     plans_built: int = 0
 
 
-class CudaBackend:
+class CudaBackend(Backend):
     """DESIGN.md decision 8. `driver` defaults to the GPU (driver.get_driver()); tests pass
     the host emulator or a compile-only driver."""
 
@@ -92,7 +93,7 @@ class CudaBackend:
                  graphs: bool = True, matvec_max_cols: int = 8, tiled: bool = True,
                  matvec_rows: int | None = None, fuse_rope: bool = True, fuse_oproj: bool | None = None):
         self.driver = driver if driver is not None else get_driver()
-        self.cache = DiskCache(cache_dir)
+        self.cache = DiskCache("cuda", cache_dir)
         if matvec_rows is None:  # 0: by matrix size; the environment lets a benchmark compare
             matvec_rows = int(os.environ.get("GGMLPY_CUDA_MATVEC_ROWS", "0"))
         if matvec_rows not in (0, 1, 2, 4):
@@ -141,6 +142,11 @@ class CudaBackend:
         then planned once for the worst case, so device addresses stay put across run sizes
         and only the launches whose sizes changed are re-packed (see runtime.py)."""
         self.limits = {k: int(v) for k, v in worst_env.items()}
+
+    def run_stats(self) -> dict[str, object]:
+        """Launches, CUDA graph captures and replays, uploads; and the device's name."""
+        stats = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in vars(self.stats).items()}
+        return {"stats": stats, "device": getattr(self.driver, "device_name", "?")}
 
     # kernels -----------------------------------------------------------------------------------
     def ensure_kernels(self, specs: Iterable[KernelSpec]) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ggmlpy.codegen_cuda.diskcache import DiskCache
+from ggmlpy.disk_cache import DiskCache
 from ggmlpy.codegen_cuda.kernels import KernelSpec, module_source
 from ggmlpy.codegen_cuda.nvcc import compile_cuda
 
@@ -186,7 +186,7 @@ class CudaPythonDriver:
             return False  # a probe cannot run inside someone's capture; plain launches then
         ptr = 0
         try:
-            image = compile_cuda(PDL_PROBE_SOURCE, self.arch, "cubin", DiskCache())
+            image = compile_cuda(PDL_PROBE_SOURCE, self.arch, "cubin", DiskCache("cuda"))
             buf = np.frombuffer(image + b"\0", dtype=np.uint8)
             self._images.append(buf)
             (handle,) = self._call(self.cu.cuModuleLoadData, buf.ctypes.data)

@@ -23,11 +23,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ggmlpy.codegen_cuda.diskcache import DiskCache, cache_key
 from ggmlpy.codegen_cuda.driver import Module, PreparedLaunch
 from ggmlpy.codegen_cuda.kernels import KernelSpec, module_source
 from ggmlpy.codegen_cuda.nvcc import CompileError
 from ggmlpy.codegen_cuda.render import render
+from ggmlpy.disk_cache import DiskCache, cache_key
 
 log = logging.getLogger("ggmlpy.codegen_cuda.emulator")
 
@@ -97,13 +97,14 @@ class EmuDriver:
     # modules and launches
     def load_module(self, specs: Sequence[KernelSpec], cache: DiskCache | None) -> Module:
         source = emulator_source(specs)
-        key = cache_key({"source": hashlib.sha256(source.encode()).hexdigest(), "target": "host-emulator",
-                         "cxx": _cxx_version(self.cxx), "flags": " ".join(CXX_FLAGS)})
-        image = cache.get(key, ".so") if cache is not None else None
+        parts = {"source": hashlib.sha256(source.encode()).hexdigest(), "target": "host-emulator",
+                 "cxx": _cxx_version(self.cxx), "flags": " ".join(CXX_FLAGS)}
+        key = cache_key(parts)
+        image = cache.get(parts, ".so") if cache is not None else None
         if image is None:
             image = self._compile(source)
             if cache is not None:
-                cache.put(key, image, ".so")
+                cache.put(parts, image, ".so")
         path = self._dir / f"{key[:16]}-{len(self._libs)}.so"
         path.write_bytes(image)
         lib = ctypes.CDLL(str(path))

@@ -30,14 +30,14 @@ from ggmlpy.codegen_cuda.lower_matmul import (
     MatMulOptions, MatMulStep, PreNorm, RopeEpilogue, RowStore, a_rows_contiguous, matvec_ok,
 )
 from ggmlpy.codegen_cuda.lower_elementwise import MAP_OPS, ElementwiseStep
-from ggmlpy.codegen_cuda.lower_simple import NormStep, RopeStep, lower_simple
-from ggmlpy.codegen_cuda.planner import root_of
+from ggmlpy.codegen_cuda.lower_simple import NormStep, RopeStep
+from ggmlpy.codegen_cuda.lowering import lower
 from ggmlpy.codegen_cuda.steps import DQ8_TYPES, Step, same_shape
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import OPS, Kind
 from ggmlpy.ir.ops.common import can_repeat
 from ggmlpy.ir.symbolic import SymExpr
-from ggmlpy.ir.tensor import Flag, Tensor
+from ggmlpy.ir.tensor import Flag, Tensor, memory_root
 from ggmlpy.ir.types import GGMLType
 
 MAX_GROUP = 3
@@ -141,7 +141,7 @@ def lower_split(graph: Graph, nodes: list[Tensor], opts: LowerOptions) -> list[S
     for i, node in enumerate(nodes):
         if node.id in taken or OPS[node.op].kind == Kind.VIEW:
             continue
-        step = MatMulStep([node], opts.matmul) if node.op == "mul_mat" else lower_simple(node)
+        step = lower(node, opts)
         placed.setdefault(i, []).append(step)
         taken.add(node.id)
     return [s for i in sorted(placed) for s in placed[i]]
@@ -331,10 +331,10 @@ def _store_target(base: Tensor, g: _Graph, free: Free) -> tuple[list[Tensor], Te
 def _moves_safely(store: Tensor, to: Tensor, g: _Graph) -> bool:
     """Running `store` (a set_rows) at `to`'s earlier position changes nothing: no node in
     between touches the cache it writes."""
-    cache = root_of(store)
+    cache = memory_root(store)
     lo, hi = g.position[to.id], g.position[store.id]
     for node in g.nodes[lo:hi]:
-        if root_of(node) is cache or any(root_of(s) is cache for s in node.src):
+        if memory_root(node) is cache or any(memory_root(s) is cache for s in node.src):
             return False
     return True
 

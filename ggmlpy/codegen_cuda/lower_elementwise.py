@@ -1,8 +1,10 @@
 """Elementwise maps and copies, alone or as fused chains.
 
-`EXPRS` is the renderer table keyed by op (tinygrad's code_for_op): adding an elementwise
-op to the CUDA backend is one line here. An expression combines its operands `x0`, `x1`
-(floats) and may use parameters `p.s`, `p.b` (scale's).
+An op's arithmetic is its shared formula (ggmlpy.ir.ops.formulas); `CODE_FOR_OP` renders
+each primitive as a CUDA C expression (tinygrad's code_for_op), so adding an elementwise op
+to the CUDA backend needs no line here. Operands are the floats `x<j>` (values read from
+outside) and `y<i>` (earlier stages); a parameter of stage i is the kernel field
+`k<i>_<name>` (f64).
 
 A chain is a run of "map" ops where each result is read only by the next, all of the
 output's shape, e.g. Gemma 2's soft-capping scale -> tanh -> scale: one kernel computes every
@@ -12,32 +14,52 @@ kernels would, bit for bit.
 """
 from __future__ import annotations
 
-import re
+from typing import Callable, Sequence
 
 from ggmlpy.codegen_cuda.kernels import KernelSpec, tensor_fields
+from ggmlpy.codegen_cuda.lowering import lowering
 from ggmlpy.codegen_cuda.steps import (
-    Addr, Env, Launch, Step, grid_stride_blocks, nb_of, ne_of, sfx, tensor_values,
+    FLOAT_TYPES, Addr, Env, Launch, Step, grid_stride_blocks, nb_of, ne_of, sfx, tensor_values,
 )
+from ggmlpy.ir.ops.formulas import FORMULAS, Expr, params, primitives, render
 from ggmlpy.ir.tensor import Tensor
 
-EXPRS = {
-    "add": "x0 + x1", "sub": "x0 - x1", "mul": "x0 * x1", "div": "x0 / x1",
-    "silu": "gg_silu(x0)", "gelu": "gg_gelu(x0)",
-    "gelu_erf": "0.5f * x0 * (1.0f + erff(x0 * 0.70710678118654752f))",
-    "tanh": "tanhf(x0)", "relu": "fmaxf(x0, 0.0f)", "sqr": "x0 * x0", "sqrt": "sqrtf(x0)",
-    "abs": "fabsf(x0)",
-    "scale": "x0 * (float)p.s + (float)p.b",
-    "swiglu": "gg_silu(x0) * x1", "geglu": "gg_gelu(x0) * x1",
-    "cont": "x0", "cpy": "x0", "concat": "x0",
+CODE_FOR_OP: dict[str, Callable[..., str]] = {
+    "add": lambda a, b: f"({a} + {b})", "sub": lambda a, b: f"({a} - {b})",
+    "mul": lambda a, b: f"({a} * {b})", "div": lambda a, b: f"({a} / {b})",
+    "div_fast": lambda a, b: f"({a} / {b})", "neg": lambda a: f"(-{a})",
+    "abs": lambda a: f"fabsf({a})", "sqrt": lambda a: f"sqrtf({a})", "exp": lambda a: f"expf({a})",
+    "tanh": lambda a: f"tanhf({a})", "erf": lambda a: f"erff({a})", "max": lambda a, b: f"fmaxf({a}, {b})",
+    "ge": lambda a, b: f"({a} >= {b})", "le": lambda a, b: f"({a} <= {b})",
+    "select": lambda c, a, b: f"({c} ? {a} : {b})",
+    "round_f16": lambda a: f"f16_to_f32(f32_to_f16({a}))",
 }
-ELEMENTWISE_OPS = tuple(EXPRS)
 LINEAR_OPS = ("cont", "cpy")  # read the source in its own element order
-MAP_OPS = tuple(op for op in EXPRS if op not in LINEAR_OPS + ("concat",))  # may chain
-# per-op parameters: (name in the expression and in node.params, default, field prefix);
-# stage i's field is <prefix><i> (f64)
-PARAMS = {"scale": (("s", None, "sc"), ("b", 0.0, "bi"))}
+MAP_OPS = tuple(op for op, e in FORMULAS.items() if primitives(e) <= set(CODE_FOR_OP))  # may chain
+ELEMENTWISE_OPS = MAP_OPS + LINEAR_OPS + ("concat",)
 
-_OPERAND = re.compile(r"\bx([01])\b")
+
+def c_float(v: float) -> str:
+    """A float32 constant as a C literal that parses back to the same value."""
+    return f"({v!r}f)" if v < 0 else f"{v!r}f"
+
+
+def c_expr(op: str, operands: Sequence[str], param: Callable[[str], str] | None = None) -> str:
+    """op's formula as a C expression over `operands`; `param(name)` names a parameter's
+    field (cast to float where it is used)."""
+    def leaf(n: Expr) -> str:
+        if n.op == "operand":
+            return operands[n.arg]
+        if n.op == "const":
+            return c_float(n.arg)
+        if param is None:
+            raise ValueError(f"{op}: formula reads parameter {n.arg[0]}")
+        return f"(float){param(n.arg[0])}"
+    return render(FORMULAS[op], CODE_FOR_OP, leaf)
+
+
+def param_field(stage: int, name: str) -> str:
+    return f"k{stage}_{name}"
 
 
 class ElementwiseStep(Step):
@@ -66,7 +88,7 @@ class ElementwiseStep(Step):
         for i in range(len(outside)):
             fields += tensor_fields(f"s{i}")
         for i, node in enumerate(nodes):
-            fields += [(f"{prefix}{i}", "f64") for _, _, prefix in PARAMS.get(node.op, ())]
+            fields += [(param_field(i, name), "f64") for name, _ in _stage_params(node.op)]
         variant = dict(mode=mode, stages=stages, srcs=[sfx(s.type) for s in outside], dst=sfx(last.type))
         if mode == "concat":
             variant["concat_dim"] = int(last.params["dim"])
@@ -83,16 +105,29 @@ class ElementwiseStep(Step):
         for i, s in enumerate(self.srcs):
             vals.update(tensor_values(f"s{i}", s, env, addr))
         for i, node in enumerate(self.nodes):
-            for name, default, prefix in PARAMS.get(node.op, ()):
-                vals[f"{prefix}{i}"] = node.params[name] if default is None else node.params.get(name, default)
+            for name, default in _stage_params(node.op):
+                vals[param_field(i, name)] = node.params[name] if default is None else node.params.get(name, default)
         n = ne[0] * ne[1] * ne[2] * ne[3]
         return [Launch(self.spec, (grid_stride_blocks(n), 1, 1), (256, 1, 1), 0, self.spec.pack(vals))]
 
 
 def _stage_expr(op: str, operands: list[str], stage: int) -> str:
-    """EXPRS[op] over the stage's operands (x<j> outside values, y<i> earlier stages), its
-    parameters renamed to the stage's fields."""
-    expr = _OPERAND.sub(lambda m: operands[int(m.group(1))], EXPRS[op])
-    for name, _, prefix in PARAMS.get(op, ()):
-        expr = re.sub(rf"\bp\.{name}\b", f"p.{prefix}{stage}", expr)
-    return expr
+    """The stage's value: a copy's source, or op's formula over the stage's operands (x<j>
+    outside values, y<i> earlier stages) with its parameters in the stage's fields."""
+    if op not in FORMULAS:
+        return operands[0]
+    return c_expr(op, operands, lambda name: "p." + param_field(stage, name))
+
+
+def _stage_params(op: str) -> list[tuple[str, float | None]]:
+    return params(FORMULAS[op]) if op in FORMULAS else []
+
+
+def _float_data(node: Tensor) -> bool:
+    data = node.src[1:] if node.op == "cpy" else node.src
+    return all(s.type in FLOAT_TYPES for s in data) and node.type in FLOAT_TYPES
+
+
+@lowering(*ELEMENTWISE_OPS, supports=_float_data)
+def _elementwise(node: Tensor, opts) -> Step:
+    return ElementwiseStep([node])

@@ -11,12 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ggmlpy.codegen_cuda.kernels import KernelSpec
+from ggmlpy.codegen_cuda.lower_elementwise import c_expr
+from ggmlpy.codegen_cuda.lowering import lowering
 from ggmlpy.codegen_cuda.steps import (
     DQ8_TYPES, Addr, Env, Launch, LoweringError, Step, ceil_div, check_grid, ev, nb_of, ne_of, sfx,
 )
-from ggmlpy.codegen_cuda.planner import root_of
 from ggmlpy.ir.ops.rope import yarn_corr_dims
-from ggmlpy.ir.tensor import Flag, Tensor
+from ggmlpy.ir.tensor import Flag, Tensor, memory_root
 from ggmlpy.ir.types import GGMLType, is_quantized, type_size
 
 MATVEC_WARPS = 4  # warps (of rpw rows each) per block of the matrix-vector kernel
@@ -103,7 +104,7 @@ def auto_rows(m: object) -> int:
 
 def is_constant(t: Tensor) -> bool:
     """A weight: nothing in a graph writes it, so a kernel may read it before gg_pdl_wait."""
-    return bool(root_of(t).flags & Flag.WEIGHT)
+    return bool(memory_root(t).flags & Flag.WEIGHT)
 
 
 def supports_mul_mat(node: Tensor) -> bool:
@@ -113,6 +114,11 @@ def supports_mul_mat(node: Tensor) -> bool:
     if is_quantized(a.type) and not a_rows_contiguous(a):
         return False
     return True
+
+
+@lowering("mul_mat", supports=supports_mul_mat)
+def _mul_mat(node: Tensor, opts) -> "MatMulStep":
+    return MatMulStep([node], opts.matmul)
 
 
 class MatMulStep(Step):
@@ -195,7 +201,8 @@ class MatMulStep(Step):
                 fields += [(f"rs{g}_d", "ptr"), (f"rs{g}_nb0", "i64"), (f"rs{g}_nb1", "i64"),
                            (f"rs{g}_i", "ptr"), (f"rs{g}_inb0", "i64")]
                 ropes.append((g, sfx(epi.store.type), sfx(epi.store.src[2].type)))
-        act = {"swiglu": "silu", "geglu": "gelu"}[self.glu.op] if self.glu is not None else "none"
+        # the GLU's own formula over the two accumulators (lower_elementwise.c_expr)
+        act = c_expr(self.glu.op, ["acc[r][n]", "acc2[r][n]"]) if self.glu is not None else "none"
         x = pre.norm.src[0] if pre is not None else b
         wvec = pre is not None and pre.weight is not None and x_vectorisable(pre.weight)
         a_const = all(is_constant(m.src[0]) for m in self.mats)

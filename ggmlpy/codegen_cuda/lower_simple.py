@@ -1,13 +1,14 @@
 """Lowerings of the one-kernel ops: norms, rope, softmax, row gathers and scatters, and (in
-lower_elementwise.py) elementwise maps and copies."""
+lower_elementwise.py) elementwise maps and copies, registered in the lowering table."""
 from __future__ import annotations
 
 import math
 
 from ggmlpy.codegen_cuda.kernels import KernelSpec, tensor_fields
-from ggmlpy.codegen_cuda.lower_elementwise import ELEMENTWISE_OPS, ElementwiseStep
+from ggmlpy.codegen_cuda import lower_elementwise as _elementwise  # noqa: F401  (registers its ops)
+from ggmlpy.codegen_cuda.lowering import lowering, supports
 from ggmlpy.codegen_cuda.steps import (
-    FLOAT_TYPES, INDEX_TYPES, Addr, Env, Launch, LoweringError, Step, check_grid, ev,
+    DQ8_TYPES, FLOAT_TYPES, INDEX_TYPES, Addr, Env, Launch, Step, check_grid, ev,
     grid_stride_blocks, nb_of, ne_of, row_threads, sfx, tensor_values,
 )
 from ggmlpy.ir.ops.rope import yarn_corr_dims
@@ -230,37 +231,58 @@ class SetRowsStep(Step):
         return [Launch(self.spec, (grid_stride_blocks(n), 1, 1), (256, 1, 1), 0, self.spec.pack(vals))]
 
 
-# support checks ---------------------------------------------------------------------------------
+# registrations ----------------------------------------------------------------------------------
+def _float_src(node: Tensor) -> bool:
+    return node.src[0].type in FLOAT_TYPES
+
+
+@lowering("rms_norm", "norm", supports=_float_src)
+def _norm(node: Tensor, opts) -> Step:
+    return NormStep(node)
+
+
+def _rope_ok(node: Tensor) -> bool:
+    srcs = node.src
+    return srcs[0].type in FLOAT_TYPES and srcs[1].type == GGMLType.I32 and \
+        (len(srcs) < 3 or srcs[2].type == GGMLType.F32) and node.params["mode"] in (0, 2)
+
+
+@lowering("rope", supports=_rope_ok)
+def _rope(node: Tensor, opts) -> Step:
+    return RopeStep([(node, None)])
+
+
+def _softmax_ok(node: Tensor) -> bool:
+    srcs = node.src
+    return srcs[0].type in FLOAT_TYPES and (len(srcs) < 2 or srcs[1].type in (GGMLType.F32, GGMLType.F16))
+
+
+@lowering("soft_max", supports=_softmax_ok)
+def _softmax(node: Tensor, opts) -> Step:
+    return SoftmaxStep(node)
+
+
+def _get_rows_ok(node: Tensor) -> bool:
+    table, idx = node.src
+    return (table.type in DQ8_TYPES or table.type == GGMLType.I32) and idx.type in INDEX_TYPES
+
+
+@lowering("get_rows", supports=_get_rows_ok)
+def _get_rows(node: Tensor, opts) -> Step:
+    return GetRowsStep(node)
+
+
+def _set_rows_ok(node: Tensor) -> bool:
+    dst, src, idx = node.src
+    return dst.type in FLOAT_TYPES and src.type in FLOAT_TYPES and idx.type in INDEX_TYPES
+
+
+@lowering("set_rows", supports=_set_rows_ok)
+def _set_rows(node: Tensor, opts) -> Step:
+    return SetRowsStep(node)
+
+
 def supports_simple(node: Tensor) -> bool:
-    op, srcs = node.op, node.src
-    if op in ELEMENTWISE_OPS:
-        data = srcs[1:] if op == "cpy" else srcs
-        return all(s.type in FLOAT_TYPES for s in data) and node.type in FLOAT_TYPES
-    if op in ("rms_norm", "norm"):
-        return srcs[0].type in FLOAT_TYPES
-    if op == "rope":
-        return srcs[0].type in FLOAT_TYPES and srcs[1].type == GGMLType.I32 and \
-            (len(srcs) < 3 or srcs[2].type == GGMLType.F32) and node.params["mode"] in (0, 2)
-    if op == "soft_max":
-        return srcs[0].type in FLOAT_TYPES and (len(srcs) < 2 or srcs[1].type in (GGMLType.F32, GGMLType.F16))
-    if op == "get_rows":
-        from ggmlpy.codegen_cuda.steps import DQ8_TYPES
-        table, idx = srcs
-        ok_table = table.type in DQ8_TYPES or table.type == GGMLType.I32
-        return ok_table and idx.type in INDEX_TYPES
-    if op == "set_rows":
-        dst, src, idx = srcs
-        return dst.type in FLOAT_TYPES and src.type in FLOAT_TYPES and idx.type in INDEX_TYPES
-    return False
-
-
-def lower_simple(node: Tensor) -> Step:
-    if node.op in ELEMENTWISE_OPS:
-        return ElementwiseStep([node])
-    if node.op == "rope":
-        return RopeStep([(node, None)])
-    builders = {"rms_norm": NormStep, "norm": NormStep, "soft_max": SoftmaxStep,
-                "get_rows": GetRowsStep, "set_rows": SetRowsStep}
-    if node.op not in builders:
-        raise LoweringError(f"no CUDA lowering for op {node.op}")
-    return builders[node.op](node)
+    """Whether a lowering registered for node's op (elementwise and the ops above) takes it;
+    backend.py asks this, mul_mat separately."""
+    return supports(node)

@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ggmlpy.codegen_cuda.diskcache import DiskCache, cache_key
+from ggmlpy.disk_cache import DiskCache
 
 log = logging.getLogger("ggmlpy.codegen_cuda.nvcc")
 
@@ -55,10 +55,10 @@ def compile_cuda(source: str, arch: str, kind: str = "cubin", cache: DiskCache |
     if nvcc is None:
         raise CompileError("nvcc not found (put the CUDA toolkit's bin folder on PATH)")
     flags = NVCC_FLAGS + tuple(extra_flags)
-    key = cache_key({"source": hashlib.sha256(source.encode()).hexdigest(), "arch": arch, "kind": kind,
-                     "flags": " ".join(flags), "nvcc": nvcc_version(nvcc)})
+    parts = {"source": hashlib.sha256(source.encode()).hexdigest(), "arch": arch, "kind": kind,
+             "flags": " ".join(flags), "nvcc": nvcc_version(nvcc)}
     if cache is not None:
-        hit = cache.get(key, "." + kind)
+        hit = cache.get(parts, "." + kind)
         if hit is not None:
             return hit
     with tempfile.TemporaryDirectory(prefix="ggmlpy-nvcc-") as tmp:
@@ -72,7 +72,7 @@ def compile_cuda(source: str, arch: str, kind: str = "cubin", cache: DiskCache |
             raise CompileError(f"nvcc failed ({' '.join(cmd)}):\n{_numbered_errors(proc.stderr, source)}")
         data = out.read_bytes()
     if cache is not None:
-        cache.put(key, data, "." + kind)
+        cache.put(parts, data, "." + kind)
     return data
 
 

@@ -14,16 +14,12 @@ from typing import Iterable, Mapping
 
 from ggmlpy.codegen_cuda.steps import Step
 from ggmlpy.ir.symbolic import evaluate
-from ggmlpy.ir.tensor import Tensor
+from ggmlpy.ir.tensor import Tensor, memory_root
 from ggmlpy.ir.types import block_size
 from ggmlpy.passes.arena import Arena
 from ggmlpy.passes.arena import align as align_to
 
 ALIGN = 256
-
-
-def root_of(t: Tensor) -> Tensor:
-    return t.view_src if t.view_src is not None else t
 
 
 def nbytes(t: Tensor, env: Mapping[str, int]) -> int:
@@ -57,7 +53,7 @@ def plan_arena(steps: list[Step], env: Mapping[str, int], owned: set[int], keep:
     roots: dict[int, Tensor] = {}
     for i, step in enumerate(steps):
         for t in (*step.writes, *step.reads):
-            r = root_of(t)
+            r = memory_root(t)
             if r.id in owned:
                 first.setdefault(r.id, i)
                 last[r.id] = i

@@ -33,11 +33,11 @@ from ggmlpy.codegen_cuda.backend import _bytes_of, _lookup
 from ggmlpy.codegen_cuda.driver import PreparedLaunch
 from ggmlpy.codegen_cuda.fusion import SINGLE_TOKEN_SYMBOLS, lower_split
 from ggmlpy.codegen_cuda.lower_attention import AttentionStep
-from ggmlpy.codegen_cuda.planner import ALIGN, ArenaPlan, align, nbytes, plan_arena, root_of
+from ggmlpy.codegen_cuda.planner import ALIGN, ArenaPlan, align, nbytes, plan_arena
 from ggmlpy.codegen_cuda.steps import Step
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.symbolic import SymExpr, evaluate
-from ggmlpy.ir.tensor import Flag, Tensor
+from ggmlpy.ir.tensor import Flag, Tensor, memory_root
 from ggmlpy.sched.store import BindingError, TensorStore
 
 if TYPE_CHECKING:
@@ -106,10 +106,10 @@ class CudaSplit:
         touched: dict[int, Tensor] = {}
         for step in self.steps:
             for t in step.writes:
-                r = root_of(t)
+                r = memory_root(t)
                 written[r.id] = touched[r.id] = r
             for t in step.reads:
-                r = root_of(t)
+                r = memory_root(t)
                 touched[r.id] = r
         self.weight_leaves = [r for r in touched.values() if r.flags & Flag.WEIGHT]
         self.cache_leaves = [r for r in touched.values() if r.flags & Flag.CACHE and not r.flags & Flag.WEIGHT]
@@ -122,7 +122,7 @@ class CudaSplit:
         users = graph.consumers()
         outs: dict[int, Tensor] = {}
         for t in list(graph.outputs) + [n for n in nodes if any(u.id not in in_split for u in users.get(n.id, []))]:
-            r = root_of(t)
+            r = memory_root(t)
             if r.id in written:
                 outs[r.id] = r
         self.output_roots = list(outs.values())
@@ -329,7 +329,7 @@ class CudaSplit:
         memo: dict[Any, int] = {}
 
         def addr(t: Tensor) -> int:
-            r = root_of(t)
+            r = memory_root(t)
             try:
                 base = bases[r.id]
             except KeyError:

@@ -85,6 +85,20 @@ class Tensor:
         return self.id
 
 
+def memory_root(t: Tensor) -> Tensor:
+    """The tensor owning t's memory: t itself unless t is a view (or a write's result).
+
+    A view's `view_src` already points at the owner, never at another view (as in ggml), so
+    one step is enough. Every pass, scheduler and backend that asks "whose buffer is this"
+    uses this one function, so they cannot disagree about ownership."""
+    return t.view_src if t.view_src is not None else t
+
+
+def offset_in_owner(t: Tensor) -> Dim:
+    """t's byte offset inside `memory_root(t)` (0 for a tensor that owns its memory)."""
+    return t.view_offs if t.view_src is not None else 0
+
+
 def pad_ne(ne: tuple[Dim, ...]) -> tuple[Dim, Dim, Dim, Dim]:
     if not 1 <= len(ne) <= MAX_DIMS:
         raise ValueError(f"a tensor has 1..{MAX_DIMS} dimensions, got {len(ne)}")

@@ -25,10 +25,9 @@ from typing import Callable, Mapping, Union
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import OPS
 from ggmlpy.ir.symbolic import evaluate
-from ggmlpy.ir.tensor import Flag, Tensor
+from ggmlpy.ir.tensor import Flag, Tensor, memory_root
 from ggmlpy.ir.types import block_size, type_size
 from ggmlpy.passes.arena import Arena, align
-from ggmlpy.passes.common import memory_root
 from ggmlpy.passes.fusion import ResolvedGroup, fusion_groups
 
 ALIGNMENT = 64

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Sequence
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import OPS, Kind
 from ggmlpy.ir.symbolic import simplify
-from ggmlpy.ir.tensor import Flag, Tensor
+from ggmlpy.ir.tensor import Flag, Tensor, memory_root
 
 # graph.hints key of the fusion annotations (fusion.py): positions into graph.tensors, so any
 # pass that changes the tensor list drops them (they would point at the wrong tensors)
@@ -27,11 +27,6 @@ def op_kind(t: Tensor) -> Kind | None:
     """The registry kind of t's op (None for leaves and unknown ops)."""
     op = OPS.get(t.op)
     return op.kind if op is not None else None
-
-
-def memory_root(t: Tensor) -> Tensor:
-    """The tensor owning t's memory: t itself unless t is a view (or a write's result)."""
-    return t.view_src if t.view_src is not None else t
 
 
 def deps(t: Tensor) -> list[Tensor]:

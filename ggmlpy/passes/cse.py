@@ -13,8 +13,8 @@ from typing import Any, Hashable
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import Kind
 from ggmlpy.ir.symbolic import SymExpr
-from ggmlpy.ir.tensor import Flag, Tensor
-from ggmlpy.passes.common import memory_root, op_kind, rebuild
+from ggmlpy.ir.tensor import Flag, Tensor, memory_root
+from ggmlpy.passes.common import op_kind, rebuild
 
 
 def eliminate_common_subexpressions(graph: Graph) -> Graph:

@@ -9,6 +9,13 @@ Every pass is a pure function Graph -> Graph (DESIGN.md decision 4); "buffers" i
 step that reads the graph and returns a plan instead. The reference backend runs the graph
 nearly as built (it is the oracle), the CPU backend gets every pass. `dump_after="fusion"`
 renders the graph right after that pass (`ggmlpy graph --dump-after PASS` calls this).
+
+A backend names its pipeline (Backend.pipeline()); a Context runs `context_passes(backends)`
+over its graph before the scheduler splits it, so every split gets its own backend's passes:
+the rewrites (dce, cse, views) change no result, so one graph rewritten for any backend is
+right for all of them (and the scheduler needs one graph to split); the marking passes
+(fusion) only annotate, and each backend reads the annotations for its own split's nodes
+(codegen_cpu/fusion.py keeps the groups that lie inside its split; others ignore them).
 """
 from __future__ import annotations
 
@@ -16,7 +23,7 @@ import logging
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from ggmlpy.ir import dump as ir_dump
 from ggmlpy.ir.graph import Graph
@@ -26,6 +33,7 @@ from ggmlpy.passes.cse import eliminate_common_subexpressions
 from ggmlpy.passes.dce import eliminate_dead_code
 from ggmlpy.passes.fusion import describe_groups, mark_fusion_groups
 from ggmlpy.passes.views import fold_views
+from ggmlpy.sched.backend import REFERENCE_PIPELINE, Backend
 
 log = logging.getLogger("ggmlpy.passes")
 
@@ -46,7 +54,7 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
 BUFFERS = "buffers"  # the planning step: it must come last, and leaves the graph as it is
 
 PIPELINES: dict[str, tuple[str, ...]] = {
-    "ref": ("dce", "cse"),
+    "ref": REFERENCE_PIPELINE,
     "cpu": ("dce", "cse", "views", "fusion", BUFFERS),
 }
 
@@ -75,6 +83,29 @@ def pipeline_for(backend: str) -> tuple[str, ...]:
                          f"(known: {', '.join(sorted(PIPELINES))})") from None
 
 
+def context_passes(backends: Sequence[Backend]) -> tuple[str, ...]:
+    """The passes a context with these backends runs over its graph: every pass one of their
+    pipelines names, in PASSES order, then "buffers" if one plans buffers (see the module
+    docstring for why the union is right). An unknown pass name is an error naming it."""
+    wanted: set[str] = set()
+    for be in backends:
+        names = tuple(be.pipeline())
+        unknown = [n for n in names if n not in PASSES and n != BUFFERS]
+        if unknown:
+            raise ValueError(f"backend {be.name!r} asks for unknown passes {unknown} "
+                             f"(known: {', '.join([*PASSES, BUFFERS])})")
+        wanted.update(names)
+    return tuple(n for n in (*PASSES, BUFFERS) if n in wanted)
+
+
+def pipeline_name(names: Sequence[str]) -> str:
+    """A label for a pass list: the pipeline it equals ("cpu", "ref"), else the names."""
+    for label, known in PIPELINES.items():
+        if tuple(names) == known:
+            return label
+    return "+".join(names) or "none"
+
+
 def pass_names() -> list[str]:
     """Every step name any pipeline runs, in pipeline order (choices for --dump-after)."""
     return list(dict.fromkeys(n for names in PIPELINES.values() for n in names))
@@ -92,14 +123,18 @@ def render_text(graph: Graph, plan: BufferPlan | None = None) -> str:
 
 def run_pipeline(graph: Graph, backend: str = "cpu", dump_after: str | None = None,
                  dump: Callable[[str], object] | None = None, env: Mapping[str, int] | None = None,
-                 render: Callable[[Graph], str] | None = None) -> PipelineResult:
+                 render: Callable[[Graph], str] | None = None,
+                 passes: Sequence[str] | None = None) -> PipelineResult:
     """Run the backend's passes over graph (which is left untouched).
+
+    passes: the pass names to run instead of PIPELINES[backend] (a Context passes
+    context_passes(backends); `backend` then only labels dumps and errors).
 
     dump_after: a pass name of this pipeline; the graph after it goes to `dump` (default:
     stdout) as `render(graph)` (default: render_text, which also lists fusion groups and the
     buffer plan). env: the worst-case symbol values the buffer plan is sized for (default
     buffers.WORST_CASE)."""
-    names = pipeline_for(backend)
+    names = tuple(passes) if passes is not None else pipeline_for(backend)
     if dump_after is not None and dump_after not in names:
         raise ValueError(f"--dump-after {dump_after!r}: backend {backend!r} runs the passes "
                          f"{', '.join(names)}")

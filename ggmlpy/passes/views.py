@@ -17,15 +17,10 @@ from __future__ import annotations
 
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import Kind
-from ggmlpy.ir.symbolic import Dim, simplify
-from ggmlpy.ir.tensor import Flag, Tensor, contiguous_strides
-from ggmlpy.passes.common import copy_tensor, memory_root
+from ggmlpy.ir.symbolic import simplify
+from ggmlpy.ir.tensor import Flag, Tensor, contiguous_strides, memory_root, offset_in_owner
+from ggmlpy.passes.common import copy_tensor
 from ggmlpy.passes.rewrite import Bindings, Pat, Rule, rewrite_graph
-
-
-def offset_in_owner(t: Tensor) -> Dim:
-    """t's byte offset inside its memory owner (0 for a tensor that owns its memory)."""
-    return t.view_offs if t.view_src is not None else 0
 
 
 def _fold_chain(outer: Tensor, b: Bindings) -> Tensor:

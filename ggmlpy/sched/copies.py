@@ -7,8 +7,8 @@ backend, as ggml does (one copy per tensor and destination backend).
 
 For backends that share host memory the copy moves no bytes: the TensorStore holds one
 buffer per tensor that every host backend reads. It is still listed and counted, so dumps show
-where data crosses devices and a device backend (CUDA) can implement the transfer with a
-`copy_in(copy, store, env)` method, which `run_copies` calls when the destination has one.
+where data crosses devices and a device backend implements the transfer in its
+`copy_in(copy, store, env)` hook (Backend's default moves nothing), which `run_copies` calls.
 """
 from __future__ import annotations
 
@@ -18,18 +18,13 @@ from typing import Callable, Mapping, Sequence
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import OPS, Kind
 from ggmlpy.ir.symbolic import evaluate
-from ggmlpy.ir.tensor import Tensor
+from ggmlpy.ir.tensor import Tensor, memory_root
 from ggmlpy.ir.types import row_size
 from ggmlpy.sched.backend import Backend
 
 
 def is_view(t: Tensor) -> bool:
     return not t.is_leaf and OPS[t.op].kind == Kind.VIEW
-
-
-def root_of(t: Tensor) -> Tensor:
-    """The tensor owning t's memory (views point straight at it, as in ggml)."""
-    return t.view_src if t.view_src is not None else t
 
 
 @dataclass(frozen=True)
@@ -114,7 +109,7 @@ def insert_copies(splits: list[Split], home_of: Callable[[Tensor], tuple[str, ..
                 if memory in home_of(src) or (src.id, dst.name) in made:
                     continue
                 made.add((src.id, dst.name))
-                copy = Copy(src, backend_of[root_of(src).id], dst.name, split.index, node)
+                copy = Copy(src, backend_of[memory_root(src).id], dst.name, split.index, node)
                 split.copies.append(copy)
                 copies.append(copy)
     return copies
@@ -132,8 +127,8 @@ class CopyStats:
 
 def run_copies(split: Split, store, env: Mapping[str, int], stats: CopyStats) -> None:
     """Bring a split's inputs into its backend's memory. Host backends share the store's
-    buffers, so for them this only counts; a backend with `copy_in` moves the data."""
-    copy_in = getattr(split.backend, "copy_in", None)
+    buffers, so for them this only counts; a device backend's `copy_in` moves the data."""
+    copy_in = split.backend.copy_in
     key = tuple(env.items())
     sizes = split.copy_bytes.get(key)
     if sizes is None:  # (a decode step would otherwise evaluate every shape again)
@@ -141,8 +136,7 @@ def run_copies(split: Split, store, env: Mapping[str, int], stats: CopyStats) ->
             split.copy_bytes.clear()
         sizes = split.copy_bytes[key] = [c.nbytes(env) for c in split.copies]
     for c, n in zip(split.copies, sizes):
-        if copy_in is not None:
-            copy_in(c, store, env)
+        copy_in(c, store, env)
         stats.copies += 1
         stats.bytes += n
         pair = (c.src_backend, c.dst_backend)

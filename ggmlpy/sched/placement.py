@@ -31,37 +31,31 @@ import numpy as np
 
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import GGMLType
-from ggmlpy.sched.backend import Backend
+from ggmlpy.sched.backend import HOST_MEMORY, Backend
+from ggmlpy.sched.registry import PlacementError, create_device, normalize_device
 
 log = logging.getLogger("ggmlpy.sched")
 
-HOST = "cpu"
+HOST = HOST_MEMORY  # the device of everything not offloaded: host memory
 # llama.cpp's LLM_TENSOR_LAYER_INPUT tensors: looked up with get_rows, kept on the CPU
 INPUT_LAYER = frozenset({"token_embd.weight", "position_embd.weight", "token_types.weight",
                          "token_embd_norm.weight", "token_embd_norm.bias"})
 _LAYER_NAME = re.compile(r"^(?:blk\.(\d+)\.|cache_[kv]_l(\d+)$)")
-_DEVICE = re.compile(r"^(cpu|cuda):(\d+)$")
 
-
-class PlacementError(ValueError):
-    """Bad devices, tensor_split or n_gpu_layers."""
+__all__ = ["HOST", "INPUT_LAYER", "Placement", "PlacementError", "layer_devices", "layer_of",
+           "make_device_backend", "parse_devices", "probe_node", "split_points"]
 
 
 def parse_devices(devices: Sequence[str] | None) -> tuple[str, ...]:
-    """Offload device names, validated: "cuda:N" or "cpu:N" with N >= 1 ("cuda" = "cuda:0")."""
+    """Offload device names, validated against the device registry (sched/registry.py:
+    "cuda:N", "cpu:N" with N >= 1, ...; short names such as "cuda" = "cuda:0")."""
     if devices is None:
         return ()
     if isinstance(devices, str):
         raise PlacementError(f"devices must be a list of names, got the string {devices!r}")
     out: list[str] = []
     for name in devices:
-        name = {"cuda": "cuda:0", "cpu": "cpu:0"}.get(str(name), str(name))
-        m = _DEVICE.match(name)
-        if m is None:
-            raise PlacementError(f"unknown device {name!r}: expected cuda:N, or cpu:N with N >= 1")
-        if name == "cpu:0":
-            raise PlacementError("the host CPU (cpu, cpu:0) is always present; name a second CPU "
-                                 "device as cpu:1")
+        name = normalize_device(str(name))
         if name in out:
             raise PlacementError(f"device {name!r} is named twice")
         out.append(name)
@@ -229,24 +223,7 @@ def probe_node(name: str, ttype: GGMLType, ne: Sequence[int]) -> Tensor | None:
 
 
 def make_device_backend(device: str) -> Backend:
-    """A fresh backend for an offload device, computing in that device's memory: "cpu:N" is a
-    CpuBackend of its own (own thread pool) named "cpu:N"; "cuda:0" the CUDA backend, which
-    keeps its name "cuda" (pass pipelines and reports know it by that name)."""
-    kind, index = parse_devices([device])[0].split(":")
-    if kind == "cpu":
-        from ggmlpy.codegen_cpu.backend import CpuBackend
-
-        be = CpuBackend()
-        be.name = device  # type: ignore[misc]
-    else:
-        if index != "0":
-            raise PlacementError(f"device {device}: only cuda:0 is supported")
-        from ggmlpy.codegen_cuda import cuda_available
-        from ggmlpy.sched.registry import create_backend
-
-        ok, reason = cuda_available()
-        if not ok:
-            raise PlacementError(f"device {device} is not available: {reason}")
-        be = create_backend("cuda")
-    be.buffer_type = device  # type: ignore[attr-defined]
-    return be
+    """A fresh backend for an offload device, computing in that device's memory (the device
+    registry's factory: "cpu:N" a CpuBackend of its own named "cpu:N", "cuda:0" the CUDA
+    backend). Looked up by name at each call, so tests can replace it."""
+    return create_device(device)

@@ -12,14 +12,17 @@ from ggmlpy.ir.symbolic import evaluate, evaluate_params
 from ggmlpy.ir.tensor import Flag, Tensor
 from ggmlpy.ir.types import GGMLType, is_quantized
 from ggmlpy.quants import dequantize, dequantize_rows
+from ggmlpy.sched.backend import Backend
 from ggmlpy.sched.store import TensorStore
 
 
-class RefBackend:
+class RefBackend(Backend):
     """Runs graphs with numpy. Weights converted to float32 are cached per backend instance
-    (one per context), so a quantised model is dequantised once, not per token."""
+    (one per context), so a quantised model is dequantised once, not per token. Every other
+    hook keeps Backend's default (the reference pipeline, host memory, nothing to tune)."""
 
     name = "ref"
+    is_host = True
 
     def __init__(self) -> None:
         self._weights_f32: dict[str, np.ndarray] = {}

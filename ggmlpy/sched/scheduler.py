@@ -34,16 +34,15 @@ from typing import Mapping, Protocol, Sequence
 
 from ggmlpy.ir.dump import tensor_keys
 from ggmlpy.ir.graph import Graph
-from ggmlpy.ir.tensor import Flag, Tensor
-from ggmlpy.sched.backend import Backend, CompiledSplit
+from ggmlpy.ir.tensor import Flag, Tensor, memory_root
+from ggmlpy.sched.backend import HOST_MEMORY, Backend, CompiledSplit
 from ggmlpy.sched.copies import (
-    Copy, CopyStats, Split, insert_copies, is_view, root_of, run_copies, split_graph,
+    Copy, CopyStats, Split, insert_copies, is_view, run_copies, split_graph,
 )
 from ggmlpy.sched.store import TensorStore
 
 log = logging.getLogger("ggmlpy.sched")
 
-HOST_MEMORY = "cpu"  # the buffer type of the host CPU backends ("cpu", "ref")
 PLACED = Flag.WEIGHT | Flag.CACHE
 
 __all__ = ["Assignment", "CompiledGraph", "Copy", "LeafPlacement", "Schedule", "SchedulerError",
@@ -95,14 +94,9 @@ def as_placement(placement: LeafPlacement | Mapping[str, str] | None) -> LeafPla
 
 
 def buffer_type(backend: Backend) -> str:
-    """The memory a backend computes in. Backends with the same buffer type read each other's
-    tensors without copies; the host backends ("cpu", "ref") share host memory. A backend may
-    say otherwise with a `buffer_type` attribute (a second CPU device "cpu:1" does, so that it
-    behaves like a separate device)."""
-    bt = getattr(backend, "buffer_type", None)
-    if bt:
-        return bt
-    return HOST_MEMORY if backend.name in ("cpu", "ref") else backend.name
+    """The memory a backend computes in (Backend.buffer_type): backends with the same buffer
+    type read each other's tensors without copies; host backends share host memory."""
+    return backend.buffer_type
 
 
 @dataclass(frozen=True)
@@ -127,7 +121,9 @@ class _Assigner:
         self.backends = list(backends)
         self.placement = placement
         self.bufts = [buffer_type(b) for b in backends]
-        self.host = next((i for i, bt in enumerate(self.bufts) if bt == HOST_MEMORY), len(backends) - 1)
+        # graph inputs are set by the first host backend (one that computes in host memory)
+        self.host = next((i for i, b in enumerate(backends) if b.is_host and self.bufts[i] == HOST_MEMORY),
+                         len(backends) - 1)
         self.keys = tensor_keys(graph)
         self.computing = [n for n in graph.nodes if not is_view(n)]
         self.be: dict[int, int] = {}
@@ -171,7 +167,7 @@ class _Assigner:
 
     def memory_of(self, t: Tensor) -> tuple[str, ...]:
         """The devices holding t's data so far (empty while t's root is unassigned)."""
-        root = root_of(t)
+        root = memory_root(t)
         if root.is_leaf and root.flags & PLACED:
             held = self.placement.devices_of(root)
             if held:
@@ -220,7 +216,7 @@ class _Assigner:
         if node.op == "rope":
             return  # its frequency table is too small a weight to decide where rope runs
         for j, src in enumerate(node.src):
-            root = root_of(src)
+            root = memory_root(src)
             if not (root.is_leaf and root.flags & PLACED):
                 continue
             device = self.placement.device_for(root, node)
@@ -242,8 +238,7 @@ class _Assigner:
         """ggml's op offload: a higher-priority backend may take an op whose weight is in host
         memory (a GPU backend does for large batches) if it says so with `offload_op(node)`."""
         for k in range(i):
-            wants = getattr(self.backends[k], "offload_op", None)
-            if wants is not None and self.supports(k, node) and wants(node):
+            if self.supports(k, node) and self.backends[k].offload_op(node):
                 self.set(node, k, f"1.off: {self.backends[k].name} takes it from host weights")
                 return True
         return False
@@ -316,7 +311,7 @@ class _Assigner:
                     self.set(t, self.be[reader.id], f"4.cur: read first by {self.label(reader)}")
         for node in self.graph.nodes:
             if is_view(node):
-                root = root_of(node)
+                root = memory_root(node)
                 self.set(node, self.be[root.id], f"4.vsrc: view of {self.label(root)}")
 
     def first_readers(self) -> dict[int, Tensor]:
@@ -324,7 +319,7 @@ class _Assigner:
         first: dict[int, Tensor] = {}
         for node in self.computing:
             for src in node.src:
-                for t in (src, root_of(src)):
+                for t in (src, memory_root(src)):
                     first.setdefault(t.id, node)
         return first
 
@@ -407,7 +402,7 @@ def schedule(graph: Graph, backends: Sequence[Backend],
     by_name = {b.name: b for b in backends}
 
     def home_of(t: Tensor) -> tuple[str, ...]:
-        root = root_of(t)
+        root = memory_root(t)
         if root.is_leaf and root.flags & PLACED and pl.devices_of(root):
             return tuple(pl.devices_of(root))
         return (buffer_type(by_name[backend_of[root.id]]),)

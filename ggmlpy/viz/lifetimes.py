@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ggmlpy.ir.graph import Graph
 from ggmlpy.passes.arena import align
 from ggmlpy.passes.buffers import BufferPlan
-from ggmlpy.passes.common import memory_root
+from ggmlpy.ir.tensor import memory_root
 from ggmlpy.passes.fusion import fusion_groups
 
 

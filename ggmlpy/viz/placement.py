@@ -10,23 +10,15 @@ from __future__ import annotations
 
 from ggmlpy.sched.backend import Backend
 from ggmlpy.sched.placement import Placement, make_device_backend
-from ggmlpy.sched.registry import create_backend
+from ggmlpy.sched.registry import host_backends, preview_device
 from llama.model import Model
 
 
 def device_backend(device: str) -> Backend:
-    """The backend for one offload device; a dry-run CUDA backend where no GPU is usable."""
-    if device.startswith("cuda"):
-        from ggmlpy.codegen_cuda import cuda_available
-
-        if not cuda_available()[0]:
-            from ggmlpy.codegen_cuda.backend import CudaBackend
-            from ggmlpy.codegen_cuda.driver import DryRunDriver
-
-            be = CudaBackend(driver=DryRunDriver(compile=False))
-            be.buffer_type = device  # type: ignore[attr-defined]  (as make_device_backend sets it)
-            return be
-    return make_device_backend(device)
+    """The backend for one offload device; its registered preview where the device is absent
+    (CUDA without a GPU: the dry-run driver), else the real one."""
+    be = preview_device(device)
+    return be if be is not None else make_device_backend(device)
 
 
 def place(model: Model, devices: list[str] | None, n_gpu_layers: int = 0,
@@ -35,4 +27,4 @@ def place(model: Model, devices: list[str] | None, n_gpu_layers: int = 0,
     CPU) and the backends in the scheduler's priority order: devices, host CPU, reference."""
     placement, probes = model.place_with_probes(devices, n_gpu_layers, tensor_split,
                                                 make_backend=device_backend)
-    return placement, list(probes.values()) + [create_backend("cpu"), create_backend("ref")]
+    return placement, list(probes.values()) + host_backends("cpu")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ggmlpy.ir.graph import Graph
 from ggmlpy.passes.buffers import BufferPlan, plan_buffers
-from ggmlpy.passes.pipeline import PIPELINES
+from ggmlpy.passes.pipeline import context_passes, pipeline_name
 from ggmlpy.sched.backend import Backend
 from ggmlpy.sched.scheduler import Schedule, schedule
 from ggmlpy.viz.kernels import KernelMap, generate_kernels
@@ -49,9 +49,8 @@ class Snapshot:
 
 
 def pipeline_of(backends: list[Backend]) -> str:
-    """The pipeline a Context runs: its primary backend's ("cpu:1" runs cpu's; else "ref")."""
-    name = backends[0].name.split(":")[0]
-    return name if name in PIPELINES else "ref"
+    """The passes a Context with these backends runs (every backend's), by name ("cpu")."""
+    return pipeline_name(context_passes(backends))
 
 
 def worst_env(n_tokens: int, n_ctx: int) -> dict[str, int]:
@@ -66,7 +65,7 @@ def take_snapshot(model: "Model", graph: Graph, n_tokens: int, n_ctx: int, backe
     generated code (it is most of the time and size for a large model)."""
     env = worst_env(n_tokens, n_ctx)
     pipeline = pipeline_of(backends)
-    stages = replay_pipeline(graph, pipeline, env)
+    stages = replay_pipeline(graph, context_passes(backends), env)
     final = stages[-1].graph
     notes = []
     plan = stages[-1].plan

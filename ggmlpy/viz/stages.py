@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.tensor import Tensor
@@ -40,10 +40,11 @@ class Stage:
     plan: BufferPlan | None = None             # the buffers step's plan
 
 
-def replay_pipeline(graph: Graph, pipeline: str, env: Mapping[str, int]) -> list[Stage]:
-    """Stage 0 (graph) and one stage per step of `pipeline` ("cpu", "ref"), in order."""
+def replay_pipeline(graph: Graph, pipeline: str | Sequence[str], env: Mapping[str, int]) -> list[Stage]:
+    """Stage 0 (graph) and one stage per step of `pipeline` (a name, "cpu", "ref", or the
+    pass names), in order."""
     stages = [Stage(BUILT, graph, doc="the graph as the model file built it")]
-    for name in pipeline_for(pipeline):
+    for name in (pipeline_for(pipeline) if isinstance(pipeline, str) else pipeline):
         before = stages[-1].graph
         start = time.perf_counter()
         plan = None

@@ -8,7 +8,7 @@ import pytest
 
 import llama
 from ggmlpy.gguf import GGUFFile, GGUFWriter
-from ggmlpy.testing_models import write_tiny_llama
+from ggmlpy.testing.models import write_tiny_llama
 from llama.chat import ChatTemplateError, builtin_template, select_template
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import llama
-from ggmlpy.codegen_cpu.disk_cache import ObjectCache, cache_key, key_parts
-from ggmlpy.testing_models import write_tiny_llama
+from ggmlpy.codegen_cpu.object_cache import SUFFIX, ObjectCache, key_parts
+from ggmlpy.testing.models import write_tiny_llama
 
 SCRIPT = """
 import json, logging, sys
@@ -73,7 +73,7 @@ def test_plan_record_without_its_object_rebuilds(tiny_path, tmp_path):
     """A plan record whose object is gone (or garbage) is a miss: the IR is built, compiled
     and stored again, with the same results."""
     first = run_process(tiny_path, tmp_path)
-    plans = sorted((tmp_path / "cpu" / "plans").iterdir())
+    plans = sorted((tmp_path / "cpu" / "index").iterdir())
     assert plans
     for obj in (tmp_path / "cpu").glob("*.o"):
         obj.unlink()
@@ -87,13 +87,13 @@ def test_stale_entry_is_discarded(tmp_path):
     cache = ObjectCache(tmp_path)
     ir_text = "; a module\n"
     cache.store(ir_text, b"object code")
-    key = cache_key(key_parts(ir_text))
-    meta = json.loads((tmp_path / f"{key}.json").read_text())
+    obj, record = cache.paths(key_parts(ir_text), SUFFIX)
+    meta = json.loads(record.read_text())
     meta["parts"]["cpu"] = "some-other-cpu"
-    (tmp_path / f"{key}.json").write_text(json.dumps(meta))
+    record.write_text(json.dumps(meta))
     assert cache.load(ir_text) is None
     assert cache.events[-1][0] == "discard" and "stale" in cache.events[-1][1]
-    assert not (tmp_path / f"{key}.o").exists()
+    assert not obj.exists()
 
 
 def test_one_compile_serves_every_prompt_length(tiny_path):

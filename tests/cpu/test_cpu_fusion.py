@@ -16,7 +16,7 @@ from ggmlpy.codegen_cpu import fusion
 from ggmlpy.codegen_cpu.backend import CpuBackend
 from ggmlpy.ir.builder import GraphBuilder
 from ggmlpy.ir.ops import OpCase, SrcSpec
-from ggmlpy.ir.ops.testing import make_inputs, normalized_error
+from ggmlpy.testing.ops import make_inputs, normalized_error
 from ggmlpy.ir.tensor import Flag
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.passes.buffers import plan_buffers

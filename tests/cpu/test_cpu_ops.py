@@ -8,14 +8,14 @@ import pytest
 from ggmlpy.codegen_cpu.backend import CpuBackend
 from ggmlpy.codegen_cpu.lowering import LOWERINGS
 from ggmlpy.ir.ops import OPS, Kind
-from ggmlpy.ir.ops.testing import build_case_graph, case_id, compare_backends, iter_cases
+from ggmlpy.testing.ops import build_case_graph, case_id, compare_backends, iter_cases
 from ggmlpy.ir.types import is_quantized
 from ggmlpy.sched.ref_backend import RefBackend
 
 CASES = list(iter_cases())
 
 # ops the CPU backend leaves to the reference backend (documented in the README)
-NOT_LOWERED = {"gelu_erf", "concat"}
+NOT_LOWERED = {"concat"}
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import llama
-from ggmlpy.testing_models import write_tiny_llama
+from ggmlpy.testing.models import write_tiny_llama
 
 
 def _run(path, monkeypatch, tmp_path, profile: bool):

@@ -25,7 +25,7 @@ from ggmlpy.codegen_cpu.kernels import qvec
 from ggmlpy.codegen_cpu.lowering import LOWERINGS
 from ggmlpy.codegen_cpu.target import host
 from ggmlpy.ir.ops import OpCase, SrcSpec
-from ggmlpy.ir.ops.testing import (
+from ggmlpy.testing.ops import (
     build_case_graph, compare_backends, make_inputs, normalized_error, run_case, source_values,
 )
 from ggmlpy.ir.types import GGMLType
@@ -228,7 +228,7 @@ GUARD_SCRIPT = textwrap.dedent("""
     import numpy as np
     from ggmlpy.codegen_cpu.backend import CpuBackend
     from ggmlpy.ir.ops import OpCase, SrcSpec
-    from ggmlpy.ir.ops.testing import build_case_graph, make_inputs
+    from ggmlpy.testing.ops import build_case_graph, make_inputs
     from ggmlpy.ir.types import GGMLType, row_size
     from ggmlpy.sched.store import TensorStore
 

@@ -23,7 +23,7 @@ import ggmlpy.codegen_cpu.runtime as runtime
 from ggmlpy.codegen_cpu.compile_worker import emit_object
 from ggmlpy.codegen_cpu.elf_loader import SUPPORTED, ElfLoadError, NativeObject
 from ggmlpy.codegen_cpu.target import HostTarget, detect_host_with_llvm, host, host_key, target_machine
-from ggmlpy.testing_models import write_tiny_llama
+from ggmlpy.testing.models import write_tiny_llama
 
 LIBC = ctypes.CDLL(None)
 

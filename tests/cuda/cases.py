@@ -17,7 +17,7 @@ from ggmlpy.codegen_cuda.lower_matmul import MatMulOptions
 from ggmlpy.ir import GGMLType, GraphBuilder, N_KV, N_TOKENS
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops.registry import OpCase, SrcSpec
-from ggmlpy.ir.ops.testing import build_case_graph, iter_cases
+from ggmlpy.testing.ops import build_case_graph, iter_cases
 from ggmlpy.ir.tensor import Flag
 
 F32, F16, I32, I64 = GGMLType.F32, GGMLType.F16, GGMLType.I32, GGMLType.I64

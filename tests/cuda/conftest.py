@@ -3,9 +3,9 @@ present; otherwise tests using it skip with the reason).
 
 GGMLPY_CUDA_PREBUILD=1 makes a DryRunDriver the "GPU" of the whole session (the gpu tests and
 the SmolLM2 ones): every kernel module they load is compiled for sm_90 into the cache
-(GGMLPY_CACHE_DIR), nothing runs, and their results are meaningless (they fail). It fills the
+($GGMLPY_CACHE/cuda), nothing runs, and their results are meaningless (they fail). It fills the
 cache that travels to a GPU session:
-    GGMLPY_CUDA_PREBUILD=1 GGMLPY_CACHE_DIR=.device/cache python -m pytest -q tests/cuda -k gpu
+    GGMLPY_CUDA_PREBUILD=1 GGMLPY_CACHE=.device/cache python -m pytest -q tests/cuda -k gpu
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from ggmlpy.codegen_cuda.backend import CudaBackend
 from ggmlpy.codegen_cuda.lower_attention import AttentionStep
 from ggmlpy.codegen_cuda.lower_matmul import MatMulStep
 from ggmlpy.codegen_cuda.lower_simple import NormStep
-from ggmlpy.ir.ops.testing import normalized_error
+from ggmlpy.testing.ops import normalized_error
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.sched.ref_backend import RefBackend
 from ggmlpy.sched.store import TensorStore

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from ggmlpy.codegen_cuda import render as render_mod
-from ggmlpy.codegen_cuda.diskcache import DiskCache, cache_key
 from ggmlpy.codegen_cuda.kernels import KernelSpec, module_source
 from ggmlpy.codegen_cuda.nvcc import compile_cuda, find_nvcc
 from ggmlpy.codegen_cuda.planner import ALIGN, nbytes, plan_arena
 from ggmlpy.codegen_cuda.steps import Step
+from ggmlpy.disk_cache import DiskCache, cache_key
 from ggmlpy.ir import GGMLType, GraphBuilder, N_TOKENS
 
 
@@ -71,31 +71,33 @@ def test_cache_key_depends_on_every_part():
 
 
 def test_corrupt_entries_are_detected_and_dropped(tmp_path):
-    cache = DiskCache(tmp_path)
-    cache.put("ab" * 32, b"payload bytes")
-    assert cache.get("ab" * 32) == b"payload bytes"
-    path = cache.path("ab" * 32)
+    cache = DiskCache("cuda", tmp_path)
+    parts = {"source": "ab", "arch": "sm_90"}
+    cache.put(parts, b"payload bytes")
+    assert cache.get(parts) == b"payload bytes"
+    path, record = cache.paths(parts)
     raw = bytearray(path.read_bytes())
     raw[-1] ^= 0x01                       # one flipped bit
     path.write_bytes(bytes(raw))
-    assert cache.get("ab" * 32) is None and cache.corrupt == 1
-    assert not path.exists()              # deleted, so the next build replaces it
-    cache.put("cd" * 32, b"x" * 100)
-    p2 = cache.path("cd" * 32)
+    assert cache.get(parts) is None and cache.discards == 1
+    assert not path.exists() and not record.exists()  # deleted, so the next build replaces it
+    other = {"source": "cd", "arch": "sm_90"}
+    cache.put(other, b"x" * 100)
+    p2, _ = cache.paths(other)
     p2.write_bytes(p2.read_bytes()[:-10])  # truncated
-    assert cache.get("cd" * 32) is None and cache.corrupt == 2
+    assert cache.get(other) is None and cache.discards == 2
 
 
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc (the CUDA toolkit) is not installed")
 def test_nvcc_results_are_cached_and_rebuilt_when_corrupt(tmp_path):
-    cache = DiskCache(tmp_path)
+    cache = DiskCache("cuda", tmp_path)
     src = module_source([_spec()])
     first = compile_cuda(src, "sm_90", "ptx", cache)
     assert cache.misses == 1 and cache.hits == 0
     assert compile_cuda(src, "sm_90", "ptx", cache) == first and cache.hits == 1
     entry = next(tmp_path.rglob("*.ptx"))
     entry.write_bytes(entry.read_bytes()[:-5])
-    assert compile_cuda(src, "sm_90", "ptx", cache) == first and cache.corrupt == 1
+    assert compile_cuda(src, "sm_90", "ptx", cache) == first and cache.discards == 1
     assert compile_cuda(src, "sm_90", "ptx", cache) == first and cache.hits == 2
 
 

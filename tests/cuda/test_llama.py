@@ -14,7 +14,7 @@ import llama.model
 import ggmlpy.sched.placement as placement
 from ggmlpy.codegen_cuda.backend import CudaBackend
 from ggmlpy.ir.types import GGMLType
-from ggmlpy.testing_models import write_tiny_llama
+from ggmlpy.testing.models import write_tiny_llama
 from tests.models import golden
 
 PROMPT = [5, 17, 200, 33, 41, 99, 7, 250, 3, 64, 12] + list(range(100, 119))  # 30 tokens
@@ -127,7 +127,7 @@ def test_tiny_architectures_on_cuda_match_reference(device_backends, tmp_path, a
     """Other block shapes on the device: Gemma 3's sliding-window cache (two cache lengths,
     both read on the device), Gemma 2's attention soft-capping (the attention chain does not
     fuse, so lengths stay launch parameters: a graph per length), Qwen 2's biases."""
-    from ggmlpy.testing_models_archs import write_tiny_model
+    from ggmlpy.testing.models_archs import write_tiny_model
 
     path = write_tiny_model(arch, tmp_path / f"{arch}.gguf")
     ref, _ = _logits(llama.Model.load(path), False)

@@ -12,7 +12,7 @@ import pytest
 from ggmlpy.codegen_cuda.backend import CudaBackend
 from ggmlpy.codegen_cuda.lower_matmul import MatMulStep
 from ggmlpy.ir import GraphBuilder, N_TOKENS
-from ggmlpy.ir.ops.testing import normalized_error
+from ggmlpy.testing.ops import normalized_error
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.sched.ref_backend import RefBackend
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ggmlpy.codegen_cuda.lower_matmul import MatMulOptions
-from ggmlpy.ir.ops.testing import build_case_graph, make_inputs, normalized_error, run_case
+from ggmlpy.testing.ops import build_case_graph, make_inputs, normalized_error, run_case
 from ggmlpy.sched.ref_backend import RefBackend
 
 from .cases import OPTION_SETS, all_cases

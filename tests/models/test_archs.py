@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 import llama
-from ggmlpy.ir.ops.testing import normalized_error
+from ggmlpy.testing.ops import normalized_error
 from ggmlpy.sched.registry import available_backends
-from ggmlpy.testing_models_archs import DEFAULTS, write_tiny_model
+from ggmlpy.testing.models_archs import DEFAULTS, write_tiny_model
 from llama.arch import ARCHS, get_arch
 from llama.hparams import HParamsError
 from llama.weights import TensorLoadError
@@ -128,7 +128,7 @@ def incremental_logits(model: llama.Model, backend: str) -> np.ndarray:
 
 
 def test_every_registered_architecture_has_a_writer_and_an_oracle():
-    assert set(REGISTERED) <= set(DEFAULTS), "tiny writer missing (ggmlpy/testing_models_archs.py)"
+    assert set(REGISTERED) <= set(DEFAULTS), "tiny writer missing (ggmlpy/testing/models_archs.py)"
     assert set(REGISTERED) <= set(oracles.ORACLES), "numpy oracle missing (tests/models/oracles)"
     assert {"llama", "gemma3", "qwen2", "qwen3", "phi3", "mistral", "gemma", "gemma2"} <= set(REGISTERED)
 

@@ -13,7 +13,7 @@ import pytest
 
 import llama
 from ggmlpy.gguf import GGUFFile, GGUFValueType, GGUFWriter
-from ggmlpy.testing_models import write_tiny_llama
+from ggmlpy.testing.models import write_tiny_llama
 from llama.hparams import HParams
 
 PROMPT = [3, 14, 15, 92, 65, 35, 89, 79]

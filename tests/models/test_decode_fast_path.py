@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import llama
-from ggmlpy.testing_models import write_tiny_llama
+from ggmlpy.testing.models import write_tiny_llama
 from llama.batch import Batch, BatchAllocator, UBatch
 from llama.graph_inputs import InputBuffers
 from llama.kv_cells import KVCells, KVCellsUndo, SWAType

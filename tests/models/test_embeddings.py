@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 import llama
-from ggmlpy.ir.ops.testing import normalized_error
+from ggmlpy.testing.ops import normalized_error
 from ggmlpy.quants import dequantize
 from ggmlpy.sched.registry import available_backends
-from ggmlpy.testing_models_archs import write_tiny_model
+from ggmlpy.testing.models_archs import write_tiny_model
 from llama.graph_inputs import GraphParams
 from llama.pooling import PoolingType
 from tests.models import oracles

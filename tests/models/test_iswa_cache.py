@@ -15,7 +15,7 @@ import pytest
 
 import llama
 from ggmlpy.gguf.writer import GGUFWriter
-from ggmlpy.testing_models import add_tiny_bpe_vocab, write_tiny_llama
+from ggmlpy.testing.models import add_tiny_bpe_vocab, write_tiny_llama
 from llama.batch import Batch, BatchAllocator, UBatch
 from llama.hparams import HParams
 from llama.kv_cache import KVCache

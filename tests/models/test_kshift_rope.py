@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import llama
-from ggmlpy.testing_models_archs import write_tiny_model
+from ggmlpy.testing.models_archs import write_tiny_model
 
 PROMPT, NEXT, D = [3, 14, 15, 92, 65, 35], 89, 37
 TOL = 2e-3  # relative to the largest key: f16 cache, keys rotated twice

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import llama
-from ggmlpy.testing_models import write_tiny_llama
+from ggmlpy.testing.models import write_tiny_llama
 from llama.graph_inputs import GraphParams
 
 

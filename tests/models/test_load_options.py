@@ -19,7 +19,7 @@ from ggmlpy.gguf import GGUFError, GGUFFile, GGUFWriter
 from ggmlpy.gguf import memlock
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.quants.validate import TensorDataError, first_invalid
-from ggmlpy.testing_models import write_tiny_llama
+from ggmlpy.testing.models import write_tiny_llama
 
 PROMPT = [3, 14, 15, 92, 65, 35, 89, 79]
 

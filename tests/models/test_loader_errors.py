@@ -8,7 +8,7 @@ import pytest
 import llama
 from ggmlpy.gguf import GGUFError, GGUFFile, GGUFWriter
 from ggmlpy.hub import models_dir, resolve_model
-from ggmlpy.testing_models import write_tiny_llama
+from ggmlpy.testing.models import write_tiny_llama
 from llama.arch import UnknownArchitecture
 from llama.weights import TensorLoadError
 

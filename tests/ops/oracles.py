@@ -71,6 +71,15 @@ def gelu_tanh(v: float) -> float:
     return v * sigmoid(2.0 * z)
 
 
+def gelu_ggml(v: float) -> float:
+    """ggml's CPU GELU, the op's semantics: its f16 table between -10 and 10."""
+    if v <= -10.0:
+        return 0.0
+    if v >= 10.0:
+        return v
+    return float(np.float16(gelu_tanh(float(np.float16(v)))))
+
+
 def silu(v: float) -> float:
     return v * sigmoid(v)
 
@@ -260,7 +269,7 @@ ORACLES: dict[str, Oracle] = {
     "mul": binary(lambda u, v: u * v),
     "div": binary(lambda u, v: u / v),
     "silu": unary(silu),
-    "gelu": unary(gelu_tanh),
+    "gelu": unary(gelu_ggml),
     "gelu_erf": unary(lambda v: 0.5 * v * math.erfc(-v / math.sqrt(2.0))),
     "tanh": unary(lambda v: 2.0 * sigmoid(2.0 * v) - 1.0),
     "relu": unary(lambda v: v if v > 0 else 0.0),
@@ -269,7 +278,7 @@ ORACLES: dict[str, Oracle] = {
     "abs": unary(lambda v: v if v >= 0 else -v),
     "scale": scale,
     "swiglu": glu(silu),
-    "geglu": glu(gelu_tanh),
+    "geglu": glu(gelu_ggml),
     "cont": cont,
     "cpy": cpy,
     "concat": concat,

@@ -2,7 +2,7 @@
 
 Cases come from the registry (as ggml's test-backend-ops generates its cases) plus a sweep of
 odd sizes, 1 and 7 tokens and permuted (non-contiguous) inputs defined here. Each case is a
-one-op graph built by ggmlpy.ir.ops.testing, run by RefBackend and compared by ggml's
+one-op graph built by ggmlpy.testing.ops, run by RefBackend and compared by ggml's
 normalised mean squared error against tests/ops/oracles.py.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ggmlpy.ir.ops import OPS, Kind, OpCase, SrcSpec
-from ggmlpy.ir.ops.testing import (
+from ggmlpy.testing.ops import (
     build_case_graph, case_id, iter_cases, make_inputs, normalized_error, run_case, source_values,
 )
 from ggmlpy.ir.tensor import Flag
@@ -266,7 +266,7 @@ class ScaleWithoutBias:
 def test_testing_module_drives_any_backend(backend) -> None:
     """compare_backends feeds the same inputs to two backends: the forgotten bias shows up on
     the case that has one and not on the case without."""
-    from ggmlpy.ir.ops.testing import compare_backends
+    from ggmlpy.testing.ops import compare_backends
 
     no_bias, with_bias = list(OPS["scale"].cases())[:2]
     assert dict(no_bias.params)["b"] == 0 and dict(with_bias.params)["b"] != 0
@@ -342,7 +342,7 @@ def test_typed_fills_encode_the_same_normal_draw(ttype, bound) -> None:
 
 
 def test_random_blocks_decode_to_finite_values() -> None:
-    from ggmlpy.ir.ops.testing import decode, random_blocks
+    from ggmlpy.testing.ops import decode, random_blocks
 
     for ttype in (GGMLType.Q4_K, GGMLType.Q2_K, GGMLType.Q5_1):
         raw = random_blocks(ttype, (3, 256), np.random.default_rng(0))

@@ -10,7 +10,7 @@ import pytest
 import llama
 from ggmlpy.ir import Graph
 from ggmlpy.sched.ref_backend import RefBackend
-from ggmlpy.testing_models import write_tiny_llama
+from ggmlpy.testing.models import write_tiny_llama
 from llama.graph_inputs import GraphParams
 from tests.passes.helpers import llama_bindings, llama_env, run_graph
 

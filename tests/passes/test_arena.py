@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ggmlpy.codegen_cuda.fusion import LowerOptions, lower_split
-from ggmlpy.codegen_cuda.planner import ALIGN, nbytes, plan_arena, root_of
+from ggmlpy.codegen_cuda.planner import ALIGN, nbytes, plan_arena
 from ggmlpy.codegen_cuda.steps import Step
 from ggmlpy.ir import N_TOKENS, GGMLType, GraphBuilder
-from ggmlpy.ir.tensor import Flag
+from ggmlpy.ir.tensor import Flag, memory_root
 from ggmlpy.passes.arena import Arena
 from ggmlpy.passes.pipeline import run_pipeline
 
@@ -220,7 +220,7 @@ def first_fit_plan(steps, env, owned, keep):
     roots = {}
     for i, step in enumerate(steps):
         for t in (*step.writes, *step.reads):
-            r = root_of(t)
+            r = memory_root(t)
             if r.id in owned:
                 first.setdefault(r.id, i)
                 last[r.id] = i
@@ -247,9 +247,9 @@ def first_fit_plan(steps, env, owned, keep):
 def test_smollm2_decode_plan_is_sound_and_no_larger_than_first_fit(smollm2, fuse):
     graph = run_pipeline(smollm2.graph(1), "ref").graph
     steps = lower_split(graph, graph.nodes, LowerOptions(fuse=fuse))
-    written = {root_of(t).id: root_of(t) for s in steps for t in s.writes}
+    written = {memory_root(t).id: memory_root(t) for s in steps for t in s.writes}
     owned = {rid for rid, r in written.items() if not r.flags & (Flag.INPUT | Flag.WEIGHT | Flag.CACHE)}
-    keep = [root_of(o).id for o in graph.outputs if root_of(o).id in written]
+    keep = [memory_root(o).id for o in graph.outputs if memory_root(o).id in written]
     env = {"n_tokens": 1, "n_kv": 256, "n_outputs": 1}
     plan = plan_arena(steps, env, owned, keep)
     spans = _live_spans(steps, owned, keep)

@@ -9,12 +9,8 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 from ggmlpy.ir.ops import OPS, Kind
-from ggmlpy.ir.tensor import Tensor
+from ggmlpy.ir.tensor import Tensor, memory_root
 from ggmlpy.sched.ref_backend import RefBackend, RefSplit
-
-
-def root_of(t: Tensor) -> Tensor:
-    return t.view_src if t.view_src is not None else t
 
 
 class Ledger:
@@ -27,9 +23,9 @@ class Ledger:
 
     def check_read(self, memory: str, src: Tensor) -> None:
         self.reads.append((memory, src.id))
-        if self.home.get(root_of(src).id) == memory or src.id in self.copied.get(memory, set()):
+        if self.home.get(memory_root(src).id) == memory or src.id in self.copied.get(memory, set()):
             return
-        raise AssertionError(f"{memory} reads {src!r}, which lives in {self.home.get(root_of(src).id)} "
+        raise AssertionError(f"{memory} reads {src!r}, which lives in {self.home.get(memory_root(src).id)} "
                              f"and was not copied in")
 
 
@@ -41,9 +37,8 @@ class FakeDevice(RefBackend):
         super().__init__()
         self.name = name
         self.ops = set(ops) if ops is not None else None
-        if memory is not None:
-            self.buffer_type = memory
         self.memory = memory or ("cpu" if name in ("cpu", "ref") else name)
+        self.buffer_type = self.memory
         self.ledger = ledger
         self.compiled_nodes: list[list[Tensor]] = []
 
@@ -70,5 +65,5 @@ class CheckedSplit(RefSplit):
                     continue
                 for src in node.src:
                     ledger.check_read(self.backend.memory, src)
-                ledger.home.setdefault(root_of(node).id, self.backend.memory)
+                ledger.home.setdefault(memory_root(node).id, self.backend.memory)
         super().run(store, env)

@@ -11,7 +11,7 @@ from ggmlpy.cli import main
 from ggmlpy.ir import dump
 from ggmlpy.ir.builder import GraphBuilder
 from ggmlpy.ir.types import GGMLType
-from ggmlpy.testing_models import write_tiny_llama
+from ggmlpy.testing.models import write_tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,8 @@ def test_every_path_the_guide_names_exists():
 
 def test_the_worked_example_is_in_the_code():
     snippets = re.findall(r"```python\n(.*?)```", DOC, re.S)
-    example = snippets[-4:]  # the op, the oracle, the CPU formula, the CUDA entry
-    files = ["ggmlpy/ir/ops/elementwise.py", "tests/ops/oracles.py",
+    example = snippets[-5:]  # the op, its formula, the oracle, the CPU and CUDA primitives
+    files = ["ggmlpy/ir/ops/elementwise.py", "ggmlpy/ir/ops/formulas.py", "tests/ops/oracles.py",
              "ggmlpy/codegen_cpu/kernels/elementwise.py", "ggmlpy/codegen_cuda/lower_elementwise.py"]
     for snippet, path in zip(example, files):
         first = snippet.strip().splitlines()[0].strip()

@@ -184,7 +184,7 @@ def test_a_second_cpu_device_is_its_own_backend():
 
 def test_model_load_refuses_bad_devices_clearly(tmp_path):
     import llama
-    from ggmlpy.testing_models import write_tiny_llama
+    from ggmlpy.testing.models import write_tiny_llama
 
     path = write_tiny_llama(tmp_path / "tiny.gguf", n_layer=2)
     with pytest.raises(PlacementError, match="unknown device 'gpu'"):

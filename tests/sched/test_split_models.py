@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import llama
-from ggmlpy.testing_models import write_tiny_llama
+from ggmlpy.testing.models import write_tiny_llama
 
 MAX_DELTA = 1e-3
 PROMPT = [5, 17, 42, 99, 7, 250, 3, 64, 128, 11]

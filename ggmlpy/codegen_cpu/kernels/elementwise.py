@@ -11,7 +11,7 @@ scalar code.
 """
 from __future__ import annotations
 
-import math
+import functools
 from typing import Callable, Sequence
 
 import llvmlite.ir as ir
@@ -21,51 +21,63 @@ from ggmlpy.codegen_cpu.kernels.common import (
     elem_ptr, n_rows, row_ptr, src_row_ptr, unravel_row,
 )
 from ggmlpy.codegen_cpu.lowering import lowering
+from ggmlpy.ir.ops.formulas import FORMULAS as OP_FORMULAS
+from ggmlpy.ir.ops.formulas import Expr, primitives, render
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import GGMLType, type_size
 
 Formula = Callable[[KernelBuilder, Sequence[ir.Value], dict], ir.Value]
 PLAIN = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 
-
-def silu(kb: KernelBuilder, x: ir.Value) -> ir.Value:
-    return kb.fdiv(x, kb.fadd(f32(1.0), kb.exp(kb.b.fneg(x))))
-
-
-def gelu_f32(kb: KernelBuilder, x: ir.Value) -> ir.Value:
-    inner = kb.fmul(kb.fmul(f32(math.sqrt(2.0 / math.pi)), x),
-                    kb.fadd(f32(1.0), kb.fmul(f32(0.044715), kb.fmul(x, x))))
-    return kb.fmul(kb.fmul(f32(0.5), x), kb.fadd(f32(1.0), kb.tanh(inner)))
-
-
-def gelu(kb: KernelBuilder, x: ir.Value) -> ir.Value:
-    """GELU as ggml's CPU backend computes it (GGML_GELU_FP16, also inside geglu): between
-    -10 and 10 its 64K-entry f16 table, i.e. the tanh formula at x rounded to f16, rounded
-    to f16; 0 from -10 down, x from 10 up. Gemma's feed-forward runs through it: with both
-    this and the f16 attention operands (matmul.py) Gemma 3's logits sit closer to llama.cpp's
-    (mean |d log-softmax| 0.130 -> 0.106, max 1.51 -> 0.58, perplexity -0.70% -> -0.47%)."""
-    y = round_f16(kb.b, gelu_f32(kb, round_f16(kb.b, x)))
-    y = kb.select(kb.fcmp(">=", x, f32(10.0)), x, y)
-    return kb.select(kb.fcmp("<=", x, f32(-10.0)), f32(0.0), y)
-
-
-FORMULAS: dict[str, Formula] = {
-    "add": lambda kb, x, p: kb.fadd(x[0], x[1]),
-    "sub": lambda kb, x, p: kb.fsub(x[0], x[1]),
-    "mul": lambda kb, x, p: kb.fmul(x[0], x[1]),
-    "div": lambda kb, x, p: kb.b.fdiv(x[0], x[1]),
-    "scale": lambda kb, x, p: kb.fadd(kb.fmul(x[0], f32(p["s"])), f32(p.get("b", 0.0))),
-    "silu": lambda kb, x, p: silu(kb, x[0]),
-    "gelu": lambda kb, x, p: gelu(kb, x[0]),
-    "tanh": lambda kb, x, p: kb.tanh(x[0]),
-    "relu": lambda kb, x, p: kb.fmax(x[0], f32(0.0)),
-    "sqr": lambda kb, x, p: kb.fmul(x[0], x[0]),
-    "sqrt": lambda kb, x, p: kb.sqrt(x[0]),
-    "abs": lambda kb, x, p: kb.intrinsic("llvm.fabs", [x[0]]),
-    "swiglu": lambda kb, x, p: kb.fmul(silu(kb, x[0]), x[1]),
-    "geglu": lambda kb, x, p: kb.fmul(gelu(kb, x[0]), x[1]),
-    "cont": lambda kb, x, p: x[0],
+# LLVM IR for each primitive of ggmlpy.ir.ops.formulas (code_for_op); all of them work on
+# scalars and vectors alike. Arithmetic carries fast-math flags except `div` (ggml_div is an
+# IEEE division); ops whose formula needs a primitive missing here are not lowered.
+CODE_FOR_OP: dict[str, Callable[..., ir.Value]] = {
+    "add": lambda kb, a, b: kb.fadd(a, b),
+    "sub": lambda kb, a, b: kb.fsub(a, b),
+    "mul": lambda kb, a, b: kb.fmul(a, b),
+    "div": lambda kb, a, b: kb.fdiv(a, b, fast=False),
+    "div_fast": lambda kb, a, b: kb.fdiv(a, b),
+    "neg": lambda kb, a: kb.b.fneg(a),
+    "abs": lambda kb, a: kb.intrinsic("llvm.fabs", [a]),
+    "sqrt": lambda kb, a: kb.sqrt(a),
+    "exp": lambda kb, a: kb.exp(a),
+    "tanh": lambda kb, a: kb.tanh(a),
+    "erf": lambda kb, a: kb.erf(a),
+    "max": lambda kb, a, b: kb.fmax(a, b),
+    "ge": lambda kb, a, b: kb.fcmp(">=", a, b),
+    "le": lambda kb, a, b: kb.fcmp("<=", a, b),
+    "select": lambda kb, c, a, b: kb.select(c, a, b),
+    "round_f16": lambda kb, a: round_f16(kb.b, a),
 }
+
+
+def renders(op: str) -> bool:
+    """Whether the CPU renders every primitive of op's formula."""
+    return op in OP_FORMULAS and primitives(OP_FORMULAS[op]) <= set(CODE_FOR_OP)
+
+
+def formula(op: str) -> Formula:
+    """op's shared formula as an emitter: (kb, operand values, node params) -> value."""
+    expr = OP_FORMULAS[op]
+
+    def emit(kb: KernelBuilder, x: Sequence[ir.Value], params: dict) -> ir.Value:
+        def leaf(n: Expr) -> ir.Value:
+            if n.op == "operand":
+                return x[n.arg]
+            if n.op == "const":
+                return f32(n.arg)
+            name, default = n.arg
+            return f32(params[name] if default is None else params.get(name, default))
+
+        table = {p: functools.partial(fn, kb) for p, fn in CODE_FOR_OP.items()}
+        return render(expr, table, leaf)
+    return emit
+
+
+def identity(kb: KernelBuilder, x: Sequence[ir.Value], params: dict) -> ir.Value:
+    """cont and cpy: the value itself (load and store convert the type)."""
+    return x[0]
 
 
 def _plain(node: Tensor) -> bool:
@@ -138,9 +150,9 @@ def emit_flat_copy(kb: KernelBuilder, node: Tensor, src: Tensor, src_arg: ir.Val
             kb.store(kb.byte_ptr(kb.arg("dst"), b.mul(b.add(flat_row, i0), esize)), v, node.type)
 
 
-@lowering(*[op for op in FORMULAS if op != "cont"], supports=_plain)
+@lowering(*[op for op in OP_FORMULAS if renders(op)], supports=_plain)
 def _elementwise(kb: KernelBuilder, node: Tensor) -> None:
-    emit_map(kb, node, node.src, [kb.arg(f"src{i}") for i in range(len(node.src))], FORMULAS[node.op])
+    emit_map(kb, node, node.src, [kb.arg(f"src{i}") for i in range(len(node.src))], formula(node.op))
 
 
 def _same_shape(a: Tensor, b: Tensor) -> bool:
@@ -151,7 +163,7 @@ def _same_shape(a: Tensor, b: Tensor) -> bool:
 def _cont(kb: KernelBuilder, node: Tensor) -> None:
     src = node.src[0]
     if _same_shape(node, src):
-        emit_map(kb, node, [src], [kb.arg("src0")], FORMULAS["cont"])
+        emit_map(kb, node, [src], [kb.arg("src0")], identity)
     else:
         emit_flat_copy(kb, node, src, kb.arg("src0"))
 
@@ -165,7 +177,7 @@ def _cpy_supported(node: Tensor) -> bool:
 def _cpy(kb: KernelBuilder, node: Tensor) -> None:
     dst, src = node.src  # WRITE ops: the destination first; the kernel's dst is its memory
     if _same_shape(node, src):
-        emit_map(kb, node, [src], [kb.arg("src1")], FORMULAS["cont"])
+        emit_map(kb, node, [src], [kb.arg("src1")], identity)
     else:
         emit_flat_copy(kb, node, src, kb.arg("src1"))
 

@@ -110,14 +110,14 @@ def _mul_mat_glu(kb: KernelBuilder, node: Tensor) -> None:
     """Both products from one quantisation of x, the gate activation applied as each pair
     of result vectors is stored (the formula of the swiglu/geglu node, on the same f32
     values: the same results as the three nodes)."""
-    from ggmlpy.codegen_cpu.kernels.elementwise import FORMULAS
+    from ggmlpy.codegen_cpu.kernels.elementwise import formula as op_formula
 
     w_gate, w_up, x = node.src
     kind = KINDS[w_gate.type]
     base = aligned_scratch(kb)
     quantize_rows(kb, x, kind.fmt, w_gate.ne[0], base, x_arg="src2")
     kb.barrier()
-    formula = FORMULAS[node.params["act"]]
+    formula = op_formula(node.params["act"])
     RepackedMatmul(kb, w_gate.type, kind.fmt, w_gate.ne[0], w_gate.ne[1], base, n_rows(kb, x),
                    kb.dim(node.nb[1]), weights=[kb.arg("src0"), kb.arg("src1")],
                    combine=lambda v: formula(kb, v, node.params)).emit()

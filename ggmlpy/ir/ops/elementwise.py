@@ -1,12 +1,15 @@
-"""Elementwise ops: binary arithmetic with ggml broadcasting, scale, activations, GLUs."""
+"""Elementwise ops: binary arithmetic with ggml broadcasting, scale, activations, GLUs.
+
+Their arithmetic is `formulas.FORMULAS` (one copy for every backend); the references here
+evaluate those formulas with numpy."""
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import numpy as np
 
 from ggmlpy.ir.ops.common import can_repeat, repeat_to, require
+from ggmlpy.ir.ops.formulas import FORMULAS, evaluate
 from ggmlpy.ir.ops.registry import Inferred, Kind, OpCase, OpDef, SrcSpec, register
 from ggmlpy.ir.types import GGMLType
 
@@ -31,9 +34,9 @@ def _binary_cases() -> list[OpCase]:
     return cases
 
 
-def _binary(name: str, fn) -> OpDef:
+def _binary(name: str) -> OpDef:
     def reference(x: Sequence[np.ndarray], params: dict) -> np.ndarray:
-        return fn(x[0], repeat_to(x[1], x[0].shape)).astype(np.float32)
+        return evaluate(FORMULAS[name], [x[0], repeat_to(x[1], x[0].shape)], params)
 
     def api(b, x, y):
         return b.make(name, (x, y))
@@ -42,18 +45,16 @@ def _binary(name: str, fn) -> OpDef:
                  cases=_binary_cases, inplace=True, doc=f"ggml_{name}(a, b) with b broadcast to a")
 
 
-register(_binary("add", np.add))
-register(_binary("sub", np.subtract))
-register(_binary("mul", np.multiply))
-register(_binary("div", np.divide))
+for _name in ("add", "sub", "mul", "div"):
+    register(_binary(_name))
 
 
-def _unary(name: str, fn, doc: str, fill: str = "normal") -> OpDef:
+def _unary(name: str, doc: str, fill: str = "normal") -> OpDef:
     def infer(srcs: Sequence[Any], params: dict) -> Inferred:
         return Inferred(F32, srcs[0].ne)
 
     def reference(x: Sequence[np.ndarray], params: dict) -> np.ndarray:
-        return fn(x[0].astype(np.float32), params).astype(np.float32)
+        return evaluate(FORMULAS[name], [x[0]], params)
 
     def api(b, x):
         return b.make(name, (x,))
@@ -67,29 +68,14 @@ def _unary(name: str, fn, doc: str, fill: str = "normal") -> OpDef:
                  inplace=True, doc=doc)
 
 
-SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-
-
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(SQRT_2_OVER_PI * x * (1.0 + 0.044715 * x * x)))
-
-
-def _erf(x: np.ndarray) -> np.ndarray:
-    return np.vectorize(math.erf, otypes=[np.float64])(x)
-
-
-def silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
-
-
-register(_unary("silu", lambda x, p: silu(x), "x * sigmoid(x)"))
-register(_unary("gelu", lambda x, p: gelu_tanh(x), "GELU, tanh approximation (ggml_gelu)"))
-register(_unary("gelu_erf", lambda x, p: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))), "exact GELU"))
-register(_unary("tanh", lambda x, p: np.tanh(x), "tanh"))
-register(_unary("relu", lambda x, p: np.maximum(x, 0), "max(x, 0)"))
-register(_unary("sqr", lambda x, p: x * x, "x * x"))
-register(_unary("sqrt", lambda x, p: np.sqrt(x), "square root", fill="positive"))
-register(_unary("abs", lambda x, p: np.abs(x), "|x| (ggml_abs)"))
+register(_unary("silu", "x * sigmoid(x)"))
+register(_unary("gelu", "GELU, tanh approximation through ggml's f16 table (ggml_gelu)"))
+register(_unary("gelu_erf", "exact GELU (ggml_gelu_erf)"))
+register(_unary("tanh", "tanh"))
+register(_unary("relu", "max(x, 0)"))
+register(_unary("sqr", "x * x"))
+register(_unary("sqrt", "square root", fill="positive"))
+register(_unary("abs", "|x| (ggml_abs)"))
 
 
 def _scale_infer(srcs: Sequence[Any], params: dict) -> Inferred:
@@ -97,7 +83,7 @@ def _scale_infer(srcs: Sequence[Any], params: dict) -> Inferred:
 
 
 def _scale_ref(x: Sequence[np.ndarray], params: dict) -> np.ndarray:
-    return (x[0] * np.float32(params["s"]) + np.float32(params.get("b", 0.0))).astype(np.float32)
+    return evaluate(FORMULAS["scale"], [x[0]], params)
 
 
 def _scale_api(b, x, s: float):
@@ -115,7 +101,7 @@ register(OpDef("scale", Kind.ELEMENTWISE, _scale_infer, _scale_ref,
                inplace=True, doc="x * s + b (ggml_scale / ggml_scale_bias)"))
 
 
-def _glu(name: str, act, doc: str) -> OpDef:
+def _glu(name: str, doc: str) -> OpDef:
     """ggml's split GLUs: act(a) * b, both halves given as separate tensors."""
 
     def infer(srcs: Sequence[Any], params: dict) -> Inferred:
@@ -124,7 +110,7 @@ def _glu(name: str, act, doc: str) -> OpDef:
         return Inferred(F32, a.ne)
 
     def reference(x: Sequence[np.ndarray], params: dict) -> np.ndarray:
-        return (act(x[0].astype(np.float32)) * x[1]).astype(np.float32)
+        return evaluate(FORMULAS[name], x, params)
 
     def api(b, a, g):
         return b.make(name, (a, g))
@@ -137,5 +123,5 @@ def _glu(name: str, act, doc: str) -> OpDef:
                  inplace=True, doc=doc)
 
 
-register(_glu("swiglu", silu, "silu(a) * b (ggml_swiglu_split)"))
-register(_glu("geglu", gelu_tanh, "gelu(a) * b (ggml_geglu_split)"))
+register(_glu("swiglu", "silu(a) * b (ggml_swiglu_split)"))
+register(_glu("geglu", "gelu(a) * b (ggml_geglu_split)"))

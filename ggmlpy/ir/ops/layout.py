@@ -9,15 +9,10 @@ import numpy as np
 from ggmlpy.ir.ops.common import require
 from ggmlpy.ir.ops.registry import Inferred, Kind, OpCase, OpDef, SrcSpec, register
 from ggmlpy.ir.symbolic import Dim, simplify
-from ggmlpy.ir.tensor import contiguous_strides, pad_ne
+from ggmlpy.ir.tensor import contiguous_strides, memory_root, offset_in_owner, pad_ne
 from ggmlpy.ir.types import GGMLType
 
 F32 = GGMLType.F32
-
-
-def _root(t: Any) -> tuple[Any, Dim]:
-    """The tensor owning the memory of `t`, and `t`'s byte offset inside it."""
-    return (t.view_src, t.view_offs) if t.view_src is not None else (t, 0)
 
 
 def _nelements(ne: Sequence[Dim]) -> Dim:
@@ -30,7 +25,7 @@ def _nelements(ne: Sequence[Dim]) -> Dim:
 # view ---------------------------------------------------------------------------------------
 def _view_infer(srcs: Sequence[Any], params: dict) -> Inferred:
     (a,) = srcs
-    root, offs = _root(a)
+    root, offs = memory_root(a), offset_in_owner(a)
     return Inferred(a.type, pad_ne(params["ne"]), tuple(params["nb"]), root, simplify(offs + params["offset"]))
 
 
@@ -55,7 +50,7 @@ def _reshape_infer(srcs: Sequence[Any], params: dict) -> Inferred:
     require(a.is_contiguous, "reshape", f"source {a.shape_str()} is not contiguous")
     require(_nelements(ne) == a.nelements(), "reshape", f"{a.shape_str()} has {a.nelements()} "
             f"elements, {list(params['ne'])} needs {_nelements(ne)}")
-    root, offs = _root(a)
+    root, offs = memory_root(a), offset_in_owner(a)
     return Inferred(a.type, ne, contiguous_strides(a.type, ne), root, offs)
 
 
@@ -77,7 +72,7 @@ def _permute_infer(srcs: Sequence[Any], params: dict) -> Inferred:
     for i, ax in enumerate(axes):  # ggml: source dim i becomes result dim axes[i]
         ne[ax] = a.ne[i]
         nb[ax] = a.nb[i]
-    root, offs = _root(a)
+    root, offs = memory_root(a), offset_in_owner(a)
     return Inferred(a.type, tuple(ne), tuple(nb), root, offs)
 
 
@@ -125,7 +120,7 @@ def _cpy_infer(srcs: Sequence[Any], params: dict) -> Inferred:
             "element counts differ")
     require(dst.type in (F32, GGMLType.F16, GGMLType.BF16), "cpy",
             f"destination type {dst.type.name} is not supported")
-    root, offs = _root(dst)
+    root, offs = memory_root(dst), offset_in_owner(dst)
     return Inferred(dst.type, dst.ne, dst.nb, root, offs)
 
 

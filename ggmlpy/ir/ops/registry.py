@@ -46,7 +46,7 @@ class SrcSpec:
     type: GGMLType
     ne: tuple[int, ...]
     # normal | positive | zeros | rows:N (row indices < N) | unique_rows:N (distinct per index
-    # row) | pos (positions) | mask (0 / -inf, a 0 in every row); see ops/testing.py
+    # row) | pos (positions) | mask (0 / -inf, a 0 in every row); see ggmlpy/testing/ops.py
     fill: str = "normal"
     permute: tuple[int, int, int, int] | None = None  # feed as a permuted (non-contiguous) view
     weight: bool = False  # a model weight leaf (backends may keep weights in their own layout)

@@ -7,7 +7,7 @@ different from n_embd / n_head (qwen3, gemma), partial rotary (phi3), sliding wi
 shorter than a test prompt (mistral, gemma2, gemma3), enough layers for the global layers
 of a window pattern to appear (gemma2: 4, gemma3: 6), soft-caps small enough to bend the
 scores. Norm weights are 1 + noise, as Gemma files store them (1 + w). The vocabulary is
-the byte-level BPE one of `testing_models`.
+the byte-level BPE one of `ggmlpy.testing.models`.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import numpy as np
 from ggmlpy.gguf.writer import GGUFWriter
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.quants import quantize
-from ggmlpy.testing_models import add_tiny_bpe_vocab
+from ggmlpy.testing.models import add_tiny_bpe_vocab
 
 
 @dataclass
