@@ -250,8 +250,8 @@ def use_driver(driver) -> None:
     """Every "cuda:N" device of models loaded from now on gets a backend on `driver`."""
     from ggmlpy.codegen_cuda.backend import CudaBackend
 
-    def make(name: str):
-        be = CudaBackend(driver=driver)
+    def make(name: str, options=None):
+        be = CudaBackend(driver=driver, options=options)  # options: the context's backend_options
         be.buffer_type = name
         return be
 

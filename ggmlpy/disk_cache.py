@@ -36,9 +36,13 @@ FORMAT = 1
 MAX_EVENTS = 256  # the latest events are enough for tests and reports; a server runs for weeks
 
 
-def cache_dir(backend: str) -> Path:
-    """The folder of `backend`'s entries: $GGMLPY_CACHE/<backend>, else ~/.cache/ggmlpy/<backend>."""
-    root = os.environ.get("GGMLPY_CACHE")
+def cache_dir(backend: str, root: str | None = None) -> Path:
+    """The folder of `backend`'s entries: <root>/<backend>, else ~/.cache/ggmlpy/<backend>.
+    root None: Options.from_env().cache_dir ($GGMLPY_CACHE), read now, not at import."""
+    if root is None:
+        from ggmlpy.options import Options
+
+        root = Options.from_env().cache_dir
     return (Path(root) if root else Path.home() / ".cache" / "ggmlpy") / backend
 
 

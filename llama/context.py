@@ -23,6 +23,7 @@ from typing import Callable
 import numpy as np
 
 from ggmlpy.ir.tensor import Tensor
+from ggmlpy.options import Options
 from ggmlpy.passes.pipeline import context_passes, pipeline_name, run_pipeline
 from ggmlpy.sched.cache import GraphCache
 from ggmlpy.sched.registry import host_backends
@@ -68,7 +69,10 @@ class Context:
                  abort_callback: Callable[[], bool] | None = None, swa_full: bool = False,
                  embeddings: bool = False, pooling_type: str | int | None = None,
                  rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0,
-                 flash_attn: bool | None = None):
+                 flash_attn: bool | None = None, backend_options: Options | None = None):
+        """backend_options: the GGMLPY_* settings (ggmlpy/options.py) of every backend this
+        context creates, its own and the offload devices'; None: Options.from_env(), read
+        here (so the environment counts when a context is made, never at import)."""
         hp = model.hparams
         if model.w is None:
             raise ValueError("the model was loaded with vocab_only=True: it has no weights to run")
@@ -102,8 +106,10 @@ class Context:
         self.swa_full = swa_full
         self.memory = self._make_memory(KV_TYPES[type_k], KV_TYPES[type_v])
         self.kv_layout: KVLayout = self.memory.layout()
-        self.backends = host_backends(backend)  # the primary backend, then the reference fallback
-        self.backends[:0] = model.placement.make_backends()  # offload devices first (priority order)
+        backend_options = backend_options if backend_options is not None else Options.from_env()
+        self.backend_options = backend_options
+        self.backends = host_backends(backend, backend_options)  # the primary backend, then the reference fallback
+        self.backends[:0] = model.placement.make_backends(backend_options)  # offload devices first (priority order)
         for be in self.backends:
             be.set_limits({"n_tokens": self.n_ubatch, "n_kv": self.n_ctx, "n_outputs": self.n_ubatch,
                            "n_kv_swa": self.kv_layout.kv_size_swa or self.n_ctx})

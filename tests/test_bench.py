@@ -14,14 +14,15 @@ import ggmlpy.sched.placement as placement
 from ggmlpy.bench import run_bench
 from ggmlpy.codegen_cuda.backend import CudaBackend
 from ggmlpy.codegen_cuda.driver import DryRunDriver
+from ggmlpy.options import Options
 from ggmlpy.testing.models import write_tiny_llama
 
 
 def test_bench_on_a_cuda_device_reports_one_graph_per_generation(tmp_path, monkeypatch):
     driver = DryRunDriver(compile=False)
 
-    def make(name: str) -> CudaBackend:
-        be = CudaBackend(driver=driver)
+    def make(name: str, options: Options | None = None) -> CudaBackend:
+        be = CudaBackend(driver=driver, options=options)
         be.buffer_type = name
         return be
 

@@ -9,6 +9,7 @@ compiled. A CUDA placement works without a GPU (the CUDA backend's dry-run drive
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -38,7 +39,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--format", choices=FORMATS, default="html", help="what to write (default html)")
     p.add_argument("-o", "--output", metavar="FILE", required=True, help="the file to write")
     p.add_argument("--profile", action="store_true",
-                   help="run the model with GGMLPY_PROFILE=1 and show time per node (CPU backend)")
+                   help="run the model with profiling on (as GGMLPY_PROFILE=1) and show time per node (CPU backend)")
     p.add_argument("--steps", type=int, default=16, help="decode steps profiled (default 16)")
     p.add_argument("-t", "--threads", type=int, default=2, help="threads for --profile (default 2)")
     p.add_argument("--no-code", action="store_true", help="leave out the generated code (smaller, faster)")
@@ -117,9 +118,9 @@ def _static(args: argparse.Namespace, n_tokens: int):
 
 
 def _profiled(args: argparse.Namespace, n_tokens: int):
-    """The snapshot of a Context's own graph after a profiled run (GGMLPY_PROFILE=1 is set for
-    this process before its backends are created: they read it then)."""
-    os.environ["GGMLPY_PROFILE"] = "1"
+    """The snapshot of a Context's own graph after a profiled run: the context's backends are
+    made with profiling on (backend_options), the rest of the environment's settings kept."""
+    from ggmlpy.options import Options
     from ggmlpy.viz.profile import profile_context
     from ggmlpy.viz.snapshot import take_snapshot
     from llama.context import Context
@@ -128,7 +129,7 @@ def _profiled(args: argparse.Namespace, n_tokens: int):
     where = placement_kwargs(args)
     model = Model.load(args.model, **where)
     ctx = Context(model, n_ctx=args.n_ctx, n_batch=max(n_tokens, 16), n_ubatch=max(n_tokens, 16),
-                  n_threads=args.threads)
+                  n_threads=args.threads, backend_options=dataclasses.replace(Options.from_env(), profile=True))
     if n_tokens > 1 and n_tokens != ctx.n_ubatch:
         raise ValueError(f"--ubatch {n_tokens} exceeds the context size {ctx.n_ctx}")
     graph, prof = profile_context(ctx, n_tokens, args.steps)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import os
 import time
 from typing import Mapping
 
 import numpy as np
 
 from ggmlpy.codegen_cpu.object_cache import ObjectCache
+from ggmlpy.disk_cache import cache_dir
+from ggmlpy.options import Options
 from ggmlpy.codegen_cpu.irgen import SYMBOLS
 from ggmlpy.codegen_cpu.lowering import LOWERINGS
 from ggmlpy.codegen_cpu.repack import WeightLayouts
@@ -57,15 +58,20 @@ class CpuBackend(Backend):
     is_host = True
 
     def __init__(self, n_threads: int = 2, worst_env: Mapping[str, int] | None = None,
-                 profile: bool | None = None):
+                 profile: bool | None = None, options: Options | None = None):
+        """options: the GGMLPY_* settings (None: Options.from_env(), read now); `profile`,
+        when given, wins over options.profile."""
+        options = options if options is not None else Options.from_env()
+        self.settings = options
         self.n_threads = n_threads
-        # profiled graphs time every node (CpuSplit.profile); GGMLPY_PROFILE=1 turns it on
-        self.profile = os.environ.get("GGMLPY_PROFILE", "") not in ("", "0") if profile is None else profile
+        # profiled graphs time every node (CpuSplit.profile); Options.profile (GGMLPY_PROFILE=1) turns it on
+        self.profile = options.profile if profile is None else profile
+        self.qdot = options.cpu_qdot  # the quantised dot flavour; None: the host's best
         self.worst_env = dict(worst_env or {"n_tokens": 512, "n_kv": 4096, "n_outputs": 512, "n_kv_swa": 4096})
         self._pool: ThreadPool | None = None
         self.compile_seconds = 0.0  # of the last compile
         self.native_seconds = 0.0   # inside native graph code, summed over runs (for benchmarks)
-        self.object_cache = ObjectCache()
+        self.object_cache = ObjectCache(cache_dir("cpu", options.cache_dir))
         self.ir_builds = 0  # modules whose IR text had to be generated (a warm start: none)
         self.weight_layouts = WeightLayouts()  # repacked weights; shared per model, see share_model_cache
         self._compiles: concurrent.futures.ThreadPoolExecutor | None = None  # LLVM runs, see compile
@@ -122,7 +128,7 @@ class CpuBackend(Backend):
         t0 = time.perf_counter()
         own = {n.id for n in nodes}
         produced_elsewhere = {t.id for t in graph.tensors if not t.is_leaf and t.id not in own}
-        builder = ProgramBuilder(graph, nodes, self.worst_env, produced_elsewhere, self.profile)
+        builder = ProgramBuilder(graph, nodes, self.worst_env, produced_elsewhere, self.profile, self.qdot)
         from ggmlpy.codegen_cpu.compile_worker import inprocess_requested
         from ggmlpy.codegen_cpu.runtime import compile_module, load_object  # cache, worker, ELF loader
 
@@ -216,7 +222,7 @@ class CpuSplit:
     def profile(self) -> list[tuple[Tensor, np.ndarray]]:
         """Per node, cycles (summed over runs since the last reset) per thread: an array
         [n_threads, 2] of time in the kernel and time waiting at the barrier after it (empty
-        unless the backend was created with profile=True, or GGMLPY_PROFILE=1)."""
+        unless the backend was created with profile=True, or Options.profile: GGMLPY_PROFILE=1)."""
         nth = self.backend.n_threads
         return [(node, self.cycles[:nth, i]) for i, node in enumerate(self.nodes)]
 

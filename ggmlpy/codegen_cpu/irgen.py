@@ -45,7 +45,14 @@ def f32(v: float) -> ir.Constant:
 class KernelBuilder:
     """Builds one kernel function; `b` is the IRBuilder positioned in its body."""
 
-    def __init__(self, module: ir.Module, name: str):
+    def __init__(self, module: ir.Module, name: str, qdot: str | None = None):
+        """qdot: the quantised dot flavour (kernels/qvec.py) this kernel is built with, the
+        backend's Options.cpu_qdot; None: qvec.flavour() (set_flavour's, else the host's best)."""
+        if qdot is None:
+            from ggmlpy.codegen_cpu.kernels.qvec import flavour  # (qvec imports this module)
+
+            qdot = flavour()
+        self.qdot = qdot
         self.module = module
         self.fn = ir.Function(module, KERNEL_TYPE, name)
         self.fn.linkage = "internal"

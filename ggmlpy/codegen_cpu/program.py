@@ -70,8 +70,13 @@ class ProgramBuilder:
     """Lowers `nodes` (one split of a graph) to an LLVM module."""
 
     def __init__(self, graph: Graph, nodes: list[Tensor], worst_env: Mapping[str, int],
-                 produced_elsewhere: set[int], profile: bool = False):
+                 produced_elsewhere: set[int], profile: bool = False, qdot: str | None = None):
+        """qdot: the quantised dot flavour of every kernel (Options.cpu_qdot); None: the
+        default (kernels/qvec.flavour()), fixed here so plan key and IR text agree."""
+        from ggmlpy.codegen_cpu.kernels.qvec import flavour
+
         self.profile = profile
+        self.qdot = qdot if qdot is not None else flavour()
         own = {n.id for n in nodes}   # (a fused kernel may write a member it replaced)
         fusion = CpuFusion(graph, nodes)
         nodes = fusion.apply(nodes)
@@ -113,10 +118,8 @@ class ProgramBuilder:
         keys per node, the entry variant, the host and the code generator's own source. A warm
         start looks the object code up by this key (object_cache.ObjectCache.load_plan), so it
         does not spend a second building IR text only to hash it."""
-        from ggmlpy.codegen_cpu.kernels.qvec import flavour
-
         self._plan_kernels()
-        text = json.dumps([generator_version(), host().triple, flavour(), self.profile, TABLE_WORD,
+        text = json.dumps([generator_version(), host().triple, self.qdot, self.profile, TABLE_WORD,
                            TABLE_HEADER, self.kernel_keys])
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -128,7 +131,7 @@ class ProgramBuilder:
         declare_barrier(module)
         kernels = self._plan_kernels()
         for i, node in enumerate(kernels.values()):
-            kb = KernelBuilder(module, f"k{i}_{node.op}")
+            kb = KernelBuilder(module, f"k{i}_{node.op}", self.qdot)
             LOWERINGS[node.op].emit(kb, node)
             kb.finish()
             kb.fn.linkage = "external"

@@ -7,6 +7,7 @@ present, and does nothing (without failing) otherwise; `cuda_available()` says w
 from __future__ import annotations
 
 from ggmlpy.codegen_cuda.driver import CudaUnavailable, cuda_available
+from ggmlpy.options import Options
 
 __all__ = ["CudaUnavailable", "cuda_available", "register", "CudaBackend"]
 
@@ -25,10 +26,10 @@ def register(priority: int = PRIORITY) -> bool:
     return True
 
 
-def _factory():
+def _factory(options: Options) -> "CudaBackend":
     from ggmlpy.codegen_cuda.backend import CudaBackend
 
-    return CudaBackend()
+    return CudaBackend(options=options)
 
 
 def __getattr__(name: str):

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
 
-from ggmlpy.disk_cache import DiskCache
+from ggmlpy.disk_cache import DiskCache, cache_dir as disk_cache_dir
 from ggmlpy.codegen_cuda.driver import DEFAULT_MAX_SHARED, PreparedLaunch, get_driver
 from ggmlpy.codegen_cuda.fusion import LowerOptions
 from ggmlpy.codegen_cuda.kernels import KernelSpec
@@ -33,6 +32,7 @@ from ggmlpy.codegen_cuda.lower_simple import supports_simple
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import OPS, Kind
 from ggmlpy.ir.tensor import Flag, Tensor
+from ggmlpy.options import Options
 from ggmlpy.sched.backend import Backend
 from ggmlpy.sched.store import BindingError
 
@@ -91,16 +91,22 @@ class CudaBackend(Backend):
 
     def __init__(self, driver: Any = None, cache_dir: str | None = None, fuse: bool = True,
                  graphs: bool = True, matvec_max_cols: int = 8, tiled: bool = True,
-                 matvec_rows: int | None = None, fuse_rope: bool = True, fuse_oproj: bool | None = None):
+                 matvec_rows: int | None = None, fuse_rope: bool = True, fuse_oproj: bool | None = None,
+                 options: Options | None = None):
+        """options: the GGMLPY_* settings (None: Options.from_env(), read now): the cache
+        root, attention threads, PDL; matvec_rows and fuse_oproj, when given, win over theirs."""
+        settings = options if options is not None else Options.from_env()
+        self.settings = settings
         self.driver = driver if driver is not None else get_driver()
-        self.cache = DiskCache("cuda", cache_dir)
-        if matvec_rows is None:  # 0: by matrix size; the environment lets a benchmark compare
-            matvec_rows = int(os.environ.get("GGMLPY_CUDA_MATVEC_ROWS", "0"))
+        self.cache = DiskCache("cuda", cache_dir if cache_dir is not None else disk_cache_dir("cuda", settings.cache_dir))
+        if matvec_rows is None:  # 0: by matrix size; the option lets a benchmark compare
+            matvec_rows = settings.cuda_matvec_rows
         if matvec_rows not in (0, 1, 2, 4):
             raise ValueError(f"matvec_rows must be 0 (automatic), 1, 2 or 4, not {matvec_rows}")
-        if fuse_oproj is None:  # off until measured on a GPU; the environment lets a benchmark compare
-            fuse_oproj = os.environ.get("GGMLPY_CUDA_FUSE_OPROJ", "0") == "1"
-        self.options = LowerOptions(fuse, MatMulOptions(matvec_max_cols, tiled, matvec_rows, fuse_rope), fuse_oproj)
+        if fuse_oproj is None:  # off until measured on a GPU; the option lets a benchmark compare
+            fuse_oproj = settings.cuda_fuse_oproj
+        self.options = LowerOptions(fuse, MatMulOptions(matvec_max_cols, tiled, matvec_rows, fuse_rope), fuse_oproj,
+                                    settings.cuda_attn_threads)
         self.use_graphs = graphs and self.driver.name != "pycuda"
         self.functions: dict[str, Any] = {}
         self.modules: list[Any] = []

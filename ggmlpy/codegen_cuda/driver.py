@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
 import struct
 from typing import Any, Sequence
 
@@ -45,11 +44,6 @@ class PreparedLaunch:
         self.params = ctypes.create_string_buffer(params, len(params))
         self.kernel_params = (ctypes.c_void_p * 1)(ctypes.addressof(self.params))
         self.config: Any = None  # the driver's launch configuration, built on first use
-
-
-def pdl_wanted() -> bool:
-    """Programmatic dependent launch unless GGMLPY_CUDA_PDL=0 (for comparisons)."""
-    return os.environ.get("GGMLPY_CUDA_PDL", "1") != "0"
 
 
 # a kernel that waits on its predecessor and counts its runs: the PDL probe
@@ -98,8 +92,9 @@ class CudaPythonDriver:
         self._images: list[np.ndarray] = []
         # programmatic dependent launch (sm_90+) in captured graphs: decided by a probe before
         # the first capture
-        self.pdl: bool | None = None if major >= 9 and pdl_wanted() else False
+        self.pdl: bool | None = None if major >= 9 else False
         self._capturing = False
+        self._capture_pdl = False  # this capture's launches use PDL (begin_capture's pdl, if it works)
 
     def _call(self, fn, *args) -> tuple:
         out = fn(*args)
@@ -152,7 +147,7 @@ class CudaPythonDriver:
         # PDL only into captured graphs (decode): launched one by one from Python, as prompts
         # are, cuLaunchKernelEx costs the host more than the overlap saves (measured on an
         # H200: pp512's 395 launches took 17.7 ms of GPU time with it, 13.7 ms without)
-        if self._capturing and self.pdl:
+        if self._capturing and self._capture_pdl:
             cfg = pl.config
             if cfg is None:
                 cfg = pl.config = self._pdl_config(pl)
@@ -232,9 +227,13 @@ class CudaPythonDriver:
     def synchronize(self, stream: Any = None) -> None:
         self._call(self.cu.cuStreamSynchronize, stream or self.stream)
 
-    def begin_capture(self, stream: Any = None) -> None:
-        if self.pdl is None:
+    def begin_capture(self, stream: Any = None, pdl: bool = True) -> None:
+        """pdl: the backend wants programmatic dependent launch in this graph
+        (Options.cuda_pdl); used only where the probe says it works. The driver is shared
+        by every backend of the process, so the choice is per capture, not the driver's."""
+        if pdl and self.pdl is None:
             self.pdl = self._probe_pdl()
+        self._capture_pdl = pdl and bool(self.pdl)
         mode = self.cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
         self._call(self.cu.cuStreamBeginCapture, stream or self.stream, mode)
         self._capturing = True
@@ -327,7 +326,7 @@ class PyCudaDriver:
     def synchronize(self, stream: Any = None) -> None:
         (stream or self.stream).synchronize()
 
-    def begin_capture(self, stream: Any = None) -> None:
+    def begin_capture(self, stream: Any = None, pdl: bool = True) -> None:
         raise CudaError("CUDA graphs are not wired up for pycuda here")
 
     def event(self) -> Any:

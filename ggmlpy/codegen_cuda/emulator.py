@@ -145,7 +145,7 @@ class EmuDriver:
     def synchronize(self, stream: Any = None) -> None:
         pass
 
-    def begin_capture(self, stream: Any = None) -> None:
+    def begin_capture(self, stream: Any = None, pdl: bool = True) -> None:
         self._capture = []
 
     def end_capture(self, stream: Any = None) -> Any:

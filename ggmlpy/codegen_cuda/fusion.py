@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ggmlpy.codegen_cuda.lower_attention import AttentionStep, OutProjection, match_attention
+from ggmlpy.codegen_cuda.lower_attention import FEW_BLOCKS_THREADS, AttentionStep, OutProjection, match_attention
 from ggmlpy.codegen_cuda.lower_matmul import (
     MatMulOptions, MatMulStep, PreNorm, RopeEpilogue, RowStore, a_rows_contiguous, matvec_ok,
 )
@@ -49,6 +49,7 @@ class LowerOptions:
     fuse: bool = True
     matmul: MatMulOptions = field(default_factory=MatMulOptions)
     fuse_oproj: bool = False  # a decode attention computes its output projection and residual add
+    attn_threads: int = FEW_BLOCKS_THREADS  # threads per attention block on small grids (decode)
 
 
 class _Graph:
@@ -120,10 +121,11 @@ def lower_split(graph: Graph, nodes: list[Tensor], opts: LowerOptions) -> list[S
         for m, members in attentions:
             prod = _out_projection(m, products, g) if opts.fuse_oproj else None
             if prod is None:
-                place(AttentionStep(*m), members[-1])
+                place(AttentionStep(*m, few_blocks_threads=opts.attn_threads), members[-1])
             else:
                 products.remove(prod)
-                place(AttentionStep(*m, oproj=OutProjection(prod.mats[0], prod.add)), prod.add)
+                place(AttentionStep(*m, oproj=OutProjection(prod.mats[0], prod.add),
+                                    few_blocks_threads=opts.attn_threads), prod.add)
         for prod in products:
             step = MatMulStep(prod.mats, opts.matmul, glu=prod.glu, add=prod.add, prenorm=prod.prenorm,
                               store=prod.store, ropes=prod.ropes)

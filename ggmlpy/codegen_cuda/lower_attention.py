@@ -8,7 +8,6 @@ strided, permuted views); heads share K/V heads by ggml's broadcast rule (h / ra
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from ggmlpy.codegen_cuda.kernels import KernelSpec
@@ -20,8 +19,8 @@ from ggmlpy.ir.symbolic import SymExpr
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import GGMLType, block_size, type_size
 
-THREADS = 256        # per block; FEW_BLOCKS_THREADS when the grid is small (decode)
-FEW_BLOCKS_THREADS = int(os.environ.get("GGMLPY_CUDA_ATTN_THREADS", "1024"))  # (for comparisons)
+THREADS = 256        # per block; the step's few_blocks_threads when the grid is small (decode)
+FEW_BLOCKS_THREADS = 1024  # the default of that (Options.cuda_attn_threads, GGMLPY_CUDA_ATTN_THREADS)
 FEW_BLOCKS = 264     # about two blocks per multiprocessor of an H100/H200
 MAX_DPL = 8          # output dims per lane: head sizes up to 256
 DEFAULT_SMEM = 48 * 1024
@@ -46,7 +45,10 @@ class OutProjection:
 
 class AttentionStep(Step):
     def __init__(self, kq: Tensor, sm: Tensor, kqv: Tensor, perm: Tensor | None = None,
-                 cont: Tensor | None = None, oproj: OutProjection | None = None):
+                 cont: Tensor | None = None, oproj: OutProjection | None = None,
+                 few_blocks_threads: int = FEW_BLOCKS_THREADS):
+        """few_blocks_threads: threads per block when the grid is small (decode), the
+        backend's Options.cuda_attn_threads (a knob for comparisons)."""
         k, q = kq.src
         v = kqv.src[0]
         mask = sm.src[1] if len(sm.src) > 1 else None
@@ -59,6 +61,8 @@ class AttentionStep(Step):
             out = oproj.add
         super().__init__(nodes, reads=reads, writes=[out])
         self.oproj = oproj
+        self.few_blocks_threads = few_blocks_threads
+        self.max_threads = max(THREADS, few_blocks_threads)  # the most threads a launch may have
         self.q, self.k, self.v, self.mask, self.sm, self.kqv, self.perm, self.out = q, k, v, mask, sm, kqv, perm, out
         hk, hv = static_int(q.ne[0]), static_int(v.ne[1])
         assert hk is not None and hv is not None
@@ -98,8 +102,6 @@ class AttentionStep(Step):
         axes = self.perm.params["axes"]
         return [lin[axes[i]] for i in range(3)]
 
-    max_threads = max(THREADS, FEW_BLOCKS_THREADS)  # the most threads a launch may have
-
     def smem_bytes(self, env: Env, threads: int) -> int:
         n_kv = ev(self.k.ne[1], env)
         return 4 * (self.hk + (threads // 32) * self.hv + n_kv)
@@ -129,7 +131,7 @@ class AttentionStep(Step):
                          "res": addr(self.oproj.residual), "rnb0": ev(self.oproj.residual.nb[0], env),
                          "od": addr(add), "dnb0": ev(add.nb[0], env), "scr": self.scratch_at, "cnt": counter})
         grid = check_grid((n_tokens, n_head, 1), "attention")
-        threads = FEW_BLOCKS_THREADS if n_tokens * n_head < FEW_BLOCKS else THREADS
+        threads = self.few_blocks_threads if n_tokens * n_head < FEW_BLOCKS else THREADS
         return [Launch(self.spec, grid, (threads, 1, 1), self.smem_bytes(env, threads), self.spec.pack(vals))]
 
 

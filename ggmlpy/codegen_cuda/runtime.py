@@ -165,7 +165,7 @@ class CudaSplit:
             be.stats.graph_replays += 1
         elif self.single and be.use_graphs and plan.launches:
             t0 = time.perf_counter()
-            drv.begin_capture()
+            drv.begin_capture(pdl=be.settings.cuda_pdl)
             try:
                 for pl in plan.launches:
                     drv.launch(pl)

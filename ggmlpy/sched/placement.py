@@ -32,6 +32,7 @@ import numpy as np
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.sched.backend import HOST_MEMORY, Backend
+from ggmlpy.options import Options
 from ggmlpy.sched.registry import PlacementError, create_device, normalize_device
 
 log = logging.getLogger("ggmlpy.sched")
@@ -188,9 +189,10 @@ class Placement:
                 log.warning("weight %s: %s, kept on the CPU", name, self.moved[name])
 
     # backends ---------------------------------------------------------------------------------
-    def make_backends(self) -> list[Backend]:
-        """One backend per offload device, in priority order (before the host's)."""
-        return [make_device_backend(d) for d in self.devices]
+    def make_backends(self, options: Options | None = None) -> list[Backend]:
+        """One backend per offload device, in priority order (before the host's), made with
+        the GGMLPY_* settings `options` (None: Options.from_env())."""
+        return [make_device_backend(d, options) for d in self.devices]
 
     def describe(self) -> str:
         """llama.cpp's per-layer log lines, then the exceptions."""
@@ -222,8 +224,9 @@ def probe_node(name: str, ttype: GGMLType, ne: Sequence[int]) -> Tensor | None:
     return None  # rope frequencies and the like: small tables, not worth a check
 
 
-def make_device_backend(device: str) -> Backend:
+def make_device_backend(device: str, options: Options | None = None) -> Backend:
     """A fresh backend for an offload device, computing in that device's memory (the device
     registry's factory: "cpu:N" a CpuBackend of its own named "cpu:N", "cuda:0" the CUDA
-    backend). Looked up by name at each call, so tests can replace it."""
-    return create_device(device)
+    backend), made with `options` (None: Options.from_env()). Looked up by name at each
+    call, so tests can replace it."""
+    return create_device(device, options)

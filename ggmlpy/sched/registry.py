@@ -14,9 +14,11 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+from ggmlpy.options import Options
 from ggmlpy.sched.backend import Backend
 
-_FACTORIES: dict[str, Callable[[], Backend]] = {}
+# a factory gets the GGMLPY_* settings its backend is made with (Options, ggmlpy/options.py)
+_FACTORIES: dict[str, Callable[[Options], Backend]] = {}
 _PRIORITY: list[str] = []
 
 
@@ -24,7 +26,7 @@ class PlacementError(ValueError):
     """Bad devices, tensor_split or n_gpu_layers."""
 
 
-def register_backend(name: str, factory: Callable[[], Backend], priority: int) -> None:
+def register_backend(name: str, factory: Callable[[Options], Backend], priority: int) -> None:
     _FACTORIES[name] = factory
     _PRIORITY.insert(min(priority, len(_PRIORITY)), name)
 
@@ -33,32 +35,38 @@ def available_backends() -> list[str]:
     return list(_PRIORITY)
 
 
-def create_backend(name: str | None = None) -> Backend:
+def create_backend(name: str | None = None, options: Options | None = None) -> Backend:
+    """A fresh backend `name` (None: the best available) made with `options` (None:
+    Options.from_env(), read now: the environment is read when a backend is made)."""
+    options = options if options is not None else Options.from_env()
     if name is None:
         name = _PRIORITY[0]
     if name not in _FACTORIES:
         raise ValueError(f"unknown backend {name!r} (available: {', '.join(_PRIORITY)})")
-    return _FACTORIES[name]()
+    return _FACTORIES[name](options)
 
 
 FALLBACK = "ref"  # the last resort of every context: it runs every op (DESIGN.md decision 9)
 
 
-def host_backends(name: str | None = None) -> list[Backend]:
+def host_backends(name: str | None = None, options: Options | None = None) -> list[Backend]:
     """A context's own backends, in priority order: `name`'s (None: the best available),
-    then the reference fallback for ops without a lowering, unless `name` is that one."""
-    primary = create_backend(name)
-    return [primary] if name == FALLBACK or primary.name == FALLBACK else [primary, create_backend(FALLBACK)]
+    then the reference fallback for ops without a lowering, unless `name` is that one; all
+    made with `options` (None: Options.from_env())."""
+    options = options if options is not None else Options.from_env()
+    primary = create_backend(name, options)
+    return [primary] if name == FALLBACK or primary.name == FALLBACK else [primary, create_backend(FALLBACK, options)]
 
 
 # devices ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class DeviceKind:
     """Devices whose names match `pattern` (a full match); `make(name)` returns a fresh
-    backend named `name` with buffer type `name`. `usage` is shown in errors ("cuda:N")."""
+    backend named `name` with buffer type `name`, given the GGMLPY_* settings `options`.
+    `usage` is shown in errors ("cuda:N")."""
 
     pattern: re.Pattern
-    make: Callable[[str], Backend]
+    make: Callable[[str, Options], Backend]
     usage: str
     aliases: tuple[tuple[str, str], ...] = ()       # short name -> full name ("cuda" -> "cuda:0")
     reserved: tuple[tuple[str, str], ...] = ()      # name -> why it cannot be an offload device
@@ -72,7 +80,7 @@ class DeviceKind:
 _DEVICES: list[DeviceKind] = []
 
 
-def register_device(pattern: str, make: Callable[[str], Backend], usage: str,
+def register_device(pattern: str, make: Callable[[str, Options], Backend], usage: str,
                     aliases: dict[str, str] | None = None, reserved: dict[str, str] | None = None,
                     preview: Callable[[str], Backend | None] | None = None,
                     discover: Callable[[], list[str]] | None = None) -> None:
@@ -112,10 +120,11 @@ def default_devices() -> list[str]:
     return [name for kind in reversed(_DEVICES) if kind.discover is not None for name in kind.discover()]
 
 
-def create_device(name: str) -> Backend:
-    """A fresh backend for offload device `name`, computing in that device's memory."""
+def create_device(name: str, options: Options | None = None) -> Backend:
+    """A fresh backend for offload device `name`, computing in that device's memory, made
+    with `options` (None: Options.from_env())."""
     name = normalize_device(name)
-    be = device_kind(name).make(name)
+    be = device_kind(name).make(name, options if options is not None else Options.from_env())
     be.buffer_type = name
     return be
 
@@ -132,27 +141,27 @@ def preview_device(name: str) -> Backend | None:
 
 
 # the built-in backends ----------------------------------------------------------------------
-def _ref() -> Backend:
+def _ref(options: Options) -> Backend:
     from ggmlpy.sched.ref_backend import RefBackend
 
-    return RefBackend()
+    return RefBackend()  # (numpy: no settings of its own)
 
 
-def _cpu() -> Backend:
+def _cpu(options: Options) -> Backend:
     from ggmlpy.codegen_cpu.backend import CpuBackend
 
-    return CpuBackend()
+    return CpuBackend(options=options)
 
 
-def _cpu_device(name: str) -> Backend:
+def _cpu_device(name: str, options: Options) -> Backend:
     """"cpu:N": a CpuBackend of its own (own thread pool), standing in for a GPU."""
-    be = _cpu()
+    be = _cpu(options)
     be.name = name
     be.is_host = False
     return be
 
 
-def _cuda_device(name: str) -> Backend:
+def _cuda_device(name: str, options: Options) -> Backend:
     """"cuda:0": the CUDA backend; it keeps its name "cuda" (reports know it by that name)."""
     if name != "cuda:0":
         raise PlacementError(f"device {name}: only cuda:0 is supported")
@@ -161,7 +170,7 @@ def _cuda_device(name: str) -> Backend:
     ok, reason = cuda_available()
     if not ok:
         raise PlacementError(f"device {name} is not available: {reason}")
-    return create_backend("cuda")
+    return create_backend("cuda", options)
 
 
 def _cuda_devices() -> list[str]:
@@ -183,9 +192,9 @@ def _cuda_preview(name: str) -> Backend | None:
     return CudaBackend(driver=DryRunDriver(compile=False))
 
 
-def _ref_device(name: str) -> Backend:
+def _ref_device(name: str, options: Options) -> Backend:
     """"ref:N": the numpy reference backend as a separate device (tests, debugging)."""
-    be = _ref()
+    be = _ref(options)
     be.name = name
     be.is_host = False
     return be

@@ -70,7 +70,8 @@ def _cpu_split(graph: Graph, split: Split, worst_env: Mapping[str, int], out: Ke
 
     own = {n.id for n in split.nodes}
     elsewhere = {t.id for t in graph.tensors if not t.is_leaf and t.id not in own}
-    builder = ProgramBuilder(graph, split.nodes, worst_env, elsewhere)
+    qdot = split.backend.qdot  # the backend's dot flavour (its Options.cpu_qdot), as it builds
+    builder = ProgramBuilder(graph, split.nodes, worst_env, elsewhere, qdot=qdot)
     builder.plan_key()  # fills kernel_names (one per launch) as the backend's compile does
     members: dict[int, list[int]] = {n.id: [n.id] for n in builder.nodes}
     fusion = CpuFusion(graph, split.nodes)
@@ -81,15 +82,16 @@ def _cpu_split(graph: Graph, split: Split, worst_env: Mapping[str, int], out: Ke
     by_key: dict[str, Kernel] = {}
     for i, (node, key, name) in enumerate(zip(builder.nodes, builder.kernel_keys, builder.kernel_names)):
         kernel = _add(out, by_key, key, f"{name} (split {split.index})", split.backend.name, "llvm",
-                      lambda node=node, name=name: cpu_kernel_ir(node, name))
+                      lambda node=node, name=name: cpu_kernel_ir(node, name, qdot))
         for tid in members[node.id]:
             kernel.nodes.append(tid)
             out.kernel_of[tid] = kernel.index
             out.launch_of[tid] = (split.index, i)
 
 
-def cpu_kernel_ir(node, name: str) -> str:
-    """The LLVM module holding node's kernel alone, as ProgramBuilder.build_ir emits it."""
+def cpu_kernel_ir(node, name: str, qdot: str | None = None) -> str:
+    """The LLVM module holding node's kernel alone, as ProgramBuilder.build_ir emits it
+    (qdot: the dot flavour, as KernelBuilder takes it)."""
     import llvmlite.ir as ir
 
     from ggmlpy.codegen_cpu.irgen import KernelBuilder, declare_barrier
@@ -99,7 +101,7 @@ def cpu_kernel_ir(node, name: str) -> str:
     module = ir.Module(name=name)
     module.triple = host().triple
     declare_barrier(module)
-    kb = KernelBuilder(module, name)
+    kb = KernelBuilder(module, name, qdot)
     LOWERINGS[node.op].emit(kb, node)
     kb.finish()
     kb.fn.linkage = "external"

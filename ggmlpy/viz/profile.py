@@ -1,4 +1,4 @@
-"""Time per node from a profiled run (GGMLPY_PROFILE=1: the CPU backend's entry function
+"""Time per node from a profiled run (Options.profile, GGMLPY_PROFILE=1: the CPU backend's entry function
 reads the cycle counter around every kernel and around the barrier after it).
 
 `profile_context` runs a Context whose CPU backends were created with profiling on: a
@@ -82,7 +82,8 @@ def profile_context(ctx, n_tokens: int, steps: int = 16) -> tuple[Graph, Profile
                          f"(n_ubatch is {ctx.n_ubatch})")
     cpu = [c for c in compiled.compiled if isinstance(c, CpuSplit)]
     if not any(c.backend.profile for c in cpu):
-        raise ValueError("the context's CPU backends do not profile: create it with GGMLPY_PROFILE=1")
+        raise ValueError("the context's CPU backends do not profile: create it with "
+                         "backend_options=Options(profile=True) (or GGMLPY_PROFILE=1)")
     toks = prompt_tokens(ctx.n_vocab, max(n_tokens, 9))
     if n_tokens == 1:
         ctx.decode(Batch.from_tokens(toks[:8]))

@@ -56,18 +56,18 @@ def test_attention_matches_reference(device, cfg):
         assert err <= (1e-9 if fuse or n_kv <= 8 else 5e-5), f"{kind} fuse={fuse}: NMSE {err:.3g}"
 
 
-def test_attention_with_few_threads_per_block(device, monkeypatch):
+def test_attention_with_few_threads_per_block(device):
     """Blocks of 64 threads (2 warps): each thread scores several keys and each warp sums
-    values past the first rows it loads ahead."""
-    import ggmlpy.codegen_cuda.lower_attention as la
+    values past the first rows it loads ahead (Options.cuda_attn_threads, given to the
+    backend: it wins over GGMLPY_CUDA_ATTN_THREADS)."""
+    from ggmlpy.options import Options
 
-    monkeypatch.setattr(la, "FEW_BLOCKS_THREADS", 64)
     kind, driver = device
     env = {"n_tokens": 2, "n_kv": 150}
     g = attention_graph(n_tokens=2, n_kv=150, kv_size=160, head=64, n_head=3, n_head_kv=1)
     inputs = attention_inputs(g, 2, 150, np.random.default_rng(4))
     (ref,), _, _ = run_graph(RefBackend(), g, inputs, env)
-    (ours,), _, split = run_graph(CudaBackend(driver=driver), g, inputs, env)
+    (ours,), _, split = run_graph(CudaBackend(driver=driver, options=Options(cuda_attn_threads=64)), g, inputs, env)
     plan = next(iter(split._plans.values()))
     assert [pl.block for pl in plan.launches if "attention" in pl.name] == [(64, 1, 1)]
     err = normalized_error(ours, ref)

@@ -14,6 +14,7 @@ import llama.model
 import ggmlpy.sched.placement as placement
 from ggmlpy.codegen_cuda.backend import CudaBackend
 from ggmlpy.ir.types import GGMLType
+from ggmlpy.options import Options
 from ggmlpy.testing.models import write_tiny_llama
 from tests.models import golden
 
@@ -28,8 +29,8 @@ def device_backends(device, monkeypatch):
     kind, driver = device
     made: list[CudaBackend] = []
 
-    def make(name: str) -> CudaBackend:
-        be = CudaBackend(driver=driver)
+    def make(name: str, options: Options | None = None) -> CudaBackend:
+        be = CudaBackend(driver=driver, options=options)
         be.buffer_type = name
         made.append(be)
         return be

@@ -14,6 +14,7 @@ import pytest
 
 import llama
 from ggmlpy.bench import device_stats
+from ggmlpy.options import Options
 from ggmlpy.passes.pipeline import PIPELINES, context_passes
 from ggmlpy.sched.backend import REFERENCE_PIPELINE, Backend
 from ggmlpy.sched.placement import PlacementError, parse_devices
@@ -69,7 +70,7 @@ class MinimalDevice(RefBackend):
 def mini_device():
     pattern = r"mini:\d+"
 
-    def make(name: str) -> Backend:
+    def make(name: str, options: Options) -> Backend:
         be = MinimalDevice()
         be.name = name
         return be

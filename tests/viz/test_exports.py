@@ -3,6 +3,7 @@ installed), the Chrome/Perfetto trace of a profiled decode, and the CLI."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -46,10 +47,13 @@ def profiled(smollm2_path, monkeypatch_module, tmp_path_factory):
     from ggmlpy.cli import build_parser
     from ggmlpy.cli.viz_cmd import _profiled
 
-    monkeypatch_module.setenv("GGMLPY_PROFILE", "1")   # restored after the module (the CLI sets it)
+    # the CLI hands profiling to the context's backends (backend_options), not the environment
+    monkeypatch_module.delenv("GGMLPY_PROFILE", raising=False)
     args = build_parser().parse_args(["viz", "-m", str(smollm2_path), "--decode", "--steps", "4", "--devices", "cpu:1",
                                    "-ngl", "4", "-c", "256", "-o", str(tmp_path_factory.mktemp("t") / "x")])
-    return _profiled(args, 1)
+    snap = _profiled(args, 1)
+    assert "GGMLPY_PROFILE" not in os.environ
+    return snap
 
 
 @pytest.fixture(scope="module")

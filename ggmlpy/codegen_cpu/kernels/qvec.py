@@ -11,26 +11,28 @@ reductions, and the one primitive everything is built on, the u8 x s8 dot step.
 - "generic": plain vector IR (widen, multiply, add neighbours) that LLVM legalises for any
   target; the portable path.
 
-The flavour comes from the host's features; the environment variable GGMLPY_CPU_QDOT or
-`set_flavour` overrides it (tests run every flavour the machine can execute). The flavour
+The flavour comes from the host's features; a backend's Options.cpu_qdot (GGMLPY_CPU_QDOT,
+read when the backend is created) picks one for its kernels through `KernelBuilder.qdot`, and
+`set_flavour` overrides the default for builders given none (tests run every flavour the
+machine can execute). The flavour
 changes the IR text, so the object cache never mixes them. Kernels see only `dot_u8s8`, so
 the weight decoders and the tiling are written once.
 """
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 import llvmlite.ir as ir
 
 from ggmlpy.codegen_cpu.irgen import F32, I8, I16, I32, KernelBuilder
 from ggmlpy.codegen_cpu.target import host
+from ggmlpy.options import QDOT_FLAVOURS
 
-FLAVOURS = ("vnni512", "vnni256", "generic")
+FLAVOURS = QDOT_FLAVOURS  # ("vnni512", "vnni256", "generic"), what Options.cpu_qdot accepts
 # Float flags: fusing into FMAs, but no reassociation, which would merge the separate
 # accumulators the kernels keep to break dependency chains.
 CONTRACT = ("contract",)
-_override: str | None = os.environ.get("GGMLPY_CPU_QDOT") or None
+_override: str | None = None  # set_flavour's; never read from the environment
 
 
 def vec(t: ir.Type, n: int) -> ir.VectorType:
@@ -49,10 +51,8 @@ def set_flavour(name: str | None) -> None:
 
 
 def flavour() -> str:
-    """The dot flavour kernels are built with: the override, else the best the host has."""
+    """The dot flavour of builders given none: set_flavour's, else the best the host has."""
     if _override is not None:
-        if _override not in FLAVOURS:
-            raise ValueError(f"GGMLPY_CPU_QDOT={_override!r} is not one of {FLAVOURS}")
         return _override
     h = host()
     if h.vnni512:
@@ -175,7 +175,7 @@ def reduce_add_f32(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
 # the dot step -----------------------------------------------------------------------------
 def dot_u8s8(kb: KernelBuilder, acc: ir.Value, u: ir.Value, s: ir.Value) -> ir.Value:
     """acc (<16 x i32>) + per-lane sums of 4 products of unsigned u and signed s bytes."""
-    kind = flavour()
+    kind = kb.qdot
     b = kb.b
     if kind == "vnni512":
         return intrinsic(kb, "llvm.x86.avx512.vpdpbusd.512", V16I32, [acc, u, s])
@@ -201,7 +201,7 @@ def mul_small(kb: KernelBuilder, p: ir.Value, scale: ir.Value) -> ir.Value:
     With AVX-512 this is one vpmaddwd (the high 16 bits of each scale lane cleared, so the
     high halves contribute nothing) instead of vpmulld's two micro-ops."""
     b = kb.b
-    if flavour() != "vnni512":
+    if kb.qdot != "vnni512":
         return b.mul(p, scale)
     v32i16 = vec(I16, 32)
     low = b.bitcast(b.and_(scale, splat_const(I32, 0xFFFF, 16)), v32i16)
