@@ -115,7 +115,6 @@ class Context:
                            "n_kv_swa": self.kv_layout.kv_size_swa or self.n_ctx})
             be.set_threads(self.n_threads)
             be.share_model_cache(model.backend_cache)
-        self._thread_setters = [be.set_threads for be in self.backends]
         # every backend's passes, so each split gets its own backend's (passes/pipeline.py)
         self.passes = context_passes(self.backends)
         self.graph_cache = GraphCache()
@@ -290,8 +289,8 @@ class Context:
         params = self._params_for(ub)
         built, compiled = self._graph_for(params)
         threads = self.n_threads if ub.n_tokens == 1 else self.n_threads_batch
-        for set_threads in self._thread_setters:
-            set_threads(threads)
+        for be in self.backends:
+            be.set_threads(threads)
         state: InputState = self.memory.input_state(slot)
         inputs: dict[str, np.ndarray] = {}
         for inp in built.inputs:

@@ -314,9 +314,11 @@ class WeightLayouts:
         (a 178 MB tied embedding) is never resident twice."""
         out = self.arrays.get(t.name)
         if out is None:
-            out = repack(data, t.type, t.ne[0], t.ne[1], release_pages if self.release else None)
-            self.arrays[t.name] = out
+            out = self.arrays[t.name] = self._repacked(t, data)
         return out
+
+    def _repacked(self, t: Tensor, data: np.ndarray) -> np.ndarray:
+        return repack(data, t.type, t.ne[0], t.ne[1], release_pages if self.release else None)
 
     def prepare(self, pending: list[tuple[Tensor, np.ndarray]], n_threads: int) -> None:
         """Repack every weight of `pending` not yet done, on up to n_threads threads at once:
@@ -328,10 +330,8 @@ class WeightLayouts:
             for t, data in todo.values():
                 self.get(t, data)
             return
-        release = release_pages if self.release else None
         with concurrent.futures.ThreadPoolExecutor(n_threads, thread_name_prefix="ggmlpy-repack") as pool:
-            jobs = {name: pool.submit(repack, data, t.type, t.ne[0], t.ne[1], release)
-                    for name, (t, data) in todo.items()}
+            jobs = {name: pool.submit(self._repacked, t, data) for name, (t, data) in todo.items()}
             for name, job in jobs.items():
                 self.arrays[name] = job.result()
 

@@ -152,7 +152,7 @@ class CudaBackend(Backend):
     def run_stats(self) -> dict[str, object]:
         """Launches, CUDA graph captures and replays, uploads; and the device's name."""
         stats = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in vars(self.stats).items()}
-        return {"stats": stats, "device": getattr(self.driver, "device_name", "?")}
+        return {"stats": stats, "device": self.driver.device_name}
 
     # kernels -----------------------------------------------------------------------------------
     def ensure_kernels(self, specs: Iterable[KernelSpec]) -> None:

@@ -24,6 +24,7 @@ directly: no backend is probed with hasattr. docs/backends.md walks through addi
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Mapping, Protocol
 
 import numpy as np
@@ -49,7 +50,7 @@ class TensorStoreLike(Protocol):
     def array(self, t: Tensor, env: Mapping[str, int]) -> np.ndarray: ...
 
 
-class Backend:
+class Backend(ABC):
     """A device's code generator and runtime, as the scheduler sees it.
 
     Class attributes a subclass sets: `name` (unique among a context's backends; a device
@@ -77,13 +78,13 @@ class Backend:
         self._buffer_type = memory
 
     # required -----------------------------------------------------------------------------------
+    @abstractmethod
     def supports_op(self, node: Tensor) -> bool:
         """Whether this backend can compute `node` (the scheduler's fallback decision)."""
-        raise NotImplementedError(f"{type(self).__name__}.supports_op")
 
+    @abstractmethod
     def compile(self, graph: Graph, nodes: list[Tensor]) -> CompiledSplit:
         """Prepare `nodes` (a split of `graph`, in order) for repeated runs."""
-        raise NotImplementedError(f"{type(self).__name__}.compile")
 
     # passes and scheduling ----------------------------------------------------------------------
     def pipeline(self) -> tuple[str, ...]:

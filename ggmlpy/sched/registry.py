@@ -55,7 +55,7 @@ def host_backends(name: str | None = None, options: Options | None = None) -> li
     made with `options` (None: Options.from_env())."""
     options = options if options is not None else Options.from_env()
     primary = create_backend(name, options)
-    return [primary] if name == FALLBACK or primary.name == FALLBACK else [primary, create_backend(FALLBACK, options)]
+    return [primary] if primary.name == FALLBACK else [primary, create_backend(FALLBACK, options)]
 
 
 # devices ------------------------------------------------------------------------------------
