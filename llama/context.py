@@ -37,7 +37,7 @@ from llama.kv_cache import KV_TYPES, KVCache
 from llama.kv_cache_iswa import KVCacheISWA
 from llama.model import Model
 from llama.pooling import PoolingType, batch_layout, check_supported, pool, resolve_pooling
-from llama.single_token import single_token_ubatch
+from llama.single_token import generation_ubatch
 
 log = logging.getLogger("llama.context")
 
@@ -115,6 +115,7 @@ class Context:
                            "n_kv_swa": self.kv_layout.kv_size_swa or self.n_ctx})
             be.set_threads(self.n_threads)
             be.share_model_cache(model.backend_cache)
+            be.set_model_file(model.path)
         # every backend's passes, so each split gets its own backend's (passes/pipeline.py)
         self.passes = context_passes(self.backends)
         self.graph_cache = GraphCache()
@@ -219,10 +220,16 @@ class Context:
     # decode -----------------------------------------------------------------------------------
     def decode(self, batch: Batch) -> int:
         """0 ok, 1 no KV slot (nothing written), 2 aborted, -1 invalid batch, < -1 fatal."""
-        ub = single_token_ubatch(batch, self.n_vocab, self.n_seq_max, self.memory)
-        if ub is not None:  # a generation step: one ubatch of one output, nothing to split
-            ubatches, n_outputs, in_order = [ub], 1, True
-            output_ids = _FIRST_OUTPUT
+        ub = generation_ubatch(batch, self.n_vocab, self.n_seq_max, self.memory,
+                               min(self.n_batch, self.n_ubatch), output_all=self.embeddings)
+        if ub is not None:  # a generation step: one ubatch in batch order, nothing to split
+            ubatches, in_order = [ub], True
+            if ub.n_tokens == 1:
+                n_outputs, output_ids = 1, _FIRST_OUTPUT
+            else:
+                n_outputs = int(np.count_nonzero(ub.output))
+                output_ids = np.full(ub.n_tokens, -1, np.int64)
+                output_ids[ub.output] = np.arange(n_outputs)
         else:
             split = self._split(batch)
             if isinstance(split, int):

@@ -302,3 +302,26 @@ def test_get_rows_of_a_kquant_weight_reads_the_gguf_bytes():
     ours, _ = run_case("get_rows", case, CpuBackend(n_threads=2), inputs=inputs)
     expected = dequantize(np.ascontiguousarray(inputs["src0"]), G.Q4_K, (k, m)).reshape(m, k)[inputs["src1"]]
     np.testing.assert_array_equal(ours.reshape(expected.shape), expected)
+
+
+def test_prefetch_changes_no_result(tmp_path, monkeypatch):
+    """The weights' software prefetch (tiles of 2+ tokens) is emitted where the table asks
+    for it and leaves every result bit-identical."""
+    from ggmlpy.codegen_cpu.kernels import qrepacked
+    from ggmlpy.codegen_cpu.program import ProgramBuilder
+    from ggmlpy.options import Options
+    from ggmlpy.testing.ops import build_case_graph
+
+    case = _weight_case(G.Q4_1, 576, 48, 5)   # a tile of 4, then one of 1
+    inputs = make_inputs(case, np.random.default_rng(5))
+    results, irs = [], []
+    for ahead in (0, 4096):
+        monkeypatch.setitem(qrepacked.PREFETCH_AHEAD, G.Q4_1, ahead)
+        # a cache per setting: plan keys follow the generator's source, not this table
+        backend = CpuBackend(n_threads=2, options=Options(cache_dir=str(tmp_path / str(ahead))))
+        results.append(run_case("mul_mat", case, backend, inputs=inputs)[0])
+        graph, _ = build_case_graph("mul_mat", case)
+        irs.append(ProgramBuilder(graph, graph.nodes, backend.worst_env, set(), False, backend.qdot).build_ir())
+    np.testing.assert_array_equal(results[0], results[1])
+    assert "llvm.prefetch" not in irs[0]
+    assert "llvm.prefetch" in irs[1]

@@ -1,5 +1,5 @@
-"""The shortcuts of the one-token decode step give what the general paths give: the ubatch of
-the allocator and splitter, the logits and KV state of a general-path decode, masks of the
+"""The shortcuts of the generation step (one token per sequence) give what the general paths
+give: the ubatch of the allocator and splitter, the logits and KV state of a general-path decode, masks of the
 scalar loop, the cell bookkeeping of a brute-force recount, and a failed step undone."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ggmlpy.testing.models import write_tiny_llama
 from llama.batch import Batch, BatchAllocator, UBatch
 from llama.graph_inputs import InputBuffers
 from llama.kv_cells import KVCells, KVCellsUndo, SWAType
-from llama.single_token import single_token_ubatch
+from llama.single_token import generation_ubatch
 
 NEG = -np.inf
 
@@ -44,12 +44,16 @@ def place(kv: KVCells, pos, seqs) -> None:
     (3, Batch.from_tokens([5], seq_id=2)),
     (3, Batch(tokens=[9], seq_ids=[1])),
     (3, Batch(tokens=[9], seq_ids=[(0,)], logits=[True])),
+    (4, Batch(tokens=[9, 10, 11, 12], seq_ids=[[0], [1], [2], [3]], logits=[True] * 4)),
+    (4, Batch(tokens=[9, 10, 11], seq_ids=[[3], [0], [2]], logits=[True] * 3)),
+    (3, Batch(tokens=[9, 10], seq_ids=[2, 1])),                        # no flags: the last only
+    (3, Batch(tokens=[9, 10, 11], seq_ids=[[0], [1], [2]], pos=[4, 5, 6], logits=[True] * 3)),
 ])
-def test_single_token_ubatch_equals_allocator_and_split(n_seq_max, batch):
+def test_generation_ubatch_equals_allocator_and_split(n_seq_max, batch):
     kv = KVCells(64, n_seq_max)
     for s in range(n_seq_max):
         place(kv, list(range(4 + s)), [s] * (4 + s))
-    fast = single_token_ubatch(batch, 320, n_seq_max, kv)
+    fast = generation_ubatch(batch, 320, n_seq_max, kv, n_max=512)
     ab = BatchAllocator.init(batch, 320, n_seq_max, kv)
     (slow,) = ab.split_all(512, "simple")
     assert fast is not None
@@ -62,14 +66,27 @@ def test_single_token_ubatch_equals_allocator_and_split(n_seq_max, batch):
     assert ab.out_ids == fast.idxs[fast.output].tolist()
 
 
+def test_generation_ubatch_of_an_embeddings_context_outputs_every_token():
+    kv = KVCells(16, 2)
+    batch = Batch(tokens=[3, 4], seq_ids=[0, 1])
+    fast = generation_ubatch(batch, 320, 2, kv, n_max=512, output_all=True)
+    (slow,) = BatchAllocator.init(batch, 320, 2, kv, output_all=True).split_all(512, "simple")
+    assert fast.output.tolist() == slow.output.tolist() == [True, True]
+
+
 @pytest.mark.parametrize("batch", [
     Batch(tokens=[True]), Batch(tokens=[320]), Batch(tokens=[-1]), Batch(tokens=[1, 2]),
-    Batch(tokens=np.array([3])), Batch(tokens=[3], pos=[0]), Batch(tokens=[3], logits=[False]),
+    Batch(tokens=np.array([3])), Batch(tokens=[3], pos=[1]), Batch(tokens=[3], logits=[False]),
     Batch(tokens=[3], seq_ids=[[0, 1]]), Batch(tokens=[3], seq_ids=[4]),
     Batch(tokens=[3], seq_ids=[True]), Batch(embd=np.zeros((1, 64), np.float32)),
+    Batch(tokens=[3, 4], seq_ids=[1, 1]),                       # one sequence twice: a prompt chunk
+    Batch(tokens=[3, 4], seq_ids=[0, 1], logits=[True, False]),  # mixed flags
+    Batch(tokens=[3, 4], seq_ids=[0, 1], pos=[0, True]),         # a bool position
+    Batch(tokens=[3, 4], seq_ids=[0, 1], pos=[0, 1]),            # not sequence 1's next position
+    Batch(tokens=[3, 4, 5], seq_ids=[0, 1, 2]),                  # more than n_max tokens
 ])
-def test_single_token_ubatch_leaves_other_batches_to_the_allocator(batch):
-    assert single_token_ubatch(batch, 320, 4, KVCells(16, 4)) is None
+def test_generation_ubatch_leaves_other_batches_to_the_allocator(batch):
+    assert generation_ubatch(batch, 320, 4, KVCells(16, 4), n_max=2) is None
 
 
 def test_invalid_one_token_batches_still_return_minus_one(tiny_model):
@@ -108,6 +125,32 @@ def test_fast_path_decode_equals_general_path(tiny_model, backend):
     ca, cb = a.memory.cells, b.memory.cells
     assert ca.pos.tolist() == cb.pos.tolist() and ca.seq.tolist() == cb.seq.tolist()
     assert (ca.head, ca.used, ca.used_max_p1(), ca.seq_pos_max(0)) == (cb.head, cb.used, cb.used_max_p1(), 42)
+    for name, arr in a.memory.bindings().items():
+        np.testing.assert_array_equal(arr, b.memory.bindings()[name], err_msg=name)
+
+
+@pytest.mark.parametrize("backend", ["ref", "cpu"])
+def test_batched_steps_fast_path_equal_general_path(tiny_model, backend):
+    """Steps of one token for each of 3 sequences (a server's step): the fast path's logits
+    and cache equal those of the same steps through the allocator, bit for bit."""
+    results = []
+    for general in (False, True):
+        ctx = llama.Context(tiny_model, n_ctx=256, n_batch=64, n_ubatch=64, n_seq_max=3, backend=backend)
+        prompt = [5, 17, 200, 9]
+        assert ctx.decode(Batch(tokens=prompt * 3, seq_ids=[[s] for s in range(3) for _ in prompt])) == 0
+        rows = []
+        for i in range(20):
+            toks = [(7 * i + 3 * s + 1) % tiny_model.n_vocab for s in range(3)]
+            batch = Batch(tokens=np.array(toks) if general else toks, seq_ids=[[0], [1], [2]],
+                          logits=[True] * 3)
+            assert ctx.decode(batch) == 0
+            rows.append(ctx.get_logits().copy())
+        results.append((rows, ctx))
+    (fast, a), (slow, b) = results
+    for i, (x, y) in enumerate(zip(fast, slow)):
+        assert x.shape == (3, tiny_model.n_vocab)
+        np.testing.assert_array_equal(x, y, err_msg=f"step {i}")
+    assert a.memory.cells.pos.tolist() == b.memory.cells.pos.tolist()
     for name, arr in a.memory.bindings().items():
         np.testing.assert_array_equal(arr, b.memory.bindings()[name], err_msg=name)
 
