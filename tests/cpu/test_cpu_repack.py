@@ -90,18 +90,18 @@ def _unpack_kquant(packed: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarra
                     j, within = divmod(v, 64)
                     half, pos = divmod(within, 32)
                     c, i = divmod(pos, 4)
-                    byte = int(step[64 * (8 * j + c) + 4 * r + i])
+                    byte = int(step[repack.k_values_offset(t, j, c) + 4 * r + i])
                     nib = (byte & 15) if half == 0 else (byte >> 4)
                     if t == G.Q4_K:
                         sub = 2 * j + half
-                        sc = np.float32(step[repack.K_SCALES + 16 * sub + r])
-                        mn = np.float32(step[repack.K_SCALES + 128 + 16 * sub + r])
+                        sc = np.float32(step[repack.k_scales_offset(t) + 16 * sub + r])
+                        mn = np.float32(step[repack.k_scales_offset(t) + 128 + 16 * sub + r])
                         dmin = _f16(step[repack.K_D[t] + 32 + 2 * r:][:2])[0]
                         value = np.float32(d * sc) * np.float32(nib) - np.float32(dmin * mn)
                     else:
-                        qh = int(step[repack.Q6_QH + 64 * (4 * j + c // 2) + 4 * r + i])
+                        qh = int(step[repack.q6_high_offset(j, c // 2) + 4 * r + i])
                         q = nib | (((qh >> (2 * (c % 2) + 4 * half)) & 3) << 4)
-                        sc = np.float32(step[repack.Q6_SCALES + 16 * (v // 16) + r].view(np.int8))
+                        sc = np.float32(step[repack.k_scales_offset(t) + 16 * (v // 16) + r].view(np.int8))
                         value = np.float32(q - 32) * np.float32(d * sc)
                     out[16 * g + r, 256 * s + v] = value
     return out

@@ -183,15 +183,15 @@ class RepackedMatmul:
         dd = load_vec(b, kb.byte_ptr(wp, i64(repack.K_D[self.t])), ir.HalfType(), 32)
         d = b.fpext(shuffle(b, dd, None, range(16)), vec(F32, 16))
         if q6:
-            scales = [b.sext(load_vec(b, kb.byte_ptr(wp, i64(repack.Q6_SCALES + 16 * g)), I8, 16), vec(I32, 16))
+            scales = [b.sext(load_vec(b, kb.byte_ptr(wp, i64(repack.k_scales_offset(self.t) + 16 * g)), I8, 16), vec(I32, 16))
                       for g in range(n_sub)]
             corr_w = b.fmul(d, splat_const(F32, -32.0, 16), flags=CONTRACT)
             corr_terms = [sitofp(b, sc) for sc in scales]
         else:
-            scales = [b.zext(load_vec(b, kb.byte_ptr(wp, i64(repack.K_SCALES + 16 * g)), I8, 16), vec(I32, 16))
+            scales = [b.zext(load_vec(b, kb.byte_ptr(wp, i64(repack.k_scales_offset(self.t) + 16 * g)), I8, 16), vec(I32, 16))
                       for g in range(n_sub)]
             corr_w = b.fsub(zeros(F32, 16), b.fpext(shuffle(b, dd, None, range(16, 32)), vec(F32, 16)))
-            corr_terms = [sitofp(b, b.zext(load_vec(b, kb.byte_ptr(wp, i64(repack.K_SCALES + 128 + 16 * g)), I8, 16),
+            corr_terms = [sitofp(b, b.zext(load_vec(b, kb.byte_ptr(wp, i64(repack.k_scales_offset(self.t) + 128 + 16 * g)), I8, 16),
                                            vec(I32, 16))) for g in range(n_sub)]
         totals = [zeros(I32, 16) for _ in aps]
         for j in range(4):
@@ -235,11 +235,11 @@ class RepackedMatmul:
         low = splat_const(I8, 15, 64)
         lows, highs = [], []
         for c in range(8):
-            v = load_vec(b, kb.byte_ptr(wp, i64(V * (8 * j + c))), I8, 64)
+            v = load_vec(b, kb.byte_ptr(wp, i64(repack.k_values_offset(self.t, j, c))), I8, 64)
             lo = b.and_(v, low)
             hi = b.and_(b.bitcast(b.lshr(b.bitcast(v, vec(I16, 32)), splat_const(I16, 4, 32)), vec(I8, 64)), low)
             if self.t == GGMLType.Q6_K:
-                qh = b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(repack.Q6_QH + V * (4 * j + c // 2))), I8, 64),
+                qh = b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(repack.q6_high_offset(j, c // 2))), I8, 64),
                                vec(I16, 32))
                 e = c % 2
                 two = splat_const(I8, 0x30, 64)
