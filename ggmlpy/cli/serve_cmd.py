@@ -2,11 +2,13 @@
 
 The flags are llama-server's, by the same names and meanings, for what ggmlpy implements;
 an unknown flag is an error naming it. ggmlpy adds --max-queue, --body-limit,
---cors-origin and --backend.
+--cors-origin and --backend, and `--ray` with its flags: replicas of the server on Ray
+Serve behind one endpoint (ggmlpy/distributed, docs/distributed.md).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -70,7 +72,57 @@ def register(subparsers: Any) -> None:
     a("--body-limit", type=int, default=8 << 20, help="largest request body in bytes (ggmlpy)")
     a("--cors-origin", action="append", default=[], help="allow CORS from this origin (ggmlpy)")
     a("--backend", default=None, help="compute backend by name (ggmlpy)")
+    r = p.add_argument_group("replicas on Ray Serve (pip install 'ggmlpy[ray]'; docs/distributed.md)")
+    r.add_argument("--ray", action="store_true",
+                   help="serve replicas of the model on Ray Serve behind one endpoint")
+    r.add_argument("--replicas", type=int, default=None, help="engine replicas (default 1)")
+    r.add_argument("--autoscaling-min", type=int, default=None,
+                   help="autoscale the replicas: at least this many")
+    r.add_argument("--autoscaling-max", type=int, default=None,
+                   help="autoscale the replicas: at most this many")
+    r.add_argument("--autoscaling-config", default=None, metavar="JSON",
+                   help="Serve's autoscaling_config as a JSON object (target_ongoing_requests, "
+                   "upscale_delay_s, ...); --autoscaling-min/max override its replica bounds")
+    r.add_argument("--ray-address", default=None,
+                   help="join this Ray cluster (auto, or HOST:PORT); default: a new local one "
+                   "on 127.0.0.1")
+    r.add_argument("--replica-cpus", type=float, default=None,
+                   help="CPUs Ray reserves per replica (default: --threads, or 1)")
     p.set_defaults(func=run)
+
+
+RAY_FLAGS = ("replicas", "autoscaling_min", "autoscaling_max", "autoscaling_config",
+             "ray_address", "replica_cpus")
+
+
+def ray_options_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The `--ray` settings for ggmlpy.distributed.serve_run.main, or None without --ray."""
+    if not args.ray:
+        given = [f"--{name.replace('_', '-')}" for name in RAY_FLAGS if getattr(args, name) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: only with --ray")
+        return None
+    replicas = 1 if args.replicas is None else args.replicas
+    if replicas < 1:
+        raise ValueError(f"--replicas must be at least 1, got {replicas}")
+    autoscaling = None
+    if args.autoscaling_config is not None:
+        try:
+            autoscaling = json.loads(args.autoscaling_config)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--autoscaling-config is not valid JSON: {e}") from None
+        if not isinstance(autoscaling, dict):
+            raise ValueError("--autoscaling-config must be a JSON object")
+    if args.autoscaling_min is not None or args.autoscaling_max is not None:
+        autoscaling = dict(autoscaling or {})
+        if args.autoscaling_min is not None:
+            autoscaling["min_replicas"] = args.autoscaling_min
+        if args.autoscaling_max is not None:
+            autoscaling["max_replicas"] = args.autoscaling_max
+    if autoscaling is not None and args.replicas is not None:
+        raise ValueError("--replicas is fixed; autoscaling takes --autoscaling-min/max instead")
+    return {"replicas": replicas, "autoscaling": autoscaling, "address": args.ray_address,
+            "replica_cpus": args.replica_cpus}
 
 
 def config_from_args(args: argparse.Namespace):
@@ -98,6 +150,8 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ray:
+        return _run_ray(args)
     try:
         import uvicorn
 
@@ -107,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
               "pip install 'ggmlpy[server]'", file=sys.stderr)
         return 1
     config = config_from_args(args)
+    ray_options_from_args(args)  # a Ray flag without --ray is an error
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if config.context_shift:
         logging.getLogger("llama.server").warning(
@@ -122,3 +177,19 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     server.run()
     return 0
+
+
+def _run_ray(args: argparse.Namespace) -> int:
+    config, options = config_from_args(args), ray_options_from_args(args)
+    from ggmlpy.distributed import serve_run  # imports no Ray
+    if options["address"] is None:
+        serve_run.keep_ray_on_loopback()  # read when Ray is imported: before the import
+    try:
+        import fastapi  # noqa: F401 - the ingress is a FastAPI app
+        import ray.serve  # noqa: F401
+    except ImportError as e:  # Ray is the optional extra, not a core dependency
+        print(f"ggmlpy serve: error: {e.name} is not installed; --ray needs the extra: "
+              "pip install 'ggmlpy[ray]'", file=sys.stderr)
+        return 1
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return serve_run.main(config, **options)

@@ -159,39 +159,3 @@ def _k_vectorisable(k: Tensor, hk: int) -> bool:
         return False
     statics = [k.nb[1], k.nb[2], k.view_offs]
     return all(isinstance(x, int) and x % 16 == 0 for x in statics)
-
-
-def match_attention(kqv: Tensor, consumers, is_output) -> tuple | None:
-    """(kq, sm, kqv, perm, cont) when `kqv` ends an attention chain the kernel handles."""
-    if kqv.op != "mul_mat":
-        return None
-    v, sm = kqv.src
-    if sm.op != "soft_max" or is_output(sm) or consumers(sm) != [kqv]:
-        return None
-    kq = sm.src[0]
-    if kq.op != "mul_mat" or is_output(kq) or consumers(kq) != [sm]:
-        return None
-    k, q = kq.src
-    float_kv = (GGMLType.F32, GGMLType.F16)
-    if k.type not in float_kv or v.type not in float_kv or q.type != GGMLType.F32:
-        return None
-    if any(t.ne[3] != 1 for t in (k, q, v, kq)):
-        return None
-    hk, hv = static_int(q.ne[0]), static_int(v.ne[1])
-    n_head, k_heads, v_heads = static_int(q.ne[2]), static_int(k.ne[2]), static_int(v.ne[2])
-    if None in (hk, hv, n_head, k_heads, v_heads) or hv > 32 * MAX_DPL or hk > 1024:
-        return None
-    if n_head % k_heads or n_head % v_heads or sm.ne[2] != q.ne[2]:
-        return None
-    if len(sm.src) > 1:
-        mask = sm.src[1]
-        if mask.type not in float_kv or mask.ne[3] != 1:
-            return None
-    perm = cont = None
-    users = consumers(kqv)
-    if not is_output(kqv) and len(users) == 1 and users[0].op == "permute":
-        p = users[0]
-        pu = consumers(p)
-        if not is_output(p) and len(pu) == 1 and pu[0].op == "cont" and pu[0].type == GGMLType.F32:
-            perm, cont = p, pu[0]
-    return kq, sm, kqv, perm, cont

@@ -22,12 +22,15 @@ Rules are data (FUSION_RULES): a pattern per group root and the bound names that
 members. A member that is not a root must have no reader outside its group. A node joins at
 most one group (earlier rules win), and a group is refused when running it as one step
 would need a value it produces (a cycle through other nodes).
+
+The same engine groups one split's nodes (`group_nodes`): the CUDA backend marks its own
+splits after scheduling with its rule set (passes/fusion_cuda.py, docs/backends.md section 4).
 """
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping, Protocol, Sequence
 
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import Kind
@@ -67,11 +70,29 @@ Candidate = tuple[list[Tensor], list[Tensor]]  # (members in graph order, roots)
 
 
 @dataclass
-class _Ctx:
+class MatchContext:
+    """What a rule's candidates see: the tensors to group in order (a graph's, or one split's
+    nodes), their readers anywhere in the graph, the ids already in a group, the graph's hints."""
+
     tensors: list[Tensor]
     position: dict[int, int]
     users: dict[int, list[Tensor]]
     claimed: set[int]
+    hints: Mapping[str, object] = field(default_factory=dict)
+
+    def is_output(self, t: Tensor) -> bool:
+        """Whether t's value is needed beyond these tensors: a graph output, or read by a node
+        that is not one of them (of another split)."""
+        return bool(t.flags & Flag.OUTPUT) or any(u.id not in self.position for u in self.users.get(t.id, ()))
+
+    def only_consumer(self, t: Tensor) -> Tensor | None:
+        """t's one reader, when t has exactly one and is needed nowhere else."""
+        users = self.users.get(t.id, [])
+        return users[0] if len(users) == 1 and not self.is_output(t) else None
+
+    def free(self, *ts: Tensor) -> bool:
+        """Whether every t is one of the tensors to group and in no group yet."""
+        return all(t.id in self.position and t.id not in self.claimed for t in ts)
 
 
 @dataclass(frozen=True)
@@ -84,8 +105,9 @@ class FusionRule:
     members: tuple[str, ...]
     check: Callable[[Bindings], bool] | None = None
     doc: str = ""
+    views_and_writes: bool = False  # members may be views and writes (see _acceptable)
 
-    def candidates(self, ctx: _Ctx) -> Iterator[Candidate]:
+    def candidates(self, ctx: MatchContext) -> Iterator[Candidate]:
         per_root = [[(t, b) for t in ctx.tensors if not t.is_leaf and (b := match(p, t)) is not None]
                     for p in self.roots]
         for combo in _combinations(per_root, ctx.position):
@@ -111,11 +133,15 @@ class ChainRule:
     exclude: tuple[str, ...] = ("cont",)  # copies that change layout are not chain links
     min_length: int = 2
     doc: str = ""
+    views_and_writes: bool = False
+    ops: tuple[str, ...] = ()  # when given, the ops that are links (instead of `kinds`)
+    link: Callable[[Tensor, Tensor], bool] | None = None  # (previous, next): one more condition
 
-    def _eligible(self, t: Tensor, ctx: _Ctx) -> bool:
-        return op_kind(t) in self.kinds and t.op not in self.exclude and t.id not in ctx.claimed
+    def _eligible(self, t: Tensor, ctx: MatchContext) -> bool:
+        of_kind = t.op in self.ops if self.ops else op_kind(t) in self.kinds
+        return of_kind and t.op not in self.exclude and ctx.free(t)
 
-    def candidates(self, ctx: _Ctx) -> Iterator[Candidate]:
+    def candidates(self, ctx: MatchContext) -> Iterator[Candidate]:
         for t in ctx.tensors:
             if not self._eligible(t, ctx):
                 continue
@@ -123,7 +149,7 @@ class ChainRule:
             while not chain[-1].flags & Flag.OUTPUT:
                 users = ctx.users[chain[-1].id]
                 if len(users) != 1 or not self._eligible(users[0], ctx) or users[0].ne != t.ne \
-                        or users[0] in chain:
+                        or users[0] in chain or (self.link is not None and not self.link(chain[-1], users[0])):
                     break
                 chain.append(users[0])
             if len(chain) >= self.min_length:
@@ -227,34 +253,58 @@ FUSION_RULES: tuple[FusionRule | ChainRule, ...] = (
 
 
 # the pass -------------------------------------------------------------------------------------
-def mark_fusion_groups(graph: Graph, rules: Sequence[FusionRule | ChainRule] = FUSION_RULES) -> Graph:
+class Rule(Protocol):
+    """What the engine asks of a rule (FusionRule, ChainRule, the CUDA rules of fusion_cuda.py):
+    its name (the groups' pattern), whether members may be views and writes, and candidate
+    groups (members in order, and the roots: members whose values may be read outside),
+    preferred ones first; the engine takes each that is still acceptable when yielded."""
+
+    name: str
+    views_and_writes: bool
+
+    def candidates(self, ctx: MatchContext) -> Iterator[Candidate]: ...
+
+
+def mark_fusion_groups(graph: Graph, rules: Sequence[Rule] = FUSION_RULES) -> Graph:
     """graph (same tensors, reordered so that each group is consecutive) with its fusion
     groups in hints["fusion_groups"]; an earlier annotation is replaced."""
     tensors = list(graph.tensors)
-    position = {t.id: i for i, t in enumerate(tensors)}
-    ctx = _Ctx(tensors, position, consumers(tensors), set())
-    preds, succs = _dependencies(tensors)
-    groups: list[tuple[str, list[Tensor]]] = []
-    group_of: dict[int, int] = {}
-    for rule in rules:
-        for members, roots in rule.candidates(ctx):
-            if _acceptable(members, roots, ctx) and \
-                    not _creates_cycle(members, groups, group_of, succs, position):
-                for m in members:
-                    ctx.claimed.add(m.id)
-                    group_of[m.id] = len(groups)
-                groups.append((rule.name, members))
-    order = _contiguous_order(tensors, groups, group_of, preds, position)
+    order, groups = group_nodes(tensors, consumers(tensors), rules, graph.hints)
     hints = dict(graph.hints)
     hints[FUSION_HINT] = _annotations(order, groups, consumers(order))
     return Graph(list(graph.outputs), order, hints)
 
 
-def _acceptable(members: list[Tensor], roots: list[Tensor], ctx: _Ctx) -> bool:
+def group_nodes(tensors: list[Tensor], users: dict[int, list[Tensor]], rules: Sequence[Rule],
+                hints: Mapping[str, object] | None = None) -> tuple[list[Tensor], list[tuple[str, list[Tensor]]]]:
+    """The groups `rules` form among `tensors` (a graph's, or one split's nodes in order),
+    as (pattern, members in order), and an order of the tensors that keeps every dependency
+    among them and runs each group's members consecutively. `users`: readers of every tensor
+    anywhere in the graph (a reader that is not in `tensors` needs the value: see
+    MatchContext.is_output)."""
+    position = {t.id: i for i, t in enumerate(tensors)}
+    ctx = MatchContext(tensors, position, users, set(), hints if hints is not None else {})
+    preds, succs = _dependencies(tensors, position)
+    groups: list[tuple[str, list[Tensor]]] = []
+    group_of: dict[int, int] = {}
+    for rule in rules:
+        for members, roots in rule.candidates(ctx):
+            if _acceptable(members, roots, ctx, rule.views_and_writes) and \
+                    not _creates_cycle(members, groups, group_of, succs, position):
+                for m in members:
+                    ctx.claimed.add(m.id)
+                    group_of[m.id] = len(groups)
+                groups.append((rule.name, members))
+    if not groups:
+        return list(tensors), groups
+    return _contiguous_order(tensors, groups, group_of, preds, position), groups
+
+
+def _acceptable(members: list[Tensor], roots: list[Tensor], ctx: MatchContext, views_and_writes: bool = False) -> bool:
     ids = {m.id for m in members}
-    if len(ids) != len(members) or ids & ctx.claimed:
+    if len(ids) != len(members) or ids & ctx.claimed or any(m.id not in ctx.position for m in members):
         return False
-    if any(m.is_leaf or op_kind(m) in (Kind.VIEW, Kind.WRITE) for m in members):
+    if any(m.is_leaf or (not views_and_writes and op_kind(m) in (Kind.VIEW, Kind.WRITE)) for m in members):
         return False
     root_ids = {r.id for r in roots}
     for m in members:
@@ -264,9 +314,10 @@ def _acceptable(members: list[Tensor], roots: list[Tensor], ctx: _Ctx) -> bool:
     return True
 
 
-def _dependencies(tensors: list[Tensor]) -> tuple[dict[int, list[Tensor]], dict[int, list[Tensor]]]:
-    """Predecessors and successors of every tensor: data flow plus write ordering."""
-    preds: dict[int, list[Tensor]] = {t.id: deps(t) for t in tensors}
+def _dependencies(tensors: list[Tensor], position: dict[int, int]) -> tuple[dict[int, list[Tensor]], dict[int, list[Tensor]]]:
+    """Predecessors and successors of every tensor among `tensors`: data flow plus write
+    ordering (what lies outside them, another split's nodes or leaves, is there already)."""
+    preds: dict[int, list[Tensor]] = {t.id: [d for d in deps(t) if d.id in position] for t in tensors}
     for before, after in memory_order_edges(tensors):
         preds[after.id].append(before)
     succs: dict[int, list[Tensor]] = {t.id: [] for t in tensors}
@@ -345,6 +396,18 @@ def _annotations(order, groups, users) -> tuple[FusionGroup, ...]:
                                tuple(position[i] for i in inputs),
                                tuple(position[m.id] for m in outputs)))
     return tuple(sorted(out, key=lambda g: g.nodes[0]))
+
+
+def resolve_groups(groups: list[tuple[str, list[Tensor]]], users: dict[int, list[Tensor]]) -> list[ResolvedGroup]:
+    """group_nodes' groups with their inputs and outputs (members read outside the group,
+    or graph outputs), as fusion_groups gives a graph's."""
+    out = []
+    for pattern, members in groups:
+        ids = {m.id for m in members}
+        inputs = {s.id: s for m in members for s in m.src if s.id not in ids}
+        outputs = [m for m in members if m.flags & Flag.OUTPUT or any(u.id not in ids for u in users.get(m.id, ()))]
+        out.append(ResolvedGroup(pattern, list(members), list(inputs.values()), outputs))
+    return out
 
 
 def fusion_groups(graph: Graph) -> list[ResolvedGroup]:

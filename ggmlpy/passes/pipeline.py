@@ -15,7 +15,8 @@ over its graph before the scheduler splits it, so every split gets its own backe
 the rewrites (dce, cse, views) change no result, so one graph rewritten for any backend is
 right for all of them (and the scheduler needs one graph to split); the marking passes
 (fusion) only annotate, and each backend reads the annotations for its own split's nodes
-(codegen_cpu/fusion.py keeps the groups that lie inside its split; others ignore them).
+(codegen_cpu/fusion.py keeps the groups that lie inside its split; others ignore them). The
+CUDA backend groups its own splits with its rules after scheduling (codegen_cuda/fusion.py).
 """
 from __future__ import annotations
 

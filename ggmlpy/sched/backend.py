@@ -16,6 +16,7 @@ directly: no backend is probed with hasattr. docs/backends.md walks through addi
     set_limits(env)      nothing             Context: largest symbol values (arena sizes)
     set_threads(n)       nothing             Context, per decode (n_threads / n_threads_batch)
     share_model_cache(d) nothing             Context: state shared by a model's contexts
+    set_model_file(p)    nothing             Context: the GGUF file (a remote device opens it)
     free_memory()        None                Model.place: tensor_split by free memory
     cache_stats()        {}                  Context.compile_report
     run_stats()          {}                  bench.device_stats
@@ -24,6 +25,7 @@ directly: no backend is probed with hasattr. docs/backends.md walks through addi
 """
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Mapping, Protocol
 
@@ -113,6 +115,11 @@ class Backend(ABC):
     def share_model_cache(self, cache: dict) -> None:
         """`cache` lives with the model (Model.backend_cache): keep state every context of the
         model can share there (repacked or uploaded weights), under a key of your own."""
+
+    def set_model_file(self, path: "os.PathLike[str] | str") -> None:
+        """The GGUF file the context's model was loaded from. A backend computing on another
+        machine (a `ray:` device) opens it there and binds the weights from it, so weights
+        never travel per step; a local backend has them bound already and ignores it."""
 
     def free_memory(self) -> int | None:
         """Free bytes on the device, for splitting layers by free memory; None: cannot say."""

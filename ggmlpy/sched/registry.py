@@ -200,6 +200,18 @@ def _ref_device(name: str, options: Options) -> Backend:
     return be
 
 
+def _ray_device(name: str, options: Options) -> Backend:
+    """"ray:<node id | IP | resource>[/cuda]": layers on a Ray actor on that node
+    (ggmlpy/distributed, docs/distributed.md). Ray is the optional extra `ggmlpy[ray]`:
+    imported here, when such a device is made, never when ggmlpy is imported."""
+    from ggmlpy.distributed.ray_target import import_ray
+
+    import_ray(name)  # a PlacementError saying how to install it
+    from ggmlpy.distributed.remote_backend import make_ray_device
+
+    return make_ray_device(name, options)
+
+
 register_backend("ref", _ref, priority=99)
 register_backend("cpu", _cpu, priority=0)
 _HOST_CPU = "the host CPU (cpu, cpu:0) is always present; name a second CPU device as cpu:1"
@@ -208,3 +220,6 @@ register_device(r"cpu:\d+", _cpu_device, "cpu:N with N >= 1", aliases={"cpu": "c
 register_device(r"cuda:\d+", _cuda_device, "cuda:N", aliases={"cuda": "cuda:0"},
                 preview=_cuda_preview, discover=_cuda_devices)
 register_device(r"ref:\d+", _ref_device, "ref:N")
+# (the same pattern as ggmlpy.distributed.ray_target.DEVICE_PATTERN, not imported: see _ray_device)
+register_device(r"ray:[A-Za-z0-9_.\-]+(?:/(?:cpu|cuda))?", _ray_device,
+                "ray:<node id | node IP | resource>[/cuda]")

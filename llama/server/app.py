@@ -41,6 +41,16 @@ def create_app(config: ServerConfig, *, load_in_background: bool = True) -> Fast
     app = FastAPI(title="ggmlpy server", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.server = state
+    install_guards(app, config)
+    routes_openai.register(app, state)
+    routes_llama.register(app, state)
+    return app
+
+
+def install_guards(app: FastAPI, config: ServerConfig) -> None:
+    """The middleware and error handlers every front of the server shares: API keys, the
+    body limit, CORS, errors in OpenAI's shape. `create_app` installs them, and so does
+    the Ray Serve ingress (ggmlpy.distributed.serve_app), so both answer alike."""
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
@@ -68,10 +78,6 @@ def create_app(config: ServerConfig, *, load_in_background: bool = True) -> Fast
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return APIError(400, str(exc)).response()
-
-    routes_openai.register(app, state)
-    routes_llama.register(app, state)
-    return app
 
 
 def _key_ok(request: Request, keys: list[str]) -> bool:

@@ -7,7 +7,7 @@ import pytest
 
 from ggmlpy.ir import N_TOKENS, GGMLType, Graph, GraphBuilder
 from ggmlpy.passes.common import FUSION_HINT, PassError, check_graph
-from ggmlpy.passes.fusion import fusion_groups, mark_fusion_groups
+from ggmlpy.passes.fusion import FUSION_RULES, ChainRule, fusion_groups, mark_fusion_groups
 from ggmlpy.passes.views import fold_views
 from tests.passes.helpers import llama_bindings, llama_env, run_graph, snapshot
 
@@ -201,3 +201,31 @@ def test_llama_groups_signature_and_logits(tiny_llama):
     want = run_graph(g, llama_bindings(tiny_llama.model, tiny_llama.ctx, 7), env, tiny_llama.backend)
     got = run_graph(r, llama_bindings(tiny_llama.model, tiny_llama.ctx, 7), env, tiny_llama.backend)
     np.testing.assert_array_equal(want[0], got[0])
+
+
+def test_grouping_the_nodes_of_one_split():
+    """group_nodes over part of a graph (how the CUDA backend marks its splits): readers
+    outside the part count as outside the group, and nodes outside the part join none."""
+    from ggmlpy.passes.common import consumers
+    from ggmlpy.passes.fusion import group_nodes
+
+    b = GraphBuilder()
+    x = b.input("x", F32, (8, 4))
+    silu = b.silu(x)
+    scaled = b.scale(silu, 2.0)
+    out = b.tanh(scaled)
+    normed = b.rms_norm(x, 1e-5)
+    weighted = b.mul(normed, b.weight("w", F32, (8,)))
+    again = b.sqr(normed)                                  # a second reader of the norm
+    g = b.build([out, weighted, again])
+    users = consumers(g.tensors)
+    order, groups = group_nodes([silu, scaled], users, (ChainRule("c"),))
+    assert [[t.op for t in members] for _, members in groups] == [["silu", "scale"]]
+    assert order == [silu, scaled]
+    _, groups = group_nodes([silu, out], users, (ChainRule("c"),))   # scale is elsewhere
+    assert groups == []
+    rule = next(r for r in FUSION_RULES if r.name == "rms_norm_mul")
+    _, groups = group_nodes([normed, weighted], users, (rule,))      # sqr, elsewhere, reads the norm
+    assert groups == []
+    _, groups = group_nodes([normed, weighted], consumers([normed, weighted]), (rule,))
+    assert [p for p, _ in groups] == ["rms_norm_mul"]

@@ -41,3 +41,34 @@ def test_serve_without_the_server_extra_names_it(tmp_path):
                          env={**os.environ, "PYTHONPATH": str(blocker)})
     assert res.returncode == 1
     assert "pip install 'ggmlpy[server]'" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_ray_flags_parse_and_bad_ones_fail():
+    from ggmlpy.cli.serve_cmd import ray_options_from_args
+    parse = build_parser().parse_args
+    opts = ray_options_from_args(parse(["serve", "-m", "m.gguf", "--ray", "--autoscaling-min", "1",
+                                        "--autoscaling-max", "4", "--autoscaling-config",
+                                        '{"target_ongoing_requests": 3}', "--replica-cpus", "2"]))
+    assert opts["autoscaling"] == {"target_ongoing_requests": 3, "min_replicas": 1, "max_replicas": 4}
+    assert opts["replica_cpus"] == 2 and opts["address"] is None and opts["replicas"] == 1
+    assert ray_options_from_args(parse(["serve", "-m", "m.gguf"])) is None
+    for argv, message in ((["--replicas", "2"], "--replicas: only with --ray"),
+                          (["--ray", "--replicas", "0"], "at least 1"),
+                          (["--ray", "--autoscaling-config", "{"], "not valid JSON"),
+                          (["--ray", "--autoscaling-config", "[1]"], "JSON object"),
+                          (["--ray", "--replicas", "2", "--autoscaling-max", "3"], "fixed")):
+        with pytest.raises(ValueError, match=message):
+            ray_options_from_args(parse(["serve", "-m", "m.gguf", *argv]))
+
+
+def test_serve_ray_without_the_ray_extra_names_it(tmp_path):
+    """A Python where Ray cannot be imported gets one line naming the [ray] extra."""
+    blocker = tmp_path / "block"
+    (blocker / "ray").mkdir(parents=True)
+    (blocker / "ray" / "__init__.py").write_text("raise ImportError('blocked', name='ray')\n")
+    res = subprocess.run([sys.executable, "-m", "ggmlpy", "serve", "--ray", "-m", "smollm2-135m"],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(blocker)})
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        "ggmlpy serve: error: ray is not installed; --ray needs the extra: pip install 'ggmlpy[ray]'"]
