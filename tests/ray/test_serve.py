@@ -146,13 +146,20 @@ def test_metrics_and_slots_sum_the_replicas(cluster):
                           if line.startswith("llamacpp:prompt_tokens_total")))
 
     before, evaluated, replicas = prompt_tokens(), 0, set()
-    for i in range(12):  # until both replicas served one (two choices: 1 in 2 each time)
+
+    def complete(i: int) -> httpx.Response:
         r = httpx.post(url + "/completion", json={"prompt": f"Number {i}: once upon a time",
-                                                 "n_predict": 2, "cache_prompt": False},
+                                                 "n_predict": 16, "cache_prompt": False},
                        timeout=60)
         r.raise_for_status()
-        evaluated += r.json()["tokens_evaluated"]
-        replicas.add(r.headers["x-ggmlpy-replica"])
+        return r
+
+    from concurrent.futures import ThreadPoolExecutor
+    for round_ in range(3):  # 4 at once over 2 replicas of 2 slots: the router spreads them
+        with ThreadPoolExecutor(4) as pool:
+            for r in pool.map(complete, range(4 * round_, 4 * round_ + 4)):
+                evaluated += r.json()["tokens_evaluated"]
+                replicas.add(r.headers["x-ggmlpy-replica"])
         if len(replicas) == 2:
             break
     assert len(replicas) == 2
