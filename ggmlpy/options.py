@@ -23,6 +23,15 @@ def _flag(value: str | None) -> bool:
     return value not in (None, "", "0")
 
 
+def _seconds(value: str | None, default: float) -> float:
+    if not value:
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"GGMLPY_RAY_TIMEOUT={value!r} is not a number of seconds") from None
+
+
 @dataclass(frozen=True)
 class Options:
     """One field per setting; each documents its variable, default and effect."""
@@ -47,12 +56,17 @@ class Options:
     # GGMLPY_CUDA_FUSE_OPROJ (default off; on when "1"): a decode attention kernel computes its
     # output projection and residual add too (off until measured on a GPU)
     cuda_fuse_oproj: bool = False
+    # GGMLPY_RAY_TIMEOUT (default 300): seconds a ray: device waits for any answer of its
+    # actor before it is given up (ggmlpy/distributed/remote_backend.py)
+    ray_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.cpu_qdot is not None and self.cpu_qdot not in QDOT_FLAVOURS:
             raise ValueError(f"GGMLPY_CPU_QDOT={self.cpu_qdot!r} is not one of {QDOT_FLAVOURS}")
         if self.cuda_matvec_rows not in (0, 1, 2, 4):
             raise ValueError(f"matvec_rows must be 0 (automatic), 1, 2 or 4, not {self.cuda_matvec_rows}")
+        if not self.ray_timeout_s > 0:
+            raise ValueError(f"GGMLPY_RAY_TIMEOUT must be > 0 seconds, got {self.ray_timeout_s}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Options":
@@ -67,4 +81,5 @@ class Options:
             cuda_pdl=env.get("GGMLPY_CUDA_PDL", "1") != "0",
             cuda_matvec_rows=int(env.get("GGMLPY_CUDA_MATVEC_ROWS", "0")),
             cuda_fuse_oproj=env.get("GGMLPY_CUDA_FUSE_OPROJ", "0") == "1",
+            ray_timeout_s=_seconds(env.get("GGMLPY_RAY_TIMEOUT"), 300.0),
         )

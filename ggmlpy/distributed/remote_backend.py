@@ -78,24 +78,9 @@ class RemoteStats:
     remote_seconds: float = 0.0  # of that, in native code on the actor
 
 
-def timeout_from_env(environ: Mapping[str, str] | None = None) -> float:
-    """GGMLPY_RAY_TIMEOUT: seconds to wait for any answer of a device's actor (default 300;
-    read when a device is made)."""
-    text = (environ if environ is not None else os.environ).get("GGMLPY_RAY_TIMEOUT", "")
-    if not text:
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(text)
-    except ValueError:
-        raise PlacementError(f"GGMLPY_RAY_TIMEOUT={text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise PlacementError(f"GGMLPY_RAY_TIMEOUT must be > 0 seconds, got {text!r}")
-    return value
-
-
 def make_ray_device(name: str, options: Options) -> "RemoteBackend":
     """The registry's factory for "ray:..." (the target is checked against the cluster now)."""
-    return RemoteBackend(name, resolve(name), options, timeout_from_env())
+    return RemoteBackend(name, resolve(name), options, options.ray_timeout_s)
 
 
 def _op_oracle(kind: str, options: Options) -> Backend:
