@@ -40,13 +40,16 @@ def main() -> None:
     ap.add_argument("--tokens", default="1,4")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--min-tokens", type=int, default=qrepacked.PREFETCH_MIN_TOKENS,
+                    help="smallest tile that prefetches (1: one-token decode too)")
     args = ap.parse_args()
     t = GGMLType[args.type]
     aheads = [int(a) for a in args.ahead.split(",")]
     tokens = [int(n) for n in args.tokens.split(",")]
     inputs = make_inputs(_case(t, args.k, args.m, max(tokens)), np.random.default_rng(0))
     runs = {}
-    saved = dict(qrepacked.PREFETCH_AHEAD)
+    saved, saved_min = dict(qrepacked.PREFETCH_AHEAD), qrepacked.PREFETCH_MIN_TOKENS
+    qrepacked.PREFETCH_MIN_TOKENS = args.min_tokens
     try:
         for ahead in aheads:
             qrepacked.PREFETCH_AHEAD[t] = ahead   # read when the kernel's IR is built
@@ -62,13 +65,14 @@ def main() -> None:
     finally:
         qrepacked.PREFETCH_AHEAD.clear()
         qrepacked.PREFETCH_AHEAD.update(saved)
+        qrepacked.PREFETCH_MIN_TOKENS = saved_min
     best = dict.fromkeys(runs, float("inf"))
     for _ in range(args.rounds):
         for key, (split, store) in runs.items():
             t0 = time.perf_counter()
             split.run(store, {})
             best[key] = min(best[key], time.perf_counter() - t0)
-    out = {"type": t.name, "k": args.k, "m": args.m, "threads": args.threads,
+    out = {"type": t.name, "k": args.k, "m": args.m, "threads": args.threads, "min_tokens": args.min_tokens,
            "weight_mb": round(inputs["src0"].nbytes / 1e6, 1), "results": []}
     for ahead in aheads:
         one = best[(ahead, tokens[0])]
