@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-QDOT_FLAVOURS = ("vnni512", "vnni256", "generic")  # the CPU dot flavours (codegen_cpu/kernels/qvec.py)
+QDOT_FLAVOURS = ("vnni512", "vnni256", "avx2", "generic")  # the CPU dot flavours (codegen_cpu/kernels/qvec.py)
 
 
 def _flag(value: str | None) -> bool:

@@ -46,6 +46,8 @@ SHAPES_K = [(256, 5, 1), (768, 13, 7), (1024, 33, 32), (2048, 9, 13), (512, 3, 2
 def _flavours() -> list[str]:
     h = host()
     out = ["generic"]
+    if h.has("avx2"):
+        out.append("avx2")
     if h.has("avxvnni") or (h.has("avx512vnni") and h.has("avx512vl")):
         out.append("vnni256")
     if h.vnni512:
@@ -186,6 +188,7 @@ def _kernel_ir(t: GGMLType) -> str:
 
 @pytest.mark.parametrize("name,intrinsic", [("vnni512", "llvm.x86.avx512.vpdpbusd.512"),
                                             ("vnni256", "llvm.x86.avx512.vpdpbusd.256"),
+                                            ("avx2", "llvm.x86.avx2.pmadd.ub.sw"),
                                             ("generic", None)])
 def test_flavour_selects_the_dot_instruction(name, intrinsic):
     qvec.set_flavour(name)
@@ -194,7 +197,7 @@ def test_flavour_selects_the_dot_instruction(name, intrinsic):
     finally:
         qvec.set_flavour(None)
     if intrinsic is None:
-        assert "vpdpbusd" not in text
+        assert "vpdpbusd" not in text and "pmadd.ub" not in text
     else:
         assert intrinsic in text
 

@@ -325,3 +325,28 @@ def test_prefetch_changes_no_result(tmp_path, monkeypatch):
     np.testing.assert_array_equal(results[0], results[1])
     assert "llvm.prefetch" not in irs[0]
     assert "llvm.prefetch" in irs[1]
+
+
+@pytest.mark.parametrize("t", TYPES + KTYPES, ids=lambda t: t.name)
+def test_every_dot_flavour_gives_the_same_bits(t):
+    """The dot flavours the host can run (vpdpbusd; AVX2's vpmaddubsw with i16 partial sums,
+    Q8_0's sign trick; plain IR) differ only in how exact integer sums are formed, so
+    decode, batched and prefill results on repacked weights agree bit for bit."""
+    from ggmlpy.options import Options
+
+    from .test_cpu_quant_kernels import _flavours
+
+    from ggmlpy.testing.ops import encode
+
+    k = 512 if t in KTYPES else 576
+    for n, extreme in ((1, False), (5, False), (48, False), (1, True), (5, True)):
+        case = _weight_case(t, k, 32, n)
+        inputs = make_inputs(case, np.random.default_rng(n))
+        if extreme:  # every weight and activation at its largest code: a saturating i16 sum shows
+            inputs = {"src0": encode(np.ones((1, 1, 32, k), np.float32), t, np.random.default_rng(0)),
+                      "src1": np.ones_like(inputs["src1"])}
+        results = {f: run_case("mul_mat", case, CpuBackend(n_threads=2, options=Options(cpu_qdot=f)),
+                               inputs=inputs)[0] for f in _flavours()}
+        first = next(iter(results.values()))
+        for f, r in results.items():
+            np.testing.assert_array_equal(r, first, err_msg=f"flavour {f}, {n} tokens")

@@ -29,7 +29,7 @@ import llvmlite.ir as ir
 from ggmlpy.codegen_cpu.irgen import F32, I8, I16, I32, I64, KernelBuilder, f32, i64
 from ggmlpy.codegen_cpu.kernels.qact import Q8_256_16, Q8_256_32, ActFormat, q8_32
 from ggmlpy.codegen_cpu.kernels.qvec import (
-    CONTRACT, V16I32, concat, const, dot_u8s8, load_f16, load_vec, mul_small, repeat_lanes, shuffle, sitofp,
+    CONTRACT, V16I32, WEIGHT_BYTE_MAX, concat, const, dot_u8s8, load_f16, load_vec, mul_small, repeat_lanes, shuffle, sitofp,
     splat, splat_const, vec, zeros,
 )
 from ggmlpy.ir.types import GGMLType, type_size
@@ -78,7 +78,7 @@ class QKind:
         return zeros(I32, 16)
 
     def chunk_dot(self, kb: KernelBuilder, isum: ir.Value, wq: Vals, aq: ir.Value) -> ir.Value:
-        return dot_u8s8(kb, isum, wq["q"], aq)
+        return dot_u8s8(kb, isum, wq["q"], aq, WEIGHT_BYTE_MAX[self.wtype])
 
     def finish(self, kb: KernelBuilder, accs: list[ir.Value], isum: ir.Value, row: Vals,
                tok: Vals) -> list[ir.Value]:
@@ -172,7 +172,7 @@ class KQuant(QKind):
     tile = (3, 4)
 
     def chunk_dot(self, kb: KernelBuilder, isum: ir.Value, wq: Vals, aq: ir.Value) -> ir.Value:
-        p = dot_u8s8(kb, zeros(I32, 16), wq["q"], aq)
+        p = dot_u8s8(kb, zeros(I32, 16), wq["q"], aq, WEIGHT_BYTE_MAX[self.wtype])
         return kb.b.add(isum, mul_small(kb, p, wq["sc"]))
 
 

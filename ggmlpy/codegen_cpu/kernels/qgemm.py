@@ -28,7 +28,7 @@ import llvmlite.ir as ir
 from ggmlpy.codegen_cpu.irgen import F32, I8, I32, I64, KernelBuilder, i64
 from ggmlpy.codegen_cpu.kernels.qdot import Block32, KQuant, QKind, Q6K
 from ggmlpy.codegen_cpu.kernels.qvec import (
-    CONTRACT, const, dot_u8s8, load_f16, load_vec, masked_store, shuffle, sitofp, splat, vec, zeros,
+    CONTRACT, WEIGHT_BYTE_MAX, const, dot_sum_u8s8, load_f16, load_vec, masked_store, shuffle, sitofp, splat, vec, zeros,
 )
 
 GROUP = 16        # weight rows per group: one per dot lane
@@ -155,11 +155,9 @@ class RepackGemm:
         """isum + the dots of the vectors w with consecutive 4-byte groups at qp, in two
         dependency chains."""
         kb, b = self.kb, self.kb.b
-        parts = [isum, zeros(I32, 16)]
-        for c, wc in enumerate(w):
-            a4 = b.load(kb.byte_ptr(qp, i64(4 * c)), typ=I32, align=4)
-            parts[c % 2] = dot_u8s8(kb, parts[c % 2], wc, b.bitcast(splat(b, a4, 16), vec(I8, 64)))
-        return b.add(parts[0], parts[1])
+        pairs = [(wc, b.bitcast(splat(b, b.load(kb.byte_ptr(qp, i64(4 * c)), typ=I32, align=4), 16), vec(I8, 64)))
+                 for c, wc in enumerate(w)]
+        return dot_sum_u8s8(kb, isum, pairs, WEIGHT_BYTE_MAX[self.kind.wtype])
 
     def _fma_bcast(self, acc: ir.Value, v: ir.Value, scalar_ptr: ir.Value) -> ir.Value:
         b = self.kb.b

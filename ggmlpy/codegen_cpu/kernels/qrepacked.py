@@ -25,7 +25,7 @@ from ggmlpy.codegen_cpu import repack
 from ggmlpy.codegen_cpu.irgen import F32, I8, I16, I32, KernelBuilder, i64
 from ggmlpy.codegen_cpu.kernels.qact import ActFormat
 from ggmlpy.codegen_cpu.kernels.qvec import (
-    CONTRACT, dot_u8s8, load_vec, prefetch, shuffle, sitofp, splat, splat_const, store_vec, vec, zeros,
+    CONTRACT, WEIGHT_BYTE_MAX, dot_sum_offset128, dot_sum_u8s8, load_vec, prefetch, shuffle, sitofp, splat, splat_const, store_vec, vec, zeros,
 )
 from ggmlpy.ir.types import GGMLType
 
@@ -143,6 +143,11 @@ class RepackedMatmul:
         """Block h's integer dots for one token, starting from the activation's offset
         correction (none for Q4_1)."""
         kb, b = self.kb, self.kb.b
+        if self.t == GGMLType.Q8_0:
+            pairs = [(w, self._act4(ap, 32 * h + at)) for w, at in ws]
+            signed = dot_sum_offset128(kb, pairs)   # no offset to take back (avx2)
+            if signed is not None:
+                return signed
         if self.minimums:
             first = zeros(I32, 16)
         else:
@@ -219,12 +224,13 @@ class RepackedMatmul:
     def _chain_dots(self, ap: ir.Value, ws: list[tuple[ir.Value, int]], first: ir.Value | None = None) -> ir.Value:
         """first (default 0) + the dots of vectors w with the 4 activation bytes at ap +
         offset, in two chains, so consecutive dots do not wait on each other."""
-        kb, b = self.kb, self.kb.b
-        chains = [zeros(I32, 16) if first is None else first, zeros(I32, 16)]
-        for n, (w, at) in enumerate(ws):
-            a4 = b.load(kb.byte_ptr(ap, i64(at)), typ=I32, align=4)
-            chains[n % 2] = dot_u8s8(kb, chains[n % 2], w, b.bitcast(splat(b, a4, 16), vec(I8, 64)))
-        return b.add(chains[0], chains[1])
+        pairs = [(w, self._act4(ap, at)) for w, at in ws]
+        return dot_sum_u8s8(self.kb, zeros(I32, 16) if first is None else first, pairs, WEIGHT_BYTE_MAX[self.t])
+
+    def _act4(self, ap: ir.Value, at: int) -> ir.Value:
+        """The 4 activation bytes at ap + at, broadcast to every lane (<64 x i8>)."""
+        b = self.kb.b
+        return b.bitcast(splat(b, b.load(self.kb.byte_ptr(ap, i64(at)), typ=I32, align=4), 16), vec(I8, 64))
 
     def _kquant_chunk(self, wp: ir.Value, j: int) -> list[ir.Value]:
         """Chunk j (values 64j..64j+63) as 16 unsigned-byte vectors: 8 from the low nibbles

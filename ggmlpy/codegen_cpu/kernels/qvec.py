@@ -8,8 +8,14 @@ reductions, and the one primitive everything is built on, the u8 x s8 dot step.
   LLVM 22, checked by compiling a tiny module);
 - "vnni256": two `llvm.x86.avx512.vpdpbusd.256` (AVX-VNNI hosts without AVX-512: the same
   intrinsic is emitted with the VEX encoding there);
+- "avx2": AVX2 without VNNI (llama.cpp's AVX2 path): per 32 bytes, `vpmaddubsw` (pairs
+  of products summed into i16, with saturation) then `vpmaddwd` against ones (i16 pairs
+  into i32). Exact only while a pair cannot saturate, so weights whose bytes can exceed
+  127 (`u_max`, Q8_0's 0..255) are split into their low 7 bits and their top bit, each
+  summed exactly (the top bit's sums weighted by 128 in the `vpmaddwd`);
 - "generic": plain vector IR (widen, multiply, add neighbours) that LLVM legalises for any
-  target; the portable path.
+  target; the portable path. On AVX2 LLVM does not find `vpmaddubsw` in it, and decode ran
+  at a fifth of the memory bandwidth, which is why "avx2" exists.
 
 The flavour comes from the host's features; a backend's Options.cpu_qdot (GGMLPY_CPU_QDOT,
 read when the backend is created) picks one for its kernels through `KernelBuilder.qdot`, and
@@ -26,12 +32,19 @@ import llvmlite.ir as ir
 
 from ggmlpy.codegen_cpu.irgen import F32, I8, I16, I32, KernelBuilder
 from ggmlpy.codegen_cpu.target import host
+from ggmlpy.ir.types import GGMLType
 from ggmlpy.options import QDOT_FLAVOURS
 
 FLAVOURS = QDOT_FLAVOURS  # ("vnni512", "vnni256", "generic"), what Options.cpu_qdot accepts
 # Float flags: fusing into FMAs, but no reassociation, which would merge the separate
 # accumulators the kernels keep to break dependency chains.
 CONTRACT = ("contract",)
+# The largest unsigned byte each weight type's decoder hands dot_u8s8 (qdot.py's offsets:
+# nibbles 0..15, with a fifth bit 0..31, Q6_K's q + 32 0..63, Q8_0's q xor 0x80 0..255)
+WEIGHT_BYTE_MAX: dict[GGMLType, int] = {
+    GGMLType.Q4_0: 15, GGMLType.Q4_1: 15, GGMLType.Q5_0: 31, GGMLType.Q8_0: 255,
+    GGMLType.Q4_K: 15, GGMLType.Q5_K: 31, GGMLType.Q6_K: 63,
+}
 _override: str | None = None  # set_flavour's; never read from the environment
 
 
@@ -59,6 +72,8 @@ def flavour() -> str:
         return "vnni512"
     if h.has("avxvnni") or (h.has("avx512vnni") and h.has("avx512vl")):
         return "vnni256"
+    if h.has("avx2"):
+        return "avx2"
     return "generic"
 
 
@@ -182,10 +197,15 @@ def reduce_add_f32(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
 
 
 # the dot step -----------------------------------------------------------------------------
-def dot_u8s8(kb: KernelBuilder, acc: ir.Value, u: ir.Value, s: ir.Value) -> ir.Value:
-    """acc (<16 x i32>) + per-lane sums of 4 products of unsigned u and signed s bytes."""
+def dot_u8s8(kb: KernelBuilder, acc: ir.Value, u: ir.Value, s: ir.Value, u_max: int = 255) -> ir.Value:
+    """acc (<16 x i32>) + per-lane sums of 4 products of unsigned u and signed s bytes.
+
+    `u_max`: the largest value u's bytes can hold (the weight type's, WEIGHT_BYTE_MAX); the
+    "avx2" flavour takes its one-instruction path when that is at most 127."""
     kind = kb.qdot
     b = kb.b
+    if kind == "avx2":
+        return _dot_avx2(kb, acc, u, s, u_max)
     if kind == "vnni512":
         return intrinsic(kb, "llvm.x86.avx512.vpdpbusd.512", V16I32, [acc, u, s])
     if kind == "vnni256":
@@ -202,6 +222,100 @@ def dot_u8s8(kb: KernelBuilder, acc: ir.Value, u: ir.Value, s: ir.Value) -> ir.V
     pairs = b.add(shuffle(b, wide, None, range(0, 64, 2)), shuffle(b, wide, None, range(1, 64, 2)))
     quads = b.add(shuffle(b, pairs, None, range(0, 32, 2)), shuffle(b, pairs, None, range(1, 32, 2)))
     return b.add(acc, quads)
+
+
+def dot_sum_u8s8(kb: KernelBuilder, acc: ir.Value, pairs: Sequence[tuple[ir.Value, ir.Value]],
+                 u_max: int = 255) -> ir.Value:
+    """acc + the dots of every (u, s) pair: a kernel's run of dots into one sum.
+
+    With VNNI, two dependency chains of vpdpbusd (consecutive dots do not wait on each
+    other). With "avx2" and small weights, up to I16_SAFE // (2 * 128 * u_max) pairs' vpmaddubsw
+    results are summed in i16 (exact: no lane can exceed 32767) before one vpmaddwd: per dot
+    two instructions instead of three."""
+    if kb.qdot == "avx2" and 0 < u_max <= 127:
+        return _dot_sum_avx2(kb, acc, pairs, u_max)
+    b = kb.b
+    chains = [acc, zeros(I32, 16)]
+    for n, (u, s) in enumerate(pairs):
+        chains[n % 2] = dot_u8s8(kb, chains[n % 2], u, s, u_max)
+    return b.add(chains[0], chains[1])
+
+
+I16_SAFE = 32767
+
+
+def dot_sum_offset128(kb: KernelBuilder, pairs: Sequence[tuple[ir.Value, ir.Value]]) -> ir.Value | None:
+    """The dots of every (u, s) pair less their offset, sum((u - 128) * s), for weights
+    stored with 128 added (Q8_0), on "avx2"; None on other flavours (they use dot_sum_u8s8
+    and take the offset back from the activations' sums).
+
+    llama.cpp's AVX2 sign trick: vpmaddubsw(|w|, sign(s, w)) with w = u - 128 is exact
+    because the activations stay within [-127, 127] (qact.py): a pair is at most 32512. It
+    replaces splitting u into 7 bits and 1 (twice the instructions)."""
+    if kb.qdot != "avx2":
+        return None
+    b = kb.b
+    v32i8, v16i16, v8i32 = vec(I8, 32), vec(I16, 16), vec(I32, 8)
+    ones = splat_const(I16, 1, 16)
+    abs_fn = kb.module.globals.get("llvm.abs.v32i8")
+    if abs_fn is None:
+        abs_fn = ir.Function(kb.module, ir.FunctionType(v32i8, [v32i8, ir.IntType(1)]), "llvm.abs.v32i8")
+    halves = []
+    for h in range(2):
+        lanes = range(32 * h, 32 * h + 32)
+        total = None
+        for u, s in pairs:
+            w = b.xor(shuffle(b, u, None, lanes), splat_const(I8, -128, 32))
+            magnitude = b.call(abs_fn, [w, ir.Constant(ir.IntType(1), 0)])
+            signed = intrinsic(kb, "llvm.x86.avx2.psign.b", v32i8, [shuffle(b, s, None, lanes), w])
+            p = intrinsic(kb, "llvm.x86.avx2.pmadd.wd", v8i32,
+                          [intrinsic(kb, "llvm.x86.avx2.pmadd.ub.sw", v16i16, [magnitude, signed]), ones])
+            total = p if total is None else b.add(total, p)
+        halves.append(total)
+    return concat(b, halves[0], halves[1])
+
+
+def _dot_sum_avx2(kb: KernelBuilder, acc: ir.Value, pairs: Sequence[tuple[ir.Value, ir.Value]],
+                  u_max: int) -> ir.Value:
+    b = kb.b
+    v16i16, v8i32 = vec(I16, 16), vec(I32, 8)
+    ones = splat_const(I16, 1, 16)
+    group = max(1, I16_SAFE // (2 * 128 * u_max))
+    halves = []
+    for h in range(2):
+        lanes = range(32 * h, 32 * h + 32)
+        total = shuffle(b, acc, None, range(8 * h, 8 * h + 8))
+        for g in range(0, len(pairs), group):
+            short = None
+            for u, s in pairs[g:g + group]:
+                p = intrinsic(kb, "llvm.x86.avx2.pmadd.ub.sw", v16i16,
+                              [shuffle(b, u, None, lanes), shuffle(b, s, None, lanes)])
+                short = p if short is None else b.add(short, p)
+            total = b.add(total, intrinsic(kb, "llvm.x86.avx2.pmadd.wd", v8i32, [short, ones]))
+        halves.append(total)
+    return concat(b, halves[0], halves[1])
+
+
+def _dot_avx2(kb: KernelBuilder, acc: ir.Value, u: ir.Value, s: ir.Value, u_max: int) -> ir.Value:
+    """dot_u8s8 with vpmaddubsw + vpmaddwd per 32-byte half (the module docstring)."""
+    b = kb.b
+    v16i16, v8i32 = vec(I16, 16), vec(I32, 8)
+    ones = splat_const(I16, 1, 16)
+    parts = [(u, ones)]
+    if u_max > 127:  # u = low7 + 128 * top: both pair sums fit in i16
+        top = b.and_(b.bitcast(b.lshr(b.bitcast(u, vec(I16, 32)), splat_const(I16, 7, 32)), V64I8),
+                     splat_const(I8, 1, 64))
+        parts = [(b.and_(u, splat_const(I8, 127, 64)), ones), (top, splat_const(I16, 128, 16))]
+    halves = []
+    for h in range(2):
+        lanes = range(32 * h, 32 * h + 32)
+        total = shuffle(b, acc, None, range(8 * h, 8 * h + 8))
+        s_half = shuffle(b, s, None, lanes)
+        for part, weight in parts:
+            pairs = intrinsic(kb, "llvm.x86.avx2.pmadd.ub.sw", v16i16, [shuffle(b, part, None, lanes), s_half])
+            total = b.add(total, intrinsic(kb, "llvm.x86.avx2.pmadd.wd", v8i32, [pairs, weight]))
+        halves.append(total)
+    return concat(b, halves[0], halves[1])
 
 
 def mul_small(kb: KernelBuilder, p: ir.Value, scale: ir.Value) -> ir.Value:
