@@ -206,6 +206,51 @@ def test_one_replica_killed_the_other_keeps_serving(oai, cluster):
     assert victim not in served
 
 
+def test_a_replica_dying_mid_stream_ends_the_stream_with_an_error_event(oai, cluster):
+    """The stream's status line is sent already, so the failure arrives as a last SSE event
+    (an OpenAI-shaped error, 503), promptly: the client neither hangs nor gets [DONE]; the
+    next requests are served by the remaining (or restarted) replica."""
+    import json
+
+    url = cluster["url"]
+    _serving_again(oai, cluster)  # the previous test may have left one replica restarting
+    with httpx.Client(timeout=30) as c:
+        with c.stream("POST", url + "/v1/completions", json={
+                "model": "smol", "prompt": "Count: 1, 2, 3,", "max_tokens": 2000,
+                "stream": True, "ignore_eos": True}) as r:
+            assert r.status_code == 200
+            victim = r.headers["x-ggmlpy-replica"]
+            events = (line[len("data: "):] for line in r.iter_lines() if line.startswith("data: "))
+            for _ in range(3):
+                assert "choices" in json.loads(next(events))
+            ray.kill(ray.get_actor(f"SERVE_REPLICA::{APP}#{ENGINE}#{victim}", namespace="serve"),
+                     no_restart=True)
+            t0 = time.monotonic()
+            rest = list(events)  # ends: the relay's error event, then the connection closes
+            waited = time.monotonic() - t0
+    assert waited < 20, f"the stream took {waited:.1f} s to end after its replica died"
+    assert "[DONE]" not in rest and len(rest) < 2000
+    last = json.loads(rest[-1])
+    assert last["error"]["code"] == 503 and "no engine replica" in last["error"]["message"]
+    served = _serving_again(oai, cluster)
+    assert victim not in served
+
+
+def _serving_again(oai: openai.OpenAI, cluster) -> list[str]:
+    """Replicas answering 4 requests in a row (bounded wait for Serve to route around a
+    dead one); their ids."""
+    deadline, served = time.monotonic() + 60, []
+    while len(served) < 4 and time.monotonic() < deadline:
+        try:
+            r = oai.completions.with_raw_response.create(model="smol", prompt="Hi", max_tokens=2)
+            served.append(r.headers["x-ggmlpy-replica"])
+        except (openai.APIStatusError, openai.APIConnectionError):
+            served = []
+            time.sleep(0.2)
+    assert len(served) == 4, f"requests kept failing (served: {served})"
+    return served
+
+
 def test_merged_metrics_sum_counters_and_recompute_rates():
     from ggmlpy.distributed.serve_metrics import merge_metrics
 
