@@ -152,8 +152,8 @@ class RepackGemm:
             masked_store(kb, b.load(acc), out, self.store_mask)
 
     def _dots(self, isum: ir.Value, w: list[ir.Value], qp: ir.Value) -> ir.Value:
-        """isum + the dots of the vectors w with consecutive 4-byte groups at qp, in two
-        dependency chains."""
+        """isum + the dots of the vectors w with consecutive 4-byte groups at qp
+        (dot_sum_u8s8)."""
         kb, b = self.kb, self.kb.b
         pairs = [(wc, b.bitcast(splat(b, b.load(kb.byte_ptr(qp, i64(4 * c)), typ=I32, align=4), 16), vec(I8, 64)))
                  for c, wc in enumerate(w)]

@@ -35,7 +35,7 @@ from ggmlpy.codegen_cpu.target import host
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.options import QDOT_FLAVOURS
 
-FLAVOURS = QDOT_FLAVOURS  # ("vnni512", "vnni256", "generic"), what Options.cpu_qdot accepts
+FLAVOURS = QDOT_FLAVOURS  # ("vnni512", "vnni256", "avx2", "generic"), what Options.cpu_qdot accepts
 # Float flags: fusing into FMAs, but no reassociation, which would merge the separate
 # accumulators the kernels keep to break dependency chains.
 CONTRACT = ("contract",)
@@ -45,6 +45,7 @@ WEIGHT_BYTE_MAX: dict[GGMLType, int] = {
     GGMLType.Q4_0: 15, GGMLType.Q4_1: 15, GGMLType.Q5_0: 31, GGMLType.Q8_0: 255,
     GGMLType.Q4_K: 15, GGMLType.Q5_K: 31, GGMLType.Q6_K: 63,
 }
+I16_SAFE = 32767  # the largest i16 partial sum the "avx2" flavour lets a lane reach
 _override: str | None = None  # set_flavour's; never read from the environment
 
 
@@ -204,8 +205,13 @@ def dot_u8s8(kb: KernelBuilder, acc: ir.Value, u: ir.Value, s: ir.Value, u_max: 
     "avx2" flavour takes its one-instruction path when that is at most 127."""
     kind = kb.qdot
     b = kb.b
-    if kind == "avx2":
-        return _dot_avx2(kb, acc, u, s, u_max)
+    if kind == "avx2" and u_max <= 127:
+        return _dot_sum_avx2(kb, acc, [(u, s)], u_max)
+    if kind == "avx2":  # u = low7 + 128 * top: both parts' pair sums fit in i16
+        top = b.and_(b.bitcast(b.lshr(b.bitcast(u, vec(I16, 32)), splat_const(I16, 7, 32)), V64I8),
+                     splat_const(I8, 1, 64))
+        low = _dot_sum_avx2(kb, acc, [(b.and_(u, splat_const(I8, 127, 64)), s)], 127)
+        return _dot_sum_avx2(kb, low, [(top, s)], 1, weight=128)
     if kind == "vnni512":
         return intrinsic(kb, "llvm.x86.avx512.vpdpbusd.512", V16I32, [acc, u, s])
     if kind == "vnni256":
@@ -232,16 +238,13 @@ def dot_sum_u8s8(kb: KernelBuilder, acc: ir.Value, pairs: Sequence[tuple[ir.Valu
     other). With "avx2" and small weights, up to I16_SAFE // (2 * 128 * u_max) pairs' vpmaddubsw
     results are summed in i16 (exact: no lane can exceed 32767) before one vpmaddwd: per dot
     two instructions instead of three."""
-    if kb.qdot == "avx2" and 0 < u_max <= 127:
+    if kb.qdot == "avx2" and u_max <= 127:
         return _dot_sum_avx2(kb, acc, pairs, u_max)
     b = kb.b
     chains = [acc, zeros(I32, 16)]
     for n, (u, s) in enumerate(pairs):
         chains[n % 2] = dot_u8s8(kb, chains[n % 2], u, s, u_max)
     return b.add(chains[0], chains[1])
-
-
-I16_SAFE = 32767
 
 
 def dot_sum_offset128(kb: KernelBuilder, pairs: Sequence[tuple[ir.Value, ir.Value]]) -> ir.Value | None:
@@ -276,11 +279,13 @@ def dot_sum_offset128(kb: KernelBuilder, pairs: Sequence[tuple[ir.Value, ir.Valu
 
 
 def _dot_sum_avx2(kb: KernelBuilder, acc: ir.Value, pairs: Sequence[tuple[ir.Value, ir.Value]],
-                  u_max: int) -> ir.Value:
+                  u_max: int, weight: int = 1) -> ir.Value:
+    """acc + weight * the dots (u_max <= 127): vpmaddubsw per 32-byte half, summed in i16
+    in groups that cannot overflow, each group widened by one vpmaddwd against `weight`."""
     b = kb.b
     v16i16, v8i32 = vec(I16, 16), vec(I32, 8)
-    ones = splat_const(I16, 1, 16)
-    group = max(1, I16_SAFE // (2 * 128 * u_max))
+    ones = splat_const(I16, weight, 16)
+    group = max(1, I16_SAFE // (2 * 128 * max(u_max, 1)))
     halves = []
     for h in range(2):
         lanes = range(32 * h, 32 * h + 32)
@@ -292,28 +297,6 @@ def _dot_sum_avx2(kb: KernelBuilder, acc: ir.Value, pairs: Sequence[tuple[ir.Val
                               [shuffle(b, u, None, lanes), shuffle(b, s, None, lanes)])
                 short = p if short is None else b.add(short, p)
             total = b.add(total, intrinsic(kb, "llvm.x86.avx2.pmadd.wd", v8i32, [short, ones]))
-        halves.append(total)
-    return concat(b, halves[0], halves[1])
-
-
-def _dot_avx2(kb: KernelBuilder, acc: ir.Value, u: ir.Value, s: ir.Value, u_max: int) -> ir.Value:
-    """dot_u8s8 with vpmaddubsw + vpmaddwd per 32-byte half (the module docstring)."""
-    b = kb.b
-    v16i16, v8i32 = vec(I16, 16), vec(I32, 8)
-    ones = splat_const(I16, 1, 16)
-    parts = [(u, ones)]
-    if u_max > 127:  # u = low7 + 128 * top: both pair sums fit in i16
-        top = b.and_(b.bitcast(b.lshr(b.bitcast(u, vec(I16, 32)), splat_const(I16, 7, 32)), V64I8),
-                     splat_const(I8, 1, 64))
-        parts = [(b.and_(u, splat_const(I8, 127, 64)), ones), (top, splat_const(I16, 128, 16))]
-    halves = []
-    for h in range(2):
-        lanes = range(32 * h, 32 * h + 32)
-        total = shuffle(b, acc, None, range(8 * h, 8 * h + 8))
-        s_half = shuffle(b, s, None, lanes)
-        for part, weight in parts:
-            pairs = intrinsic(kb, "llvm.x86.avx2.pmadd.ub.sw", v16i16, [shuffle(b, part, None, lanes), s_half])
-            total = b.add(total, intrinsic(kb, "llvm.x86.avx2.pmadd.wd", v8i32, [pairs, weight]))
         halves.append(total)
     return concat(b, halves[0], halves[1])
 
