@@ -3,9 +3,12 @@ run by a pool of native-spinning threads (DESIGN.md decision 7)."""
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
+import os
+import threading
 import time
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -15,8 +18,12 @@ from ggmlpy.options import Options
 from ggmlpy.codegen_cpu.irgen import SYMBOLS
 from ggmlpy.codegen_cpu.lowering import LOWERINGS
 from ggmlpy.codegen_cpu.repack import WeightLayouts
-from ggmlpy.codegen_cpu.program import N_SYM_WORDS, TABLE_HEADER, TABLE_WORD, ProgramBuilder
+from ggmlpy.codegen_cpu.program import (
+    N_SYM_WORDS, ROW_WORDS, TABLE_HEADER, TABLE_WORD, CompileUnit, ProgramBuilder, ir_hash,
+)
+from ggmlpy.codegen_cpu.compile_worker import inprocess_requested
 from ggmlpy.codegen_cpu.elf_loader import NativeObject
+from ggmlpy.codegen_cpu import runtime
 from ggmlpy.codegen_cpu.runtime import JitModule, ThreadPool
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import OPS, Kind
@@ -75,6 +82,10 @@ class CpuBackend(Backend):
         self.ir_builds = 0  # modules whose IR text had to be generated (a warm start: none)
         self.weight_layouts = WeightLayouts()  # repacked weights; shared per model, see share_model_cache
         self._compiles: concurrent.futures.ThreadPoolExecutor | None = None  # LLVM runs, see compile
+        # every compile unit (kernel, entry) this backend has, by name (its qdot and profile
+        # settings are fixed): (IR sha256, module) futures shared by its splits
+        self._units: dict[str, concurrent.futures.Future] = {}
+        self._count_lock = threading.Lock()
 
     def share_model_cache(self, cache: dict) -> None:
         """Keep repacked weights in a cache that lives with the model (Model.backend_cache),
@@ -129,41 +140,88 @@ class CpuBackend(Backend):
         own = {n.id for n in nodes}
         produced_elsewhere = {t.id for t in graph.tensors if not t.is_leaf and t.id not in own}
         builder = ProgramBuilder(graph, nodes, self.worst_env, produced_elsewhere, self.profile, self.qdot)
-        from ggmlpy.codegen_cpu.compile_worker import inprocess_requested
-        from ggmlpy.codegen_cpu.runtime import compile_module, load_object  # cache, worker, ELF loader
-
         plan = builder.plan_key()
+        units = builder.units()
         cached = self.object_cache.load_plan(plan)
-        if cached is not None:  # warm start: no IR text generated at all
-            module = load_object(cached)
+        if cached is not None and [name for name, _, _ in cached] == [u.name for u in units]:
+            # warm start: no IR text generated at all
+            modules = {name: self._loaded_unit(name, sha, data) for name, sha, data in cached}
         else:
-            ir_text = builder.build_ir()
-            self.ir_builds += 1
-
-            def compile_and_remember() -> NativeObject | JitModule:
-                module = compile_module(ir_text, self.object_cache)
-                self.object_cache.remember_plan(plan, ir_text)
-                return module
-
-            if inprocess_requested():  # LLVM in this process: one module at a time
-                module = compile_and_remember()
-            else:  # LLVM runs in a worker process while this one goes on (see CpuSplit)
-                if self._compiles is None:
-                    self._compiles = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="ggmlpy-compile")
-                module = self._compiles.submit(compile_and_remember)
-        split = CpuSplit(self, graph, nodes, builder, module)
+            modules = {u.name: self._compiled_unit(u) for u in units}
+            remember_when_compiled(modules, functools.partial(self.object_cache.remember_plan, plan))
+        split = CpuSplit(self, graph, nodes, builder, modules)
         self.compile_seconds = time.perf_counter() - t0
-        log.info("prepared %d nodes in %.2f s%s", len(builder.nodes), self.compile_seconds,
-                 " (LLVM compiling in a worker)" if isinstance(module, concurrent.futures.Future) else "")
+        pending = sum(not f.done() for f in modules.values())
+        log.info("prepared %d nodes (%d compile units) in %.2f s%s", len(builder.nodes), len(units),
+                 self.compile_seconds, f" ({pending} compiling in workers)" if pending else "")
         return split
+
+    def _loaded_unit(self, name: str, ir_sha256: str, data: bytes) -> concurrent.futures.Future:
+        """A unit found on disk, loaded once per backend (another split may hold it already)."""
+        if name not in self._units:
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            done.set_result((ir_sha256, runtime.load_object(data)))
+            self._units[name] = done
+        return self._units[name]
+
+    def _compiled_unit(self, unit: CompileUnit) -> concurrent.futures.Future:
+        """A unit's (IR sha256, loaded module), built at most once per backend and name: the
+        kernels a context's graphs share compile once. Off GGMLPY_COMPILE_INPROCESS, the IR is
+        built and LLVM runs in worker threads, one compile worker process each, so the units
+        compile on every core while this thread goes on (weights are repacked meanwhile)."""
+        if unit.name in self._units:
+            return self._units[unit.name]
+        if inprocess_requested():  # LLVM in this process: one unit at a time, now
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            future.set_result(self._compile_unit(unit))
+        else:
+            if self._compiles is None:
+                self._compiles = concurrent.futures.ThreadPoolExecutor(
+                    compile_threads(), thread_name_prefix="ggmlpy-compile")
+            future = self._compiles.submit(self._compile_unit, unit)
+        self._units[unit.name] = future
+        return future
+
+    def _compile_unit(self, unit: CompileUnit) -> tuple[str, NativeObject | JitModule]:
+        ir_text = unit.build_ir()
+        with self._count_lock:
+            self.ir_builds += 1
+        return ir_hash(ir_text), runtime.compile_module(ir_text, self.object_cache)
+
+
+def remember_when_compiled(units: dict[str, concurrent.futures.Future],
+                           remember: Callable[[list[tuple[str, str]]], None]) -> None:
+    """Call remember with the units' (name, IR sha256) once every one has compiled (none
+    failing): the plan is indexed for the next start even if this process never runs the
+    graph (a one-token prompt runs only the decode graph)."""
+    left = [len(units)]
+    lock = threading.Lock()
+
+    def one_done(_: concurrent.futures.Future) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        if all(f.exception() is None for f in units.values()):
+            remember([(name, f.result()[0]) for name, f in units.items()])
+
+    for future in units.values():
+        future.add_done_callback(one_done)
+
+
+def compile_threads() -> int:
+    """How many units compile at once: one per core (a compile worker process each), at
+    least 2 so that a unit's IR is built while another's LLVM runs, at most 8."""
+    return max(2, min(8, os.cpu_count() or 2))
 
 
 class CpuSplit:
     def __init__(self, backend: CpuBackend, graph: Graph, nodes: list[Tensor], builder: ProgramBuilder,
-                 module: NativeObject | JitModule | concurrent.futures.Future):
-        """`module` may still be compiling (a Future): the first run waits for it, after
-        binding (and repacking) its weights, so a context's graphs compile side by side and
-        beside the first decode's weight repacking."""
+                 units: dict[str, concurrent.futures.Future]):
+        """`units`: per compile unit, a future of (IR sha256, module); those still compiling
+        are waited for at the first run, after binding (and repacking) its weights, so a
+        context's graphs compile side by side and beside the first decode's weight
+        repacking."""
         self.backend = backend
         self.layout = lay = builder.layout
         self._kernel_names = builder.kernel_names
@@ -176,16 +234,19 @@ class CpuSplit:
         self.nodes = builder.nodes
         # per thread and node: cycles in the kernel and at the barrier (profiled builds only)
         self.cycles = np.zeros((64, n, 2) if backend.profile else (0, n, 2), dtype=np.int64)
-        self.table = np.zeros(TABLE_HEADER + 6 * n, dtype=np.int64)
+        self.table = np.zeros(TABLE_HEADER + ROW_WORDS * n, dtype=np.int64)
         self.table[:TABLE_HEADER] = (n, self.scratch.ctypes.data, self.barrier.ctypes.data,
                                      self.cycles.ctypes.data)
-        self.rows = self.table[TABLE_HEADER:].reshape(n, 6)
-        self.module: NativeObject | JitModule | None = None
-        self._compiling: concurrent.futures.Future | None = None
-        if isinstance(module, concurrent.futures.Future):
-            self._compiling = module
-        else:
-            self._load(module)
+        self.rows = self.table[TABLE_HEADER:].reshape(n, ROW_WORDS)
+        # the symbol values each node's kernel reads, in its order (ProgramBuilder.symbol_plan)
+        self._symbol_names, block_starts = builder.symbol_plan()
+        self.symbol_values = np.zeros(len(self._symbol_names) + 1, dtype=np.int64)
+        self.rows[:, 6] = self.symbol_values.ctypes.data + 8 * block_starts
+        self._entry_name = builder.entry_name
+        self.modules: dict[str, NativeObject | JitModule] | None = None
+        self._compiling: dict[str, concurrent.futures.Future] | None = units
+        if all(f.done() for f in units.values()):
+            self.wait_compiled()
         self.ctx[TABLE_WORD] = self.table.ctypes.data
         slots, self.offsets, self.dynamic = builder.pointer_plan()
         self.used = slots >= 0
@@ -207,17 +268,16 @@ class CpuSplit:
         self.exports = [(t, lay.arena_offsets[t.id]) for t in graph.tensors
                         if t.id in lay.arena_offsets and (t.id in consumers_outside or t.flags & Flag.OUTPUT)]
 
-    def _load(self, module: NativeObject | JitModule) -> None:
-        self.module = module
-        self.fn_addr = module.address("graph")
-        self.rows[:, 0] = [module.address(name) for name in self._kernel_names]
-
     def wait_compiled(self) -> None:
-        """Block until the module is loaded (re-raising the compile's error, if any)."""
-        if self._compiling is not None:
-            module = self._compiling.result()
-            self._compiling = None
-            self._load(module)
+        """Block until every unit is loaded (re-raising a compile's error, if any), then
+        point the node table at the kernels."""
+        if self._compiling is None:
+            return
+        done = {name: f.result() for name, f in self._compiling.items()}
+        self._compiling = None
+        self.modules = {name: module for name, (_, module) in done.items()}
+        self.fn_addr = self.modules[self._entry_name].address(self._entry_name)
+        self.rows[:, 0] = [self.modules[name].address(name) for name in self._kernel_names]
 
     def profile(self) -> list[tuple[Tensor, np.ndarray]]:
         """Per node, cycles (summed over runs since the last reset) per thread: an array
@@ -277,8 +337,7 @@ class CpuSplit:
                 value = env.get(name, 0)
                 if limit is not None and value > limit:
                     raise ValueError(f"{name} = {value} exceeds the compiled limit {limit}")
-            for i, name in enumerate(SYMBOLS):
-                ctx[i] = env.get(name, 0)
+            self.symbol_values[:len(self._symbol_names)] = [env.get(name, 0) for name in self._symbol_names]
             self._exported = [(t.id, self.arena[offset:offset + tensor_nbytes(t, env)])
                               for t, offset in self.exports]
             small = run_bytes(self._work_nodes, env, stop_at=SMALL_RUN_BYTES) < SMALL_RUN_BYTES
@@ -288,7 +347,7 @@ class CpuSplit:
             ptrs = np.where(self.used, ctx[self.slots] + self.offsets, 0)
             for i, j, offs in self.dynamic:
                 ptrs[i, j] += evaluate(offs, env)
-            self.rows[:, 1:] = ptrs
+            self.rows[:, 1:6] = ptrs
             self._rows_key = env_key
         self.wait_compiled()
         t0 = time.perf_counter()

@@ -6,12 +6,15 @@ Every kernel has the same signature, so the graph function can call any of them:
     void kernel(ptr dst, ptr src0, ptr src1, ptr src2, ptr src3,
                 ptr ctx, ptr scratch, ptr barrier, i32 ith, i32 nth)
 
-`ctx` starts with the symbol values (SYMBOLS, as i64), so shapes that
-depend on the ubatch are computed at run time and one kernel serves every size.
+`ctx` points at the symbol values the kernel reads (as i64), so shapes that depend on the
+ubatch are computed at run time and one kernel serves every size. A kernel built for a graph
+reads them in its own order (`symbols`: lowering.kernel_signature's), from a block the
+graph's node table gives each node; by default they are SYMBOLS, in that order.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import struct
 from typing import Callable, Iterator, Sequence
 
@@ -34,6 +37,37 @@ KERNEL_TYPE = ir.FunctionType(VOID, [PTR] * 8 + [I32, I32])
 BARRIER_TYPE = ir.FunctionType(VOID, [PTR, I32])
 
 
+class VectorConstant(ir.Constant):
+    """A constant vector written `zeroinitializer` when every lane is zero. llvmlite formats a
+    vector constant lane by lane, and did so at every use: building a quantised product's IR
+    spent most of its time there (a third of a cold start), and the text was mostly `i8 0`."""
+
+    def __init__(self, typ: ir.VectorType, lanes: list[ir.Constant], zero: bool):
+        super().__init__(typ, lanes)
+        self._zero = zero
+
+    def _get_reference(self) -> str:
+        return "zeroinitializer" if self._zero else super()._get_reference()
+
+
+def vector_const(t: ir.Type, values: Sequence) -> ir.Constant:
+    """The constant <values> of element type t, one shared object per distinct value (its text
+    is then formatted once, however many kernels use it)."""
+    values = tuple(values)
+    return _vector_const(t, repr(values), values)   # repr: 0.0 and -0.0 are different constants
+
+
+@functools.lru_cache(maxsize=8192)
+def _vector_const(t: ir.Type, key: str, values: tuple) -> ir.Constant:
+    zero = all(v == 0 for v in values) and "-" not in key
+    return VectorConstant(ir.VectorType(t, len(values)), [ir.Constant(t, v) for v in values], zero)
+
+
+def zero_vector(typ: ir.VectorType) -> ir.Constant:
+    """A vector of zeros of type typ (also what the unused operand of a shuffle is given)."""
+    return vector_const(typ.element, [0] * typ.count)
+
+
 def i64(v: int) -> ir.Constant:
     return ir.Constant(I64, int(v))
 
@@ -45,14 +79,18 @@ def f32(v: float) -> ir.Constant:
 class KernelBuilder:
     """Builds one kernel function; `b` is the IRBuilder positioned in its body."""
 
-    def __init__(self, module: ir.Module, name: str, qdot: str | None = None):
+    def __init__(self, module: ir.Module, name: str, qdot: str | None = None,
+                 symbols: Sequence[str] = SYMBOLS):
         """qdot: the quantised dot flavour (kernels/qvec.py) this kernel is built with, the
-        backend's Options.cpu_qdot; None: qvec.flavour() (set_flavour's, else the host's best)."""
+        backend's Options.cpu_qdot; None: qvec.flavour() (set_flavour's, else the host's best).
+        symbols: the symbols whose values `ctx` holds, in order (a symbol not among them is
+        an error naming it)."""
         if qdot is None:
             from ggmlpy.codegen_cpu.kernels.qvec import flavour  # (qvec imports this module)
 
             qdot = flavour()
         self.qdot = qdot
+        self.symbols = tuple(symbols)
         self.module = module
         self.fn = ir.Function(module, KERNEL_TYPE, name)
         self.fn.linkage = "internal"
@@ -73,8 +111,10 @@ class KernelBuilder:
 
     def sym(self, name: str) -> ir.Value:
         if name not in self._sym_cache:
+            if name not in self.symbols:
+                raise KeyError(f"kernel {self.fn.name} reads symbol {name!r}, not among its {self.symbols}")
             with self.b.goto_block(self._entry):
-                p = self.b.gep(self.args["ctx"], [i64(SYMBOLS.index(name))], source_etype=I64)
+                p = self.b.gep(self.args["ctx"], [i64(self.symbols.index(name))], source_etype=I64)
                 self._sym_cache[name] = self.b.load(p, name=name, typ=I64)
         return self._sym_cache[name]
 
@@ -188,9 +228,9 @@ class KernelBuilder:
         """An n-lane vector of `scalar` (a constant stays a constant)."""
         vt = ir.VectorType(scalar.type, n)
         if isinstance(scalar, ir.Constant):
-            return ir.Constant(vt, scalar.constant)
-        v = self.b.insert_element(ir.Constant(vt, None), scalar, ir.Constant(I32, 0))
-        return self.b.shuffle_vector(v, ir.Constant(vt, None), ir.Constant(ir.VectorType(I32, n), [0] * n))
+            return vector_const(scalar.type, [scalar.constant] * n)
+        v = self.b.insert_element(zero_vector(vt), scalar, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(v, zero_vector(vt), vector_const(I32, [0] * n))
 
     def like(self, value: ir.Value, ref: ir.Value) -> ir.Value:
         """`value` splatted to ref's lane count when ref is a vector and value a scalar."""
@@ -208,15 +248,15 @@ class KernelBuilder:
         n = v.type.count
         while n > 1:
             n //= 2
-            undef = ir.Constant(v.type, None)
-            lo = self.b.shuffle_vector(v, undef, ir.Constant(ir.VectorType(I32, n), list(range(n))))
-            hi = self.b.shuffle_vector(v, undef, ir.Constant(ir.VectorType(I32, n), list(range(n, 2 * n))))
+            undef = zero_vector(v.type)
+            lo = self.b.shuffle_vector(v, undef, vector_const(I32, range(n)))
+            hi = self.b.shuffle_vector(v, undef, vector_const(I32, range(n, 2 * n)))
             v = combine(lo, hi)
         return self.b.extract_element(v, ir.Constant(I32, 0))
 
     def lane_mask(self, n_valid: ir.Value, n: int) -> ir.Value:
         """<n x i1>: lanes below n_valid (an i64 in [0, n]) set, for a row's last partial vector."""
-        lanes = ir.Constant(ir.VectorType(I64, n), list(range(n)))
+        lanes = vector_const(I64, range(n))
         return self.b.icmp_signed("<", lanes, self.splat(n_valid, n))
 
     def vector_chunks(self, n: ir.Value, body: Callable[[ir.Value, ir.Value | None], None],

@@ -4,9 +4,14 @@ register lowerings by op name; a coverage test lists ops without one).
 An emitter fills a `KernelBuilder` for one node. `kernel_key(node)` is what makes two nodes
 share a kernel: op, parameters, and the types, shapes and strides of the node and its
 sources (pointers are arguments), so the 30 identical layers of a model share one kernel.
+Symbols are named in the key by their order of appearance ($0, $1 ...), not by name: the
+last layer, which runs on n_outputs rows where the others run on n_tokens, and a sliding-
+window layer (n_kv_swa where the others read n_kv) share the kernels of the other layers;
+each node passes its own symbols' values in that order (`kernel_signature`, program.py).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -36,19 +41,45 @@ def lowering(*ops: str, supports: Callable[[Tensor], bool] | None = None,
     return deco
 
 
-def _canon(v):
-    if isinstance(v, (list, tuple)):
-        return tuple(_canon(x) for x in v)
-    if hasattr(v, "terms"):
-        return dim_str(v)
-    return v
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _layout(t: Tensor) -> tuple:
-    return (t.type.name, tuple(dim_str(d) for d in t.ne), tuple(dim_str(d) for d in t.nb))
+class _SymbolNames:
+    """Renames the symbols of the dims it formats by their first appearance: $0, $1 ..."""
+
+    def __init__(self) -> None:
+        self.order: list[str] = []
+
+    def _slot(self, match: re.Match) -> str:
+        name = match.group(0)
+        if name not in self.order:
+            self.order.append(name)
+        return f"${self.order.index(name)}"
+
+    def dim(self, d) -> str:
+        text = dim_str(d)
+        return text if isinstance(d, int) else _NAME.sub(self._slot, text)
+
+    def value(self, v):
+        if isinstance(v, (list, tuple)):
+            return tuple(self.value(x) for x in v)
+        if hasattr(v, "terms"):
+            return self.dim(v)
+        return v
+
+    def layout(self, t: Tensor) -> tuple:
+        return (t.type.name, tuple(self.dim(d) for d in t.ne), tuple(self.dim(d) for d in t.nb))
+
+
+def kernel_signature(node: Tensor) -> tuple[str, tuple[str, ...]]:
+    """(key, symbols): the kernel key, and the node's symbols in the order the key numbers
+    them, which is the order the kernel reads their values in (KernelBuilder's `symbols`)."""
+    names = _SymbolNames()
+    params = tuple((k, names.value(v)) for k, v in sorted(node.params.items(), key=lambda kv: kv[0]))
+    dst = names.layout(node)
+    srcs = tuple(names.layout(s) + (operand_repacked(node, j),) for j, s in enumerate(node.src))
+    return repr((node.op, params, dst, srcs)), tuple(names.order)
 
 
 def kernel_key(node: Tensor) -> str:
-    params = tuple(sorted((k, _canon(v)) for k, v in node.params.items()))
-    srcs = tuple(_layout(s) + (operand_repacked(node, j),) for j, s in enumerate(node.src))
-    return repr((node.op, params, _layout(node), srcs))
+    return kernel_signature(node)[0]

@@ -1,19 +1,21 @@
 """The CPU backend's object code in the shared disk cache (ggmlpy.disk_cache, folder `cpu`).
 
-An object is keyed by the IR's sha256 and the host (triple, CPU, features, llvmlite and
-LLVM versions). Building the IR is most of a cold start's Python time, so each program's
-plan key (ProgramBuilder.plan_key: its kernels and the code generator's source) is also
-indexed to the IR hash it produced: a warm start finds its object code without any IR.
+An object (one compile unit: a kernel, or a program's entry function) is keyed by its IR's
+sha256 and the host (triple, CPU, features, llvmlite and LLVM versions). Building the IR is
+most of a cold start's Python time, so each program's plan key (ProgramBuilder.plan_key: its
+kernels and the code generator's source) is also indexed to its units, by name and IR hash:
+a warm start finds its object code without any IR.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 
 from ggmlpy.codegen_cpu.target import host
 from ggmlpy.disk_cache import DiskCache
 
-FORMAT_VERSION = 1  # of the object code's conventions (symbols, node table), not of the files
+FORMAT_VERSION = 2  # of the object code's conventions (symbols, node table), not of the files
 SUFFIX = ".o"
 
 
@@ -38,13 +40,28 @@ class ObjectCache(DiskCache):
     def store(self, ir_text: str, data: bytes) -> None:
         self.put(key_parts(ir_text), data, SUFFIX)
 
-    def load_plan(self, plan_key: str) -> bytes | None:
-        """Object code by a program's plan key. No index record (or a garbled one) is a miss
-        that is not counted: the caller then builds the IR and takes the `load` path."""
-        ir_sha256 = self.recall(plan_key)
-        if ir_sha256 is None or len(ir_sha256) != 64:
+    def load_plan(self, plan_key: str) -> list[tuple[str, str, bytes]] | None:
+        """A program's units by its plan key: (name, IR sha256, object code) each. No index
+        record (or a garbled one) is a miss that is not counted; a unit whose object is gone
+        makes the whole plan a miss. Either way the caller builds the IR and takes the `load`
+        path, unit by unit."""
+        try:
+            units = json.loads(self.recall(plan_key) or "null")
+        except ValueError:
             return None
-        return self.get(object_parts(ir_sha256), SUFFIX)
+        if not isinstance(units, list) or not units:
+            return None
+        out = []
+        for unit in units:
+            if not (isinstance(unit, list) and len(unit) == 2 and all(isinstance(x, str) for x in unit)
+                    and len(unit[1]) == 64):
+                return None
+            data = self.get(object_parts(unit[1]), SUFFIX)
+            if data is None:
+                return None
+            out.append((unit[0], unit[1], data))
+        return out
 
-    def remember_plan(self, plan_key: str, ir_text: str) -> None:
-        self.remember(plan_key, hashlib.sha256(ir_text.encode()).hexdigest())
+    def remember_plan(self, plan_key: str, units: list[tuple[str, str]]) -> None:
+        """Index a program's units, (name, IR sha256) each, under its plan key."""
+        self.remember(plan_key, json.dumps([list(u) for u in units]))

@@ -2,11 +2,12 @@
 
     void graph(ptr ctx, i32 ith, i32 nth)
 
-`ctx` (int64 words) holds the symbol values and the address of the node table, then
-one pointer per external buffer (weights, KV cache layers, inputs, tensors computed by
-another split), then the arena. The node table (built per run from a static plan: a few
-numpy operations) gives every node its kernel address and operand pointers, so the module
-holds only the distinct kernels and LLVM never sees a 1,000-call function. Intermediate tensors live at fixed offsets in the arena, planned
+`ctx` (int64 words) holds the address of the node table, then one pointer per external
+buffer (weights, KV cache layers, inputs, tensors computed by another split), then the
+arena. The node table (built per run from a static plan: a few numpy operations) gives every
+node its kernel address, operand pointers and the block of symbol values its kernel reads
+(in the kernel's own order, lowering.kernel_signature), so the module holds only the
+distinct kernels and LLVM never sees a 1,000-call function. Intermediate tensors live at fixed offsets in the arena, planned
 for the worst case (n_ubatch tokens, a full KV cache), so the same machine code serves
 every ubatch.
 """
@@ -19,15 +20,15 @@ import json
 import logging
 from pathlib import Path
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 import llvmlite.ir as ir
 import numpy as np
 
 from ggmlpy.codegen_cpu import kernels as _kernels  # noqa: F401  (fills the lowering table)
-from ggmlpy.codegen_cpu.irgen import SYMBOLS, KernelBuilder, barrier_ir, declare_barrier
+from ggmlpy.codegen_cpu.irgen import KernelBuilder, barrier_ir, declare_barrier
 from ggmlpy.codegen_cpu.fusion import CpuFusion
-from ggmlpy.codegen_cpu.lowering import LOWERINGS, kernel_key
+from ggmlpy.codegen_cpu.lowering import LOWERINGS, kernel_signature
 from ggmlpy.codegen_cpu.repack import operand_repacked
 from ggmlpy.codegen_cpu.target import host
 from ggmlpy.ir.graph import Graph
@@ -38,15 +39,55 @@ from ggmlpy.ir.tensor import Tensor, memory_root
 
 log = logging.getLogger("ggmlpy.codegen_cpu")
 
-TABLE_WORD = len(SYMBOLS)
-N_SYM_WORDS = TABLE_WORD + 1  # the symbols, then the node table's address
-TABLE_HEADER = 4  # node count, scratch, barrier, profile buffer; then 6 words per node
+TABLE_WORD = 0     # ctx's first word: the node table's address
+N_SYM_WORDS = 1    # ctx words before the externals (the table's address)
+TABLE_HEADER = 4   # node count, scratch, barrier, profile buffer; then ROW_WORDS per node
+ROW_WORDS = 7      # kernel, dst, src0..src3, the node's symbol values
+ENTRY_NAMES = {False: "graph", True: "graph_profiled"}   # the entry function, by profile
 
 
 def _external_key(node: Tensor, j: int, root: Tensor) -> tuple[int, bool]:
     """Operand j of node (0: the node itself): its root and whether it is read repacked, so
     a weight read both ways (a tied embedding) gets two slots."""
     return root.id, j > 0 and operand_repacked(node, j - 1)
+
+
+@dataclass(frozen=True)
+class CompileUnit:
+    """One module for LLVM: its one exported symbol, and how to build its IR text (only on a
+    cache miss)."""
+    name: str
+    build_ir: Callable[[], str]
+
+
+def kernel_name(key: str, op: str) -> str:
+    """A kernel's symbol, from its key: the same kernel has the same name, hence the same IR
+    text and the same object in the disk cache, in every graph that uses it."""
+    return f"k_{hashlib.sha256(key.encode()).hexdigest()[:20]}_{op}"
+
+
+def kernel_module_ir(node: Tensor, name: str, qdot: str | None, symbols: tuple[str, ...]) -> str:
+    """The module holding node's kernel alone, with its own (internal) copy of the barrier."""
+    module = ir.Module(name=name)
+    module.triple = host().triple
+    declare_barrier(module)
+    kb = KernelBuilder(module, name, qdot, symbols)
+    LOWERINGS[node.op].emit(kb, node)
+    kb.finish()
+    kb.fn.linkage = "external"
+    text = str(module).replace('declare void @"ggmlpy_barrier"(ptr %".1", i32 %".2")', "")
+    return text + barrier_ir(module.triple)
+
+
+def entry_module_ir(profile: bool) -> str:
+    """The module of the entry function (ENTRY_IR, or the timed PROFILED_ENTRY_IR), which
+    calls the kernels through the node table and so links against none of them."""
+    entry = PROFILED_ENTRY_IR if profile else ENTRY_IR
+    for name, value in (("TABLE_WORD", TABLE_WORD), ("TABLE_HEADER", TABLE_HEADER), ("ROW_WORDS", ROW_WORDS),
+                        ("ENTRY_NAME", ENTRY_NAMES[profile])):
+        entry = entry.replace(name, str(value))
+    triple = host().triple
+    return f'target triple = "{triple}"\n' + barrier_ir(triple) + entry
 
 
 @dataclass
@@ -81,7 +122,9 @@ class ProgramBuilder:
         fusion = CpuFusion(graph, nodes)
         nodes = fusion.apply(nodes)
         self.nodes = [n for n in nodes if n.op not in OPS or OPS[n.op].kind != Kind.VIEW]
-        self.kernel_keys = [kernel_key(node) for node in self.nodes]   # what makes kernels shared
+        signatures = [kernel_signature(node) for node in self.nodes]
+        self.kernel_keys = [key for key, _ in signatures]   # what makes kernels shared
+        self.kernel_symbols = [symbols for _, symbols in signatures]  # per node, in its kernel's order
         self.worst_env = dict(worst_env)
         externals: dict[tuple[int, bool], Tensor] = {}
         arena_roots: set[int] = set()
@@ -106,10 +149,12 @@ class ProgramBuilder:
         kernels: dict[str, Tensor] = {}
         names: dict[str, str] = {}
         self.kernel_names: list[str] = []
-        for key, node in zip(self.kernel_keys, self.nodes):
+        self._emit_symbols: dict[str, tuple[str, ...]] = {}   # per key, the emitting node's symbols
+        for key, symbols, node in zip(self.kernel_keys, self.kernel_symbols, self.nodes):
             if key not in kernels:
                 kernels[key] = node
-                names[key] = f"k{len(names)}_{node.op}"
+                names[key] = kernel_name(key, node.op)
+                self._emit_symbols[key] = symbols
             self.kernel_names.append(names[key])
         return kernels
 
@@ -120,24 +165,37 @@ class ProgramBuilder:
         does not spend a second building IR text only to hash it."""
         self._plan_kernels()
         text = json.dumps([generator_version(), host().triple, self.qdot, self.profile, TABLE_WORD,
-                           TABLE_HEADER, self.kernel_keys])
+                           TABLE_HEADER, ROW_WORDS, self.kernel_keys])
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
-    def build_ir(self) -> str:
-        """The module: each distinct kernel once, and the entry function that walks the node
-        table (kernel address and five pointers per node) with a barrier after every node."""
-        module = ir.Module(name="ggmlpy_graph")
-        module.triple = host().triple
-        declare_barrier(module)
+    def units(self) -> list[CompileUnit]:
+        """What LLVM compiles, one module each: the entry function, then every distinct kernel
+        (each with the symbols its first node reads, in the key's order). Separate modules
+        compile side by side on every core, and a kernel two graphs share (named by its key)
+        compiles once and is one object in the disk cache."""
         kernels = self._plan_kernels()
-        for i, node in enumerate(kernels.values()):
-            kb = KernelBuilder(module, f"k{i}_{node.op}", self.qdot)
-            LOWERINGS[node.op].emit(kb, node)
-            kb.finish()
-            kb.fn.linkage = "external"
-        text = str(module).replace('declare void @"ggmlpy_barrier"(ptr %".1", i32 %".2")', "")
-        entry = PROFILED_ENTRY_IR if self.profile else ENTRY_IR
-        return text + barrier_ir(module.triple) + entry.replace("TABLE_WORD", str(TABLE_WORD)).replace("TABLE_HEADER", str(TABLE_HEADER))
+        names = dict(zip(self.kernel_keys, self.kernel_names))
+        entry = ENTRY_NAMES[self.profile]
+        out = [CompileUnit(entry, functools.partial(entry_module_ir, self.profile))]
+        for key, node in kernels.items():
+            out.append(CompileUnit(names[key], functools.partial(
+                kernel_module_ir, node, names[key], self.qdot, self._emit_symbols[key])))
+        return out
+
+    @property
+    def entry_name(self) -> str:
+        return ENTRY_NAMES[self.profile]
+
+    def symbol_plan(self) -> tuple[list[str], np.ndarray]:
+        """The symbol blocks: the names whose values fill them, block after block (one block
+        per distinct order a kernel reads them in), and per node the word its block starts at."""
+        starts: dict[tuple[str, ...], int] = {}
+        names: list[str] = []
+        for symbols in self.kernel_symbols:
+            if symbols not in starts:
+                starts[symbols] = len(names)
+                names.extend(symbols)
+        return names, np.array([starts[s] for s in self.kernel_symbols], dtype=np.int64)
 
     def pointer_plan(self) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, Dim]]]:
         """Per node and operand (dst, src0..src3): which base pointer (ctx word) and which
@@ -164,13 +222,14 @@ class ProgramBuilder:
         return slots, offs, dynamic
 
 
-# The entry function: node i calls table[i].fn(table[i].ptr[0..4], ctx, scratch, barrier,
-# ith, nth), then waits at the barrier. table rows are 6 words: fn, dst, src0..src3.
-# ctx words: the symbols, the table address (TABLE_WORD), the externals, the arena; the
-# table starts with the node count, the scratch and barrier addresses and the profile
-# buffer's address (used by PROFILED_ENTRY_IR only).
+# The entry function: node i calls table[i].fn(table[i].ptr[0..4], table[i].syms, scratch,
+# barrier, ith, nth), then waits at the barrier. table rows are ROW_WORDS (7) words: fn, dst,
+# src0..src3, the address of the node's symbol values (the kernel's `ctx` argument).
+# ctx words: the table address (TABLE_WORD), the externals, the arena; the table starts with
+# the node count, the scratch and barrier addresses and the profile buffer's address (used
+# by PROFILED_ENTRY_IR only).
 ENTRY_IR = r"""
-define void @graph(ptr %ctx, i32 %ith, i32 %nth) {
+define void @ENTRY_NAME(ptr %ctx, i32 %ith, i32 %nth) {
 entry:
   %tab_pp = getelementptr i64, ptr %ctx, i64 TABLE_WORD
   %tab_i = load i64, ptr %tab_pp, align 8
@@ -189,7 +248,7 @@ head:
   %more = icmp slt i64 %i, %n
   br i1 %more, label %body, label %done
 body:
-  %row = mul i64 %i, 6
+  %row = mul i64 %i, ROW_WORDS
   %rp = getelementptr i64, ptr %nodes, i64 %row
   %fn = load ptr, ptr %rp, align 8
   %p0 = getelementptr i64, ptr %rp, i64 1
@@ -202,7 +261,9 @@ body:
   %s2 = load ptr, ptr %p3, align 8
   %p4 = getelementptr i64, ptr %rp, i64 5
   %s3 = load ptr, ptr %p4, align 8
-  call void %fn(ptr %d, ptr %s0, ptr %s1, ptr %s2, ptr %s3, ptr %ctx, ptr %scratch, ptr %barrier, i32 %ith, i32 %nth)
+  %p5 = getelementptr i64, ptr %rp, i64 6
+  %syms = load ptr, ptr %p5, align 8
+  call void %fn(ptr %d, ptr %s0, ptr %s1, ptr %s2, ptr %s3, ptr %syms, ptr %scratch, ptr %barrier, i32 %ith, i32 %nth)
   call void @ggmlpy_barrier(ptr %barrier, i32 %nth)
   %i1 = add i64 %i, 1
   br label %head

@@ -90,22 +90,12 @@ def _cpu_split(graph: Graph, split: Split, worst_env: Mapping[str, int], out: Ke
 
 
 def cpu_kernel_ir(node, name: str, qdot: str | None = None) -> str:
-    """The LLVM module holding node's kernel alone, as ProgramBuilder.build_ir emits it
+    """The LLVM module holding node's kernel alone, the compile unit the CPU backend builds
     (qdot: the dot flavour, as KernelBuilder takes it)."""
-    import llvmlite.ir as ir
+    from ggmlpy.codegen_cpu.lowering import kernel_signature
+    from ggmlpy.codegen_cpu.program import kernel_module_ir
 
-    from ggmlpy.codegen_cpu.irgen import KernelBuilder, declare_barrier
-    from ggmlpy.codegen_cpu.lowering import LOWERINGS
-    from ggmlpy.codegen_cpu.target import host
-
-    module = ir.Module(name=name)
-    module.triple = host().triple
-    declare_barrier(module)
-    kb = KernelBuilder(module, name, qdot)
-    LOWERINGS[node.op].emit(kb, node)
-    kb.finish()
-    kb.fn.linkage = "external"
-    return str(module)
+    return kernel_module_ir(node, name, qdot, kernel_signature(node)[1])
 
 
 def _cuda_split(graph: Graph, split: Split, out: KernelMap) -> None:

@@ -45,10 +45,12 @@ def run_process(model, cache_dir) -> dict:
 
 def test_second_process_compiles_nothing(tiny_path, tmp_path):
     first = run_process(tiny_path, tmp_path)
-    # two graphs (prompt and one-token); they may lower to the same module, which then hits
-    assert first["misses"] >= 1 and first["hits"] + first["misses"] == 2
+    # two graphs (prompt and one-token), one compile unit per distinct kernel and one entry;
+    # the units the graphs share compile once (no second lookup, so no hit)
+    assert first["misses"] >= 3 and first["hits"] == 0
+    assert first["misses"] == first["ir_builds"]
     second = run_process(tiny_path, tmp_path)
-    assert second["misses"] == 0 and second["hits"] == 2
+    assert second["misses"] == 0 and second["hits"] >= first["misses"]
     assert first["ir_builds"] >= 1 and second["ir_builds"] == 0  # found by plan key: no IR generated
     assert all("hit" in e for e in second["events"] if "object cache" in e)
     assert second["logit"] == first["logit"]
@@ -118,15 +120,15 @@ def test_llvm_runs_beside_the_caller(tiny_path, tmp_path, monkeypatch):
     model = llama.Model.load(tiny_path)
     ctx = llama.Context(model, n_ctx=256, backend="cpu")
     splits = [c for e in ctx.graph_cache.entries.values() for c in e.compiled]
-    assert splits and all(s.module is None and s._compiling is not None for s in splits)
+    assert splits and all(s.modules is None and s._compiling is not None for s in splits)
     assert ctx.decode(llama.Batch.from_tokens([1, 2, 3])) == 0
     assert ctx.decode(llama.Batch.from_tokens([4])) == 0
     logits = np.array(ctx.get_logits_ith(-1))
-    assert all(s.module is not None and s._compiling is None for s in splits)
+    assert all(s.modules is not None and s._compiling is None for s in splits)
     monkeypatch.setenv("GGMLPY_CACHE", str(tmp_path / "sync"))
     monkeypatch.setenv("GGMLPY_COMPILE_INPROCESS", "1")
     ctx2 = llama.Context(model, n_ctx=256, backend="cpu")
-    assert all(s.module is not None for e in ctx2.graph_cache.entries.values() for s in e.compiled)
+    assert all(s.modules is not None for e in ctx2.graph_cache.entries.values() for s in e.compiled)
     assert ctx2.decode(llama.Batch.from_tokens([1, 2, 3])) == 0
     assert ctx2.decode(llama.Batch.from_tokens([4])) == 0
     np.testing.assert_array_equal(ctx2.get_logits_ith(-1), logits)

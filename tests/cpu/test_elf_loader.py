@@ -357,12 +357,13 @@ def test_runs_never_load_llvm_in_the_process(tmp_path):
     (host_file,) = (tmp_path / "cache" / "cpu").glob("host-*.json")
     assert HostTarget(**json.loads(host_file.read_text())) == detect_host_with_llvm()
     warm = run_script(model, tmp_path / "cache")
-    assert warm["misses"] == 0 and warm["hits"] == 2
+    # every compile unit (entry, kernels) found by the graphs' plans: nothing compiled
+    assert warm["misses"] == 0 and warm["hits"] >= cold["misses"] >= 3
     assert not warm["binding"] and not warm["libllvmlite"]
     assert warm["logit"] == cold["logit"]
     host_file.write_text("{not json")  # a broken host description is detected again
     again = run_script(model, tmp_path / "cache")
-    assert again["hits"] == 2 and not again["binding"] and again["logit"] == cold["logit"]
+    assert again["hits"] == warm["hits"] and not again["binding"] and again["logit"] == cold["logit"]
     assert HostTarget(**json.loads(host_file.read_text())) == detect_host_with_llvm()
     inproc = run_script(model, tmp_path / "cache2", GGMLPY_COMPILE_INPROCESS="1")
     assert inproc["binding"] and inproc["libllvmlite"] and inproc["misses"] >= 1

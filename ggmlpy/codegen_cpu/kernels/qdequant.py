@@ -16,7 +16,7 @@ from ggmlpy.codegen_cpu import repack
 from ggmlpy.codegen_cpu.irgen import F32, I8, I32, KernelBuilder, f32, i64
 from ggmlpy.codegen_cpu.kernels.qdot import KINDS, Block32, KQuant, Q6K
 from ggmlpy.codegen_cpu.kernels.qvec import (
-    CONTRACT, concat, load_f16, load_vec, shuffle, sitofp, splat, store_vec, vec,
+    CONTRACT, concat, const, load_f16, load_vec, shuffle, sitofp, splat, store_vec, vec,
 )
 from ggmlpy.ir.types import GGMLType, block_size, type_size
 
@@ -127,5 +127,5 @@ def _fifth_bits(b: ir.IRBuilder, plane: ir.Value) -> ir.Value:
     lanes = [j % 4 for j in range(32)]
     shifts = [(j % 16) // 4 + (4 if j >= 16 else 0) for j in range(32)]
     spread = shuffle(b, plane, None, lanes)
-    bit = b.and_(b.lshr(spread, ir.Constant(vec(I8, 32), shifts)), splat(b, ir.Constant(I8, 1), 32))
+    bit = b.and_(b.lshr(spread, const(I8, shifts)), splat(b, ir.Constant(I8, 1), 32))
     return b.shl(bit, splat(b, ir.Constant(I8, 4), 32))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from ggmlpy.codegen_cpu.irgen import F32, I8, I16, I32, I64, KernelBuilder, f32, i64
+from ggmlpy.codegen_cpu.irgen import F32, I8, I16, I32, I64, KernelBuilder, f32, i64, zero_vector
 from ggmlpy.codegen_cpu.kernels.qact import Q8_256_16, Q8_256_32, ActFormat, q8_32
 from ggmlpy.codegen_cpu.kernels.qvec import (
     CONTRACT, V16I32, WEIGHT_BYTE_MAX, concat, const, dot_u8s8, load_f16, load_vec, mul_small, repeat_lanes, shuffle, sitofp,
@@ -125,7 +125,7 @@ class Block32(QKind):
         """n f16 values from the start of each block, as 2n floats (zeros for a missing p1)."""
         b = kb.b
         it = ir.IntType(16 * n)
-        w = b.insert_element(ir.Constant(vec(it, 2), None), b.load(p0, typ=it, align=1), ir.Constant(I32, 0))
+        w = b.insert_element(zero_vector(vec(it, 2)), b.load(p0, typ=it, align=1), ir.Constant(I32, 0))
         if p1 is not None:
             w = b.insert_element(w, b.load(p1, typ=it, align=1), ir.Constant(I32, 1))
         return b.fpext(b.bitcast(w, vec(ir.HalfType(), 2 * n)), vec(F32, 2 * n))

@@ -30,7 +30,7 @@ from typing import Sequence
 
 import llvmlite.ir as ir
 
-from ggmlpy.codegen_cpu.irgen import F32, I8, I16, I32, KernelBuilder
+from ggmlpy.codegen_cpu.irgen import F32, I8, I16, I32, KernelBuilder, vector_const, zero_vector
 from ggmlpy.codegen_cpu.target import host
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.options import QDOT_FLAVOURS
@@ -80,7 +80,7 @@ def flavour() -> str:
 
 # constants and shuffles ----------------------------------------------------------------------
 def const(t: ir.Type, values: Sequence) -> ir.Constant:
-    return ir.Constant(vec(t, len(values)), [ir.Constant(t, v) for v in values])
+    return vector_const(t, values)
 
 
 def splat_const(t: ir.Type, value, n: int) -> ir.Constant:
@@ -94,8 +94,8 @@ def zeros(t: ir.Type, n: int) -> ir.Constant:
 def shuffle(b: ir.IRBuilder, x: ir.Value, y: ir.Value | None, mask: Sequence[int]) -> ir.Value:
     """shufflevector; with y None, indices refer to x alone."""
     if y is None:
-        y = ir.Constant(x.type, None)
-    return b.shuffle_vector(x, y, const(I32, list(mask)))
+        y = zero_vector(x.type)
+    return b.shuffle_vector(x, y, const(I32, mask))
 
 
 def concat(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
@@ -104,7 +104,7 @@ def concat(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
 
 
 def splat(b: ir.IRBuilder, scalar: ir.Value, n: int) -> ir.Value:
-    v = b.insert_element(ir.Constant(vec(scalar.type, n), None), scalar, ir.Constant(I32, 0))
+    v = b.insert_element(zero_vector(vec(scalar.type, n)), scalar, ir.Constant(I32, 0))
     return shuffle(b, v, None, [0] * n)
 
 
@@ -119,7 +119,7 @@ def spread(b: ir.IRBuilder, v: ir.Value, n: int, stride: int) -> ir.Value:
     mask = [k] * n
     for i in range(k):
         mask[i * stride] = i
-    return shuffle(b, v, ir.Constant(v.type, [ir.Constant(v.type.element, 0)] * k), mask)
+    return shuffle(b, v, zero_vector(v.type), mask)
 
 
 def load_vec(b: ir.IRBuilder, ptr: ir.Value, t: ir.Type, n: int) -> ir.Value:
