@@ -255,7 +255,7 @@ def test_parallel_repack_equals_one_at_a_time():
     rng = np.random.default_rng(5)
     pending = []
     for i, (t, k, m) in enumerate([(G.Q4_1, 576, 64), (G.Q8_0, 576, 48), (G.Q4_K, 512, 32), (G.Q6_K, 256, 16),
-                                   (G.Q4_0, 96, 32)]):
+                                   (G.Q4_0, 96, 32), (G.Q8_0, 64, 16 * 8000)]):   # the last: 2+ slices
         per = 256 if t in KTYPES else 32
         raw = rng.integers(0, 256, m * (k // per) * type_size(t), dtype=np.uint8)
         ne = (k, m, 1, 1)
