@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import struct
 from typing import Callable, Iterator, Sequence
 
@@ -59,7 +60,7 @@ def vector_const(t: ir.Type, values: Sequence) -> ir.Constant:
 
 @functools.lru_cache(maxsize=8192)
 def _vector_const(t: ir.Type, key: str, values: tuple) -> ir.Constant:
-    zero = all(v == 0 for v in values) and "-" not in key
+    zero = all(v == 0 and math.copysign(1.0, v) > 0 for v in values)   # -0.0 is not zeroinitializer
     return VectorConstant(ir.VectorType(t, len(values)), [ir.Constant(t, v) for v in values], zero)
 
 
@@ -248,9 +249,9 @@ class KernelBuilder:
         n = v.type.count
         while n > 1:
             n //= 2
-            undef = zero_vector(v.type)
-            lo = self.b.shuffle_vector(v, undef, vector_const(I32, range(n)))
-            hi = self.b.shuffle_vector(v, undef, vector_const(I32, range(n, 2 * n)))
+            unused = zero_vector(v.type)
+            lo = self.b.shuffle_vector(v, unused, vector_const(I32, range(n)))
+            hi = self.b.shuffle_vector(v, unused, vector_const(I32, range(n, 2 * n)))
             v = combine(lo, hi)
         return self.b.extract_element(v, ir.Constant(I32, 0))
 

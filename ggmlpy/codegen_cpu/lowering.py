@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from ggmlpy.ir.symbolic import dim_str
+from ggmlpy.ir.symbolic import SymExpr, dim_str
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.codegen_cpu.irgen import KernelBuilder
 from ggmlpy.codegen_cpu.repack import operand_repacked
@@ -63,7 +63,7 @@ class _SymbolNames:
     def value(self, v):
         if isinstance(v, (list, tuple)):
             return tuple(self.value(x) for x in v)
-        if hasattr(v, "terms"):
+        if isinstance(v, SymExpr):
             return self.dim(v)
         return v
 

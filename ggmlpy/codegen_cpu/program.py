@@ -174,12 +174,11 @@ class ProgramBuilder:
         compile side by side on every core, and a kernel two graphs share (named by its key)
         compiles once and is one object in the disk cache."""
         kernels = self._plan_kernels()
-        names = dict(zip(self.kernel_keys, self.kernel_names))
-        entry = ENTRY_NAMES[self.profile]
-        out = [CompileUnit(entry, functools.partial(entry_module_ir, self.profile))]
+        out = [CompileUnit(self.entry_name, functools.partial(entry_module_ir, self.profile))]
         for key, node in kernels.items():
-            out.append(CompileUnit(names[key], functools.partial(
-                kernel_module_ir, node, names[key], self.qdot, self._emit_symbols[key])))
+            name = kernel_name(key, node.op)
+            out.append(CompileUnit(name, functools.partial(
+                kernel_module_ir, node, name, self.qdot, self._emit_symbols[key])))
         return out
 
     @property
