@@ -12,6 +12,10 @@ plan treats exactly those groups as one step (their interior tensors get no memo
     rope_qk          rope(q, pos), rope(k, pos)          -> rope_pair (q, pos, k, out_k): the
                      second result is written through the fourth operand
 
+Some nodes are marked rather than fused (MARKS): a product whose right operand is a
+softmax (the attention weights times V) gets the parameter zero_tail, which lets its kernel
+stop each sum at the last nonzero weight (the masked keys'; kernels/matmul.py, _float_axpy).
+
 Each fused kernel computes the same f32 operations in the same order as the nodes it
 replaces, so results are bit-identical (tests/cpu/test_cpu_fusion.py). The other groups
 (scale_softmax, elementwise chains: of the supported models only Gemma 2's soft-capping has
@@ -75,8 +79,19 @@ FUSED: dict[str, Callable[[ResolvedGroup], Tensor | None]] = {
 }
 
 
+def _weights_times_values(node: Tensor) -> Tensor | None:
+    """mul_mat(v, softmax(...)): marked zero_tail (parameters are part of the kernel key)."""
+    if node.op != "mul_mat" or node.src[1].op != "soft_max":
+        return None
+    return dataclasses.replace(node, params={**node.params, "zero_tail": True})
+
+
+MARKS: list[Callable[[Tensor], Tensor | None]] = [_weights_times_values]
+
+
 class CpuFusion:
-    """The groups of `graph` within `nodes` (one split) that run as one kernel here."""
+    """The groups of `graph` within `nodes` (one split) that run as one kernel here, and
+    the nodes MARKS annotates."""
 
     def __init__(self, graph: Graph, nodes: list[Tensor]):
         own = {n.id for n in nodes}
@@ -95,6 +110,11 @@ class CpuFusion:
             # every other member is computed by the fused kernel (interior ones get no memory)
             self.interior.update(t.id for t in group.nodes if t.id != fused.id)
             self.group_keys.add(tuple(t.id for t in group.nodes))
+        for node in nodes:
+            for mark in MARKS:
+                marked = mark(self.replacement.get(node.id, node))
+                if marked is not None:
+                    self.replacement[node.id] = marked
 
     def runs_fused(self, group: ResolvedGroup) -> bool:
         """For the buffer plan (passes/buffers.py): whether this group is one step."""

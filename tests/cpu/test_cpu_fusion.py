@@ -161,6 +161,96 @@ def test_attention_scores_kernel(d, hkv, h, n_kv, n_tok):
     assert (ours[..., np.isinf(m)] == 0).all()
 
 
+def test_smollm2_attention_skipping_is_exact(smollm2_path, monkeypatch):
+    """The masked keys skipped (kernels/extent.py) in the scores and in weights x V: the
+    same logits as computing them all, prompt and one-token step."""
+    tokens = list(range(1, 41))          # 40 tokens: several tiles of the causal mask
+    skipping, ops = _run_tokens(smollm2_path, tokens)
+    compiled_params = [nd.params for nd in _compiled_nodes(smollm2_path, tokens) if nd.op == "mul_mat"]
+    assert sum(p.get("zero_tail", False) for p in compiled_params) == 2 * 30   # every layer's weights x V
+    monkeypatch.setattr(fusion, "MARKS", [])
+    full, _ = _run_tokens(smollm2_path, tokens)
+    for a, b in zip(skipping, full):
+        np.testing.assert_array_equal(a, b)
+
+
+def _compiled_nodes(path, tokens):
+    model = llama.Model.load(path)
+    ctx = llama.Context(model, n_ctx=256, n_batch=64, n_ubatch=64)
+    assert ctx.decode(llama.Batch.from_tokens(tokens)) == 0
+    assert ctx.decode(llama.Batch.from_tokens([42])) == 0
+    return [n for e in ctx.graph_cache.entries.values() for c in e.compiled for n in c.nodes]
+
+
+def _causal_mask(n_tok, n_kv, n_past):
+    """Token t sees keys [0, n_past + t]; the keys from n_past + n_tok on, none."""
+    keys, toks = np.arange(n_kv)[None, :], np.arange(n_tok)[:, None]
+    return np.where(keys <= n_past + toks, 0.0, -np.inf)
+
+
+@pytest.mark.parametrize("d,n_tok,n_kv,n_past", [(64, 16, 96, 20), (256, 5, 70, 33), (64, 1, 256, 40)], ids=str)
+def test_attention_skips_the_hidden_keys(d, n_tok, n_kv, n_past):
+    """The keys no query of a tile sees are never read: NaN there changes nothing (the
+    reference, which reads them, gets the same result from zeros there), and their
+    probabilities come out exactly 0."""
+    hkv, h = 2, 4
+    b = GraphBuilder()
+    k = b.permute(b.input("k", G.F16, (d, hkv, n_kv, 1)), 0, 2, 1, 3)
+    q = b.permute(b.input("q", G.F32, (d, h, n_tok, 1)), 0, 2, 1, 3)
+    mask = b.input("mask", G.F16, (n_kv, n_tok, 1, 1))
+    y = b.soft_max_ext(b.mul_mat(k, q), mask, scale=d ** -0.5)
+    graph = b.build([y])
+    rng = np.random.default_rng(d + n_kv)
+    m = _causal_mask(n_tok, n_kv, n_past)
+    hidden = -(-(n_past + n_tok) // 16) * 16          # past every tile's live extent
+    kv = rng.normal(size=(n_kv, hkv, d)).astype(np.float16)
+    inputs = {"q": rng.normal(size=(n_tok, h, d)).astype(np.float16).astype(np.float32),
+              "mask": m.astype(np.float16)}
+    kv_nan, kv_zero = kv.copy(), kv.copy()
+    kv_nan[hidden:], kv_zero[hidden:] = np.nan, 0.0
+    (ours, cpu), _ = _compare(graph, y, {**inputs, "k": kv_nan})
+    _, (ref, _) = _compare(graph, y, {**inputs, "k": kv_zero})
+    assert [nd.op for nd in cpu.nodes] == ["mul_mat_soft_max"]
+    assert np.isfinite(ours).all()
+    assert normalized_error(ours, ref) <= 1e-10
+    assert (ours[..., np.isinf(m)] == 0).all()
+
+
+@pytest.mark.parametrize("d,n_tok,n_kv,n_past", [(64, 16, 96, 20), (256, 6, 70, 33), (64, 1, 256, 40)], ids=str)
+def test_weights_times_values_stops_at_the_last_weight(d, n_tok, n_kv, n_past):
+    """mul_mat(v, softmax(...)) is marked zero_tail and sums only up to each tile's last
+    nonzero weight: NaN in V past it changes nothing. The same product of a tensor that is
+    not a softmax is not marked and does read them (NaN out)."""
+    hkv, h = 2, 4
+    b = GraphBuilder()
+    v = b.permute(b.input("v", G.F16, (d, hkv, n_kv, 1)), 1, 2, 0, 3)     # [n_kv, d, hkv]
+    s = b.input("s", G.F32, (n_kv, n_tok, h, 1))
+    mask = b.input("mask", G.F16, (n_kv, n_tok, 1, 1))
+    y = b.mul_mat(v, b.soft_max_ext(s, mask, scale=0.5))
+    graph = b.build([y])
+    rng = np.random.default_rng(d + n_kv)
+    m = _causal_mask(n_tok, n_kv, n_past)
+    hidden = -(-(n_past + n_tok) // 16) * 16
+    vv = rng.normal(size=(n_kv, hkv, d)).astype(np.float16)
+    v_nan, v_zero = vv.copy(), vv.copy()
+    v_nan[hidden:], v_zero[hidden:] = np.nan, 0.0
+    inputs = {"s": rng.normal(size=(h, n_tok, n_kv)).astype(np.float32), "mask": m.astype(np.float16)}
+    (ours, cpu), _ = _compare(graph, y, {**inputs, "v": v_nan})
+    (ours_zero, _), (ref, _) = _compare(graph, y, {**inputs, "v": v_zero})
+    assert [nd.params.get("zero_tail", False) for nd in cpu.nodes if nd.op == "mul_mat"] == [True]
+    np.testing.assert_array_equal(ours, ours_zero)
+    assert normalized_error(ours, ref) <= 1e-6     # the weights are rounded to f16 (as ggml)
+
+    b = GraphBuilder()
+    v = b.permute(b.input("v", G.F16, (d, hkv, n_kv, 1)), 1, 2, 0, 3)
+    w = b.input("w", G.F32, (n_kv, n_tok, h, 1))
+    y = b.mul_mat(v, w)
+    weights = np.where(np.isinf(m), 0.0, 1.0 / n_kv)[None].repeat(h, 0).astype(np.float32)
+    (plain, cpu), _ = _compare(b.build([y]), y, {"v": v_nan, "w": weights})
+    assert [nd.params.get("zero_tail", False) for nd in cpu.nodes] == [False]
+    assert np.isnan(plain).all()
+
+
 def test_plan_with_the_cpu_groups_fused_has_no_overlap(smollm2_path):
     model = llama.Model.load(smollm2_path)
     ctx = llama.Context(model, n_ctx=256, backend="ref")
