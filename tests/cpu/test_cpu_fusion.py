@@ -182,17 +182,32 @@ def _compiled_nodes(path, tokens):
     return [n for e in ctx.graph_cache.entries.values() for c in e.compiled for n in c.nodes]
 
 
-def _causal_mask(n_tok, n_kv, n_past):
-    """Token t sees keys [0, n_past + t]; the keys from n_past + n_tok on, none."""
+def _causal_mask(n_tok, n_kv, n_past, window=None):
+    """Token t sees keys [0, n_past + t] (with a window w: (n_past + t - w, n_past + t]);
+    the keys from n_past + n_tok on, none."""
     keys, toks = np.arange(n_kv)[None, :], np.arange(n_tok)[:, None]
-    return np.where(keys <= n_past + toks, 0.0, -np.inf)
+    seen = keys <= n_past + toks
+    if window is not None:
+        seen &= keys > n_past + toks - window
+    return np.where(seen, 0.0, -np.inf)
 
 
-@pytest.mark.parametrize("d,n_tok,n_kv,n_past", [(64, 16, 96, 20), (256, 5, 70, 33), (64, 1, 256, 40)], ids=str)
-def test_attention_skips_the_hidden_keys(d, n_tok, n_kv, n_past):
-    """The keys no query of a tile sees are never read: NaN there changes nothing (the
-    reference, which reads them, gets the same result from zeros there), and their
-    probabilities come out exactly 0."""
+def _hidden(n_tok, n_past, window=None):
+    """Keys no tile of queries reaches: [0, first) and [last, n_kv), whole chunks of 64."""
+    last = -(-(n_past + n_tok) // 16) * 16
+    first = 0 if window is None else max(0, (n_past - window + 1) // 64 * 64)
+    return first, last
+
+
+ATTENTION_CASES = [(64, 16, 96, 20, None), (256, 5, 70, 33, None), (64, 1, 256, 40, None),
+                   (64, 12, 300, 230, 100), (256, 4, 200, 150, 64), (64, 1, 512, 400, 128)]
+
+
+@pytest.mark.parametrize("d,n_tok,n_kv,n_past,window", ATTENTION_CASES, ids=str)
+def test_attention_skips_the_hidden_keys(d, n_tok, n_kv, n_past, window):
+    """The keys no query of a tile sees (past the causal edge; before a sliding window) are
+    never read: NaN there changes nothing (the reference, which reads them, gets the same
+    result from zeros there), and their probabilities come out exactly 0."""
     hkv, h = 2, 4
     b = GraphBuilder()
     k = b.permute(b.input("k", G.F16, (d, hkv, n_kv, 1)), 0, 2, 1, 3)
@@ -201,13 +216,14 @@ def test_attention_skips_the_hidden_keys(d, n_tok, n_kv, n_past):
     y = b.soft_max_ext(b.mul_mat(k, q), mask, scale=d ** -0.5)
     graph = b.build([y])
     rng = np.random.default_rng(d + n_kv)
-    m = _causal_mask(n_tok, n_kv, n_past)
-    hidden = -(-(n_past + n_tok) // 16) * 16          # past every tile's live extent
+    m = _causal_mask(n_tok, n_kv, n_past, window)
+    first, last = _hidden(n_tok, n_past, window)
     kv = rng.normal(size=(n_kv, hkv, d)).astype(np.float16)
     inputs = {"q": rng.normal(size=(n_tok, h, d)).astype(np.float16).astype(np.float32),
               "mask": m.astype(np.float16)}
     kv_nan, kv_zero = kv.copy(), kv.copy()
-    kv_nan[hidden:], kv_zero[hidden:] = np.nan, 0.0
+    for part in (slice(0, first), slice(last, None)):
+        kv_nan[part], kv_zero[part] = np.nan, 0.0
     (ours, cpu), _ = _compare(graph, y, {**inputs, "k": kv_nan})
     _, (ref, _) = _compare(graph, y, {**inputs, "k": kv_zero})
     assert [nd.op for nd in cpu.nodes] == ["mul_mat_soft_max"]
@@ -216,11 +232,11 @@ def test_attention_skips_the_hidden_keys(d, n_tok, n_kv, n_past):
     assert (ours[..., np.isinf(m)] == 0).all()
 
 
-@pytest.mark.parametrize("d,n_tok,n_kv,n_past", [(64, 16, 96, 20), (256, 6, 70, 33), (64, 1, 256, 40)], ids=str)
-def test_weights_times_values_stops_at_the_last_weight(d, n_tok, n_kv, n_past):
-    """mul_mat(v, softmax(...)) is marked zero_tail and sums only up to each tile's last
-    nonzero weight: NaN in V past it changes nothing. The same product of a tensor that is
-    not a softmax is not marked and does read them (NaN out)."""
+@pytest.mark.parametrize("d,n_tok,n_kv,n_past,window", ATTENTION_CASES, ids=str)
+def test_weights_times_values_skips_the_zero_weights(d, n_tok, n_kv, n_past, window):
+    """mul_mat(v, softmax(...)) is marked zero_tail and sums only over each tile's range of
+    nonzero weights: NaN in V outside it changes nothing. The same product of a tensor that
+    is not a softmax is not marked and does read them (NaN out)."""
     hkv, h = 2, 4
     b = GraphBuilder()
     v = b.permute(b.input("v", G.F16, (d, hkv, n_kv, 1)), 1, 2, 0, 3)     # [n_kv, d, hkv]
@@ -229,11 +245,12 @@ def test_weights_times_values_stops_at_the_last_weight(d, n_tok, n_kv, n_past):
     y = b.mul_mat(v, b.soft_max_ext(s, mask, scale=0.5))
     graph = b.build([y])
     rng = np.random.default_rng(d + n_kv)
-    m = _causal_mask(n_tok, n_kv, n_past)
-    hidden = -(-(n_past + n_tok) // 16) * 16
+    m = _causal_mask(n_tok, n_kv, n_past, window)
+    first, last = _hidden(n_tok, n_past, window)
     vv = rng.normal(size=(n_kv, hkv, d)).astype(np.float16)
     v_nan, v_zero = vv.copy(), vv.copy()
-    v_nan[hidden:], v_zero[hidden:] = np.nan, 0.0
+    for part in (slice(0, first), slice(last, None)):
+        v_nan[part], v_zero[part] = np.nan, 0.0
     inputs = {"s": rng.normal(size=(h, n_tok, n_kv)).astype(np.float32), "mask": m.astype(np.float16)}
     (ours, cpu), _ = _compare(graph, y, {**inputs, "v": v_nan})
     (ours_zero, _), (ref, _) = _compare(graph, y, {**inputs, "v": v_zero})

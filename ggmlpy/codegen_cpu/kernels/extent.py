@@ -1,16 +1,17 @@
-"""How far along a row its live entries reach: attention skips the keys no query can see.
+"""Where along a row its live entries lie: attention skips the keys no query can see.
 
-In a causal prefill the mask hides about half of the (query, key) pairs, and each hidden
-score becomes exactly 0 after the softmax. The attention kernels ask, per tile of queries,
-for the row's live extent: 1 + the index of its last entry that is not `dead` (-inf in a
-mask row, 0 in a row of probabilities), rounded up to a whole chunk. They compute scores
-and products only below it; above it the results are what they would have been anyway
-(a masked score's probability is 0, and adding 0 x v to a sum changes nothing), so the
-results are the same and the work of the hidden half is gone.
+In a causal prefill the mask hides about half of the (query, key) pairs, and in a sliding-
+window layer (Gemma 3) the keys older than the window as well; each hidden score becomes
+exactly 0 after the softmax. The attention kernels ask, per tile of queries, for the live
+range [lo, hi) of its rows: past hi and before lo every entry is `dead` (-inf in a mask
+row, 0 in a row of probabilities); lo and hi are whole chunks (clamped to the row). They
+compute scores and products only inside it; outside, the results are what they would have
+been anyway (a masked score's probability is 0, and adding 0 x v to a sum changes nothing),
+so the results are the same and the work of the hidden part is gone.
 
-The scan walks back from the end one chunk at a time and stops at the first live chunk:
-for a causal mask that is about (n_kv - token) / CHUNK vector compares per row, against
-head_dim multiply-adds per key for the scores. NaN counts as live.
+The scans walk in from either end one chunk at a time and stop at the first live chunk: for
+a causal mask about (n_kv - token) / CHUNK vector compares per row from the end and one
+from the start, against head_dim multiply-adds per key for the scores. NaN counts as live.
 """
 from __future__ import annotations
 
@@ -22,47 +23,75 @@ from ggmlpy.ir.types import GGMLType
 CHUNK = 16  # entries per compare (one AVX-512 register of f32)
 
 
-def live_extent(kb: KernelBuilder, row: ir.Value, t: GGMLType, stride: int, n: ir.Value, dead: float) -> ir.Value:
-    """i64 in [0, n]: every entry of the row (n entries of type t, `stride` bytes apart,
-    which must be the element size) at or past it equals `dead`; a multiple of CHUNK or n."""
+def _chunk_live(kb: KernelBuilder, row: ir.Value, t: GGMLType, stride: int, n: ir.Value, c: ir.Value,
+                dead: float) -> ir.Value:
+    """i1: chunk c of the row (entries [c * CHUNK, min(n, (c + 1) * CHUNK))) has an entry
+    that is not `dead`."""
     b = kb.b
-    pre = b.block
-    head = b.append_basic_block("extent.head")
-    body = b.append_basic_block("extent.body")
-    done = b.append_basic_block("extent.done")
-    n_chunks = b.sdiv(b.add(n, i64(CHUNK - 1)), i64(CHUNK))
-    b.branch(head)
-
-    b.position_at_end(head)
-    c = b.phi(I64, name="chunk")          # chunks not yet looked at: [0, c)
-    c.add_incoming(n_chunks, pre)
-    b.cbranch(b.icmp_signed(">", c, i64(0)), body, done)
-
-    b.position_at_end(body)
-    i0 = b.mul(b.sub(c, i64(1)), i64(CHUNK))
+    i0 = b.mul(c, i64(CHUNK))
     left = b.sub(n, i0)
     lanes = kb.lane_mask(b.select(b.icmp_signed("<", left, i64(CHUNK)), left, i64(CHUNK)), CHUNK)
     values = kb.load_vector(kb.byte_ptr(row, b.mul(i0, i64(stride))), t, CHUNK, lanes, fill=dead)
     live = b.fcmp_unordered("!=", values, kb.splat(ir.Constant(values.type.element, dead), CHUNK))
-    any_live = b.icmp_unsigned("!=", b.bitcast(live, ir.IntType(CHUNK)), ir.Constant(ir.IntType(CHUNK), 0))
-    reach = b.add(i0, i64(CHUNK))         # this chunk is live: the extent ends with it
-    reach = b.select(b.icmp_signed("<", reach, n), reach, n)
-    c.add_incoming(b.sub(c, i64(1)), body)
-    b.cbranch(any_live, done, head)
+    return b.icmp_unsigned("!=", b.bitcast(live, ir.IntType(CHUNK)), ir.Constant(ir.IntType(CHUNK), 0))
+
+
+def _scan(kb: KernelBuilder, row: ir.Value, t: GGMLType, stride: int, n: ir.Value, dead: float,
+          from_end: bool) -> ir.Value:
+    """The first live chunk's index met walking from the start (or the end) of the row;
+    n_chunks (or -1) when every chunk is dead."""
+    b = kb.b
+    pre = b.block
+    head = b.append_basic_block("scan.head")
+    body = b.append_basic_block("scan.body")
+    done = b.append_basic_block("scan.done")
+    n_chunks = b.sdiv(b.add(n, i64(CHUNK - 1)), i64(CHUNK))
+    begin = b.sub(n_chunks, i64(1)) if from_end else i64(0)
+    b.branch(head)
+
+    b.position_at_end(head)
+    c = b.phi(I64, name="chunk")
+    c.add_incoming(begin, pre)
+    inside = b.icmp_signed(">=", c, i64(0)) if from_end else b.icmp_signed("<", c, n_chunks)
+    b.cbranch(inside, body, done)
+
+    b.position_at_end(body)
+    live = _chunk_live(kb, row, t, stride, n, c, dead)
+    c.add_incoming(b.add(c, i64(-1 if from_end else 1)), body)
+    b.cbranch(live, done, head)
 
     b.position_at_end(done)
-    end = b.phi(I64, name="extent")
-    end.add_incoming(i64(0), head)
-    end.add_incoming(reach, body)
-    return end
+    found = b.phi(I64, name="found")
+    found.add_incoming(c, head)   # ran off the row: -1 or n_chunks
+    found.add_incoming(c, body)
+    return found
 
 
-def tile_extent(kb: KernelBuilder, rows: list[ir.Value], t: GGMLType, stride: int, n: ir.Value,
-                dead: float) -> ir.Value:
-    """The largest live extent of several rows (a tile of queries shares its keys)."""
+def live_range(kb: KernelBuilder, row: ir.Value, t: GGMLType, stride: int, n: ir.Value,
+               dead: float) -> tuple[ir.Value, ir.Value]:
+    """(lo, hi), i64 with 0 <= lo <= hi <= n: every entry of the row (n entries of type t,
+    `stride` bytes apart, which must be the element size) outside [lo, hi) equals `dead`;
+    both multiples of CHUNK or n; (0, 0) when all are dead."""
     b = kb.b
-    best = None
+    last = _scan(kb, row, t, stride, n, dead, from_end=True)
+    hi = b.mul(b.add(last, i64(1)), i64(CHUNK))
+    hi = b.select(b.icmp_signed("<", hi, n), hi, n)
+    first = _scan(kb, row, t, stride, n, dead, from_end=False)
+    lo = b.mul(first, i64(CHUNK))
+    lo = b.select(b.icmp_signed("<", lo, hi), lo, i64(0))   # all dead: hi = 0
+    return lo, hi
+
+
+def tile_range(kb: KernelBuilder, rows: list[ir.Value], t: GGMLType, stride: int, n: ir.Value,
+               dead: float, align: int = CHUNK) -> tuple[ir.Value, ir.Value]:
+    """The smallest range holding every row's live range (a tile of queries shares its
+    keys), lo rounded down to a multiple of `align`."""
+    b = kb.b
+    lo = hi = None
     for row in rows:
-        e = live_extent(kb, row, t, stride, n, dead)
-        best = e if best is None else b.select(b.icmp_signed(">", e, best), e, best)
-    return best
+        r_lo, r_hi = live_range(kb, row, t, stride, n, dead)
+        lo = r_lo if lo is None else b.select(b.icmp_signed("<", r_lo, lo), r_lo, lo)
+        hi = r_hi if hi is None else b.select(b.icmp_signed(">", r_hi, hi), r_hi, hi)
+    if CHUNK % align:
+        lo = b.mul(b.sdiv(lo, i64(align)), i64(align))
+    return lo, hi

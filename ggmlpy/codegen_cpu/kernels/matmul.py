@@ -34,7 +34,7 @@ from ggmlpy.codegen_cpu.irgen import F16, F32, KernelBuilder, f32, i64, round_f1
 from ggmlpy.codegen_cpu.kernels import qgemm
 from ggmlpy.codegen_cpu.kernels.qrepacked import RepackedMatmul
 from ggmlpy.codegen_cpu.kernels.common import elem_ptr, n_rows, row_ptr, unravel_row
-from ggmlpy.codegen_cpu.kernels.extent import tile_extent
+from ggmlpy.codegen_cpu.kernels.extent import tile_range
 from ggmlpy.codegen_cpu.kernels.qact import aligned_scratch, quantize_rows
 from ggmlpy.codegen_cpu.kernels.qdot import KINDS, QKind
 from ggmlpy.codegen_cpu.kernels.qvec import (
@@ -208,20 +208,20 @@ def _float_dot(kb: KernelBuilder, node: Tensor) -> None:
     """dst[i0] = a[i0, :] . x[:]: four a-rows at a time against a tile of up to four x rows
     (consecutive tokens of one head), so each a vector is converted once for the tile."""
     start, end = kb.thread_range(n_rows(kb, node))
-    float_dot_tiles(kb, node, start, end, lambda rows, m: None)
+    float_dot_tiles(kb, node, start, end, lambda rows, live: None)
 
 
 def float_dot_tiles(kb: KernelBuilder, node: Tensor, start: ir.Value, end: ir.Value,
-                    after: Callable[[list[tuple[ir.Value, ir.Value]], ir.Value], None],
-                    extent: Callable[[ir.Value, int], ir.Value] | None = None) -> None:
+                    after: Callable[[list[tuple[ir.Value, ir.Value]], tuple[ir.Value, ir.Value]], None],
+                    extent: Callable[[ir.Value, int], tuple[ir.Value, ir.Value]] | None = None) -> None:
     """Rows [start, end) of the dot form in tiles of DOT_TILE (see _token_tiles). With
-    `extent`, extent(r0, n) says how many leading entries of the tile's rows to compute (the
-    attention fusion: the keys its mask leaves visible; the rest are left unwritten).
+    `extent`, extent(r0, n) gives the range [lo, hi) of entries of the tile's rows to compute
+    (the attention fusion: the keys its mask leaves visible; the rest are left unwritten).
     `after` gets each tile's (row, dst row pointer) pairs once they are written, and that
-    count (the attention fusion normalises them there)."""
+    range (the attention fusion normalises them there)."""
     def tile(r0, n):
-        m = extent(r0, n) if extent is not None else kb.dim(node.ne[0])
-        after(_float_dot_rows(kb, node, r0, n, m), m)
+        lo, hi = extent(r0, n) if extent is not None else (i64(0), kb.dim(node.ne[0]))
+        after(_float_dot_rows(kb, node, r0, n, lo, hi), (lo, hi))
 
     _token_tiles(kb, node, start, end, DOT_TILE, tile)
 
@@ -250,13 +250,13 @@ def _token_tiles(kb: KernelBuilder, node: Tensor, start: ir.Value, end: ir.Value
 
 
 def _float_dot_rows(kb: KernelBuilder, node: Tensor, r0: ir.Value, n_t: int,
-                    m: ir.Value) -> list[tuple[ir.Value, ir.Value]]:
-    """Entries [0, m) of output rows r0 .. r0 + n_t - 1 (consecutive tokens of one head)."""
+                    lo: ir.Value, hi: ir.Value) -> list[tuple[ir.Value, ir.Value]]:
+    """Entries [lo, hi) of output rows r0 .. r0 + n_t - 1 (consecutive tokens of one head)."""
     b = kb.b
     a, x = node.src
     esize = type_size(a.type)
     chunks = a.ne[0] // VEC
-    m4 = b.mul(b.sdiv(m, i64(4)), i64(4))
+    m4 = b.add(lo, b.mul(b.sdiv(b.sub(hi, lo), i64(4)), i64(4)))
     i1, i2, i3, a2, a3 = _broadcast_rows(kb, node, r0)
     toks = [b.add(i1, i64(t)) for t in range(n_t)]
     xrows = [row_ptr(kb, kb.arg("src1"), x, i, i2, i3) for i in toks]
@@ -273,10 +273,10 @@ def _float_dot_rows(kb: KernelBuilder, node: Tensor, r0: ir.Value, n_t: int,
                     accs[t][j] = b.fadd(b.fmul(avs[j], xv, flags=CONTRACT), accs[t][j], flags=CONTRACT)
         return accs
 
-    with kb.loop(i64(0), m4, "i0", step=4) as i0:
+    with kb.loop(lo, m4, "i0", step=4) as i0:
         for drow, accs in zip(drows, dots(i0, 4)):
             store_vec(b, _sum4(b, accs), kb.elem_ptr(drow, i0, F32))
-    with kb.loop(m4, m, "i0t") as i0:
+    with kb.loop(m4, hi, "i0t") as i0:
         for drow, accs in zip(drows, dots(i0, 1)):
             b.store(reduce_add_f32(b, accs[0]), kb.elem_ptr(drow, i0, F32), align=4)
     return [(b.add(r0, i64(t)), drow) for t, drow in enumerate(drows)]
@@ -293,9 +293,10 @@ def _float_axpy(kb: KernelBuilder, node: Tensor) -> None:
     result is the same sum over k in the same order whatever the blocking.
 
     With the `zero_tail` parameter (codegen_cpu/fusion.py sets it when x is a softmax: the
-    attention weights times V), the sum over k stops at the tile's last nonzero weight
-    (kernels/extent.py): the masked keys' weights are exactly 0, and fma(v, 0, acc) = acc
-    for any finite v, so the result is the same."""
+    attention weights times V), the sum over k runs over the tile's range of nonzero
+    weights only (kernels/extent.py): the masked keys' weights are exactly +0, and
+    fma(v, +0, acc) = acc for any finite v (before the first nonzero weight acc is +0, and
+    +0 + -0 = +0), so the result is the same."""
     b = kb.b
     a, x = node.src
     zero_tail = bool(node.params.get("zero_tail", False))
@@ -311,11 +312,11 @@ def _float_axpy(kb: KernelBuilder, node: Tensor) -> None:
         i1s = [b.add(i1, i64(t)) for t in range(n)]
         xrows = [row_ptr(kb, kb.arg("src1"), x, i, i2, i3) for i in i1s]
         abase = row_ptr(kb, kb.arg("src0"), a, i64(0), a2, a3)
-        k_end = tile_extent(kb, xrows, x.type, 4, n_k, 0.0) if zero_tail else n_k
+        k_lo, k_hi = tile_range(kb, xrows, x.type, 4, n_k, 0.0, align=1) if zero_tail else (i64(0), n_k)
         for v0 in range(0, nv_all, block):
             vs = range(v0, min(v0 + block, nv_all))
             accs = [{v: kb.var(vec(F32, VEC), zeros(F32, VEC), "ax") for v in vs} for _ in range(n)]
-            with kb.loop(i64(0), k_end, "k") as k:
+            with kb.loop(k_lo, k_hi, "k") as k:
                 arow = kb.byte_ptr(abase, b.mul(k, a_step))
                 avs = {v: _load_f32x16(kb, kb.byte_ptr(arow, i64(VEC * v * type_size(a.type))), a.type) for v in vs}
                 for t in range(n):

@@ -21,7 +21,7 @@ import llvmlite.ir as ir
 from ggmlpy.codegen_cpu.irgen import F32, F64, KernelBuilder, f32, i64
 from ggmlpy.codegen_cpu.kernels.common import bcast_index, elem_ptr, n_rows, row_ptr, unravel_row
 from ggmlpy.codegen_cpu.kernels.elementwise import contiguous_rows
-from ggmlpy.codegen_cpu.kernels.extent import tile_extent
+from ggmlpy.codegen_cpu.kernels.extent import tile_range
 from ggmlpy.codegen_cpu.lowering import lowering
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import GGMLType, type_size
@@ -44,20 +44,28 @@ def _soft_max(kb: KernelBuilder, node: Tensor) -> None:
 
 
 def soft_max_row(kb: KernelBuilder, node: Tensor, r: ir.Value, srow: ir.Value, mask_arg: str = "src1",
-                 live: ir.Value | None = None) -> None:
+                 live: tuple[ir.Value, ir.Value] | None = None) -> None:
     """Row r of the softmax, its input row at srow (the fused attention kernel passes the
     scores it has just written to dst: in place), the mask at kernel argument mask_arg.
-    With `live` (contiguous rows only), the mask hides every entry from `live` on: only
-    [0, live) is read, and the rest of the row is written as the 0 it would come out as."""
+    With `live` = (lo, hi) (contiguous rows only; lo a multiple of WIDTH), the mask hides
+    every entry outside [lo, hi): only those are read, and the rest of the row is written as
+    the 0 it would come out as. The chunks keep their lanes (lo is whole chunks from the
+    row's start), so the sums add the same values in the same order."""
     ne0 = kb.dim(node.ne[0])
     vector = all(contiguous_rows(t) for t in (node, *node.src))
     i1, i2, i3 = unravel_row(kb, node, r)
     drow = row_ptr(kb, kb.arg("dst"), node, i1, i2, i3)
     mrow = mask_row(kb, node, i1, i2, i3, mask_arg)
-    if vector:
-        _vector_row(kb, node, srow, mrow, drow, ne0 if live is None else live)
-        if live is not None:
-            _zero_tail(kb, node, drow, live, ne0)
+    if vector and live is not None:
+        b = kb.b
+        lo, hi = live
+        at = (lambda row, t: elem_ptr(kb, row, t, lo))
+        _vector_row(kb, node, at(srow, node.src[0]), None if mrow is None else at(mrow, node.src[1]),
+                    at(drow, node), b.sub(hi, lo))
+        _zeros(kb, node, drow, i64(0), lo)
+        _zeros(kb, node, drow, hi, ne0)
+    elif vector:
+        _vector_row(kb, node, srow, mrow, drow, ne0)
     else:
         assert live is None, "a live extent needs contiguous rows"
         _scalar_row(kb, node, srow, mrow, drow, ne0)
@@ -74,15 +82,15 @@ def mask_row(kb: KernelBuilder, node: Tensor, i1: ir.Value, i2: ir.Value, i3: ir
                    bcast_index(kb, i3, node.ne[3], mask.ne[3]))
 
 
-def _zero_tail(kb: KernelBuilder, node: Tensor, drow: ir.Value, live: ir.Value, ne0: ir.Value) -> None:
-    """dst[live:ne0] = 0: the probabilities of the keys the mask hides."""
+def _zeros(kb: KernelBuilder, node: Tensor, drow: ir.Value, start: ir.Value, stop: ir.Value) -> None:
+    """dst[start:stop] = 0: the probabilities of keys the mask hides."""
     b = kb.b
     zero = kb.splat(f32(0.0), WIDTH)
 
     def store(i0: ir.Value, lanes: ir.Value | None) -> None:
-        kb.store_vector(elem_ptr(kb, drow, node, b.add(live, i0)), zero, node.type, lanes)
+        kb.store_vector(elem_ptr(kb, drow, node, b.add(start, i0)), zero, node.type, lanes)
 
-    kb.vector_chunks(b.sub(ne0, live), store, WIDTH)
+    kb.vector_chunks(b.sub(stop, start), store, WIDTH)
 
 
 def _attention_parts(node: Tensor) -> tuple[Tensor, Tensor]:
@@ -107,19 +115,20 @@ def _attention_scores(kb: KernelBuilder, node: Tensor) -> None:
     are written to dst and normalised there while still in cache; the same operations as
     the two nodes, so the same results.
 
-    With a mask, each tile of queries computes only the keys below its live extent
-    (kernels/extent.py): past it every score is masked, its probability exactly 0 either
-    way, so the results are the same while a causal prefill does about half the work."""
+    With a mask, each tile of queries computes only the keys in its live range
+    (kernels/extent.py): outside it every score is masked, its probability exactly 0 either
+    way, so the results are the same while a causal prefill does about half the work (and a
+    sliding-window layer's long prompt little more than its window's)."""
     from ggmlpy.codegen_cpu.kernels.matmul import float_dot_tiles
 
     kq, sm = _attention_parts(node)
     start, end = kb.thread_range(n_rows(kb, node))
     mask = sm.src[1] if len(sm.src) > 1 else None
 
-    def visible(r0: ir.Value, n_t: int) -> ir.Value:
+    def visible(r0: ir.Value, n_t: int) -> tuple[ir.Value, ir.Value]:
         i1, i2, i3 = unravel_row(kb, sm, r0)
         rows = [mask_row(kb, sm, kb.b.add(i1, i64(t)), i2, i3, "src2") for t in range(n_t)]
-        return tile_extent(kb, rows, mask.type, type_size(mask.type), kb.dim(sm.ne[0]), NEG_INF)
+        return tile_range(kb, rows, mask.type, type_size(mask.type), kb.dim(sm.ne[0]), NEG_INF, align=WIDTH)
 
     def normalise(rows, live):
         for r, scores in rows:
