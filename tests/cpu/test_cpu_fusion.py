@@ -14,6 +14,7 @@ import pytest
 import llama
 from ggmlpy.codegen_cpu import fusion
 from ggmlpy.codegen_cpu.backend import CpuBackend
+from ggmlpy.codegen_cpu.kernels import softmax as softmax_kernels
 from ggmlpy.ir.builder import GraphBuilder
 from ggmlpy.ir.ops import OpCase, SrcSpec
 from ggmlpy.testing.ops import make_inputs, normalized_error
@@ -169,9 +170,32 @@ def test_smollm2_attention_skipping_is_exact(smollm2_path, monkeypatch):
     compiled_params = [nd.params for nd in _compiled_nodes(smollm2_path, tokens) if nd.op == "mul_mat"]
     assert sum(p.get("zero_tail", False) for p in compiled_params) == 2 * 30   # every layer's weights x V
     monkeypatch.setattr(fusion, "MARKS", [])
+    monkeypatch.setattr(softmax_kernels, "SKIP_HIDDEN_KEYS", False)
     full, _ = _run_tokens(smollm2_path, tokens)
     for a, b in zip(skipping, full):
         np.testing.assert_array_equal(a, b)
+
+
+def _gemma_long_prompt(path):
+    """Logits of a 700-token prompt in ubatches of 256: past the 512-token sliding window,
+    so the window layers' tiles start after key 0."""
+    model = llama.Model.load(path)
+    ctx = llama.Context(model, n_ctx=1024, n_batch=256, n_ubatch=256)
+    tokens = [int(t) for t in np.random.default_rng(3).integers(5, 20000, 700)]
+    out = []
+    for i in range(0, len(tokens), 256):
+        assert ctx.decode(llama.Batch.from_tokens(tokens[i:i + 256], logits_all=True)) == 0
+        out.append(np.array(ctx.get_logits()))
+    return np.concatenate(out)
+
+
+def test_gemma3_window_skipping_is_exact(gemma3_path, monkeypatch):
+    """Gemma 3's sliding-window layers skip the keys before the window as well as those
+    past the causal edge: the same logits as computing every key."""
+    skipping = _gemma_long_prompt(gemma3_path)
+    monkeypatch.setattr(fusion, "MARKS", [])
+    monkeypatch.setattr(softmax_kernels, "SKIP_HIDDEN_KEYS", False)
+    np.testing.assert_array_equal(skipping, _gemma_long_prompt(gemma3_path))
 
 
 def _compiled_nodes(path, tokens):

@@ -28,6 +28,7 @@ from ggmlpy.ir.types import GGMLType, type_size
 
 NEG_INF = float("-inf")
 WIDTH = 64  # lanes per chunk (see above)
+SKIP_HIDDEN_KEYS = True  # the attention kernel's live ranges; off, it computes every key (tests compare)
 
 
 def _supported(node: Tensor) -> bool:
@@ -123,7 +124,7 @@ def _attention_scores(kb: KernelBuilder, node: Tensor) -> None:
 
     kq, sm = _attention_parts(node)
     start, end = kb.thread_range(n_rows(kb, node))
-    mask = sm.src[1] if len(sm.src) > 1 else None
+    mask = sm.src[1] if len(sm.src) > 1 and SKIP_HIDDEN_KEYS else None
 
     def visible(r0: ir.Value, n_t: int) -> tuple[ir.Value, ir.Value]:
         i1, i2, i3 = unravel_row(kb, sm, r0)
