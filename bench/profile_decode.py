@@ -32,14 +32,16 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-n", "--tokens", type=int, default=64)
     ap.add_argument("--seqs", type=int, default=1, help="sequences decoded together per step")
-    ap.add_argument("--prompt", type=int, default=0, help="profile one prompt of N tokens instead")
+    ap.add_argument("--prompt", type=int, default=0,
+                    help="profile one prompt of N tokens instead (in ubatches of 512)")
     ap.add_argument("--top", type=int, default=12)
     args = ap.parse_args()
     model = llama.Model.load(args.model)
     n = args.seqs
-    ctx = llama.Context(model, n_ctx=1024 * n, n_batch=512, n_ubatch=512, n_threads=args.threads, n_seq_max=n)
+    n_ctx = max(1024 * n, -(-args.prompt // 512) * 512)
+    ctx = llama.Context(model, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=args.threads, n_seq_max=n)
     rng = np.random.default_rng(0)
-    toks = [int(t) for t in rng.integers(100, model.n_vocab - 100, 512)]
+    toks = [int(t) for t in rng.integers(100, model.n_vocab - 100, max(512, args.prompt))]
     # warm-up: both graphs run once (weights repacked, pages touched) before anything is timed
     ctx.decode(llama.Batch.from_tokens(toks[:8]))
     def step(i: int) -> None:
@@ -53,7 +55,8 @@ def main() -> None:
         c.reset_profile()
     t0 = time.perf_counter()
     if args.prompt:
-        ctx.decode(llama.Batch.from_tokens(toks[:args.prompt]))
+        for i in range(0, args.prompt, 512):   # ubatches of 512, as llama-bench's pp runs them
+            ctx.decode(llama.Batch.from_tokens(toks[i:min(i + 512, args.prompt)]))
         steps = 1
     else:
         for i in range(args.tokens):

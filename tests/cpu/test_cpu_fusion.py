@@ -216,6 +216,43 @@ def _causal_mask(n_tok, n_kv, n_past, window=None):
     return np.where(seen, 0.0, -np.inf)
 
 
+def _ring_mask(n_tok, n_kv, start, window):
+    """Token t sees the `window` keys from (start + t) on, wrapping around the cells: a
+    sliding-window cache kept as a ring."""
+    keys, toks = np.arange(n_kv)[None, :], np.arange(n_tok)[:, None]
+    return np.where((keys - start - toks) % n_kv < window, 0.0, -np.inf)
+
+
+@pytest.mark.parametrize("d,n_tok,n_kv,start,window", [(64, 8, 256, 200, 100), (256, 3, 192, 150, 64)], ids=str)
+def test_attention_skips_the_hidden_chunks_inside(d, n_tok, n_kv, start, window):
+    """Visible keys wrapping around the cells: the 16-key chunks in the middle that no
+    query sees are skipped (NaN there in K and V changes nothing), with the scores, the
+    softmax and weights x V the same as the reference's from zeros there."""
+    hkv, h = 2, 4
+    m = _ring_mask(n_tok, n_kv, start, window)
+    seen = np.isfinite(m).any(axis=0)
+    hidden = np.repeat(~seen.reshape(-1, 16).any(axis=1), 16)     # whole chunks no token sees
+    assert hidden.any() and seen[0] and seen[-1]                  # a hole inside, none at the ends
+    rng = np.random.default_rng(d + n_kv)
+    kv = rng.normal(size=(n_kv, hkv, d)).astype(np.float16)
+    kv_nan, kv_zero = kv.copy(), kv.copy()
+    kv_nan[hidden], kv_zero[hidden] = np.nan, 0.0
+    b = GraphBuilder()
+    k = b.permute(b.input("k", G.F16, (d, hkv, n_kv, 1)), 0, 2, 1, 3)
+    v = b.permute(b.input("v", G.F16, (d, hkv, n_kv, 1)), 1, 2, 0, 3)
+    q = b.permute(b.input("q", G.F32, (d, h, n_tok, 1)), 0, 2, 1, 3)
+    mask = b.input("mask", G.F16, (n_kv, n_tok, 1, 1))
+    y = b.mul_mat(v, b.soft_max_ext(b.mul_mat(k, q), mask, scale=d ** -0.5))
+    graph = b.build([y])
+    inputs = {"q": rng.normal(size=(n_tok, h, d)).astype(np.float16).astype(np.float32),
+              "mask": m.astype(np.float16)}
+    (ours, cpu), _ = _compare(graph, y, {**inputs, "k": kv_nan, "v": kv_nan})
+    (ours_zero, _), (ref, _) = _compare(graph, y, {**inputs, "k": kv_zero, "v": kv_zero})
+    assert [nd.op for nd in cpu.nodes] == ["mul_mat_soft_max", "mul_mat"]
+    np.testing.assert_array_equal(ours, ours_zero)
+    assert normalized_error(ours, ref) <= 1e-6
+
+
 def _hidden(n_tok, n_past, window=None):
     """Keys no tile of queries reaches: [0, first) and [last, n_kv), whole chunks of 64."""
     last = -(-(n_past + n_tok) // 16) * 16

@@ -7,7 +7,9 @@ range [lo, hi) of its rows: past hi and before lo every entry is `dead` (-inf in
 row, 0 in a row of probabilities); lo and hi are whole chunks (clamped to the row). They
 compute scores and products only inside it; outside, the results are what they would have
 been anyway (a masked score's probability is 0, and adding 0 x v to a sum changes nothing),
-so the results are the same and the work of the hidden part is gone.
+so the results are the same and the work of the hidden part is gone. Inside the range, a
+chunk of keys that no row of the tile sees (`any_live`) is skipped as well: the window
+layers of a long prompt keep their cells in a ring, so the visible keys can wrap around it.
 
 The scans walk in from either end one chunk at a time and stop at the first live chunk: for
 a causal mask about (n_kv - token) / CHUNK vector compares per row from the end and one
@@ -15,12 +17,33 @@ from the start, against head_dim multiply-adds per key for the scores. NaN count
 """
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import llvmlite.ir as ir
 
 from ggmlpy.codegen_cpu.irgen import I64, KernelBuilder, i64
 from ggmlpy.ir.types import GGMLType
 
 CHUNK = 16  # entries per compare (one AVX-512 register of f32)
+
+
+class Visible(NamedTuple):
+    """What a tile of queries sees: keys [lo, hi) at most, and of those the chunks c (keys
+    [c * CHUNK, (c + 1) * CHUNK)) for which chunk_live(c) holds (None: all of them)."""
+    lo: ir.Value
+    hi: ir.Value
+    chunk_live: Callable[[ir.Value], ir.Value] | None
+
+
+def any_live(kb: KernelBuilder, rows: list[ir.Value], t: GGMLType, stride: int, n: ir.Value, c: ir.Value,
+             dead: float) -> ir.Value:
+    """i1: chunk c (entries [c * CHUNK, (c + 1) * CHUNK) of n) is live in one of the rows."""
+    b = kb.b
+    live = None
+    for row in rows:
+        one = _chunk_live(kb, row, t, stride, n, c, dead)
+        live = one if live is None else b.or_(live, one)
+    return live
 
 
 def _chunk_live(kb: KernelBuilder, row: ir.Value, t: GGMLType, stride: int, n: ir.Value, c: ir.Value,

@@ -34,7 +34,7 @@ from ggmlpy.codegen_cpu.irgen import F16, F32, KernelBuilder, f32, i64, round_f1
 from ggmlpy.codegen_cpu.kernels import qgemm
 from ggmlpy.codegen_cpu.kernels.qrepacked import RepackedMatmul
 from ggmlpy.codegen_cpu.kernels.common import elem_ptr, n_rows, row_ptr, unravel_row
-from ggmlpy.codegen_cpu.kernels.extent import tile_range
+from ggmlpy.codegen_cpu.kernels.extent import CHUNK, Visible, any_live, tile_range
 from ggmlpy.codegen_cpu.kernels.qact import aligned_scratch, quantize_rows
 from ggmlpy.codegen_cpu.kernels.qdot import KINDS, QKind
 from ggmlpy.codegen_cpu.kernels.qvec import (
@@ -213,15 +213,15 @@ def _float_dot(kb: KernelBuilder, node: Tensor) -> None:
 
 def float_dot_tiles(kb: KernelBuilder, node: Tensor, start: ir.Value, end: ir.Value,
                     after: Callable[[list[tuple[ir.Value, ir.Value]], tuple[ir.Value, ir.Value]], None],
-                    extent: Callable[[ir.Value, int], tuple[ir.Value, ir.Value]] | None = None) -> None:
+                    visible: Callable[[ir.Value, int], Visible] | None = None) -> None:
     """Rows [start, end) of the dot form in tiles of DOT_TILE (see _token_tiles). With
-    `extent`, extent(r0, n) gives the range [lo, hi) of entries of the tile's rows to compute
-    (the attention fusion: the keys its mask leaves visible; the rest are left unwritten).
-    `after` gets each tile's (row, dst row pointer) pairs once they are written, and that
-    range (the attention fusion normalises them there)."""
+    `visible`, visible(r0, n) says which entries of the tile's rows to compute (the
+    attention fusion: the keys its mask leaves visible; the rest are left unwritten).
+    `after` gets each tile's (row, dst row pointer) pairs once they are written, and the
+    range [lo, hi) computed (the attention fusion normalises them there)."""
     def tile(r0, n):
-        lo, hi = extent(r0, n) if extent is not None else (i64(0), kb.dim(node.ne[0]))
-        after(_float_dot_rows(kb, node, r0, n, lo, hi), (lo, hi))
+        seen = visible(r0, n) if visible is not None else Visible(i64(0), kb.dim(node.ne[0]), None)
+        after(_float_dot_rows(kb, node, r0, n, seen), (seen.lo, seen.hi))
 
     _token_tiles(kb, node, start, end, DOT_TILE, tile)
 
@@ -250,13 +250,12 @@ def _token_tiles(kb: KernelBuilder, node: Tensor, start: ir.Value, end: ir.Value
 
 
 def _float_dot_rows(kb: KernelBuilder, node: Tensor, r0: ir.Value, n_t: int,
-                    lo: ir.Value, hi: ir.Value) -> list[tuple[ir.Value, ir.Value]]:
-    """Entries [lo, hi) of output rows r0 .. r0 + n_t - 1 (consecutive tokens of one head)."""
+                    seen: Visible) -> list[tuple[ir.Value, ir.Value]]:
+    """The visible entries of output rows r0 .. r0 + n_t - 1 (consecutive tokens of one head)."""
     b = kb.b
     a, x = node.src
     esize = type_size(a.type)
     chunks = a.ne[0] // VEC
-    m4 = b.add(lo, b.mul(b.sdiv(b.sub(hi, lo), i64(4)), i64(4)))
     i1, i2, i3, a2, a3 = _broadcast_rows(kb, node, r0)
     toks = [b.add(i1, i64(t)) for t in range(n_t)]
     xrows = [row_ptr(kb, kb.arg("src1"), x, i, i2, i3) for i in toks]
@@ -273,12 +272,24 @@ def _float_dot_rows(kb: KernelBuilder, node: Tensor, r0: ir.Value, n_t: int,
                     accs[t][j] = b.fadd(b.fmul(avs[j], xv, flags=CONTRACT), accs[t][j], flags=CONTRACT)
         return accs
 
-    with kb.loop(lo, m4, "i0", step=4) as i0:
-        for drow, accs in zip(drows, dots(i0, 4)):
-            store_vec(b, _sum4(b, accs), kb.elem_ptr(drow, i0, F32))
-    with kb.loop(m4, hi, "i0t") as i0:
-        for drow, accs in zip(drows, dots(i0, 1)):
-            b.store(reduce_add_f32(b, accs[0]), kb.elem_ptr(drow, i0, F32), align=4)
+    def span(lo: ir.Value, hi: ir.Value) -> None:
+        m4 = b.add(lo, b.mul(b.sdiv(b.sub(hi, lo), i64(4)), i64(4)))
+        with kb.loop(lo, m4, "i0", step=4) as i0:
+            for drow, accs in zip(drows, dots(i0, 4)):
+                store_vec(b, _sum4(b, accs), kb.elem_ptr(drow, i0, F32))
+        with kb.loop(m4, hi, "i0t") as i0:
+            for drow, accs in zip(drows, dots(i0, 1)):
+                b.store(reduce_add_f32(b, accs[0]), kb.elem_ptr(drow, i0, F32), align=4)
+
+    if seen.chunk_live is None:
+        span(seen.lo, seen.hi)
+    else:  # chunk by chunk, the ones no row of the tile sees skipped
+        c1 = b.sdiv(b.add(seen.hi, i64(CHUNK - 1)), i64(CHUNK))
+        with kb.loop(b.sdiv(seen.lo, i64(CHUNK)), c1, "kc") as c:
+            with kb.if_then(seen.chunk_live(c)):
+                k0 = b.mul(c, i64(CHUNK))
+                k1 = b.add(k0, i64(CHUNK))
+                span(k0, b.select(b.icmp_signed("<", k1, seen.hi), k1, seen.hi))
     return [(b.add(r0, i64(t)), drow) for t, drow in enumerate(drows)]
 
 
@@ -313,18 +324,30 @@ def _float_axpy(kb: KernelBuilder, node: Tensor) -> None:
         xrows = [row_ptr(kb, kb.arg("src1"), x, i, i2, i3) for i in i1s]
         abase = row_ptr(kb, kb.arg("src0"), a, i64(0), a2, a3)
         k_lo, k_hi = tile_range(kb, xrows, x.type, 4, n_k, 0.0, align=1) if zero_tail else (i64(0), n_k)
+        c_lo, c_hi = b.sdiv(k_lo, i64(CHUNK)), b.sdiv(b.add(k_hi, i64(CHUNK - 1)), i64(CHUNK))
         for v0 in range(0, nv_all, block):
             vs = range(v0, min(v0 + block, nv_all))
             accs = [{v: kb.var(vec(F32, VEC), zeros(F32, VEC), "ax") for v in vs} for _ in range(n)]
-            with kb.loop(k_lo, k_hi, "k") as k:
-                arow = kb.byte_ptr(abase, b.mul(k, a_step))
-                avs = {v: _load_f32x16(kb, kb.byte_ptr(arow, i64(VEC * v * type_size(a.type))), a.type) for v in vs}
-                for t in range(n):
-                    xk = splat(b, _as_operand(b, b.load(kb.elem_ptr(xrows[t], k, F32), typ=F32, align=4), a.type),
-                               VEC)
-                    for v in vs:
-                        b.store(b.fadd(b.fmul(avs[v], xk, flags=CONTRACT), b.load(accs[t][v]), flags=CONTRACT),
-                                accs[t][v])
+            def keys(k0: ir.Value, k1: ir.Value) -> None:
+                with kb.loop(k0, k1, "k") as k:
+                    arow = kb.byte_ptr(abase, b.mul(k, a_step))
+                    avs = {v: _load_f32x16(kb, kb.byte_ptr(arow, i64(VEC * v * type_size(a.type))), a.type)
+                           for v in vs}
+                    for t in range(n):
+                        xk = splat(b, _as_operand(b, b.load(kb.elem_ptr(xrows[t], k, F32), typ=F32, align=4),
+                                                  a.type), VEC)
+                        for v in vs:
+                            b.store(b.fadd(b.fmul(avs[v], xk, flags=CONTRACT), b.load(accs[t][v]),
+                                           flags=CONTRACT), accs[t][v])
+
+            if not zero_tail:
+                keys(k_lo, k_hi)
+            else:  # chunk by chunk, the ones where every weight of the tile is 0 skipped
+                with kb.loop(c_lo, c_hi, "kc") as c:
+                    with kb.if_then(any_live(kb, xrows, x.type, 4, n_k, c, 0.0)):
+                        k0 = b.mul(c, i64(CHUNK))
+                        k1 = b.add(k0, i64(CHUNK))
+                        keys(k0, b.select(b.icmp_signed("<", k1, k_hi), k1, k_hi))
             for t in range(n):
                 drow = row_ptr(kb, kb.arg("dst"), node, i1s[t], i2, i3)
                 for v in vs:

@@ -15,13 +15,14 @@ measured 9.854 with f32 sums and 9.901 with f64 ones.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import llvmlite.ir as ir
 
 from ggmlpy.codegen_cpu.irgen import F32, F64, KernelBuilder, f32, i64
 from ggmlpy.codegen_cpu.kernels.common import bcast_index, elem_ptr, n_rows, row_ptr, unravel_row
 from ggmlpy.codegen_cpu.kernels.elementwise import contiguous_rows
-from ggmlpy.codegen_cpu.kernels.extent import tile_range
+from ggmlpy.codegen_cpu.kernels.extent import Visible, any_live, tile_range
 from ggmlpy.codegen_cpu.lowering import lowering
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import GGMLType, type_size
@@ -62,7 +63,7 @@ def soft_max_row(kb: KernelBuilder, node: Tensor, r: ir.Value, srow: ir.Value, m
         lo, hi = live
         at = (lambda row, t: elem_ptr(kb, row, t, lo))
         _vector_row(kb, node, at(srow, node.src[0]), None if mrow is None else at(mrow, node.src[1]),
-                    at(drow, node), b.sub(hi, lo))
+                    at(drow, node), b.sub(hi, lo), holes=mrow is not None)
         _zeros(kb, node, drow, i64(0), lo)
         _zeros(kb, node, drow, hi, ne0)
     elif vector:
@@ -126,20 +127,27 @@ def _attention_scores(kb: KernelBuilder, node: Tensor) -> None:
     start, end = kb.thread_range(n_rows(kb, node))
     mask = sm.src[1] if len(sm.src) > 1 and SKIP_HIDDEN_KEYS else None
 
-    def visible(r0: ir.Value, n_t: int) -> tuple[ir.Value, ir.Value]:
+    def visible(r0: ir.Value, n_t: int) -> Visible:
         i1, i2, i3 = unravel_row(kb, sm, r0)
         rows = [mask_row(kb, sm, kb.b.add(i1, i64(t)), i2, i3, "src2") for t in range(n_t)]
-        return tile_range(kb, rows, mask.type, type_size(mask.type), kb.dim(sm.ne[0]), NEG_INF, align=WIDTH)
+        args = (mask.type, type_size(mask.type), kb.dim(sm.ne[0]))
+        lo, hi = tile_range(kb, rows, *args, NEG_INF, align=WIDTH)
+        return Visible(lo, hi, lambda c: any_live(kb, rows, *args, c, NEG_INF))
 
     def normalise(rows, live):
         for r, scores in rows:
             soft_max_row(kb, sm, r, scores, mask_arg="src2", live=live if mask is not None else None)
 
-    float_dot_tiles(kb, kq, start, end, normalise, extent=visible if mask is not None else None)
+    float_dot_tiles(kb, kq, start, end, normalise, visible=visible if mask is not None else None)
 
 
 def _vector_row(kb: KernelBuilder, node: Tensor, srow: ir.Value, mrow: ir.Value | None, drow: ir.Value,
-                ne0: ir.Value) -> None:
+                ne0: ir.Value, holes: bool = False) -> None:
+    """With `holes` (the attention kernel, which computes no scores where a chunk of the
+    tile's keys is masked), a chunk whose mask is all -inf is not read: it is stored as the
+    -inf it would come out as, and its exponentials as 0 without computing them (adding 0
+    to the lane sums changes nothing); in the other chunks a masked lane is -inf whatever
+    its score holds (for a finite score, the value x * scale - inf gives anyway)."""
     b = kb.b
     src, scale = node.src[0], f32(node.params["scale"])
     neg_inf = kb.splat(f32(NEG_INF), WIDTH)
@@ -154,13 +162,20 @@ def _vector_row(kb: KernelBuilder, node: Tensor, srow: ir.Value, mrow: ir.Value 
     mx = kb.var(neg_inf.type, neg_inf, "max")
 
     def scaled(i0: ir.Value, lanes: ir.Value | None) -> None:
-        v = b.fmul(load(src, srow, i0, lanes), kb.like(scale, neg_inf))  # no fast-math: -inf
-        if mrow is not None:
-            v = b.fadd(v, load(node.src[1], mrow, i0, lanes))
-        if lanes is not None:  # whatever the scale's sign
-            v = kb.select(lanes, v, neg_inf)
-        store(v, i0, lanes)
-        b.store(_max(kb, b.load(mx), v), mx)
+        mv = load(node.src[1], mrow, i0, lanes) if mrow is not None else None
+
+        def compute() -> None:
+            v = b.fmul(load(src, srow, i0, lanes), kb.like(scale, neg_inf))  # no fast-math: -inf
+            if mv is not None:
+                v = b.fadd(v, mv)
+            if holes:  # a masked key's score may be unwritten (its 16-key chunk was skipped)
+                v = kb.select(b.fcmp_ordered("==", mv, neg_inf), neg_inf, v)
+            if lanes is not None:  # whatever the scale's sign
+                v = kb.select(lanes, v, neg_inf)
+            store(v, i0, lanes)
+            b.store(_max(kb, b.load(mx), v), mx)
+
+        _unless_all_neg_inf(kb, mv if holes else None, compute, lambda: store(neg_inf, i0, lanes))
 
     kb.vector_chunks(ne0, scaled, WIDTH)
     m = kb.reduce(b.load(mx), lambda x, y: _max(kb, x, y))
@@ -169,9 +184,14 @@ def _vector_row(kb: KernelBuilder, node: Tensor, srow: ir.Value, mrow: ir.Value 
     total = kb.var(zero64.type, zero64, "sum")
 
     def exponent(i0: ir.Value, lanes: ir.Value | None) -> None:
-        e = _exp_or_zero(kb, b.fsub(load(node, drow, i0, lanes), kb.like(m, neg_inf)))
-        store(e, i0, lanes)
-        b.store(kb.fadd(b.load(total), b.fpext(e, zero64.type)), total)
+        d = load(node, drow, i0, lanes)
+
+        def compute() -> None:
+            e = _exp_or_zero(kb, b.fsub(d, kb.like(m, neg_inf)))
+            store(e, i0, lanes)
+            b.store(kb.fadd(b.load(total), b.fpext(e, zero64.type)), total)
+
+        _unless_all_neg_inf(kb, d if holes else None, compute, lambda: store(kb.splat(f32(0.0), WIDTH), i0, lanes))
 
     kb.vector_chunks(ne0, exponent, WIDTH)
     inv = _inverse(kb, kb.reduce(b.load(total), kb.fadd))
@@ -202,6 +222,23 @@ def _scalar_row(kb: KernelBuilder, node: Tensor, srow: ir.Value, mrow: ir.Value 
     with kb.loop(i64(0), ne0, "i0") as i0:
         p = elem_ptr(kb, drow, node, i0)
         kb.store(p, kb.fmul(kb.load(p, node.type), inv), node.type)
+
+
+def _unless_all_neg_inf(kb: KernelBuilder, v: ir.Value | None, compute: Callable[[], None],
+                        otherwise: Callable[[], None]) -> None:
+    """compute() unless every lane of v is -inf (then otherwise()); v None: compute()."""
+    if v is None:
+        compute()
+        return
+    b = kb.b
+    n = v.type.count
+    dead = b.fcmp_ordered("==", v, kb.splat(f32(NEG_INF), n))
+    all_dead = b.icmp_unsigned("==", b.bitcast(dead, ir.IntType(n)), ir.Constant(ir.IntType(n), (1 << n) - 1))
+    with b.if_else(all_dead) as (skip, work):
+        with skip:
+            otherwise()
+        with work:
+            compute()
 
 
 def _inverse(kb: KernelBuilder, total: ir.Value) -> ir.Value:
