@@ -14,7 +14,7 @@ plan treats exactly those groups as one step (their interior tensors get no memo
 
 Some nodes are marked rather than fused (MARKS): a product whose right operand is a
 softmax (the attention weights times V) gets the parameter zero_tail, which lets its kernel
-stop each sum at the last nonzero weight (the masked keys'; kernels/matmul.py, _float_axpy).
+skip the keys whose weights are all 0 (the masked ones; kernels/matmul.py, _float_axpy).
 
 Each fused kernel computes the same f32 operations in the same order as the nodes it
 replaces, so results are bit-identical (tests/cpu/test_cpu_fusion.py). The other groups

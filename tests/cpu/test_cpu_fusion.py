@@ -140,16 +140,21 @@ def test_gated_ffn_kernel(act, t, n):
     assert normalized_error(ours, ref) <= 5e-4     # 8-bit activations (and GELU through f16)
 
 
-@pytest.mark.parametrize("d,hkv,h,n_kv,n_tok", [(64, 3, 9, 37, 7), (64, 3, 9, 5, 1), (256, 1, 4, 19, 3)], ids=str)
-def test_attention_scores_kernel(d, hkv, h, n_kv, n_tok):
-    """softmax(k . q * scale + mask) as one kernel: k from an f16 cache viewed permuted,
-    grouped query heads, a causal-style mask with -inf entries."""
+def _graph_attention_scores(d, hkv, h, n_kv, n_tok):
+    """softmax(k . q * scale + mask), k from an f16 cache viewed permuted."""
     b = GraphBuilder()
     k = b.permute(b.input("k", G.F16, (d, hkv, n_kv, 1)), 0, 2, 1, 3)
     q = b.permute(b.input("q", G.F32, (d, h, n_tok, 1)), 0, 2, 1, 3)
     mask = b.input("mask", G.F16, (n_kv, n_tok, 1, 1))
     y = b.soft_max_ext(b.mul_mat(k, q), mask, scale=d ** -0.5)
-    graph = b.build([y])
+    return b.build([y]), y
+
+
+@pytest.mark.parametrize("d,hkv,h,n_kv,n_tok", [(64, 3, 9, 37, 7), (64, 3, 9, 5, 1), (256, 1, 4, 19, 3)], ids=str)
+def test_attention_scores_kernel(d, hkv, h, n_kv, n_tok):
+    """softmax(k . q * scale + mask) as one kernel: k from an f16 cache viewed permuted,
+    grouped query heads, a causal-style mask with -inf entries."""
+    graph, y = _graph_attention_scores(d, hkv, h, n_kv, n_tok)
     rng = np.random.default_rng(n_kv)
     m = np.where(rng.random((n_tok, n_kv)) < 0.3, -np.inf, 0.0)
     m[:, 0] = 0.0
@@ -270,12 +275,7 @@ def test_attention_skips_the_hidden_keys(d, n_tok, n_kv, n_past, window):
     never read: NaN there changes nothing (the reference, which reads them, gets the same
     result from zeros there), and their probabilities come out exactly 0."""
     hkv, h = 2, 4
-    b = GraphBuilder()
-    k = b.permute(b.input("k", G.F16, (d, hkv, n_kv, 1)), 0, 2, 1, 3)
-    q = b.permute(b.input("q", G.F32, (d, h, n_tok, 1)), 0, 2, 1, 3)
-    mask = b.input("mask", G.F16, (n_kv, n_tok, 1, 1))
-    y = b.soft_max_ext(b.mul_mat(k, q), mask, scale=d ** -0.5)
-    graph = b.build([y])
+    graph, y = _graph_attention_scores(d, hkv, h, n_kv, n_tok)
     rng = np.random.default_rng(d + n_kv)
     m = _causal_mask(n_tok, n_kv, n_past, window)
     first, last = _hidden(n_tok, n_past, window)

@@ -46,6 +46,19 @@ def any_live(kb: KernelBuilder, rows: list[ir.Value], t: GGMLType, stride: int, 
     return live
 
 
+def live_chunks(kb: KernelBuilder, lo: ir.Value, hi: ir.Value, live: Callable[[ir.Value], ir.Value],
+                body: Callable[[ir.Value, ir.Value], None]) -> None:
+    """body(k0, k1) for every chunk [k0, k1) of [lo, hi) (lo a multiple of CHUNK) for which
+    live(chunk index) holds: the chunks no row of a tile sees are skipped."""
+    b = kb.b
+    c1 = b.sdiv(b.add(hi, i64(CHUNK - 1)), i64(CHUNK))
+    with kb.loop(b.sdiv(lo, i64(CHUNK)), c1, "kc") as c:
+        with kb.if_then(live(c)):
+            k0 = b.mul(c, i64(CHUNK))
+            k1 = b.add(k0, i64(CHUNK))
+            body(k0, b.select(b.icmp_signed("<", k1, hi), k1, hi))
+
+
 def _chunk_live(kb: KernelBuilder, row: ir.Value, t: GGMLType, stride: int, n: ir.Value, c: ir.Value,
                 dead: float) -> ir.Value:
     """i1: chunk c of the row (entries [c * CHUNK, min(n, (c + 1) * CHUNK))) has an entry

@@ -34,7 +34,7 @@ from ggmlpy.codegen_cpu.irgen import F16, F32, KernelBuilder, f32, i64, round_f1
 from ggmlpy.codegen_cpu.kernels import qgemm
 from ggmlpy.codegen_cpu.kernels.qrepacked import RepackedMatmul
 from ggmlpy.codegen_cpu.kernels.common import elem_ptr, n_rows, row_ptr, unravel_row
-from ggmlpy.codegen_cpu.kernels.extent import CHUNK, Visible, any_live, tile_range
+from ggmlpy.codegen_cpu.kernels.extent import Visible, any_live, live_chunks, tile_range
 from ggmlpy.codegen_cpu.kernels.qact import aligned_scratch, quantize_rows
 from ggmlpy.codegen_cpu.kernels.qdot import KINDS, QKind
 from ggmlpy.codegen_cpu.kernels.qvec import (
@@ -283,13 +283,8 @@ def _float_dot_rows(kb: KernelBuilder, node: Tensor, r0: ir.Value, n_t: int,
 
     if seen.chunk_live is None:
         span(seen.lo, seen.hi)
-    else:  # chunk by chunk, the ones no row of the tile sees skipped
-        c1 = b.sdiv(b.add(seen.hi, i64(CHUNK - 1)), i64(CHUNK))
-        with kb.loop(b.sdiv(seen.lo, i64(CHUNK)), c1, "kc") as c:
-            with kb.if_then(seen.chunk_live(c)):
-                k0 = b.mul(c, i64(CHUNK))
-                k1 = b.add(k0, i64(CHUNK))
-                span(k0, b.select(b.icmp_signed("<", k1, seen.hi), k1, seen.hi))
+    else:
+        live_chunks(kb, seen.lo, seen.hi, seen.chunk_live, span)
     return [(b.add(r0, i64(t)), drow) for t, drow in enumerate(drows)]
 
 
@@ -304,8 +299,8 @@ def _float_axpy(kb: KernelBuilder, node: Tensor) -> None:
     result is the same sum over k in the same order whatever the blocking.
 
     With the `zero_tail` parameter (codegen_cpu/fusion.py sets it when x is a softmax: the
-    attention weights times V), the sum over k runs over the tile's range of nonzero
-    weights only (kernels/extent.py): the masked keys' weights are exactly +0, and
+    attention weights times V), the sum over k skips the chunks of keys where every weight
+    of the tile is 0 (kernels/extent.py): the masked keys' weights are exactly +0, and
     fma(v, +0, acc) = acc for any finite v (before the first nonzero weight acc is +0, and
     +0 + -0 = +0), so the result is the same."""
     b = kb.b
@@ -324,7 +319,6 @@ def _float_axpy(kb: KernelBuilder, node: Tensor) -> None:
         xrows = [row_ptr(kb, kb.arg("src1"), x, i, i2, i3) for i in i1s]
         abase = row_ptr(kb, kb.arg("src0"), a, i64(0), a2, a3)
         k_lo, k_hi = tile_range(kb, xrows, x.type, 4, n_k, 0.0, align=1) if zero_tail else (i64(0), n_k)
-        c_lo, c_hi = b.sdiv(k_lo, i64(CHUNK)), b.sdiv(b.add(k_hi, i64(CHUNK - 1)), i64(CHUNK))
         for v0 in range(0, nv_all, block):
             vs = range(v0, min(v0 + block, nv_all))
             accs = [{v: kb.var(vec(F32, VEC), zeros(F32, VEC), "ax") for v in vs} for _ in range(n)]
@@ -342,12 +336,8 @@ def _float_axpy(kb: KernelBuilder, node: Tensor) -> None:
 
             if not zero_tail:
                 keys(k_lo, k_hi)
-            else:  # chunk by chunk, the ones where every weight of the tile is 0 skipped
-                with kb.loop(c_lo, c_hi, "kc") as c:
-                    with kb.if_then(any_live(kb, xrows, x.type, 4, n_k, c, 0.0)):
-                        k0 = b.mul(c, i64(CHUNK))
-                        k1 = b.add(k0, i64(CHUNK))
-                        keys(k0, b.select(b.icmp_signed("<", k1, k_hi), k1, k_hi))
+            else:  # the chunks where every weight of the tile is 0 skipped
+                live_chunks(kb, k_lo, k_hi, lambda c: any_live(kb, xrows, x.type, 4, n_k, c, 0.0), keys)
             for t in range(n):
                 drow = row_ptr(kb, kb.arg("dst"), node, i1s[t], i2, i3)
                 for v in vs:

@@ -69,7 +69,7 @@ def soft_max_row(kb: KernelBuilder, node: Tensor, r: ir.Value, srow: ir.Value, m
     elif vector:
         _vector_row(kb, node, srow, mrow, drow, ne0)
     else:
-        assert live is None, "a live extent needs contiguous rows"
+        assert live is None, "a live range needs contiguous rows"
         _scalar_row(kb, node, srow, mrow, drow, ne0)
 
 
