@@ -2,8 +2,10 @@
 spent in kernels and waiting at the barrier after them (thread 0's view), from a profiled
 build of the graphs (GGMLPY_PROFILE=1).
 
-Usage: python bench/profile_decode.py [-m MODEL] [-t THREADS] [-n TOKENS] [--seqs N] [--prompt N] [--top K]
-(--seqs N: batched decode, one token of each of N sequences per step)
+Usage: python bench/profile_decode.py [-m MODEL] [-t THREADS] [-n TOKENS] [--seqs N] [--context N]
+                                     [--prompt N] [--top K]
+(--seqs N: batched decode, one token of each of N sequences per step; --context N: each
+sequence holds N tokens before the steps profiled)
 Prints JSON: per op (kernel and barrier µs per step, share of the step) and the top nodes.
 """
 from __future__ import annotations
@@ -32,13 +34,14 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-n", "--tokens", type=int, default=64)
     ap.add_argument("--seqs", type=int, default=1, help="sequences decoded together per step")
+    ap.add_argument("--context", type=int, default=0, help="tokens each sequence holds before the steps")
     ap.add_argument("--prompt", type=int, default=0,
                     help="profile one prompt of N tokens instead (in ubatches of 512)")
     ap.add_argument("--top", type=int, default=12)
     args = ap.parse_args()
     model = llama.Model.load(args.model)
     n = args.seqs
-    n_ctx = max(1024 * n, -(-args.prompt // 512) * 512)
+    n_ctx = max(1024 * n, -(-args.prompt // 512) * 512, -(-(args.context + args.tokens + 16) * n // 256) * 256)
     ctx = llama.Context(model, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=args.threads, n_seq_max=n)
     rng = np.random.default_rng(0)
     toks = [int(t) for t in rng.integers(100, model.n_vocab - 100, max(512, args.prompt))]
@@ -49,8 +52,12 @@ def main() -> None:
                                logits=[True] * n))
 
     step(8)
-    if args.prompt:
+    if args.prompt or args.context:
         ctx.memory.clear()
+    for s in range(n if args.context else 0):   # each sequence's context, in ubatches of 512
+        for i in range(0, args.context, 512):
+            part = [toks[j % len(toks)] for j in range(i, min(i + 512, args.context))]
+            ctx.decode(llama.Batch(tokens=part, pos=list(range(i, i + len(part))), seq_ids=[[s]] * len(part)))
     for c in _compiled(ctx):
         c.reset_profile()
     t0 = time.perf_counter()
@@ -86,7 +93,8 @@ def main() -> None:
             "src0": n.src[0].type.name if n.src else "", "kernel_us": round(k, 2), "barrier_us": round(b, 2)}
            for _, k, b, n in nodes[:args.top]]
     print(json.dumps({"model": model.path.name, "threads": args.threads,
-                      "mode": f"prompt {args.prompt}" if args.prompt else f"decode, {n} sequence(s)",
+                      "mode": f"prompt {args.prompt}" if args.prompt else
+                      f"decode, {n} sequence(s)" + (f" of {args.context} tokens" if args.context else ""),
                       "step_us": round(wall * 1e6, 1), "native_us": round(native, 1),
                       "outside_native_us": round(wall * 1e6 - native, 1), "tsc_ghz": round(ghz, 3),
                       "per_op": ops, "top_nodes": top}, indent=1))

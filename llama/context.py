@@ -35,6 +35,7 @@ from llama.graph_inputs import GraphParams, InputBuffers, InputState, is_single
 from llama.kshift import build_k_shift
 from llama.kv_cache import KV_TYPES, KVCache
 from llama.kv_cache_iswa import KVCacheISWA
+from llama.kv_cells import SEQ_BLOCK
 from llama.model import Model
 from llama.pooling import PoolingType, batch_layout, check_supported, pool, resolve_pooling
 from llama.single_token import generation_ubatch
@@ -145,12 +146,15 @@ class Context:
 
     def _make_memory(self, type_k, type_v) -> KVCache | KVCacheISWA:
         """Models with sliding-window layers get llama.cpp's iSWA cache (a small cache for
-        the windowed layers, full-size with `swa_full`); the others one unified cache."""
+        the windowed layers, full-size with `swa_full`); the others one unified cache. With
+        several sequences, each keeps its cells in blocks of its own (kv_cells.py), so that
+        a batched decode step's attention skips the other sequences' cells."""
         hp = self.model.hparams
+        seq_block = SEQ_BLOCK if self.n_seq_max > 1 else 0
         if hp.n_swa > 0 and any(hp.swa_layers) and hp.extra.get("swa_type", 1) != 0:
             return KVCacheISWA(hp, self.n_ctx, self.n_seq_max, self.n_ubatch, swa_full=self.swa_full,
-                               type_k=type_k, type_v=type_v)
-        return KVCache(hp, self.n_ctx, self.n_seq_max, type_k=type_k, type_v=type_v)
+                               type_k=type_k, type_v=type_v, seq_block=seq_block)
+        return KVCache(hp, self.n_ctx, self.n_seq_max, type_k=type_k, type_v=type_v, seq_block=seq_block)
 
     @property
     def n_vocab(self) -> int:

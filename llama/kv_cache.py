@@ -40,14 +40,15 @@ class KVCache:
     def __init__(self, hp: HParams, kv_size: int, n_seq_max: int = 1, *,
                  type_k: GGMLType = GGMLType.F16, type_v: GGMLType = GGMLType.F16, n_pad: int = 32,
                  layers: Iterable[int] | None = None, swa_type: SWAType | int = SWAType.NONE,
-                 n_swa: int = 0):
+                 n_swa: int = 0, seq_block: int = 0):
         self.hp = hp
         self.size = kv_size
         self.type_k, self.type_v = type_k, type_v
         self.layers = list(range(hp.n_layer)) if layers is None else sorted(set(layers))
         if any(not 0 <= il < hp.n_layer for il in self.layers):
             raise ValueError(f"KV cache layers {self.layers} are not all in [0, {hp.n_layer})")
-        self.cells = KVCells(kv_size, n_seq_max, n_pad=n_pad, swa_type=swa_type, n_swa=n_swa)
+        self.cells = KVCells(kv_size, n_seq_max, n_pad=n_pad, swa_type=swa_type, n_swa=n_swa,
+                             seq_block=seq_block)
         self.k = {il: _cleared((kv_size, hp.n_embd_k_gqa(il)), NUMPY_DTYPES[type_k]) for il in self.layers}
         self.v = {il: _cleared((kv_size, hp.n_embd_v_gqa(il)), NUMPY_DTYPES[type_v]) for il in self.layers}
         self._bindings = {f"cache_k_l{il}": k for il, k in self.k.items()}

@@ -63,7 +63,8 @@ class KVCacheISWA:
 
     def __init__(self, hp: HParams, kv_size: int, n_seq_max: int = 1, n_ubatch: int = 512, *,
                  swa_full: bool = False, type_k: GGMLType = GGMLType.F16,
-                 type_v: GGMLType = GGMLType.F16, n_pad: int = 32, swa_pad: int = SWA_PAD):
+                 type_v: GGMLType = GGMLType.F16, n_pad: int = 32, swa_pad: int = SWA_PAD,
+                 seq_block: int = 0):
         swa_type = SWAType(hp.extra.get("swa_type", SWAType.STANDARD))
         if hp.n_swa <= 0 or swa_type == SWAType.NONE or not any(hp.swa_layers):
             raise ValueError(f"{hp.arch}: an iSWA cache needs sliding-window layers and n_swa > 0 "
@@ -74,9 +75,9 @@ class KVCacheISWA:
         self.swa_full = swa_full
         size_swa = swa_cache_size(kv_size, hp.n_swa, n_seq_max, n_ubatch, swa_full, swa_pad)
         self.base = KVCache(hp, kv_size, n_seq_max, type_k=type_k, type_v=type_v, n_pad=n_pad,
-                            layers=base_layers)
+                            layers=base_layers, seq_block=seq_block)
         self.swa = KVCache(hp, size_swa, n_seq_max, type_k=type_k, type_v=type_v, n_pad=n_pad,
-                           layers=swa_layers, swa_type=swa_type, n_swa=hp.n_swa)
+                           layers=swa_layers, swa_type=swa_type, n_swa=hp.n_swa, seq_block=seq_block)
         self.size = kv_size
         self._bindings = {**self.base.bindings(), **self.swa.bindings()}
 

@@ -11,6 +11,15 @@ A cell is empty (pos -1) or holds one position shared by a set of sequences (a r
 are O(1). `shift` accumulates the deltas of `seq_add`/`seq_div` since the last
 `reset_shift()`, for the K-shift (re-RoPE) the graph side applies when `has_shift` is set.
 
+Placement: llama.cpp's (the first usable cells from the head), or, with `seq_block` (the
+context sets it when several sequences share the cache), in blocks of that many cells, each
+holding tokens of one sequence. Under llama.cpp's placement a batched decode step puts each
+sequence's new token next to the others', so every 16-key chunk holds keys of every sequence
+and attention computes them all, masked: four 1,000-token sequences cost each token 4,000
+keys. With blocks, a token's query sees only its own sequence's blocks (and shared ones),
+and the CPU attention kernels skip the rest (codegen_cpu/kernels/extent.py). The results are
+the same but for the order of the softmax's lane sums.
+
 Decode flow: `prepare(ubatches)` finds a slot for every ubatch on the live state and then
 restores it (all or nothing, nothing changes); then, for each ubatch, `apply_ubatch(slot,
 ubatch)` writes the cells, `get_n_kv()` and `kq_mask` give the graph inputs.
@@ -26,7 +35,11 @@ import numpy as np
 from llama.batch import LLAMA_MAX_SEQ, POS_MAX, UBatch
 from llama.kv_mask import SWAType, check_swa, is_masked_swa, kq_mask
 
-__all__ = ["KVCells", "KVCellsState", "KVCellsUndo", "SWAType", "SlotInfo", "is_masked_swa"]
+__all__ = ["KVCells", "KVCellsState", "KVCellsUndo", "SEQ_BLOCK", "SWAType", "SlotInfo", "is_masked_swa"]
+
+# cells per sequence block: whole chunks of the CPU attention kernels (16 keys for the scores
+# and weights x V, 64 lanes for the softmax), so a block of another sequence is skipped whole
+SEQ_BLOCK = 64
 
 
 class _PosMultiset:
@@ -98,17 +111,21 @@ class KVCells:
     n_pad: `get_n_kv` rounds the cells read up to a multiple of it, so the graph shape
     changes rarely (llama.cpp uses max(n_pad, 256)). swa_type/n_swa: the window of the layers
     this cache serves; cells outside every token's window may be overwritten by `find_slot`
-    and are masked by `kq_mask`.
+    and are masked by `kq_mask`. seq_block: 0 for llama.cpp's placement, else the cells per
+    sequence block (see the module docstring).
     """
 
     def __init__(self, size: int, n_seq_max: int = 1, *, n_pad: int = 256,
-                 swa_type: SWAType | int = SWAType.NONE, n_swa: int = 0) -> None:
+                 swa_type: SWAType | int = SWAType.NONE, n_swa: int = 0, seq_block: int = 0) -> None:
         if size < 1:
             raise ValueError(f"KV cache size must be at least 1, got {size}")
         if not 1 <= n_seq_max <= LLAMA_MAX_SEQ:
             raise ValueError(f"n_seq_max = {n_seq_max} is not in [1, {LLAMA_MAX_SEQ}]")
         if n_pad < 1:
             raise ValueError(f"n_pad must be at least 1, got {n_pad}")
+        if seq_block < 0:
+            raise ValueError(f"seq_block must be 0 (llama.cpp's placement) or a block size, got {seq_block}")
+        self.seq_block = int(seq_block)
         self.size = int(size)
         self.n_seq_max = int(n_seq_max)
         self.n_pad = int(n_pad)
@@ -121,6 +138,7 @@ class KVCells:
         self.head = 0
         self._seq_pos = [_PosMultiset() for _ in range(self.n_seq_max)]
         self._used: list[int] = []  # sorted indices of the non-empty cells (llama.cpp's `used`)
+        self._last: dict[int, int] = {}  # the cell each sequence was last placed in (a hint: checked)
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -173,6 +191,8 @@ class KVCells:
         n_tokens = ubatch.n_tokens
         if n_tokens > self.size or n_tokens == 0:
             return None
+        if self.seq_block and not cont:
+            return self._find_in_blocks(ubatch)
         head = self.head
         # plenty of free cells before the head: better to fill the cache from the start
         if head > len(self._used) + 2 * n_tokens:
@@ -194,6 +214,55 @@ class KVCells:
         if len(ordered) < n_tokens:
             return None
         return SlotInfo(ordered[:n_tokens].astype(np.int64))
+
+    def _find_in_blocks(self, ubatch: UBatch) -> SlotInfo | None:
+        """find_slot with sequence blocks: each token goes to the cell after its sequence's
+        last one while that stays in the block (or the next block is wholly free), else to
+        the first wholly free block, else (no free block left) to the first usable cell from
+        the head, as llama.cpp places it."""
+        free = self._usable_cells()
+        following: dict[int, int | None] = {}
+        idxs = []
+        for seqs in ubatch.seq_ids:
+            s = seqs[0]
+            if s not in following:
+                following[s] = self._after_last(s)
+            cell = self._cell_in_blocks(free, following[s])
+            if cell is None:
+                return None
+            free[cell] = False
+            idxs.append(cell)
+            following[s] = cell + 1
+        return SlotInfo(np.array(idxs, dtype=np.int64))
+
+    def _after_last(self, s: int) -> int | None:
+        """The cell after the one sequence s was last placed in (else after its highest
+        cell); None when it holds no cell."""
+        last = self._last.get(s)
+        if last is None or not self.seq.item(last, s):
+            cells = np.flatnonzero(self.seq[:, s])
+            if not len(cells):
+                return None
+            last = int(cells[-1])
+        return last + 1
+
+    def _cell_in_blocks(self, free: np.ndarray, following: int | None) -> int | None:
+        block = self.seq_block
+        c = following
+        if c is not None and c < self.size and free.item(c) and (c % block or free[c:c + block].all()):
+            return c
+        n_blocks = self.size // block
+        if n_blocks:
+            whole = free[:n_blocks * block].reshape(n_blocks, block).all(axis=1)
+            first = int(whole.argmax())
+            if whole.item(first):
+                return first * block
+        for part, start in ((free[self.head:], self.head), (free[:self.head], 0)):
+            if len(part):
+                i = int(part.argmax())
+                if part.item(i):
+                    return start + i
+        return None
 
     def _usable_cells(self) -> np.ndarray:
         usable = self.pos < 0
@@ -257,6 +326,7 @@ class KVCells:
             for s in ubatch.seq_ids[i]:
                 self.seq[idx, s] = True
                 self._seq_pos[s].add(p)
+                self._last[s] = idx
         # keep every position between pos_min and pos_max of a sequence present
         for s, pmax in pos_max_rm.items():
             if self.seq_pos_min(s) <= pmax:
@@ -365,6 +435,7 @@ class KVCells:
         self.head = 0
         self._seq_pos = [_PosMultiset() for _ in range(self.n_seq_max)]
         self._used = []
+        self._last = {}
 
     # -- state -----------------------------------------------------------------------------
 

@@ -278,10 +278,11 @@ class RefCells:
                     c[:] = [-1, set(), 0]
 
 
+@pytest.mark.parametrize("seq_block", [0, 4], ids=["llama.cpp placement", "sequence blocks"])
 @pytest.mark.parametrize("seed", range(6))
-def test_random_operations_match_reference_model(seed):
+def test_random_operations_match_reference_model(seed, seq_block):
     rng = random.Random(seed)
-    kv, ref = KVCells(24, 3), RefCells(24)
+    kv, ref = KVCells(24, 3, seq_block=seq_block), RefCells(24)
     next_pos = [0, 0, 0]
     for _ in range(80):
         op = rng.choice(["put", "put", "rm", "cp", "keep", "add"])
@@ -319,6 +320,103 @@ def test_random_operations_match_reference_model(seed):
         assert [set(np.flatnonzero(row).tolist()) for row in kv.seq] == [c[1] for c in ref.cells]
         assert kv.k_shift().tolist() == [c[2] for c in ref.cells]
         check_consistent(kv)
+
+
+# -- sequence blocks -----------------------------------------------------------------------
+
+def owners_per_block(kv: KVCells, n: int | None = None) -> list[set[int]]:
+    """The sequences holding cells in each block of n (kv.seq_block) cells."""
+    n = n or kv.seq_block
+    return [set(np.flatnonzero(kv.seq[i:i + n].any(axis=0)).tolist()) for i in range(0, kv.size, n)]
+
+
+def cells_in_position_order(kv: KVCells, s: int) -> list[int]:
+    cells = np.flatnonzero(kv.seq[:, s])
+    return cells[np.argsort(kv.pos[cells], kind="stable")].tolist()
+
+
+def test_sequence_blocks_keep_each_sequence_in_blocks_of_its_own():
+    """Prompts and then interleaved one-token steps of three sequences (the server's step):
+    every block holds one sequence, each continues where it left off, and the masks are
+    the ones llama.cpp's placement gives, column for column."""
+    kv, plain = KVCells(96, 3, seq_block=8), KVCells(96, 3)
+    prompts = {0: 5, 1: 3, 2: 10}
+    for cells in (kv, plain):
+        for s, n in prompts.items():
+            place(cells, list(range(n)), [s] * n)
+    assert cells_in_position_order(kv, 0) == [0, 1, 2, 3, 4]       # the first block
+    assert cells_in_position_order(kv, 1) == [8, 9, 10]            # a block of its own
+    assert cells_in_position_order(kv, 2) == list(range(16, 26))   # two blocks, in a row
+    for step in range(12):
+        u = ub([prompts[s] + step for s in range(3)], [0, 1, 2])
+        for cells in (kv, plain):
+            cells.apply_ubatch(cells.find_slot(u), u)
+        check_consistent(kv)
+    assert all(len(owners) <= 1 for owners in owners_per_block(kv))
+    assert all(len(owners) > 1 for owners in owners_per_block(plain, 8)[3:5])   # llama.cpp's: interleaved
+    for s in range(3):
+        order = cells_in_position_order(kv, s)
+        assert sorted(order) == order                              # positions follow the cells
+        assert kv.pos[order].tolist() == list(range(prompts[s] + 12))
+    # what each token sees is the same set of (sequence, position) pairs either way
+    u = ub([prompts[s] + 12 for s in range(3)], [0, 1, 2])
+    for cells in (kv, plain):
+        cells.apply_ubatch(cells.find_slot(u), u)
+    ma, mb = kv.kq_mask(u, 96), plain.kq_mask(u, 96)
+    for t in range(3):
+        seen_a = sorted(kv.pos[np.isfinite(ma[t])].tolist())
+        seen_b = sorted(plain.pos[np.isfinite(mb[t])].tolist())
+        assert seen_a == seen_b == list(range(prompts[t] + 13))
+
+
+def test_sequence_blocks_fall_back_to_any_free_cell():
+    """With no wholly free block left, a token goes to the first usable cell from the head
+    (llama.cpp's placement); None only when the cache has no room."""
+    kv = KVCells(16, 2, seq_block=8)
+    place(kv, list(range(6)), [0] * 6)
+    place(kv, list(range(6)), [1] * 6)
+    assert cells_in_position_order(kv, 1) == list(range(8, 14))
+    slot = place(kv, [6, 7, 8], [0, 0, 0])
+    assert slot.idxs.tolist() == [6, 7, 14]     # its block's last two cells, then the head
+    assert kv.find_slot(ub([6, 7], [1, 1])) is None    # one cell left for two tokens
+    assert kv.find_slot(ub([6], [1])).idxs.tolist() == [15]
+
+
+def test_sequence_blocks_after_a_shared_prefix():
+    """seq_cp shares the prompt's cells; each sequence's own tokens then go to blocks of
+    their own (the prefix's block goes on with its first owner)."""
+    kv = KVCells(64, 3, seq_block=8)
+    place(kv, list(range(10)), [[0, 1, 2]] * 10)          # one shared prompt, cells 0..9
+    for step in range(5):
+        u = ub([10 + step] * 3, [0, 1, 2])
+        kv.apply_ubatch(kv.find_slot(u), u)
+    own = {s: [c for c in cells_in_position_order(kv, s) if c >= 10] for s in range(3)}
+    assert own[0] == [10, 11, 12, 13, 14]                 # after the last shared cell
+    assert own[1] == list(range(16, 21)) and own[2] == list(range(24, 29))
+    check_consistent(kv)
+
+
+def test_sequence_blocks_in_a_sliding_window_cache():
+    """A window cache with blocks: each sequence reuses its own cells that fell out of the
+    window, and every token still sees its whole window."""
+    n_swa = 6
+    kv = KVCells(32, 2, swa_type=SWAType.STANDARD, n_swa=n_swa, seq_block=4)
+    for p in range(40):
+        u = ub([p, p], [0, 1])
+        slot = kv.find_slot(u)
+        assert slot is not None, f"position {p}"
+        kv.apply_ubatch(slot, u)
+        m = kv.kq_mask(u, 32)
+        for t in range(2):
+            seen = sorted(kv.pos[np.isfinite(m[t])].tolist())
+            assert seen == list(range(max(0, p - n_swa + 1), p + 1))
+        check_consistent(kv)
+    assert all(len(owners) <= 1 for owners in owners_per_block(kv))
+
+
+def test_sequence_block_argument_is_checked():
+    with pytest.raises(ValueError, match="seq_block"):
+        KVCells(8, 2, seq_block=-1)
 
 
 # -- graph inputs --------------------------------------------------------------------------

@@ -164,8 +164,8 @@ class ProgramBuilder:
         start looks the object code up by this key (object_cache.ObjectCache.load_plan), so it
         does not spend a second building IR text only to hash it."""
         self._plan_kernels()
-        text = json.dumps([generator_version(), host().triple, self.qdot, self.profile, TABLE_WORD,
-                           TABLE_HEADER, ROW_WORDS, self.kernel_keys])
+        text = json.dumps([generator_version(), generator_switches(), host().triple, self.qdot, self.profile,
+                           TABLE_WORD, TABLE_HEADER, ROW_WORDS, self.kernel_keys])
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def units(self) -> list[CompileUnit]:
@@ -313,6 +313,15 @@ def generator_version() -> str:
             digest.update(path.read_bytes())
     digest.update(importlib.metadata.version("llvmlite").encode())
     return digest.hexdigest()
+
+
+def generator_switches() -> list[bool]:
+    """The code generator's switches that tests turn off to compare against (the attention
+    kernels' skipping): the source hash cannot see them, and a plan key without them would
+    find the other setting's object code in the disk cache."""
+    from ggmlpy.codegen_cpu.kernels import extent, softmax
+
+    return [softmax.SKIP_HIDDEN_KEYS, extent.TILES_APART]
 
 
 def ir_hash(ir_text: str) -> str:

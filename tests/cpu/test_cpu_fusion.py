@@ -14,6 +14,7 @@ import pytest
 import llama
 from ggmlpy.codegen_cpu import fusion
 from ggmlpy.codegen_cpu.backend import CpuBackend
+from ggmlpy.codegen_cpu.kernels import extent
 from ggmlpy.codegen_cpu.kernels import softmax as softmax_kernels
 from ggmlpy.ir.builder import GraphBuilder
 from ggmlpy.ir.ops import OpCase, SrcSpec
@@ -228,6 +229,17 @@ def _ring_mask(n_tok, n_kv, start, window):
     return np.where((keys - start - toks) % n_kv < window, 0.0, -np.inf)
 
 
+def _attention_graph(d, hkv, h, n_kv, n_tok):
+    """mul_mat(v, softmax(k . q * scale + mask)), K and V from f16 caches viewed permuted."""
+    b = GraphBuilder()
+    k = b.permute(b.input("k", G.F16, (d, hkv, n_kv, 1)), 0, 2, 1, 3)
+    v = b.permute(b.input("v", G.F16, (d, hkv, n_kv, 1)), 1, 2, 0, 3)
+    q = b.permute(b.input("q", G.F32, (d, h, n_tok, 1)), 0, 2, 1, 3)
+    mask = b.input("mask", G.F16, (n_kv, n_tok, 1, 1))
+    y = b.mul_mat(v, b.soft_max_ext(b.mul_mat(k, q), mask, scale=d ** -0.5))
+    return b.build([y]), y
+
+
 @pytest.mark.parametrize("d,n_tok,n_kv,start,window", [(64, 8, 256, 200, 100), (256, 3, 192, 150, 64)], ids=str)
 def test_attention_skips_the_hidden_chunks_inside(d, n_tok, n_kv, start, window):
     """Visible keys wrapping around the cells: the 16-key chunks in the middle that no
@@ -242,13 +254,7 @@ def test_attention_skips_the_hidden_chunks_inside(d, n_tok, n_kv, start, window)
     kv = rng.normal(size=(n_kv, hkv, d)).astype(np.float16)
     kv_nan, kv_zero = kv.copy(), kv.copy()
     kv_nan[hidden], kv_zero[hidden] = np.nan, 0.0
-    b = GraphBuilder()
-    k = b.permute(b.input("k", G.F16, (d, hkv, n_kv, 1)), 0, 2, 1, 3)
-    v = b.permute(b.input("v", G.F16, (d, hkv, n_kv, 1)), 1, 2, 0, 3)
-    q = b.permute(b.input("q", G.F32, (d, h, n_tok, 1)), 0, 2, 1, 3)
-    mask = b.input("mask", G.F16, (n_kv, n_tok, 1, 1))
-    y = b.mul_mat(v, b.soft_max_ext(b.mul_mat(k, q), mask, scale=d ** -0.5))
-    graph = b.build([y])
+    graph, y = _attention_graph(d, hkv, h, n_kv, n_tok)
     inputs = {"q": rng.normal(size=(n_tok, h, d)).astype(np.float16).astype(np.float32),
               "mask": m.astype(np.float16)}
     (ours, cpu), _ = _compare(graph, y, {**inputs, "k": kv_nan, "v": kv_nan})
@@ -256,6 +262,39 @@ def test_attention_skips_the_hidden_chunks_inside(d, n_tok, n_kv, start, window)
     assert [nd.op for nd in cpu.nodes] == ["mul_mat_soft_max", "mul_mat"]
     np.testing.assert_array_equal(ours, ours_zero)
     assert normalized_error(ours, ref) <= 1e-6
+
+
+@pytest.mark.parametrize("d", [64, 256])
+def test_attention_of_tokens_of_different_sequences_runs_row_by_row(d, monkeypatch):
+    """A batched decode step: token t of sequence t sees only its sequence's cells, kept in
+    blocks of 64 (llama/kv_cells.py, seq_block). The tiles of queries go one row at a time
+    (kernels/extent.py rows_share_chunks), so a row never touches another sequence's
+    values: NaN in sequence 1's V leaves the other tokens finite and equal to the reference
+    from zeros there; with the tiles forced together it reaches them (0 x NaN), which is
+    what shows the rows went apart."""
+    n_tok, n_kv, hkv, h = 4, 512, 2, 4
+    owner = np.repeat([0, 1, 2, 3, 0, 1, 2, 3], 64)
+    filled = np.arange(n_kv) % 64 < np.repeat([64, 64, 64, 64, 20, 30, 40, 50], 64)
+    m = np.where((owner[None, :] == np.arange(n_tok)[:, None]) & filled[None, :], 0.0, -np.inf)
+    rng = np.random.default_rng(d)
+    kv = rng.normal(size=(n_kv, hkv, d)).astype(np.float16)
+    v_nan, v_zero = kv.copy(), kv.copy()
+    v_nan[owner == 1], v_zero[owner == 1] = np.nan, 0.0
+    graph, y = _attention_graph(d, hkv, h, n_kv, n_tok)
+    inputs = {"q": rng.normal(size=(n_tok, h, d)).astype(np.float16).astype(np.float32),
+              "mask": m.astype(np.float16), "k": kv}
+    (ours, cpu), _ = _compare(graph, y, {**inputs, "v": v_nan})
+    (ours_zero, _), (ref, _) = _compare(graph, y, {**inputs, "v": v_zero})
+    assert [nd.op for nd in cpu.nodes] == ["mul_mat_soft_max", "mul_mat"]
+    others = [0, 2, 3]
+    assert np.isnan(ours[:, :, 1]).all() and np.isfinite(ours[:, :, others]).all()   # [1, head, token, d]
+    np.testing.assert_array_equal(ours[:, :, others], ours_zero[:, :, others])
+    assert normalized_error(ours_zero, ref) <= 1e-6
+    monkeypatch.setattr(extent, "TILES_APART", False)
+    (together, _), _ = _compare(graph, y, {**inputs, "v": v_nan})
+    assert np.isnan(together[:, :, others]).any()
+    (together_zero, _), _ = _compare(graph, y, {**inputs, "v": v_zero})
+    np.testing.assert_array_equal(together_zero, ours_zero)   # the same sums either way
 
 
 def _hidden(n_tok, n_past, window=None):

@@ -11,6 +11,11 @@ so the results are the same and the work of the hidden part is gone. Inside the 
 chunk of keys that no row of the tile sees (`any_live`) is skipped as well: the window
 layers of a long prompt keep their cells in a ring, so the visible keys can wrap around it.
 
+A tile computes its rows together, loading each key once for all of them; when its rows
+see mostly different chunks (a batched decode step: each token of another sequence, whose
+cells the KV cache keeps in blocks of their own, llama/kv_cells.py) it would compute every
+row over all of them, so `rows_share_chunks` sends such a tile through one row at a time.
+
 The scans walk in from either end one chunk at a time and stop at the first live chunk: for
 a causal mask about (n_kv - token) / CHUNK vector compares per row from the end and one
 from the start, against head_dim multiply-adds per key for the scores. NaN counts as live.
@@ -25,6 +30,7 @@ from ggmlpy.codegen_cpu.irgen import I64, KernelBuilder, i64
 from ggmlpy.ir.types import GGMLType
 
 CHUNK = 16  # entries per compare (one AVX-512 register of f32)
+TILES_APART = True  # rows_share_chunks decides; off, a tile's rows always go together (tests compare)
 
 
 class Visible(NamedTuple):
@@ -57,6 +63,29 @@ def live_chunks(kb: KernelBuilder, lo: ir.Value, hi: ir.Value, live: Callable[[i
             k0 = b.mul(c, i64(CHUNK))
             k1 = b.add(k0, i64(CHUNK))
             body(k0, b.select(b.icmp_signed("<", k1, hi), k1, hi))
+
+
+def rows_share_chunks(kb: KernelBuilder, rows: list[ir.Value], t: GGMLType, stride: int, n: ir.Value,
+                      dead: float) -> ir.Value:
+    """i1: computing the rows together costs less than one at a time. Together, each row
+    computes every chunk some row sees (the union, loading each key once for all rows);
+    apart, only its own. The rule: together unless the rows see on average less than 3/4
+    of the union (loading a key once for four rows saves about that much)."""
+    b = kb.b
+    if not TILES_APART:
+        return ir.Constant(ir.IntType(1), 1)
+    union = kb.var(I64, i64(0), "union")
+    total = kb.var(I64, i64(0), "total")
+    with kb.loop(i64(0), b.sdiv(b.add(n, i64(CHUNK - 1)), i64(CHUNK)), "sc") as c:
+        bits = [_chunk_live(kb, row, t, stride, n, c, dead) for row in rows]
+        seen = bits[0]
+        count = b.zext(bits[0], I64)
+        for bit in bits[1:]:
+            seen = b.or_(seen, bit)
+            count = b.add(count, b.zext(bit, I64))
+        b.store(b.add(b.load(union), b.zext(seen, I64)), union)
+        b.store(b.add(b.load(total), count), total)
+    return b.icmp_signed(">=", b.mul(b.load(total), i64(4)), b.mul(b.load(union), i64(3 * len(rows))))
 
 
 def _chunk_live(kb: KernelBuilder, row: ir.Value, t: GGMLType, stride: int, n: ir.Value, c: ir.Value,

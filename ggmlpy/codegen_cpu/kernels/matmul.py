@@ -34,7 +34,7 @@ from ggmlpy.codegen_cpu.irgen import F16, F32, KernelBuilder, f32, i64, round_f1
 from ggmlpy.codegen_cpu.kernels import qgemm
 from ggmlpy.codegen_cpu.kernels.qrepacked import RepackedMatmul
 from ggmlpy.codegen_cpu.kernels.common import elem_ptr, n_rows, row_ptr, unravel_row
-from ggmlpy.codegen_cpu.kernels.extent import Visible, any_live, live_chunks, tile_range
+from ggmlpy.codegen_cpu.kernels.extent import Visible, any_live, live_chunks, rows_share_chunks, tile_range
 from ggmlpy.codegen_cpu.kernels.qact import aligned_scratch, quantize_rows
 from ggmlpy.codegen_cpu.kernels.qdot import KINDS, QKind
 from ggmlpy.codegen_cpu.kernels.qvec import (
@@ -213,34 +213,70 @@ def _float_dot(kb: KernelBuilder, node: Tensor) -> None:
 
 def float_dot_tiles(kb: KernelBuilder, node: Tensor, start: ir.Value, end: ir.Value,
                     after: Callable[[list[tuple[ir.Value, ir.Value]], tuple[ir.Value, ir.Value]], None],
-                    visible: Callable[[ir.Value, int], Visible] | None = None) -> None:
-    """Rows [start, end) of the dot form in tiles of DOT_TILE (see _token_tiles). With
-    `visible`, visible(r0, n) says which entries of the tile's rows to compute (the
-    attention fusion: the keys its mask leaves visible; the rest are left unwritten).
-    `after` gets each tile's (row, dst row pointer) pairs once they are written, and the
-    range [lo, hi) computed (the attention fusion normalises them there)."""
+                    visible: Callable[[ir.Value, int], Visible] | None = None,
+                    together: Callable[[ir.Value, int], ir.Value] | None = None) -> None:
+    """Rows [start, end) of the dot form in tiles of DOT_TILE (see _token_tiles; `together`
+    as there). With `visible`, visible(r0, n) says which entries of the tile's rows to
+    compute (the attention fusion: the keys its mask leaves visible; the rest are left
+    unwritten). `after` gets each tile's (row, dst row pointer) pairs once they are
+    written, and the range [lo, hi) computed (the attention fusion normalises them there)."""
     def tile(r0, n):
         seen = visible(r0, n) if visible is not None else Visible(i64(0), kb.dim(node.ne[0]), None)
         after(_float_dot_rows(kb, node, r0, n, seen), (seen.lo, seen.hi))
 
-    _token_tiles(kb, node, start, end, DOT_TILE, tile)
+    _token_tiles(kb, node, start, end, DOT_TILE, tile, together, head_tile(node, DOT_TILE))
 
 
 def _token_tiles(kb: KernelBuilder, node: Tensor, start: ir.Value, end: ir.Value, size: int,
-                 body: Callable[[ir.Value, int], None]) -> None:
+                 body: Callable[[ir.Value, int], None],
+                 together: Callable[[ir.Value, int], ir.Value] | None = None, heads: int = 1) -> None:
     """body(r0, n) over rows [start, end) of node: n = size rows when they are all in the
-    range and consecutive tokens of one head (ne[1]), else one row at a time. Each row's
-    result must not depend on the tiling (it follows the thread split)."""
+    range and consecutive tokens of one head (ne[1]) and together(r0, size) holds (when
+    given), else one row at a time. With heads > 1, a one-token step (ne[1] == 1) takes
+    tiles of `heads` consecutive query heads that read the same K or V head instead
+    (grouped-query attention: each of its keys is loaded and converted once for them).
+    Either way a tile's rows are r0 .. r0 + n - 1 and share src0's rows. Each row's result
+    must not depend on the tiling (it follows the thread split)."""
+    b = kb.b
+    ne1 = kb.dim(node.ne[1])
+
+    def tokens_fit(r0: ir.Value) -> ir.Value:
+        return b.icmp_signed("<=", b.add(b.srem(r0, ne1), i64(size)), ne1)
+
+    if heads == 1:
+        _tiles(kb, start, end, size, tokens_fit, body, together)
+        return
+    group = _gqa_group(node)
+    ne2 = kb.dim(node.ne[2])
+
+    def heads_fit(r0: ir.Value) -> ir.Value:   # one token: r0 = i2 + ne2 * i3
+        return b.icmp_signed("<=", b.add(b.srem(b.srem(r0, ne2), i64(group)), i64(heads)), i64(group))
+
+    with b.if_else(b.icmp_signed("==", ne1, i64(1))) as (one_token, tokens):
+        with one_token:
+            _tiles(kb, start, end, heads, heads_fit, body)
+        with tokens:
+            _tiles(kb, start, end, size, tokens_fit, body, together)
+
+
+def _tiles(kb: KernelBuilder, start: ir.Value, end: ir.Value, size: int, fits: Callable[[ir.Value], ir.Value],
+           body: Callable[[ir.Value, int], None],
+           together: Callable[[ir.Value, int], ir.Value] | None = None) -> None:
+    """body(r0, size) where rows r0 .. r0 + size - 1 are in [start, end), fits(r0) holds and
+    so does together(r0, size) (when given), else body(r, 1) for each of them."""
     b = kb.b
     if size == 1:
         with kb.loop(start, end, "r") as r0:
             body(r0, 1)
         return
-    ne1 = kb.dim(node.ne[1])
     with kb.loop(start, end, "r", step=size) as r0:
         stop = b.add(r0, i64(size))
-        whole = b.and_(b.icmp_signed("<=", stop, end),
-                       b.icmp_signed("<=", b.add(b.srem(r0, ne1), i64(size)), ne1))
+        whole = b.and_(b.icmp_signed("<=", stop, end), fits(r0))
+        if together is not None:  # asked only of whole tiles: it reads the tile's rows
+            joint = kb.var(ir.IntType(1), ir.Constant(ir.IntType(1), 0), "joint")
+            with kb.if_then(whole):
+                b.store(together(r0, size), joint)
+            whole = b.load(joint)
         with b.if_else(whole) as (tile, single):
             with tile:
                 body(r0, size)
@@ -249,17 +285,35 @@ def _token_tiles(kb: KernelBuilder, node: Tensor, start: ir.Value, end: ir.Value
                     body(r1, 1)
 
 
+def _gqa_group(node: Tensor) -> int:
+    """Query heads per K (V) head of a product of src0 broadcast over heads; 1 when the
+    head counts are not known when the kernel is built."""
+    a, x = node.src[:2]
+    if not (isinstance(a.ne[2], int) and isinstance(x.ne[2], int)) or a.ne[2] < 1 or x.ne[2] % a.ne[2]:
+        return 1
+    return x.ne[2] // a.ne[2]
+
+
+def head_tile(node: Tensor, limit: int) -> int:
+    """Rows per tile of query heads for a one-token step: the largest divisor of the GQA
+    group up to `limit` that leaves each of two threads (the rows split in halves) a whole
+    tile (SmolLM2: 3 of 9 heads; Gemma 3 270M: 2 of 4)."""
+    group = _gqa_group(node)
+    cap = min(limit, -(-node.ne[2] // 2)) if isinstance(node.ne[2], int) else 1
+    return max(d for d in range(1, group + 1) if group % d == 0 and d <= cap)
+
+
 def _float_dot_rows(kb: KernelBuilder, node: Tensor, r0: ir.Value, n_t: int,
                     seen: Visible) -> list[tuple[ir.Value, ir.Value]]:
-    """The visible entries of output rows r0 .. r0 + n_t - 1 (consecutive tokens of one head)."""
+    """The visible entries of output rows r0 .. r0 + n_t - 1 (a tile: they share a's rows)."""
     b = kb.b
     a, x = node.src
     esize = type_size(a.type)
     chunks = a.ne[0] // VEC
-    i1, i2, i3, a2, a3 = _broadcast_rows(kb, node, r0)
-    toks = [b.add(i1, i64(t)) for t in range(n_t)]
-    xrows = [row_ptr(kb, kb.arg("src1"), x, i, i2, i3) for i in toks]
-    drows = [row_ptr(kb, kb.arg("dst"), node, i, i2, i3) for i in toks]
+    _, _, _, a2, a3 = _broadcast_rows(kb, node, r0)
+    where = [unravel_row(kb, node, b.add(r0, i64(t))) for t in range(n_t)]
+    xrows = [row_ptr(kb, kb.arg("src1"), x, *i) for i in where]
+    drows = [row_ptr(kb, kb.arg("dst"), node, *i) for i in where]
 
     def dots(i0, n):
         arows = [row_ptr(kb, kb.arg("src0"), a, b.add(i0, i64(j)), a2, a3) for j in range(n)]
@@ -313,10 +367,15 @@ def _float_axpy(kb: KernelBuilder, node: Tensor) -> None:
     n_k = kb.dim(a.ne[0])
     a_step = kb.dim(a.nb[0])
 
+    def weight_rows(r0, n):
+        return [row_ptr(kb, kb.arg("src1"), x, *unravel_row(kb, node, b.add(r0, i64(t)))) for t in range(n)]
+
+    def together(r0, n):  # the weights of tokens of different sequences: mostly apart
+        return rows_share_chunks(kb, weight_rows(r0, n), x.type, 4, n_k, 0.0)
+
     def rows(r0, n):
-        i1, i2, i3, a2, a3 = _broadcast_rows(kb, node, r0)
-        i1s = [b.add(i1, i64(t)) for t in range(n)]
-        xrows = [row_ptr(kb, kb.arg("src1"), x, i, i2, i3) for i in i1s]
+        _, _, _, a2, a3 = _broadcast_rows(kb, node, r0)
+        xrows = weight_rows(r0, n)
         abase = row_ptr(kb, kb.arg("src0"), a, i64(0), a2, a3)
         k_lo, k_hi = tile_range(kb, xrows, x.type, 4, n_k, 0.0, align=1) if zero_tail else (i64(0), n_k)
         for v0 in range(0, nv_all, block):
@@ -339,11 +398,11 @@ def _float_axpy(kb: KernelBuilder, node: Tensor) -> None:
             else:  # the chunks where every weight of the tile is 0 skipped
                 live_chunks(kb, k_lo, k_hi, lambda c: any_live(kb, xrows, x.type, 4, n_k, c, 0.0), keys)
             for t in range(n):
-                drow = row_ptr(kb, kb.arg("dst"), node, i1s[t], i2, i3)
+                drow = row_ptr(kb, kb.arg("dst"), node, *unravel_row(kb, node, b.add(r0, i64(t))))
                 for v in vs:
                     store_vec(b, b.load(accs[t][v]), kb.elem_ptr(drow, i64(VEC * v), F32))
 
-    _token_tiles(kb, node, start, end, tok, rows)
+    _token_tiles(kb, node, start, end, tok, rows, together if zero_tail else None, head_tile(node, tok))
 
 
 def _float_scalar(kb: KernelBuilder, node: Tensor) -> None:

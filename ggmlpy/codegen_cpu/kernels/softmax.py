@@ -22,7 +22,7 @@ import llvmlite.ir as ir
 from ggmlpy.codegen_cpu.irgen import F32, F64, KernelBuilder, f32, i64
 from ggmlpy.codegen_cpu.kernels.common import bcast_index, elem_ptr, n_rows, row_ptr, unravel_row
 from ggmlpy.codegen_cpu.kernels.elementwise import contiguous_rows
-from ggmlpy.codegen_cpu.kernels.extent import Visible, any_live, tile_range
+from ggmlpy.codegen_cpu.kernels.extent import Visible, any_live, rows_share_chunks, tile_range
 from ggmlpy.codegen_cpu.lowering import lowering
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import GGMLType, type_size
@@ -127,18 +127,25 @@ def _attention_scores(kb: KernelBuilder, node: Tensor) -> None:
     start, end = kb.thread_range(n_rows(kb, node))
     mask = sm.src[1] if len(sm.src) > 1 and SKIP_HIDDEN_KEYS else None
 
+    def mask_rows(r0: ir.Value, n_t: int) -> list[ir.Value]:
+        return [mask_row(kb, sm, *unravel_row(kb, sm, kb.b.add(r0, i64(t))), "src2") for t in range(n_t)]
+
+    args = (mask.type, type_size(mask.type), kb.dim(sm.ne[0])) if mask is not None else ()
+
     def visible(r0: ir.Value, n_t: int) -> Visible:
-        i1, i2, i3 = unravel_row(kb, sm, r0)
-        rows = [mask_row(kb, sm, kb.b.add(i1, i64(t)), i2, i3, "src2") for t in range(n_t)]
-        args = (mask.type, type_size(mask.type), kb.dim(sm.ne[0]))
+        rows = mask_rows(r0, n_t)
         lo, hi = tile_range(kb, rows, *args, NEG_INF, align=WIDTH)
         return Visible(lo, hi, lambda c: any_live(kb, rows, *args, c, NEG_INF))
+
+    def together(r0: ir.Value, n_t: int) -> ir.Value:  # queries of different sequences: apart
+        return rows_share_chunks(kb, mask_rows(r0, n_t), *args, NEG_INF)
 
     def normalise(rows, live):
         for r, scores in rows:
             soft_max_row(kb, sm, r, scores, mask_arg="src2", live=live if mask is not None else None)
 
-    float_dot_tiles(kb, kq, start, end, normalise, visible=visible if mask is not None else None)
+    float_dot_tiles(kb, kq, start, end, normalise, visible=visible if mask is not None else None,
+                    together=together if mask is not None else None)
 
 
 def _vector_row(kb: KernelBuilder, node: Tensor, srow: ir.Value, mrow: ir.Value | None, drow: ir.Value,
