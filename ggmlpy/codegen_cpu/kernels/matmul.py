@@ -213,76 +213,96 @@ def _float_dot(kb: KernelBuilder, node: Tensor) -> None:
 
 def float_dot_tiles(kb: KernelBuilder, node: Tensor, start: ir.Value, end: ir.Value,
                     after: Callable[[list[tuple[ir.Value, ir.Value]], tuple[ir.Value, ir.Value]], None],
-                    visible: Callable[[ir.Value, int], Visible] | None = None,
-                    together: Callable[[ir.Value, int], ir.Value] | None = None) -> None:
+                    visible: Callable[[list[ir.Value]], Visible] | None = None,
+                    together: Callable[[list[ir.Value]], ir.Value] | None = None) -> None:
     """Rows [start, end) of the dot form in tiles of DOT_TILE (see _token_tiles; `together`
-    as there). With `visible`, visible(r0, n) says which entries of the tile's rows to
+    as there). With `visible`, visible(rows) says which entries of the tile's rows to
     compute (the attention fusion: the keys its mask leaves visible; the rest are left
     unwritten). `after` gets each tile's (row, dst row pointer) pairs once they are
     written, and the range [lo, hi) computed (the attention fusion normalises them there)."""
-    def tile(r0, n):
-        seen = visible(r0, n) if visible is not None else Visible(i64(0), kb.dim(node.ne[0]), None)
-        after(_float_dot_rows(kb, node, r0, n, seen), (seen.lo, seen.hi))
+    def tile(rows: list[ir.Value]) -> None:
+        seen = visible(rows) if visible is not None else Visible(i64(0), kb.dim(node.ne[0]), None)
+        after(_float_dot_rows(kb, node, rows, seen), (seen.lo, seen.hi))
 
     _token_tiles(kb, node, start, end, DOT_TILE, tile, together, head_tile(node, DOT_TILE))
 
 
+Rows = list[ir.Value]
+
+
 def _token_tiles(kb: KernelBuilder, node: Tensor, start: ir.Value, end: ir.Value, size: int,
-                 body: Callable[[ir.Value, int], None],
-                 together: Callable[[ir.Value, int], ir.Value] | None = None, heads: int = 1) -> None:
-    """body(r0, n) over rows [start, end) of node: n = size rows when they are all in the
-    range and consecutive tokens of one head (ne[1]) and together(r0, size) holds (when
-    given), else one row at a time. With heads > 1, a one-token step (ne[1] == 1) takes
-    tiles of `heads` consecutive query heads that read the same K or V head instead
-    (grouped-query attention: each of its keys is loaded and converted once for them).
-    Either way a tile's rows are r0 .. r0 + n - 1 and share src0's rows. Each row's result
-    must not depend on the tiling (it follows the thread split)."""
+                 body: Callable[[Rows], None], together: Callable[[Rows], ir.Value] | None = None,
+                 heads: int = 1) -> None:
+    """body(rows) over the rows of node, this thread's share [start, end) of them: tiles of
+    `size` consecutive tokens of one head (ne[1]) when together(rows) holds (when given),
+    else one row at a time. With heads > 1, tiles of `heads` query heads of one token that
+    read the same K or V head (grouped-query attention: each key is loaded and converted
+    once for them) where token tiles do not serve: a one-token step, and (with `together`)
+    a step whose first two tokens see different keys (a batched decode step, each token of
+    another sequence; decided for the whole step, so that every thread takes its share of
+    the rows in the same order). A tile's rows share src0's rows. Each row's result must not
+    depend on the tiling (it follows the thread split)."""
     b = kb.b
-    ne1 = kb.dim(node.ne[1])
+    ne1, ne2 = kb.dim(node.ne[1]), kb.dim(node.ne[2])
 
     def tokens_fit(r0: ir.Value) -> ir.Value:
         return b.icmp_signed("<=", b.add(b.srem(r0, ne1), i64(size)), ne1)
 
+    def by_tokens() -> None:
+        _tiles(kb, start, end, size, tokens_fit, lambda q: q, body, together)
+
     if heads == 1:
-        _tiles(kb, start, end, size, tokens_fit, body, together)
+        by_tokens()
         return
     group = _gqa_group(node)
-    ne2 = kb.dim(node.ne[2])
 
-    def heads_fit(r0: ir.Value) -> ir.Value:   # one token: r0 = i2 + ne2 * i3
-        return b.icmp_signed("<=", b.add(b.srem(b.srem(r0, ne2), i64(group)), i64(heads)), i64(group))
+    def heads_fit(q: ir.Value) -> ir.Value:   # q counts heads fastest: q = i2 + ne2 * (i1 + ne1 * i3)
+        return b.icmp_signed("<=", b.add(b.srem(b.srem(q, ne2), i64(group)), i64(heads)), i64(group))
 
-    with b.if_else(b.icmp_signed("==", ne1, i64(1))) as (one_token, tokens):
-        with one_token:
-            _tiles(kb, start, end, heads, heads_fit, body)
-        with tokens:
-            _tiles(kb, start, end, size, tokens_fit, body, together)
+    def row_of(q: ir.Value) -> ir.Value:
+        i2, rest = b.srem(q, ne2), b.sdiv(q, ne2)
+        return b.add(b.srem(rest, ne1), b.mul(ne1, b.add(i2, b.mul(ne2, b.sdiv(rest, ne1)))))
+
+    by_heads = b.icmp_signed("==", ne1, i64(1))
+    if together is not None:
+        first_two = [i64(0), i64(1)]   # tokens 0 and 1 of head 0
+        apart = kb.var(ir.IntType(1), ir.Constant(ir.IntType(1), 0), "apart")
+        with kb.if_then(b.icmp_signed(">", ne1, i64(1))):
+            b.store(b.not_(together(first_two)), apart)
+        by_heads = b.or_(by_heads, b.load(apart))
+    with b.if_else(by_heads) as (heads_first, tokens_first):
+        with heads_first:
+            _tiles(kb, start, end, heads, heads_fit, row_of, body)
+        with tokens_first:
+            by_tokens()
 
 
 def _tiles(kb: KernelBuilder, start: ir.Value, end: ir.Value, size: int, fits: Callable[[ir.Value], ir.Value],
-           body: Callable[[ir.Value, int], None],
-           together: Callable[[ir.Value, int], ir.Value] | None = None) -> None:
-    """body(r0, size) where rows r0 .. r0 + size - 1 are in [start, end), fits(r0) holds and
-    so does together(r0, size) (when given), else body(r, 1) for each of them."""
+           row_of: Callable[[ir.Value], ir.Value], body: Callable[[Rows], None],
+           together: Callable[[Rows], ir.Value] | None = None) -> None:
+    """body over indices q in [start, end), as row_of(q): tiles of `size` consecutive q
+    where they are all in the range, fits(q0) holds and so does together (when given),
+    else one at a time."""
     b = kb.b
     if size == 1:
-        with kb.loop(start, end, "r") as r0:
-            body(r0, 1)
+        with kb.loop(start, end, "r") as q:
+            body([row_of(q)])
         return
-    with kb.loop(start, end, "r", step=size) as r0:
-        stop = b.add(r0, i64(size))
-        whole = b.and_(b.icmp_signed("<=", stop, end), fits(r0))
+    with kb.loop(start, end, "r", step=size) as q0:
+        stop = b.add(q0, i64(size))
+        whole = b.and_(b.icmp_signed("<=", stop, end), fits(q0))
+        rows = [row_of(b.add(q0, i64(t))) for t in range(size)]
         if together is not None:  # asked only of whole tiles: it reads the tile's rows
             joint = kb.var(ir.IntType(1), ir.Constant(ir.IntType(1), 0), "joint")
             with kb.if_then(whole):
-                b.store(together(r0, size), joint)
+                b.store(together(rows), joint)
             whole = b.load(joint)
         with b.if_else(whole) as (tile, single):
             with tile:
-                body(r0, size)
+                body(rows)
             with single:
-                with kb.loop(r0, b.select(b.icmp_signed("<", stop, end), stop, end), "r1") as r1:
-                    body(r1, 1)
+                with kb.loop(q0, b.select(b.icmp_signed("<", stop, end), stop, end), "r1") as q:
+                    body([row_of(q)])
 
 
 def _gqa_group(node: Tensor) -> int:
@@ -303,15 +323,15 @@ def head_tile(node: Tensor, limit: int) -> int:
     return max(d for d in range(1, group + 1) if group % d == 0 and d <= cap)
 
 
-def _float_dot_rows(kb: KernelBuilder, node: Tensor, r0: ir.Value, n_t: int,
-                    seen: Visible) -> list[tuple[ir.Value, ir.Value]]:
-    """The visible entries of output rows r0 .. r0 + n_t - 1 (a tile: they share a's rows)."""
+def _float_dot_rows(kb: KernelBuilder, node: Tensor, rows: Rows, seen: Visible) -> list[tuple[ir.Value, ir.Value]]:
+    """The visible entries of the output rows of a tile (they share a's rows)."""
     b = kb.b
     a, x = node.src
     esize = type_size(a.type)
     chunks = a.ne[0] // VEC
-    _, _, _, a2, a3 = _broadcast_rows(kb, node, r0)
-    where = [unravel_row(kb, node, b.add(r0, i64(t))) for t in range(n_t)]
+    n_t = len(rows)
+    _, _, _, a2, a3 = _broadcast_rows(kb, node, rows[0])
+    where = [unravel_row(kb, node, r) for r in rows]
     xrows = [row_ptr(kb, kb.arg("src1"), x, *i) for i in where]
     drows = [row_ptr(kb, kb.arg("dst"), node, *i) for i in where]
 
@@ -339,7 +359,7 @@ def _float_dot_rows(kb: KernelBuilder, node: Tensor, r0: ir.Value, n_t: int,
         span(seen.lo, seen.hi)
     else:
         live_chunks(kb, seen.lo, seen.hi, seen.chunk_live, span)
-    return [(b.add(r0, i64(t)), drow) for t, drow in enumerate(drows)]
+    return list(zip(rows, drows))
 
 
 def is_dot_form(node: Tensor) -> bool:
@@ -367,15 +387,16 @@ def _float_axpy(kb: KernelBuilder, node: Tensor) -> None:
     n_k = kb.dim(a.ne[0])
     a_step = kb.dim(a.nb[0])
 
-    def weight_rows(r0, n):
-        return [row_ptr(kb, kb.arg("src1"), x, *unravel_row(kb, node, b.add(r0, i64(t)))) for t in range(n)]
+    def weight_rows(rows: Rows) -> list[ir.Value]:
+        return [row_ptr(kb, kb.arg("src1"), x, *unravel_row(kb, node, r)) for r in rows]
 
-    def together(r0, n):  # the weights of tokens of different sequences: mostly apart
-        return rows_share_chunks(kb, weight_rows(r0, n), x.type, 4, n_k, 0.0)
+    def together(rows: Rows) -> ir.Value:  # the weights of tokens of different sequences: mostly apart
+        return rows_share_chunks(kb, weight_rows(rows), x.type, 4, n_k, 0.0)
 
-    def rows(r0, n):
-        _, _, _, a2, a3 = _broadcast_rows(kb, node, r0)
-        xrows = weight_rows(r0, n)
+    def tile(rows: Rows) -> None:
+        n = len(rows)
+        _, _, _, a2, a3 = _broadcast_rows(kb, node, rows[0])
+        xrows = weight_rows(rows)
         abase = row_ptr(kb, kb.arg("src0"), a, i64(0), a2, a3)
         k_lo, k_hi = tile_range(kb, xrows, x.type, 4, n_k, 0.0, align=1) if zero_tail else (i64(0), n_k)
         for v0 in range(0, nv_all, block):
@@ -398,11 +419,11 @@ def _float_axpy(kb: KernelBuilder, node: Tensor) -> None:
             else:  # the chunks where every weight of the tile is 0 skipped
                 live_chunks(kb, k_lo, k_hi, lambda c: any_live(kb, xrows, x.type, 4, n_k, c, 0.0), keys)
             for t in range(n):
-                drow = row_ptr(kb, kb.arg("dst"), node, *unravel_row(kb, node, b.add(r0, i64(t))))
+                drow = row_ptr(kb, kb.arg("dst"), node, *unravel_row(kb, node, rows[t]))
                 for v in vs:
                     store_vec(b, b.load(accs[t][v]), kb.elem_ptr(drow, i64(VEC * v), F32))
 
-    _token_tiles(kb, node, start, end, tok, rows, together if zero_tail else None, head_tile(node, tok))
+    _token_tiles(kb, node, start, end, tok, tile, together if zero_tail else None, head_tile(node, tok))
 
 
 def _float_scalar(kb: KernelBuilder, node: Tensor) -> None:

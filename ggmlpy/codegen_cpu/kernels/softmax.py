@@ -127,18 +127,18 @@ def _attention_scores(kb: KernelBuilder, node: Tensor) -> None:
     start, end = kb.thread_range(n_rows(kb, node))
     mask = sm.src[1] if len(sm.src) > 1 and SKIP_HIDDEN_KEYS else None
 
-    def mask_rows(r0: ir.Value, n_t: int) -> list[ir.Value]:
-        return [mask_row(kb, sm, *unravel_row(kb, sm, kb.b.add(r0, i64(t))), "src2") for t in range(n_t)]
+    def mask_rows(rows: list[ir.Value]) -> list[ir.Value]:
+        return [mask_row(kb, sm, *unravel_row(kb, sm, r), "src2") for r in rows]
 
     args = (mask.type, type_size(mask.type), kb.dim(sm.ne[0])) if mask is not None else ()
 
-    def visible(r0: ir.Value, n_t: int) -> Visible:
-        rows = mask_rows(r0, n_t)
-        lo, hi = tile_range(kb, rows, *args, NEG_INF, align=WIDTH)
-        return Visible(lo, hi, lambda c: any_live(kb, rows, *args, c, NEG_INF))
+    def visible(rows: list[ir.Value]) -> Visible:
+        masks = mask_rows(rows)
+        lo, hi = tile_range(kb, masks, *args, NEG_INF, align=WIDTH)
+        return Visible(lo, hi, lambda c: any_live(kb, masks, *args, c, NEG_INF))
 
-    def together(r0: ir.Value, n_t: int) -> ir.Value:  # queries of different sequences: apart
-        return rows_share_chunks(kb, mask_rows(r0, n_t), *args, NEG_INF)
+    def together(rows: list[ir.Value]) -> ir.Value:  # queries of different sequences: apart
+        return rows_share_chunks(kb, mask_rows(rows), *args, NEG_INF)
 
     def normalise(rows, live):
         for r, scores in rows:
