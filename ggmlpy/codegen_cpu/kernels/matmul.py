@@ -272,25 +272,27 @@ def _token_tiles(kb: KernelBuilder, node: Tensor, start: ir.Value, end: ir.Value
         by_heads = b.or_(by_heads, b.load(apart))
     with b.if_else(by_heads) as (heads_first, tokens_first):
         with heads_first:
-            _tiles(kb, start, end, heads, heads_fit, row_of, body)
+            _tiles(kb, start, end, heads, heads_fit, row_of, body, aligned=True)
         with tokens_first:
             by_tokens()
 
 
 def _tiles(kb: KernelBuilder, start: ir.Value, end: ir.Value, size: int, fits: Callable[[ir.Value], ir.Value],
            row_of: Callable[[ir.Value], ir.Value], body: Callable[[Rows], None],
-           together: Callable[[Rows], ir.Value] | None = None) -> None:
+           together: Callable[[Rows], ir.Value] | None = None, aligned: bool = False) -> None:
     """body over indices q in [start, end), as row_of(q): tiles of `size` consecutive q
     where they are all in the range, fits(q0) holds and so does together (when given),
-    else one at a time."""
+    else one at a time. `aligned`: tiles start at multiples of size (the indices before
+    the first one go one at a time), where the groups that fit begin (heads of one group)."""
     b = kb.b
     if size == 1:
         with kb.loop(start, end, "r") as q:
             body([row_of(q)])
         return
-    with kb.loop(start, end, "r", step=size) as q0:
+    base = b.mul(b.sdiv(start, i64(size)), i64(size)) if aligned else start   # start >= 0
+    with kb.loop(base, end, "r", step=size) as q0:
         stop = b.add(q0, i64(size))
-        whole = b.and_(b.icmp_signed("<=", stop, end), fits(q0))
+        whole = b.and_(b.and_(b.icmp_signed(">=", q0, start), b.icmp_signed("<=", stop, end)), fits(q0))
         rows = [row_of(b.add(q0, i64(t))) for t in range(size)]
         if together is not None:  # asked only of whole tiles: it reads the tile's rows
             joint = kb.var(ir.IntType(1), ir.Constant(ir.IntType(1), 0), "joint")
@@ -301,7 +303,8 @@ def _tiles(kb: KernelBuilder, start: ir.Value, end: ir.Value, size: int, fits: C
             with tile:
                 body(rows)
             with single:
-                with kb.loop(q0, b.select(b.icmp_signed("<", stop, end), stop, end), "r1") as q:
+                first = b.select(b.icmp_signed(">", q0, start), q0, start)
+                with kb.loop(first, b.select(b.icmp_signed("<", stop, end), stop, end), "r1") as q:
                     body([row_of(q)])
 
 
