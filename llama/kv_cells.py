@@ -203,12 +203,8 @@ class KVCells:
         if cont:
             return self._find_contiguous(usable, head, n_tokens)
         if n_tokens == 1:  # decode: the first usable cell from the head on, else from 0
-            for part, start in ((usable[head:], head), (usable[:head], 0)):
-                if len(part):
-                    i = int(part.argmax())
-                    if part[i]:
-                        return SlotInfo(np.array([start + i], dtype=np.int64))
-            return None
+            cell = _first_usable(usable, head)
+            return None if cell is None else SlotInfo(np.array([cell], dtype=np.int64))
         idx = np.flatnonzero(usable)
         ordered = np.concatenate([idx[idx >= head], idx[idx < head]])
         if len(ordered) < n_tokens:
@@ -257,12 +253,7 @@ class KVCells:
             first = int(whole.argmax())
             if whole.item(first):
                 return first * block
-        for part, start in ((free[self.head:], self.head), (free[:self.head], 0)):
-            if len(part):
-                i = int(part.argmax())
-                if part.item(i):
-                    return start + i
-        return None
+        return _first_usable(free, self.head)
 
     def _usable_cells(self) -> np.ndarray:
         usable = self.pos < 0
@@ -528,6 +519,16 @@ class KVCells:
             self._seq_pos[s].remove(old)
             self._seq_pos[s].add(new_pos)
         self.pos[i] = new_pos
+
+
+def _first_usable(usable: np.ndarray, head: int) -> int | None:
+    """The first usable cell from the head on, else from 0 (llama.cpp's scan for one token)."""
+    for part, start in ((usable[head:], head), (usable[:head], 0)):
+        if len(part):
+            i = int(part.argmax())
+            if part.item(i):
+                return start + i
+    return None
 
 
 def _range(p0: int, p1: int) -> tuple[int, int]:

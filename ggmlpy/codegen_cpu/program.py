@@ -26,6 +26,7 @@ import llvmlite.ir as ir
 import numpy as np
 
 from ggmlpy.codegen_cpu import kernels as _kernels  # noqa: F401  (fills the lowering table)
+from ggmlpy.codegen_cpu.kernels import extent, softmax
 from ggmlpy.codegen_cpu.irgen import KernelBuilder, barrier_ir, declare_barrier
 from ggmlpy.codegen_cpu.fusion import CpuFusion
 from ggmlpy.codegen_cpu.lowering import LOWERINGS, kernel_signature
@@ -319,8 +320,6 @@ def generator_switches() -> list[bool]:
     """The code generator's switches that tests turn off to compare against (the attention
     kernels' skipping): the source hash cannot see them, and a plan key without them would
     find the other setting's object code in the disk cache."""
-    from ggmlpy.codegen_cpu.kernels import extent, softmax
-
     return [softmax.SKIP_HIDDEN_KEYS, extent.TILES_APART]
 
 

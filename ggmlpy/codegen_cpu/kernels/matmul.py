@@ -400,6 +400,7 @@ def _float_axpy(kb: KernelBuilder, node: Tensor) -> None:
         n = len(rows)
         _, _, _, a2, a3 = _broadcast_rows(kb, node, rows[0])
         xrows = weight_rows(rows)
+        drows = [row_ptr(kb, kb.arg("dst"), node, *unravel_row(kb, node, r)) for r in rows]
         abase = row_ptr(kb, kb.arg("src0"), a, i64(0), a2, a3)
         k_lo, k_hi = tile_range(kb, xrows, x.type, 4, n_k, 0.0, align=1) if zero_tail else (i64(0), n_k)
         for v0 in range(0, nv_all, block):
@@ -422,9 +423,8 @@ def _float_axpy(kb: KernelBuilder, node: Tensor) -> None:
             else:  # the chunks where every weight of the tile is 0 skipped
                 live_chunks(kb, k_lo, k_hi, lambda c: any_live(kb, xrows, x.type, 4, n_k, c, 0.0), keys)
             for t in range(n):
-                drow = row_ptr(kb, kb.arg("dst"), node, *unravel_row(kb, node, rows[t]))
                 for v in vs:
-                    store_vec(b, b.load(accs[t][v]), kb.elem_ptr(drow, i64(VEC * v), F32))
+                    store_vec(b, b.load(accs[t][v]), kb.elem_ptr(drows[t], i64(VEC * v), F32))
 
     _token_tiles(kb, node, start, end, tok, tile, together if zero_tail else None, head_tile(node, tok))
 
