@@ -24,10 +24,11 @@ of a repacked tensor are then released, so the weights are resident once.
 """
 from __future__ import annotations
 
-import concurrent.futures
+import collections
 import ctypes
 import functools
 import mmap
+import threading
 from typing import Callable
 
 import numpy as np
@@ -337,18 +338,61 @@ def _from_mmap(data: np.ndarray) -> bool:
     return isinstance(base, mmap.mmap)
 
 
+class _RepackRun:
+    """The slices of one batch of weights (`repack_jobs`), taken in turn by background
+    threads and by whoever waits for them, so a waiting first decode joins the work instead
+    of idling."""
+
+    def __init__(self, jobs: list[Callable[[], None]]) -> None:
+        self._jobs = collections.deque(jobs)
+        self._lock = threading.Lock()
+        self._left = len(jobs)
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        if not jobs:
+            self._done.set()
+
+    def work(self) -> None:
+        """Run queued slices until none is left (a background thread's whole life)."""
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    return
+                job = self._jobs.popleft()
+            try:
+                job()
+            except BaseException as e:  # noqa: BLE001 - re-raised by wait, in the caller's thread
+                self._error = self._error or e
+            with self._lock:
+                self._left -= 1
+                if self._left == 0:
+                    self._done.set()
+
+    def wait(self) -> None:
+        self.work()
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+
+
 class WeightLayouts:
-    """Repacked copies of a model's weights, made on first use and shared by every context
-    (and CPU backend) of the model, as ggml's repack buffers are made once at load."""
+    """Repacked copies of a model's weights, made once and shared by every context (and CPU
+    backend) of the model, as ggml's repack buffers are made once at load. A backend starts
+    them as soon as a compiled split says which weights it reads repacked (`start`), so
+    they are made while the context's other graph compiles; a split's first run waits for
+    its own (`prepare`)."""
 
     def __init__(self, release: bool = True) -> None:
         self.arrays: dict[str, np.ndarray] = {}
         self.release = release
+        self._started: dict[str, tuple[_RepackRun, np.ndarray]] = {}  # name -> (its run, its output)
+        self._lock = threading.Lock()
 
     def get(self, t: Tensor, data: np.ndarray) -> np.ndarray:
         """The repacked copy of weight t (whose GGUF bytes are `data`), made on first use;
         the source's pages are released slice by slice as they are read, so a large tensor
         (a 178 MB tied embedding) is never resident twice."""
+        self._finish([t.name])
         out = self.arrays.get(t.name)
         if out is None:
             out = self.arrays[t.name] = self._repacked(t, data)
@@ -357,25 +401,52 @@ class WeightLayouts:
     def _repacked(self, t: Tensor, data: np.ndarray) -> np.ndarray:
         return repack(data, t.type, t.ne[0], t.ne[1], release_pages if self.release else None)
 
+    def start(self, pending: list[tuple[Tensor, np.ndarray]], n_background: int) -> _RepackRun | None:
+        """Begin repacking every weight of `pending` not done or begun yet, on n_background
+        threads of its own, slice by slice (`repack_jobs`), so that one large tensor is
+        shared too. numpy lets go of the GIL while it moves the words, so this proceeds
+        beside a graph compiling in Python. The results are the same as `get`'s."""
+        with self._lock:
+            release = release_pages if self.release else None
+            outs, jobs = {}, []
+            for t, data in pending:
+                if t.name in self.arrays or t.name in self._started or t.name in outs:
+                    continue
+                outs[t.name], filling = repack_jobs(data, t.type, t.ne[0], t.ne[1], release)
+                jobs += filling
+            if not jobs:
+                return None
+            run = _RepackRun(jobs)
+            self._started.update({name: (run, out) for name, out in outs.items()})
+        for i in range(n_background):
+            threading.Thread(target=run.work, name=f"ggmlpy-repack-{i}", daemon=True).start()
+        return run
+
     def prepare(self, pending: list[tuple[Tensor, np.ndarray]], n_threads: int) -> None:
-        """Repack every weight of `pending` not yet done, on up to n_threads threads at once,
-        slice by slice (`repack_jobs`), so one large tensor is shared too: numpy lets go of
-        the GIL while it moves the words, so a first decode (the warm start's largest part)
-        repacks about twice as fast on two cores. The results are the same as `get`'s."""
-        todo = {t.name: (t, data) for t, data in pending if t.name not in self.arrays}
-        if n_threads < 2 or not todo:
-            for t, data in todo.values():
-                self.get(t, data)
-            return
-        release = release_pages if self.release else None
-        outs, jobs = {}, []
-        for name, (t, data) in todo.items():
-            outs[name], filling = repack_jobs(data, t.type, t.ne[0], t.ne[1], release)
-            jobs += filling
-        with concurrent.futures.ThreadPoolExecutor(n_threads, thread_name_prefix="ggmlpy-repack") as pool:
-            for job in [pool.submit(job) for job in jobs]:
-                job.result()
-        self.arrays.update(outs)
+        """Every weight of `pending` repacked when this returns: what was not begun is begun
+        on n_threads - 1 threads besides this one, and this thread works on every run it
+        waits for (a first decode, the warm start's largest part, repacks on all cores)."""
+        self.start(pending, max(0, n_threads - 1))
+        self._finish([t.name for t, _ in pending])
+
+    def _finish(self, names: list[str]) -> None:
+        """Wait for (and help) the runs making `names`, then publish their outputs."""
+        with self._lock:
+            runs = {id(run): run for name in names if name in self._started
+                    for run in [self._started[name][0]]}
+        for run in runs.values():
+            run.wait()
+        with self._lock:
+            for name, (run, out) in list(self._started.items()):
+                if id(run) in runs:
+                    self.arrays[name] = out
+                    del self._started[name]
+
+    @property
+    def begun(self) -> set[str]:
+        """The weights repacked or being repacked."""
+        with self._lock:
+            return set(self.arrays) | set(self._started)
 
     @property
     def nbytes(self) -> int:
