@@ -386,3 +386,25 @@ def test_every_dot_flavour_gives_the_same_bits(t):
         first = next(iter(results.values()))
         for f, r in results.items():
             np.testing.assert_array_equal(r, first, err_msg=f"flavour {f}, {n} tokens")
+
+
+NATIVE_CASES = [(t, k) for t in (G.Q4_0, G.Q4_1, G.Q5_0, G.Q8_0) for k in (32, 96, 640, 2048)] + \
+    [(t, k) for t in (G.Q4_K, G.Q6_K) for k in (256, 2048)]
+
+
+@pytest.mark.parametrize("t,k", NATIVE_CASES, ids=lambda c: getattr(c, "name", str(c)))
+def test_native_repack_equals_numpy(t, k):
+    """repack_native's table loop writes the same bytes as the numpy definition of the
+    layout, for whole and odd numbers of blocks (the padded last step) and several groups;
+    the K-quants (bit fields) have no table and stay numpy's."""
+    from ggmlpy.codegen_cpu import repack_native
+
+    per = 256 if t in KTYPES else 32
+    m = 3 * repack.GROUP
+    raw = np.random.default_rng(k).integers(0, 256, m * (k // per) * type_size(t), dtype=np.uint8)
+    table = repack.native_table(t, k)
+    assert (table is None) == (t in KTYPES)
+    np.testing.assert_array_equal(repack.repack(raw, t, k, m), repack.repack(raw, t, k, m, native=False))
+    if table is not None:
+        with pytest.raises(ValueError, match="whole groups"):
+            repack_native.apply(table, raw[:-1], np.empty(3 * table.out_bytes, np.uint8))
