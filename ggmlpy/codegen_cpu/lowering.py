@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from ggmlpy.ir.symbolic import SymExpr, dim_str
+from ggmlpy.ir.symbolic import SymExpr
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.codegen_cpu.irgen import KernelBuilder
 from ggmlpy.codegen_cpu.repack import operand_repacked
@@ -57,8 +57,7 @@ class _SymbolNames:
         return f"${self.order.index(name)}"
 
     def dim(self, d) -> str:
-        text = dim_str(d)
-        return text if isinstance(d, int) else _NAME.sub(self._slot, text)
+        return str(d) if isinstance(d, int) else _NAME.sub(self._slot, repr(d))
 
     def value(self, v):
         if isinstance(v, (list, tuple)):

@@ -110,7 +110,10 @@ def derive_table(layout: Callable[[np.ndarray], np.ndarray], in_bytes: int, step
     and_mask = np.where(from_rows & units, 0xFFFF, 0).astype(np.uint16)
     xor_mask = np.where(units, constant.view(np.uint16), 0).astype(np.uint16)
     table = GroupTable(offset, and_mask, xor_mask, in_bytes, constant.size)
-    rows = np.random.default_rng(0).integers(0, 256, in_bytes, dtype=np.uint8)
+    # arbitrary bytes (a multiplicative hash of the position: importing numpy.random would
+    # cost a warm start more than the whole derivation)
+    x = np.arange(in_bytes, dtype=np.uint64) * np.uint64(2654435761)
+    rows = (((x ^ (x >> np.uint64(15))) * np.uint64(2246822519)) >> np.uint64(24)).astype(np.uint8)
     if not np.array_equal(emulate(table, rows)[moved], layout(rows)[moved]):
         log.warning("a repack table does not reproduce its numpy layout; numpy moves the bytes")
         return None

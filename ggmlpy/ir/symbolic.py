@@ -16,11 +16,12 @@ Monomial = tuple[str, ...]  # sorted symbol names, () for the constant term
 class SymExpr:
     """Sum of integer-coefficient monomials, e.g. 4*n_embd*n_tokens + 64."""
 
-    __slots__ = ("terms", "_hash")
+    __slots__ = ("terms", "_hash", "_text")
 
     def __init__(self, terms: Mapping[Monomial, int]):
         self.terms: dict[Monomial, int] = {m: c for m, c in sorted(terms.items()) if c != 0}
         self._hash = hash(tuple(self.terms.items()))
+        self._text: str | None = None   # repr, made once: signatures print every shape
 
     @staticmethod
     def symbol(name: str) -> "SymExpr":
@@ -48,6 +49,8 @@ class SymExpr:
     __radd__ = __add__
 
     def __mul__(self, other: "Dim") -> "Dim":
+        if isinstance(other, int):   # strides: by far the most common product
+            return SymExpr({m: c * other for m, c in self.terms.items()}) if other else 0
         out: dict[Monomial, int] = {}
         for m1, c1 in self.terms.items():
             for m2, c2 in _terms(other).items():
@@ -69,6 +72,11 @@ class SymExpr:
         return self._hash
 
     def __repr__(self) -> str:
+        if self._text is None:
+            self._text = self._format()
+        return self._text
+
+    def _format(self) -> str:
         parts = []
         for mono, coef in self.terms.items():
             factors = list(mono)

@@ -241,8 +241,11 @@ def test_repacked_once_per_model_and_pages_released(smollm2_path):
     assert "token_embd.weight" in layouts.arrays
     assert sum(name.endswith("ffn_up.weight") for name in layouts.arrays) == model.hparams.n_layer
     np.testing.assert_array_equal(ctx1.get_logits_ith(-1), ctx2.get_logits_ith(-1))
-    # the file pages of the repacked weights are no longer resident in this process
-    resident = _mapping_rss_kib(str(smollm2_path))
+    # the file pages of the repacked weights are no longer resident in this process (in
+    # this model's mapping: another test's model may map the same file)
+    weights = model.weight_arrays().values()
+    span = (min(a.ctypes.data for a in weights), max(a.ctypes.data + a.nbytes for a in weights))
+    resident = _mapping_rss_kib(str(smollm2_path), span)
     assert resident * 1024 < 0.25 * model.size_bytes, resident
 
 
@@ -306,13 +309,15 @@ def test_parallel_repack_equals_one_at_a_time():
         np.testing.assert_array_equal(serial.arrays[name], early.arrays[name])
 
 
-def _mapping_rss_kib(path: str) -> int:
+def _mapping_rss_kib(path: str, span: tuple[int, int]) -> int:
+    """Resident KiB of the mappings of `path` within the address range `span`."""
     total, inside = 0, False
     with open("/proc/self/smaps") as f:
         for line in f:
             head = line.split()
             if "-" in head[0] and len(head) >= 5 and ":" in head[3]:
-                inside = line.rstrip().endswith(path)
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                inside = line.rstrip().endswith(path) and lo < span[1] and span[0] < hi
             elif inside and head[0] == "Rss:":
                 total += int(head[1])
     return total
