@@ -180,15 +180,32 @@ def _word_aligned(blocks: np.ndarray, at: int) -> tuple[np.ndarray, int]:
 
 def _qh_planes(qh: np.ndarray) -> np.ndarray:
     """Q5_0's 32 high bits per block (uint32 [...]) -> 4 bytes: byte i, bit c = bit 4c+i;
-    bit 4+c = bit 16+4c+i."""
-    bits = (qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1      # [..., 32]
-    c = np.arange(4)
-    out = np.zeros(qh.shape + (4,), np.uint8)
-    for i in range(4):
-        lo = bits[..., 4 * c + i] << c
-        hi = bits[..., 16 + 4 * c + i] << (4 + c)
-        out[..., i] = (lo.sum(-1) + hi.sum(-1)).astype(np.uint8)
-    return out
+    bit 4+c = bit 16+4c+i. Byte j of qh holds bits 8j..8j+7, so it gives every byte i two
+    bits (c = 2j and 2j+1 of the low nibble for j < 2, of the high one for j >= 2): one
+    lookup per qh byte of all four output bytes' share (`_PLANE_BITS`), or-ed together."""
+    qb = qh[..., None].view(np.uint8)                                  # [..., 4] little-endian
+    out = _PLANE_BITS[0][qb[..., 0]]
+    for j in range(1, 4):
+        out |= _PLANE_BITS[j][qb[..., j]]
+    return out.view(np.uint8).reshape(qh.shape + (4,))
+
+
+def _plane_bits() -> np.ndarray:
+    """[qh byte j, its value] -> uint32 whose byte i holds that byte's bits for output byte
+    i: bits i and 4 + i of byte j (qh bits 8j + i, 8j + 4 + i, that is 4c + i for c = 2j,
+    2j + 1, or 16 + 4c + i for c = 2j - 4, 2j - 3) at bits c of byte i (c + 4 for j >= 2)."""
+    table = np.zeros((4, 256), np.uint32)
+    value = np.arange(256, dtype=np.uint32)
+    for j in range(4):
+        for i in range(4):
+            for half in range(2):                 # bit i + 4 * half of byte j
+                c = 2 * (j % 2) + half            # its position in the nibble
+                shift = c + (4 if j >= 2 else 0) + 8 * i
+                table[j] |= ((value >> (i + 4 * half)) & 1) << shift
+    return table
+
+
+_PLANE_BITS = _plane_bits()
 
 
 def repack(raw: np.ndarray, t: GGMLType, k: int, m: int,
@@ -284,8 +301,8 @@ def _q5_planes(blocks: np.ndarray) -> np.ndarray:
     """Q5_0's high-bit vectors of every step, [g, s, 2 * 64] (from `_blocks`' array)."""
     g, s = blocks.shape[0], blocks.shape[2]
     qh = np.ascontiguousarray(blocks[..., 2:6]).view(np.uint32)[..., 0]   # [g, r, s, h]
-    planes = _qh_planes(qh)                                                 # [g, r, s, h, 4]
-    return planes.transpose(0, 2, 3, 1, 4).reshape(g, s, -1)
+    words = _qh_planes(qh).view(np.uint32)[..., 0]                          # [g, r, s, h]
+    return np.ascontiguousarray(words.transpose(0, 2, 3, 1)).view(np.uint8).reshape(g, s, -1)
 
 
 def _repack_kquant_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:

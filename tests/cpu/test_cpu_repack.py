@@ -413,3 +413,15 @@ def test_native_repack_equals_numpy(t, k):
     if table is not None:
         with pytest.raises(ValueError, match="whole groups"):
             repack_native.apply(table, raw[:-1], np.empty(3 * table.out_bytes, np.uint8))
+
+
+def test_q5_high_bit_planes_match_their_definition():
+    """Q5_0's plane bytes by table lookups equal the definition bit by bit: byte i, bit c is
+    bit 4c + i of qh and bit 4 + c is bit 16 + 4c + i (c = 0..3)."""
+    qh = np.random.default_rng(8).integers(0, 2 ** 32, (5, 3, 2), dtype=np.uint64).astype(np.uint32)
+    qh[0, 0] = [0, 0xFFFFFFFF]
+    got = repack._qh_planes(qh)
+    bits = (qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1
+    for i in range(4):
+        want = sum((bits[..., 4 * c + i] << c) | (bits[..., 16 + 4 * c + i] << (4 + c)) for c in range(4))
+        np.testing.assert_array_equal(got[..., i], want.astype(np.uint8))
