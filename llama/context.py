@@ -111,14 +111,12 @@ class Context:
         self.backend_options = backend_options
         self.backends = host_backends(backend, backend_options)  # the primary backend, then the reference fallback
         self.backends[:0] = model.placement.make_backends(backend_options)  # offload devices first (priority order)
-        self._weights = model.weight_arrays()
         for be in self.backends:
             be.set_limits({"n_tokens": self.n_ubatch, "n_kv": self.n_ctx, "n_outputs": self.n_ubatch,
                            "n_kv_swa": self.kv_layout.kv_size_swa or self.n_ctx})
             be.set_threads(self.n_threads)
             be.share_model_cache(model.backend_cache)
             be.set_model_file(model.path)
-            be.bind_weights(self._weights)
         # every backend's passes, so each split gets its own backend's (passes/pipeline.py)
         self.passes = context_passes(self.backends)
         self.graph_cache = GraphCache()
@@ -132,6 +130,7 @@ class Context:
         self._params: dict[tuple[bool, bool], GraphParams] = {}
         self._out_view: tuple | None = None  # (buffer, tensor, env, rows) of the last logits
         self._reusable: tuple | None = None  # (graph, params) that passed the reuse check
+        self._weights = model.weight_arrays()
         # embeddings: every token is an output and its row is t_embd (n_embd wide), no logits
         self.embeddings = embeddings
         self.pooling_type = resolve_pooling(pooling_type, model.gguf.metadata, hp.arch)

@@ -31,7 +31,7 @@ from ggmlpy.ir.symbolic import evaluate
 from ggmlpy.ir.tensor import Flag, Tensor, memory_root
 from ggmlpy.passes.buffers import tensor_nbytes
 from ggmlpy.passes.pipeline import PIPELINES
-from ggmlpy.sched.backend import Backend, Bindings
+from ggmlpy.sched.backend import Backend
 from ggmlpy.sched.store import TensorStore
 
 log = logging.getLogger("ggmlpy.codegen_cpu")
@@ -81,7 +81,6 @@ class CpuBackend(Backend):
         self.object_cache = ObjectCache(cache_dir("cpu", options.cache_dir))
         self.ir_builds = 0  # modules whose IR text had to be generated (a warm start: none)
         self.weight_layouts = WeightLayouts()  # repacked weights; shared per model, see share_model_cache
-        self._weights: Bindings | None = None   # the model's weight arrays, see bind_weights
         self._compiles: concurrent.futures.ThreadPoolExecutor | None = None  # LLVM runs, see compile
         # every compile unit (kernel, entry) this backend has, by name (its qdot and profile
         # settings are fixed): (IR sha256, module) futures shared by its splits
@@ -92,23 +91,6 @@ class CpuBackend(Backend):
         """Keep repacked weights in a cache that lives with the model (Model.backend_cache),
         so every context of a model shares one copy, as ggml's repack buffers."""
         self.weight_layouts = cache.setdefault("cpu.repacked", self.weight_layouts)
-
-    def bind_weights(self, weights: Bindings) -> None:
-        self._weights = weights
-
-    def _start_repacking(self, split: "CpuSplit") -> None:
-        """Repack the weights `split` reads repacked in the background from now on, while
-        the context compiles its other graph (about 0.15 s of a SmolLM2 warm start that the
-        first decode used to spend); the split's first run waits only for what is left.
-        The bytes are the store's view of each array, as `_bind_externals` reads them."""
-        if self._weights is None:
-            return
-        pending = []
-        for root, packed in split.layout.externals:
-            data = self._weights.get(root.name) if packed else None
-            if data is not None and data.flags.c_contiguous:
-                pending.append((root, data.reshape(-1).view(np.uint8)))
-        self.weight_layouts.start(pending, n_background=max(1, self.n_threads - 1))
 
     @property
     def pool(self) -> ThreadPool:
@@ -168,7 +150,6 @@ class CpuBackend(Backend):
             modules = {u.name: self._compiled_unit(u) for u in units}
             remember_when_compiled(modules, functools.partial(self.object_cache.remember_plan, plan))
         split = CpuSplit(self, graph, nodes, builder, modules)
-        self._start_repacking(split)
         self.compile_seconds = time.perf_counter() - t0
         pending = sum(not f.done() for f in modules.values())
         log.info("prepared %d nodes (%d compile units) in %.2f s%s", len(builder.nodes), len(units),

@@ -429,10 +429,12 @@ class _RepackRun:
 
 class WeightLayouts:
     """Repacked copies of a model's weights, made once and shared by every context (and CPU
-    backend) of the model, as ggml's repack buffers are made once at load. A backend starts
-    them as soon as a compiled split says which weights it reads repacked (`start`), so
-    they are made while the context's other graph compiles; a split's first run waits for
-    its own (`prepare`)."""
+    backend) of the model, as ggml's repack buffers are made once at load: by a split's
+    first run (`prepare`, on all its threads), or one at a time (`get`).
+
+    (Starting them in the background as soon as a split was compiled, to overlap the
+    context's other graph compiling, was measured and dropped: since the byte moves run
+    natively, the whole repack is 0.05-0.3 s, and the compile slowed by more than that.)"""
 
     def __init__(self, release: bool = True) -> None:
         self.arrays: dict[str, np.ndarray] = {}
@@ -453,11 +455,10 @@ class WeightLayouts:
     def _repacked(self, t: Tensor, data: np.ndarray) -> np.ndarray:
         return repack(data, t.type, t.ne[0], t.ne[1], release_pages if self.release else None)
 
-    def start(self, pending: list[tuple[Tensor, np.ndarray]], n_background: int) -> _RepackRun | None:
+    def _start(self, pending: list[tuple[Tensor, np.ndarray]], n_background: int) -> None:
         """Begin repacking every weight of `pending` not done or begun yet, on n_background
         threads of its own, slice by slice (`repack_jobs`), so that one large tensor is
-        shared too. numpy lets go of the GIL while it moves the words, so this proceeds
-        beside a graph compiling in Python. The results are the same as `get`'s."""
+        shared too (numpy and the native loop let go of the GIL while they move bytes)."""
         with self._lock:
             release = release_pages if self.release else None
             outs, jobs = {}, []
@@ -467,18 +468,17 @@ class WeightLayouts:
                 outs[t.name], filling = repack_jobs(data, t.type, t.ne[0], t.ne[1], release)
                 jobs += filling
             if not jobs:
-                return None
+                return
             run = _RepackRun(jobs)
             self._started.update({name: (run, out) for name, out in outs.items()})
         for i in range(n_background):
             threading.Thread(target=run.work, name=f"ggmlpy-repack-{i}", daemon=True).start()
-        return run
 
     def prepare(self, pending: list[tuple[Tensor, np.ndarray]], n_threads: int) -> None:
         """Every weight of `pending` repacked when this returns: what was not begun is begun
         on n_threads - 1 threads besides this one, and this thread works on every run it
         waits for (a first decode, the warm start's largest part, repacks on all cores)."""
-        self.start(pending, max(0, n_threads - 1))
+        self._start(pending, max(0, n_threads - 1))
         self._finish([t.name for t, _ in pending])
 
     def _finish(self, names: list[str]) -> None:
@@ -493,12 +493,6 @@ class WeightLayouts:
                 if id(run) in runs:
                     self.arrays[name] = out
                     del self._started[name]
-
-    @property
-    def begun(self) -> set[str]:
-        """The weights repacked or being repacked."""
-        with self._lock:
-            return set(self.arrays) | set(self._started)
 
     @property
     def nbytes(self) -> int:

@@ -17,7 +17,6 @@ directly: no backend is probed with hasattr. docs/backends.md walks through addi
     set_threads(n)       nothing             Context, per decode (n_threads / n_threads_batch)
     share_model_cache(d) nothing             Context: state shared by a model's contexts
     set_model_file(p)    nothing             Context: the GGUF file (a remote device opens it)
-    bind_weights(w)      nothing             Context: the model's weight arrays, before compiling
     free_memory()        None                Model.place: tensor_split by free memory
     cache_stats()        {}                  Context.compile_report
     run_stats()          {}                  bench.device_stats
@@ -121,12 +120,6 @@ class Backend(ABC):
         """The GGUF file the context's model was loaded from. A backend computing on another
         machine (a `ray:` device) opens it there and binds the weights from it, so weights
         never travel per step; a local backend has them bound already and ignores it."""
-
-    def bind_weights(self, weights: Bindings) -> None:
-        """The model's weight arrays by leaf name, before any graph compiles (they are bound
-        to every run too, through the store). A backend that keeps its own copies of weights
-        (repacked, uploaded) may begin making them as soon as a compiled split says which it
-        reads, instead of on the first run; the CPU backend repacks them meanwhile."""
 
     def free_memory(self) -> int | None:
         """Free bytes on the device, for splitting layers by free memory; None: cannot say."""
