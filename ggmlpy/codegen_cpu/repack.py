@@ -27,11 +27,10 @@ word transposes, Q4_1's aligned ones about the same).
 """
 from __future__ import annotations
 
-import collections
+import concurrent.futures
 import ctypes
 import functools
 import mmap
-import threading
 from typing import Callable
 
 import numpy as np
@@ -249,10 +248,9 @@ def repack_jobs(raw: np.ndarray, t: GGMLType, k: int, m: int,
             dst[:] = _repack_groups(src, t, k).reshape(-1)
         else:
             repack_native.apply(table, src, dst)
-            if t == GGMLType.Q5_0:
-                at = qh_offset(t)
-                steps = dst.reshape(g1 - g0, -1, STEP_BYTES[t])
-                steps[:, :, at:at + 2 * 64] = _q5_planes(_blocks(src, t, k, src.shape[0]))
+            steps = dst.reshape(g1 - g0, -1, STEP_BYTES[t])
+            for lo, hi, compute in _computed(t):
+                steps[:, :, lo:hi] = compute(_blocks(src, t, k, src.shape[0]))
         if done is not None:
             done(src)
 
@@ -291,10 +289,17 @@ def native_table(t: GGMLType, k: int) -> repack_native.GroupTable | None:
     if t in KQUANTS or t not in STEP_BYTES or k % 32:
         return None
     row_bytes = k // 32 * type_size(t)
-    computed = [(qh_offset(t), qh_offset(t) + 2 * 64)] if t == GGMLType.Q5_0 else []
     return repack_native.derive_table(
         lambda rows: _repack_groups(rows.reshape(GROUP, row_bytes), t, k).reshape(-1),
-        GROUP * row_bytes, STEP_BYTES[t], computed)
+        GROUP * row_bytes, STEP_BYTES[t], [(lo, hi) for lo, hi, _ in _computed(t)])
+
+
+def _computed(t: GGMLType) -> list[tuple[int, int, Callable[[np.ndarray], np.ndarray]]]:
+    """The byte ranges of every step that are computed rather than moved, with what
+    computes them from `_blocks`' array ([g, s, hi - lo]): Q5_0's high-bit vectors."""
+    if t == GGMLType.Q5_0:
+        return [(qh_offset(t), qh_offset(t) + 2 * 64, _q5_planes)]
+    return []
 
 
 def _q5_planes(blocks: np.ndarray) -> np.ndarray:
@@ -390,63 +395,18 @@ def _from_mmap(data: np.ndarray) -> bool:
     return isinstance(base, mmap.mmap)
 
 
-class _RepackRun:
-    """The slices of one batch of weights (`repack_jobs`), taken in turn by background
-    threads and by whoever waits for them, so a waiting first decode joins the work instead
-    of idling."""
-
-    def __init__(self, jobs: list[Callable[[], None]]) -> None:
-        self._jobs = collections.deque(jobs)
-        self._lock = threading.Lock()
-        self._left = len(jobs)
-        self._done = threading.Event()
-        self._error: BaseException | None = None
-        if not jobs:
-            self._done.set()
-
-    def work(self) -> None:
-        """Run queued slices until none is left (a background thread's whole life)."""
-        while True:
-            with self._lock:
-                if not self._jobs:
-                    return
-                job = self._jobs.popleft()
-            try:
-                job()
-            except BaseException as e:  # noqa: BLE001 - re-raised by wait, in the caller's thread
-                self._error = self._error or e
-            with self._lock:
-                self._left -= 1
-                if self._left == 0:
-                    self._done.set()
-
-    def wait(self) -> None:
-        self.work()
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-
-
 class WeightLayouts:
-    """Repacked copies of a model's weights, made once and shared by every context (and CPU
-    backend) of the model, as ggml's repack buffers are made once at load: by a split's
-    first run (`prepare`, on all its threads), or one at a time (`get`).
-
-    (Starting them in the background as soon as a split was compiled, to overlap the
-    context's other graph compiling, was measured and dropped: since the byte moves run
-    natively, the whole repack is 0.05-0.3 s, and the compile slowed by more than that.)"""
+    """Repacked copies of a model's weights, made on first use and shared by every context
+    (and CPU backend) of the model, as ggml's repack buffers are made once at load."""
 
     def __init__(self, release: bool = True) -> None:
         self.arrays: dict[str, np.ndarray] = {}
         self.release = release
-        self._started: dict[str, tuple[_RepackRun, np.ndarray]] = {}  # name -> (its run, its output)
-        self._lock = threading.Lock()
 
     def get(self, t: Tensor, data: np.ndarray) -> np.ndarray:
         """The repacked copy of weight t (whose GGUF bytes are `data`), made on first use;
         the source's pages are released slice by slice as they are read, so a large tensor
         (a 178 MB tied embedding) is never resident twice."""
-        self._finish([t.name])
         out = self.arrays.get(t.name)
         if out is None:
             out = self.arrays[t.name] = self._repacked(t, data)
@@ -455,44 +415,27 @@ class WeightLayouts:
     def _repacked(self, t: Tensor, data: np.ndarray) -> np.ndarray:
         return repack(data, t.type, t.ne[0], t.ne[1], release_pages if self.release else None)
 
-    def _start(self, pending: list[tuple[Tensor, np.ndarray]], n_background: int) -> None:
-        """Begin repacking every weight of `pending` not done or begun yet, on n_background
-        threads of its own, slice by slice (`repack_jobs`), so that one large tensor is
-        shared too (numpy and the native loop let go of the GIL while they move bytes)."""
-        with self._lock:
-            release = release_pages if self.release else None
-            outs, jobs = {}, []
-            for t, data in pending:
-                if t.name in self.arrays or t.name in self._started or t.name in outs:
-                    continue
-                outs[t.name], filling = repack_jobs(data, t.type, t.ne[0], t.ne[1], release)
-                jobs += filling
-            if not jobs:
-                return
-            run = _RepackRun(jobs)
-            self._started.update({name: (run, out) for name, out in outs.items()})
-        for i in range(n_background):
-            threading.Thread(target=run.work, name=f"ggmlpy-repack-{i}", daemon=True).start()
-
     def prepare(self, pending: list[tuple[Tensor, np.ndarray]], n_threads: int) -> None:
-        """Every weight of `pending` repacked when this returns: what was not begun is begun
-        on n_threads - 1 threads besides this one, and this thread works on every run it
-        waits for (a first decode, the warm start's largest part, repacks on all cores)."""
-        self._start(pending, max(0, n_threads - 1))
-        self._finish([t.name for t, _ in pending])
-
-    def _finish(self, names: list[str]) -> None:
-        """Wait for (and help) the runs making `names`, then publish their outputs."""
-        with self._lock:
-            runs = {id(run): run for name in names if name in self._started
-                    for run in [self._started[name][0]]}
-        for run in runs.values():
-            run.wait()
-        with self._lock:
-            for name, (run, out) in list(self._started.items()):
-                if id(run) in runs:
-                    self.arrays[name] = out
-                    del self._started[name]
+        """Repack every weight of `pending` not yet done, on up to n_threads threads at once,
+        slice by slice (`repack_jobs`), so one large tensor is shared too: numpy and the
+        native loop let go of the GIL while they move the bytes, so a first decode (the warm
+        start's largest part) repacks about twice as fast on two cores. The results are the
+        same as `get`'s. (Starting this in the background as soon as a graph was compiled
+        was measured and dropped: it slowed the context's compile by more than it saved.)"""
+        todo = {t.name: (t, data) for t, data in pending if t.name not in self.arrays}
+        if n_threads < 2 or not todo:
+            for t, data in todo.values():
+                self.get(t, data)
+            return
+        release = release_pages if self.release else None
+        outs, jobs = {}, []
+        for name, (t, data) in todo.items():
+            outs[name], filling = repack_jobs(data, t.type, t.ne[0], t.ne[1], release)
+            jobs += filling
+        with concurrent.futures.ThreadPoolExecutor(n_threads, thread_name_prefix="ggmlpy-repack") as pool:
+            for job in [pool.submit(job) for job in jobs]:
+                job.result()
+        self.arrays.update(outs)
 
     @property
     def nbytes(self) -> int:
