@@ -9,7 +9,7 @@ import pytest
 
 from llama.sampling import (Candidates, Dist, Greedy, LogitBias, MinP, Penalties, SamplerChain,
                             Temperature, TemperatureExt, TopK, TopP, Typical, make_sampler)
-from llama.sampling.candidates import order_desc
+from llama.sampling.candidates import _order_desc_direct, order_desc
 from llama.sampling.mt19937 import StdMT19937
 
 P4 = [0.1, 0.2, 0.3, 0.4]
@@ -196,6 +196,44 @@ def test_top_k_large_vocab_matches_full_sort_with_ties():
         TopK(k).apply(cur)
         assert cur.sorted and np.array_equal(cur.ids, ref[:k])
     assert np.array_equal(order_desc(row, len(row)), ref)
+
+
+def _rows(rng):
+    """Rows the native top-k pass must rank like a full sort: random, heavy ties, half -inf,
+    ascending (every value a new best), and lengths that leave a tail after the 16-wide
+    chunks."""
+    for n in (1, 15, 16, 17, 100, 4097, 49152):
+        yield rng.standard_normal(n).astype(np.float32)
+        yield rng.integers(-3, 3, n).astype(np.float32)
+        half = rng.standard_normal(n).astype(np.float32)
+        half[rng.random(n) < 0.5] = -np.inf
+        yield half
+        yield np.sort(rng.standard_normal(n).astype(np.float32))
+
+
+def test_native_top_k_ranks_like_a_full_sort():
+    from llama.sampling.top_k_native import top_k_indices
+
+    rng = np.random.default_rng(5)
+    for row in _rows(rng):
+        ref = np.lexsort((np.arange(len(row)), -row))   # logit descending, then id
+        for k in (1, 2, 40, 128, len(row)):
+            got = top_k_indices(row, k)
+            assert got is not None and np.array_equal(got, ref[:min(k, len(row))]), (len(row), k)
+
+
+def test_native_top_k_leaves_nan_rows_to_numpy():
+    from llama.sampling.top_k_native import top_k_indices
+
+    row = np.random.default_rng(6).standard_normal(1000).astype(np.float32)
+    for at in (3, 999):   # in a 16-wide chunk and in the tail
+        bad = row.copy()
+        bad[at] = np.nan
+        assert top_k_indices(bad, 40) is None
+        # order_desc then ranks the numpy way, as before the native pass existed
+        assert np.array_equal(order_desc(bad, 40), _order_desc_direct(bad, 40))
+    with pytest.raises(ValueError, match="float32"):
+        top_k_indices(row.astype(np.float64), 4)
 
 
 @pytest.mark.parametrize("p, expected", [

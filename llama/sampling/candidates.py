@@ -22,8 +22,13 @@ import math
 
 import numpy as np
 
+from .top_k_native import top_k_indices
+
 F32 = np.float32
 _BLOCK = 256
+# order_desc takes the native pass for up to this many of a row (top-k's 40): it keeps them
+# in a sorted buffer, so a large n (top-p's 256 first ranks of an unsorted row) is numpy's
+NATIVE_MAX_N = 128
 
 
 def expf(x: np.ndarray) -> np.ndarray:
@@ -70,14 +75,20 @@ def _order_desc_direct(logits: np.ndarray, n: int) -> np.ndarray:
 def order_desc(logits: np.ndarray, n: int) -> np.ndarray:
     """Indices of the `n` largest logits, largest first; ties keep the earlier index first.
 
-    For a small `n` (top-40 of 262,144) the maxima of blocks of 256 give a threshold that
-    at least `n` logits reach, so only the few logits above it are ranked: about one pass
-    over the row instead of a partition of all of it.
+    For a small `n` (top-40 of 262,144) one native pass keeps the best (top_k_native.py);
+    otherwise the maxima of blocks of 256 give a threshold that at least `n` logits reach,
+    so only the few logits above it are ranked: about one pass over the row instead of a
+    partition of all of it.
     """
     size = len(logits)
     n = min(n, size)
     if n <= 0:
         return np.zeros(0, dtype=np.int64)
+    if n <= NATIVE_MAX_N and size >= 4 * n and logits.dtype == F32 and logits.flags.c_contiguous:
+        # one native pass (top_k_native.py); None: the row holds a NaN, ranked below
+        idx = top_k_indices(logits, n)
+        if idx is not None:
+            return idx
     n_blocks = size // _BLOCK
     if n_blocks > 4 * n:
         block_max = logits[: n_blocks * _BLOCK].reshape(n_blocks, _BLOCK).max(axis=1)
