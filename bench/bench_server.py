@@ -6,6 +6,12 @@ For each number of concurrent clients (1, 2, 4, 8), each server is started with
 first token p50/p99, inter-token latency p50/p99, and failed requests.
 
     python bench/bench_server.py --llama-server /tmp/llama-server-build/bin/llama-server
+
+`--scaling N --repeats R`: instead, each server is started once with `-np N` and loads of 1
+and of N clients alternate R times against it; reported per server: the aggregate tok/s of
+each load and the median of the per-repeat ratios (N clients / 1 client). A neighbour that
+comes and goes then weighs on both sides of a ratio alike, where the table's 1-client and
+N-client rows are minutes apart.
 """
 from __future__ import annotations
 
@@ -84,6 +90,29 @@ def run_load(url: str, clients: int, n_tokens: int, rounds: int) -> dict:
             "itl_p50_ms": percentile(itl, 50) * 1e3, "itl_p99_ms": percentile(itl, 99) * 1e3}
 
 
+def scaling(name: str, base: list[str], model: str, port: int, args) -> dict:
+    """1 client and args.scaling clients alternated on one server with -np args.scaling."""
+    n = args.scaling
+    url = f"http://127.0.0.1:{port}"
+    cmd = base + ["-m", model, "--port", str(port), "-np", str(n), "-t", str(args.threads),
+                  "-c", str(args.ctx_per_slot * n)]
+    proc = start(cmd, url)
+    one, many = [], []
+    try:
+        run_load(url, n, 8, 1)  # warm-up
+        for _ in range(args.repeats):
+            one.append(run_load(url, 1, args.tokens, args.rounds))
+            many.append(run_load(url, n, args.tokens, args.rounds))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    ratios = [m["tokens_per_s"] / o["tokens_per_s"] for o, m in zip(one, many)]
+    return {"server": name, "slots": n, "tok_s_1": [round(o["tokens_per_s"], 1) for o in one],
+            f"tok_s_{n}": [round(m["tokens_per_s"], 1) for m in many],
+            "ratios": [round(r, 2) for r in ratios], "ratio_median": round(statistics.median(ratios), 2),
+            "failed": sum(o["failed"] + m["failed"] for o, m in zip(one, many))}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--llama-server", default="/tmp/llama-server-build/bin/llama-server")
@@ -93,6 +122,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="requests per client")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx-per-slot", type=int, default=512)
+    ap.add_argument("--scaling", type=int, default=0, help="N: 1 vs N clients on one -np N server")
+    ap.add_argument("--repeats", type=int, default=5, help="alternations of --scaling")
     args = ap.parse_args()
     model = str(resolve_model(args.model))
     servers = {"ggmlpy": [sys.executable, "-m", "ggmlpy", "serve"]}
@@ -100,6 +131,13 @@ def main() -> int:
         servers["llama-server"] = [args.llama_server]
     out = {"model": args.model, "threads": args.threads, "tokens": args.tokens, "results": []}
     port = 18080
+    if args.scaling:
+        for name, base in servers.items():
+            port += 1
+            out["results"].append(scaling(name, base, model, port, args))
+            print(json.dumps(out["results"][-1]), file=sys.stderr)
+        print(json.dumps(out, indent=1))
+        return 0
     for clients in [int(c) for c in args.clients.split(",")]:
         for name, base in servers.items():  # alternated: both servers at each client count
             port += 1
