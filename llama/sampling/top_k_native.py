@@ -5,9 +5,9 @@ them), and then each numpy call on a logits row costs several times its warm pri
 block-maxima route of `candidates.order_desc` (a reshape-max, a partition, a compare, a
 nonzero, a partition, a sort and an argsort) took about 125 µs of a 49,152-token row after
 80 MB had streamed through the caches, a third of the default chain's 345 µs there (39 µs
-warm). This loop looks at the row once, 16 values at
-a time against the smallest value kept so far, and keeps the k best in a small sorted
-buffer; only the rare chunk holding a value above that threshold is looked at value by value.
+warm). This loop looks at the row once, 16 values at a time against the smallest value kept
+so far, and keeps the k best in a small sorted buffer; only the rare chunk holding a value
+above that threshold is looked at value by value.
 
 The order is order_desc's: largest first, equal values in index order (a later value equal
 to the k-th best is not taken). A row holding NaN is reported and left to numpy, whose
@@ -29,18 +29,17 @@ import numpy as np
 _TOP_K_IR = r"""
 define internal i64 @push(ptr %bv, ptr %bi, i64 %k, i64 %c, float %x, i64 %idx) alwaysinline {
 entry:
+  %km1 = sub i64 %k, 1
   %room = icmp slt i64 %c, %k
   br i1 %room, label %insert, label %full
 full:
-  %lastp = getelementptr float, ptr %bv, i64 %c
-  %lastp1 = getelementptr float, ptr %lastp, i64 -1
-  %last = load float, ptr %lastp1, align 4
+  %lastp = getelementptr float, ptr %bv, i64 %km1
+  %last = load float, ptr %lastp, align 4
   %better = fcmp ogt float %x, %last
   br i1 %better, label %insert, label %keep
 keep:
   ret i64 %c
 insert:
-  %km1 = sub i64 %k, 1
   %j0 = select i1 %room, i64 %c, i64 %km1
   br label %shift_head
 shift_head:
@@ -74,6 +73,7 @@ place:
 define i64 @ggmlpy_top_k(ptr %x, i64 %n, i64 %k, ptr %bv, ptr %bi) {
 entry:
   %nv = and i64 %n, -16
+  %km1 = sub i64 %k, 1
   br label %chunk_head
 chunk_head:
   %i = phi i64 [0, %entry], [%i16, %chunk_done]
@@ -89,9 +89,8 @@ chunk:
   %room = icmp slt i64 %c, %k
   br i1 %room, label %lanes_head, label %test
 test:
-  %lastp = getelementptr float, ptr %bv, i64 %k
-  %lastp1 = getelementptr float, ptr %lastp, i64 -1
-  %last = load float, ptr %lastp1, align 4
+  %lastp = getelementptr float, ptr %bv, i64 %km1
+  %last = load float, ptr %lastp, align 4
   %lv0 = insertelement <16 x float> poison, float %last, i64 0
   %lv = shufflevector <16 x float> %lv0, <16 x float> poison, <16 x i32> zeroinitializer
   %above = fcmp ogt <16 x float> %v, %lv
