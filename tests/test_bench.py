@@ -93,3 +93,53 @@ def test_bench_batched_counts_are_checked():
             assert "--batched" in str(e)
         else:
             raise AssertionError(bad)
+
+
+def test_bench_attention_masks_and_result():
+    """bench/bench_attention.py's masks give each token its cells (disjoint blocks of 64 per
+    sequence), and its graph computes attention: one layer against numpy."""
+    import importlib.util
+    from pathlib import Path
+
+    import numpy as np
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "bench_attention.py"
+    spec = importlib.util.spec_from_file_location("bench_attention", path)
+    ba = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ba)
+    mask = ba.mask_rows(4, 512, 100, "blocks")
+    seen = [set(np.flatnonzero(row == 0)) for row in mask]
+    assert [len(s) for s in seen] == [100] * 4
+    assert all(not (seen[a] & seen[b]) for a in range(4) for b in range(a + 1, 4))
+    assert seen[1] == set(range(64, 128)) | set(range(320, 356))   # blocks 1 and 5
+    assert (ba.mask_rows(4, 256, 100, "shared") == 0).sum(axis=1).tolist() == [100] * 4
+
+    from ggmlpy.codegen_cpu.backend import CpuBackend
+    from ggmlpy.passes.pipeline import run_pipeline
+    from ggmlpy.sched.store import TensorStore
+
+    layers, ba.LAYERS = ba.LAYERS, 1
+    try:
+        graph, caches = ba.build(2, 256)
+    finally:
+        ba.LAYERS = layers
+    opt = run_pipeline(graph, "cpu").graph
+    split = CpuBackend(n_threads=2, worst_env={"n_tokens": 2, "n_kv": 256, "n_outputs": 2}).compile(opt, opt.nodes)
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((2, 9, 64)).astype(np.float32)
+    k = rng.standard_normal((ba.CELLS, 192)).astype(np.float16)
+    v = rng.standard_normal((ba.CELLS, 192)).astype(np.float16)
+    m = ba.mask_rows(2, 256, 100, "blocks")
+    store = TensorStore({"q": q, "mask": m, caches[0].name: k, caches[1].name: v})
+    split.run(store, {})
+    out = store.array(opt.outputs[0], {}).reshape(2, 9, 64)
+    want = np.zeros((2, 9, 64), np.float32)
+    for t in range(2):
+        for h in range(9):
+            kh = k[:256, 64 * (h // 3):64 * (h // 3 + 1)].astype(np.float32)
+            vh = v[:256, 64 * (h // 3):64 * (h // 3 + 1)].astype(np.float32)
+            s = kh @ q[t, h].astype(np.float16).astype(np.float32) / 8.0 + m[t]   # q meets f16 K as f16
+            p = np.exp(s - s.max())
+            want[t, h] = (p / p.sum()).astype(np.float16).astype(np.float32) @ vh   # so do the weights
+
+    np.testing.assert_allclose(out, want, atol=2e-5)

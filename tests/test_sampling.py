@@ -9,7 +9,7 @@ import pytest
 
 from llama.sampling import (Candidates, Dist, Greedy, LogitBias, MinP, Penalties, SamplerChain,
                             Temperature, TemperatureExt, TopK, TopP, Typical, make_sampler)
-from llama.sampling.candidates import _order_desc_direct, order_desc
+from llama.sampling.candidates import _order_desc_direct, logf_scalar, order_desc
 from llama.sampling.mt19937 import StdMT19937
 
 P4 = [0.1, 0.2, 0.3, 0.4]
@@ -253,6 +253,64 @@ def test_top_p_cut_position_and_min_keep():
     TopP(0.1, min_keep=3).apply(cur)
     assert list(cur.ids) == [3, 2, 1]
     np.testing.assert_allclose(cur.probs, [0.4, 0.3, 0.2], atol=1e-6)  # pre-cut softmax
+
+
+def _cut_by_masks(probs: np.ndarray, p: float, min_keep: int) -> int | None:
+    """TopP's cut as written out: 1 + the first i with cumsum >= p and i + 1 >= min_keep."""
+    cum = np.cumsum(probs, dtype=np.float32)
+    for i, c in enumerate(cum):
+        if c >= np.float32(p) and i + 1 >= min_keep:
+            return i + 1
+    return None
+
+
+def test_top_p_cut_binary_search_matches_masks():
+    rng = np.random.default_rng(7)
+    checked = 0
+    for trial in range(400):
+        n = int(rng.integers(1, 60))
+        probs = rng.dirichlet(np.full(n, 0.3)).astype(np.float32)
+        if trial % 5 == 0:
+            probs[rng.integers(0, n, size=max(1, n // 3))] = 0.0   # zero runs: plateaus in the sum
+        if trial % 17 == 0:
+            probs[rng.integers(0, n)] = np.nan
+        total = float(np.cumsum(probs, dtype=np.float32)[-1])   # the sum itself: a tie at the end
+        for p in (0.0, 0.3, 0.9, 0.95, 0.999999, 1.0, total if total == total else 0.5):
+            for min_keep in (0, 1, 3, n, n + 2):
+                got = TopP(min(p, 1.0), min_keep)._cut(probs, np.float32(p))
+                assert got == _cut_by_masks(probs, p, min_keep), (trial, p, min_keep)
+                checked += 1
+    assert checked == 400 * 7 * 5
+    assert TopP(0.5)._cut(np.zeros(0, np.float32), np.float32(0.5)) is None
+
+
+def test_min_p_sorted_cut_binary_search_matches_masks():
+    rng = np.random.default_rng(11)
+    for trial in range(300):
+        n = int(rng.integers(1, 50))
+        logits = -np.sort(-rng.standard_normal(n).astype(np.float32) * 3)
+        if trial % 4 == 0:
+            logits[rng.integers(0, n, size=max(1, n // 2))] = logits[0]   # ties with the max
+            logits = -np.sort(-logits)
+        if trial % 7 == 0:
+            logits[-(1 + n // 4):] = -np.inf
+        if trial % 13 == 0:
+            logits[-1] = np.nan
+        for p in (0.0001, 0.05, 0.3, 0.9, 1.0):
+            for min_keep in (0, 1, 2, n, n + 3):
+                min_logit = logits[0] + logf_scalar(p)
+                rest = np.arange(1, n)
+                stop = (logits[1:] < min_logit) & (rest >= min_keep)
+                want = int(rest[np.argmax(stop)]) if stop.any() else n
+                assert MinP(p, min_keep)._sorted_cut(logits, min_logit) == want, (trial, p, min_keep)
+
+
+def test_logit_bias_adds_each_id_once():
+    row = np.arange(8, dtype=np.float32)
+    cur = Candidates.from_logits(row)
+    LogitBias(8, {2: 1.5, 5: -np.inf, np.int64(7): -2.0}).apply(cur)
+    np.testing.assert_array_equal(cur.logits, [0, 1, 3.5, 3, 4, -np.inf, 6, 5])
+    np.testing.assert_array_equal(row, np.arange(8))   # the caller's row is untouched
 
 
 def test_top_p_large_unsorted_matches_reference():

@@ -65,7 +65,9 @@ class LogitBias(Sampler):
             return
         if cur.in_id_order(self.n_vocab):  # first in the chain: token t sits at index t
             logits = cur.logits.copy()
-            np.add.at(logits, self._tokens, self._values)
+            # the ids are a mapping's integer keys, so all different: one indexed add (np.add.at
+            # would also add repeats, at several times the cost right after a decode)
+            logits[self._tokens] += self._values
             cur.logits = logits
             cur.sorted = False
             return
@@ -206,11 +208,18 @@ class TopP(Sampler):
             cur.sorted = True
 
     def _cut(self, probs: np.ndarray, p: np.float32) -> int | None:
-        """1 + the first i with cumsum >= p and i + 1 >= min_keep, or None."""
+        """1 + the first i with cumsum >= p and i + 1 >= min_keep, or None.
+
+        The probabilities are >= 0, so the float32 running sum never decreases and the first
+        i it reaches p at is a binary search (two numpy calls where the masks took six, each
+        costly right after a decode); a NaN (which breaks the order) takes the masks."""
         cum = np.cumsum(probs, dtype=F32)
+        if len(cum) and cum[-1] == cum[-1]:
+            hit = max(int(np.searchsorted(cum, p, side="left")), self.min_keep - 1)
+            return hit + 1 if hit < len(cum) else None
         ok = (cum >= p) & (np.arange(1, len(cum) + 1) >= self.min_keep)
-        hit = int(np.argmax(ok))
-        return hit + 1 if ok[hit] else None
+        hit = int(np.argmax(ok)) if len(ok) else 0
+        return hit + 1 if len(ok) and ok[hit] else None
 
 
 class MinP(Sampler):
@@ -239,9 +248,21 @@ class MinP(Sampler):
                 return
             cur.sort_top(len(cur))
         min_logit = cur.logits[0] + log_p
-        rest = np.arange(1, len(cur))
-        stop = (cur.logits[1:] < min_logit) & (rest >= self.min_keep)
-        cur.truncate(int(rest[np.argmax(stop)]) if stop.any() else len(cur))
+        cur.truncate(self._sorted_cut(cur.logits, min_logit))
+
+    def _sorted_cut(self, logits: np.ndarray, min_logit: np.float32) -> int:
+        """The first i >= max(1, min_keep) with logits[i] < min_logit, else len(logits).
+
+        Sorted descending, the logits below min_logit are a tail: its start is a binary search
+        on the negated row (ascending). Sorted rows hold a NaN only at their end (order_desc
+        ranks it last); such a row takes the masks."""
+        n = len(logits)
+        if n and logits[-1] == logits[-1]:
+            first = int(np.searchsorted(-logits, -min_logit, side="right"))
+            return min(max(first, 1, self.min_keep), n)
+        rest = np.arange(1, n)
+        stop = (logits[1:] < min_logit) & (rest >= self.min_keep)
+        return int(rest[np.argmax(stop)]) if stop.any() else n
 
 
 class Typical(Sampler):
