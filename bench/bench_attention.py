@@ -61,7 +61,25 @@ def mask_rows(n_tok: int, n_kv: int, visible: int, layout: str) -> np.ndarray:
     return mask
 
 
-def measure(n_tok: int, visible: int, layout: str, flush_mb: int, threads: int, runs: int) -> dict:
+def cache_array(rng, huge: bool) -> np.ndarray:
+    """One layer's K or V cache (random f16), in 2 MB pages when `huge` (madvise; the
+    kernel gives them only where transparent huge pages are enabled for madvise)."""
+    shape = (CELLS, HEAD_DIM * N_HEAD_KV)
+    if not huge:
+        return rng.standard_normal(shape).astype(np.float16)
+    import ctypes
+    page = 2 << 20
+    n = CELLS * HEAD_DIM * N_HEAD_KV * 2
+    raw = np.empty(n + page, np.uint8)
+    buf = raw[(-raw.ctypes.data) % page:][:n]
+    ctypes.CDLL(None).madvise(ctypes.c_void_p(buf.ctypes.data), ctypes.c_size_t(-(-n // page) * page), 14)
+    out = buf.view(np.float16).reshape(shape)
+    out[...] = rng.standard_normal(shape)
+    return out
+
+
+def measure(n_tok: int, visible: int, layout: str, flush_mb: int, threads: int, runs: int,
+            huge: bool = False) -> dict:
     per_seq = -(-visible // BLOCK) * BLOCK
     n_kv = -(-(per_seq * (1 if layout == "shared" else n_tok)) // 256) * 256
     graph, caches = build(n_tok, n_kv)
@@ -72,7 +90,7 @@ def measure(n_tok: int, visible: int, layout: str, flush_mb: int, threads: int, 
     bindings = {"q": rng.standard_normal((n_tok, N_HEAD, HEAD_DIM)).astype(np.float32),
                 "mask": mask_rows(n_tok, n_kv, visible, layout)}
     for c in caches:
-        bindings[c.name] = rng.standard_normal((CELLS, HEAD_DIM * N_HEAD_KV)).astype(np.float16)
+        bindings[c.name] = cache_array(rng, huge)
     store = TensorStore(bindings)
     flush = np.ones(flush_mb * 250_000, np.float32) if flush_mb else None
     split.run(store, {})
@@ -82,7 +100,7 @@ def measure(n_tok: int, visible: int, layout: str, flush_mb: int, threads: int, 
             flush.sum()   # stream flush_mb through the caches, as a layer's weights do
         times.append(_timed(lambda: split.run(store, {})))
     times.sort()
-    return {"tokens": n_tok, "visible": visible, "layout": layout, "n_kv": n_kv, "flush_mb": flush_mb,
+    return {"tokens": n_tok, "visible": visible, "layout": layout, "n_kv": n_kv, "flush_mb": flush_mb, "huge": huge,
             "kv_kb_per_layer": round(2 * visible * (1 if layout == "shared" else n_tok) * 2 * HEAD_DIM * N_HEAD_KV / 1024, 1),
             "us_per_layer_best": round(times[0] / LAYERS * 1e6, 2),
             "us_per_layer_median": round(times[len(times) // 2] / LAYERS * 1e6, 2)}
@@ -103,10 +121,11 @@ def main() -> None:
     ap.add_argument("--flush", default="0,96", help="MB streamed before each run (0: hot)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=60)
+    ap.add_argument("--huge", default="0", help="0, 1 or 0,1: the caches in 2 MB pages (alternated)")
     args = ap.parse_args()
-    rows = [measure(n, v, args.layout if n > 1 else "shared", f, args.threads, args.runs)
+    rows = [measure(n, v, args.layout if n > 1 else "shared", f, args.threads, args.runs, bool(h))
             for f in map(int, args.flush.split(",")) for v in map(int, args.visible.split(","))
-            for n in map(int, args.tokens.split(","))]
+            for n in map(int, args.tokens.split(",")) for h in map(int, args.huge.split(","))]
     print(json.dumps({"threads": args.threads, "layers": LAYERS, "results": rows}, indent=1))
 
 

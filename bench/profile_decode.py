@@ -1,5 +1,6 @@
 """Where a decode step's time goes on the CPU backend: per op kind and per node, the cycles
-spent in kernels and waiting at the barrier after them (thread 0's view), from a profiled
+spent in kernels and waiting at the barrier after them (thread 0's view; `per_thread` adds up
+every thread's), from a profiled
 build of the graphs (GGMLPY_PROFILE=1).
 
 Usage: python bench/profile_decode.py [-m MODEL] [-t THREADS] [-n TOKENS] [--seqs N] [--context N]
@@ -73,8 +74,10 @@ def main() -> None:
     ghz = tsc_ghz()
     per_op: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0])
     nodes = []
+    per_thread = np.zeros((args.threads, 2))
     for c in _compiled(ctx):
         for node, cyc in c.profile():
+            per_thread += cyc[:args.threads] / ghz / 1e3 / steps
             k_us, b_us = (cyc[0] / ghz / 1e3 / steps).tolist()
             if k_us == 0 and b_us == 0:
                 continue
@@ -97,6 +100,10 @@ def main() -> None:
                       f"decode, {n} sequence(s)" + (f" of {args.context} tokens" if args.context else ""),
                       "step_us": round(wall * 1e6, 1), "native_us": round(native, 1),
                       "outside_native_us": round(wall * 1e6 - native, 1), "tsc_ghz": round(ghz, 3),
+                      # every thread's kernel and barrier time: a thread that computes longer
+                      # than the others (a neighbour on its core) shows as the others' waits
+                      "per_thread": [{"kernel_us": round(k, 1), "barrier_us": round(w, 1)}
+                                     for k, w in per_thread.tolist()],
                       "per_op": ops, "top_nodes": top}, indent=1))
 
 
