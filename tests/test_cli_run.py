@@ -133,6 +133,23 @@ def test_run_seeded_sampling_is_reproducible(tiny_path):
     assert other["ids"] != first["ids"]
 
 
+def test_run_mirostat(tiny_path):
+    """--mirostat 1/2 with llama-cli's --mirostat-ent (tau) and --mirostat-lr (eta): a seed
+    reproduces the ids, which differ from the default chain's; a target entropy near 0
+    keeps only the most probable token (greedy)."""
+    def ids(*extra: str) -> list[int]:
+        rc, out, err = call("run", "-m", str(tiny_path), "-p", "the", "-n", "10", "-c", "256",
+                            "--json", "--temp", "1.5", *extra)
+        assert rc == 0, err
+        return json.loads(out)["ids"]
+
+    for version in ("1", "2"):
+        miro = ids("--mirostat", version, "--mirostat-ent", "6", "--mirostat-lr", "0.2", "--seed", "99")
+        assert miro == ids("--mirostat", version, "--mirostat-ent", "6", "--mirostat-lr", "0.2", "--seed", "99")
+        assert miro != ids("--seed", "99", "--top-k", "0", "--top-p", "1", "--min-p", "0")
+        assert ids("--mirostat", version, "--mirostat-ent", "0.01", "--seed", "5") == ids("--temp", "0")
+
+
 def test_run_greedy_tiny_matches_api(tiny_path):
     model = llama.Model.load(tiny_path)
     ctx = llama.Context(model, n_ctx=256)
@@ -163,6 +180,7 @@ def test_run_greedy_tiny_matches_api(tiny_path):
     ("-n", "-3", "-n must be"),
     ("--threads", "0", "n_threads"),
     ("--backend", "nope", "unknown backend"),
+    ("--mirostat-ent", "nan", "mirostat_tau"),
 ])
 def test_run_bad_values_exit_1_with_one_line(tiny_path, option, value, message):
     rc, out, err = call("run", "-m", str(tiny_path), "-p", "the", "-n", "2", option, value)

@@ -10,6 +10,7 @@ import pytest
 from llama.sampling import (Candidates, Dist, Greedy, LogitBias, MinP, Penalties, SamplerChain,
                             Temperature, TemperatureExt, TopK, TopP, Typical, make_sampler)
 from llama.sampling.candidates import _order_desc_direct, logf_scalar, order_desc
+from llama.sampling.mirostat import Mirostat, MirostatV2, discrete_pick, truncate_to_int
 from llama.sampling.mt19937 import StdMT19937
 
 P4 = [0.1, 0.2, 0.3, 0.4]
@@ -550,3 +551,103 @@ def test_chain_rejects_bad_input():
     with pytest.raises(ValueError, match="n_vocab"):
         SamplerChain([LogitBias(8, {1: 1.0}), Greedy()], n_vocab=4)
     assert SamplerChain([LogitBias(8, {1: 1.0}), Greedy()]).n_vocab == 8
+
+
+# --- Mirostat ------------------------------------------------------------------------
+
+# picks of llama.cpp's own llama_sampler_init_temp + llama_sampler_init_mirostat(_v2)
+# (libllama from the source llama-cpp-python 0.3.36 vendors), made by
+# tests/tools/mirostat_vectors.py: (version, n_vocab, seed, tau, eta, temp, steps), picks
+MIROSTAT_PICKS = [
+    ((1, 1000, 42, 5.0, 0.1, 1.0, 24),
+     [964, 420, 120, 697, 231, 71, 245, 965, 122, 619, 813, 16, 790, 427, 707, 758, 938, 575, 612, 109, 386, 220, 63, 234]),
+    ((1, 49152, 1234, 6.0, 0.3, 1.2, 24),
+     [48597, 48634, 48671, 48708, 48745, 48782, 48819, 48856, 48893, 48930, 48967, 49004, 49041, 49078, 49115, 0, 37, 74, 111, 148, 185, 222, 259, 296]),
+    ((1, 262144, 7, 8.0, 0.1, 1.5, 8),
+     [161527, 161564, 161601, 161638, 161675, 161712, 161749, 161786]),
+    ((1, 50, 3, 2.0, 0.5, 1.0, 24),
+     [23, 19, 47, 7, 44, 8, 45, 32, 19, 15, 43, 3, 17, 27, 14, 23, 1, 38, 39, 49, 13, 36, 37, 47]),
+    ((1, 2, 11, 0.5, 1.0, 1.0, 16),
+     [1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0]),
+    ((2, 1000, 42, 5.0, 0.1, 1.0, 24),
+     [881, 180, 692, 623, 194, 508, 268, 605, 2, 845, 256, 799, 559, 427, 136, 44, 638, 575, 612, 989, 709, 220, 823, 557]),
+    ((2, 49152, 1234, 6.0, 0.3, 1.2, 24),
+     [31795, 48634, 48800, 48708, 29151, 48782, 47942, 48856, 36004, 48930, 47781, 49004, 31556, 49078, 32082, 0, 39129, 74, 24533, 44390, 185, 43181, 259, 37136]),
+    ((2, 262144, 7, 8.0, 0.1, 1.5, 8),
+     [256349, 203382, 254914, 161638, 226977, 210752, 161749, 221412]),
+    ((2, 50, 3, 2.0, 0.5, 1.0, 24),
+     [23, 19, 47, 7, 44, 8, 45, 32, 19, 15, 43, 3, 17, 27, 14, 23, 1, 11, 12, 49, 13, 23, 37, 47]),
+    ((2, 2, 11, 0.5, 1.0, 1.0, 16),
+     [1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0]),
+]
+MIROSTAT_ZIPF_PICKS = [
+    ((1, 49152, 99, 5.0, 0.1, 1.0, 24),
+     [6862, 23581, 11846, 19248, 48745, 32543, 36544, 39036, 33660, 44020, 46512, 29364, 41676, 46623, 29475, 44242, 46734, 27131, 17348, 46845, 44427, 5184, 15041, 46993]),
+    ((1, 1000, 5, 3.0, 0.2, 0.9, 24),
+     [946, 803, 20, 757, 94, 131, 168, 702, 265, 656, 256, 233, 390, 864, 464, 501, 538, 832, 109, 146, 566, 723, 760, 114]),
+    ((2, 49152, 99, 5.0, 0.1, 1.0, 24),
+     [9317, 28491, 14301, 21703, 48745, 37453, 36544, 39036, 36115, 44020, 46512, 29364, 41676, 46623, 29475, 44242, 46734, 27131, 17348, 46845, 44427, 7639, 15041, 46993]),
+]
+
+
+def _zipf_row(n: int) -> np.ndarray:
+    row = np.zeros(n, np.float32)
+    row[np.argsort(int_row(n), kind="stable")[::-1]] = (-1.1 * np.log(np.arange(1, n + 1))).astype(np.float32)
+    return row
+
+
+@pytest.mark.parametrize("rows, case, expected",
+                         [(int_row, c, p) for c, p in MIROSTAT_PICKS] + [(_zipf_row, c, p) for c, p in MIROSTAT_ZIPF_PICKS],
+                         ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else None)
+def test_mirostat_matches_llama_cpp_picks(rows, case, expected):
+    version, n, seed, tau, eta, temp, steps = case
+    miro = Mirostat(n, seed, tau, eta, 100) if version == 1 else MirostatV2(seed, tau, eta)
+    chain = SamplerChain([Temperature(temp), miro])
+    row = rows(n)
+    assert [chain.sample(np.roll(row, 37 * s)) for s in range(steps)] == expected
+    chain.reset()   # mu back to 2 tau, the stream restarted: the same picks again
+    assert miro.mu == np.float32(2 * tau)
+    assert [chain.sample(np.roll(row, 37 * s)) for s in range(steps)] == expected
+
+
+def test_mirostat_mu_follows_the_surprise():
+    # mirostat 2.0 over P4 with tau 1, eta 0.5: mu starts at 2 and moves by eta * (surprise - tau)
+    miro = MirostatV2(42, 1.0, 0.5)
+    chain = SamplerChain([miro])
+    logits = np.log(np.array(P4, dtype=np.float32))
+    mu = np.float32(2.0)
+    for _ in range(6):
+        keep = [p for p in sorted(P4, reverse=True) if -math.log2(p) <= mu] or [0.4]
+        token = chain.sample(logits)
+        p = np.float32(P4[token] / sum(keep))
+        assert P4[token] in keep
+        mu = np.float32(mu - np.float32(0.5) * np.float32(-np.log2(np.float64(p)).astype(np.float32) - np.float32(1.0)))
+        assert miro.mu == pytest.approx(mu, abs=2e-6)
+
+
+def test_discrete_pick_is_libstdcxx_discrete_distribution():
+    # seed 42's draws u = 0.7965, 0.1834, 0.7797, 0.5969 against partial sums 0.1, 0.3, 0.6, 1
+    rng = StdMT19937(42)
+    probs = np.array(P4, dtype=np.float32)
+    assert [discrete_pick(probs, rng) for _ in range(4)] == [3, 1, 3, 2]
+    rng = StdMT19937(5)
+    assert discrete_pick(np.ones(1, np.float32), rng) == 0   # one weight: no draw
+    assert rng.uniform01() == StdMT19937(5).uniform01()
+
+
+def test_mirostat_truncation_to_int_is_x86s():
+    assert [truncate_to_int(np.float32(v)) for v in (2.9, -2.9, 0.5, 3e9, -3e9, np.inf, np.nan)] == \
+        [2, -2, 0, -2**31, -2**31, -2**31, -2**31]
+
+
+def test_mirostat_in_make_sampler_and_its_errors():
+    assert str(make_sampler(n_vocab=10, mirostat=1)) == "logits -> penalties -> temp -> mirostat"
+    assert str(make_sampler(n_vocab=10, mirostat=2)) == "logits -> penalties -> temp -> mirostat-v2"
+    assert str(make_sampler(n_vocab=10, mirostat=2, temp=0.0)) == "logits -> penalties -> greedy"
+    with pytest.raises(ValueError, match="mirostat must be 0"):
+        make_sampler(n_vocab=10, mirostat=3)
+    with pytest.raises(ValueError, match="mirostat_tau"):
+        make_sampler(n_vocab=10, mirostat=1, mirostat_tau=float("nan"))
+    chain = SamplerChain([LogitBias(3, {0: -math.inf, 1: -math.inf, 2: -math.inf}), MirostatV2(1)])
+    with pytest.raises(ValueError, match="-inf"):
+        chain.sample(np.zeros(3, dtype=np.float32))

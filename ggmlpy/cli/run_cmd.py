@@ -49,6 +49,11 @@ def register(subparsers: Any) -> None:
     s.add_argument("--repeat-last-n", type=int, default=64,
                    help="tokens the repeat penalty looks back over (default 64)")
     s.add_argument("--seed", type=int, default=-1, help="sampling seed; -1 = random (default)")
+    s.add_argument("--mirostat", type=int, default=0, choices=(0, 1, 2),
+                   help="Mirostat sampling after the temperature, instead of top-k/top-p/min-p: "
+                        "0 off (default), 1 Mirostat, 2 Mirostat 2.0")
+    s.add_argument("--mirostat-lr", type=float, default=0.1, help="Mirostat learning rate, eta (default 0.1)")
+    s.add_argument("--mirostat-ent", type=float, default=5.0, help="Mirostat target entropy, tau (default 5.0)")
     g = p.add_argument_group("structured output (llama-cli's options)").add_mutually_exclusive_group()
     g.add_argument("--json-schema", dest="json_schema_file", type=Path, metavar="FILE", default=None,
                    help="a JSON schema file: the output is JSON valid under it")
@@ -75,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     sampler = make_sampler(n_vocab=model.n_vocab, temp=args.temp, top_k=args.top_k,
                            top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
                            repeat_last_n=args.repeat_last_n, seed=args.seed,
-                           grammar=grammar_sampler(args, model))
+                           grammar=grammar_sampler(args, model), mirostat=args.mirostat,
+                           mirostat_tau=args.mirostat_ent, mirostat_eta=args.mirostat_lr)
     ctx = Context(model, n_ctx=args.n_ctx, n_threads=args.threads, backend=args.backend)
     load_ms = (time.perf_counter() - t_start) * 1000
     max_tokens = ctx.n_ctx if args.n_predict == -1 else args.n_predict

@@ -216,8 +216,6 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
                  n_ctx: int | None = None) -> ChatJob:
     """A chat request -> a `ChatJob` (template, constraints, sampler chain); the checks
     fail here, before anything is decoded. `n_ctx`: the context the sequence may fill."""
-    if mirostat_mode:
-        raise ValueError("mirostat_mode is not supported by ggmlpy")
     if functions:
         tools, tool_choice = _legacy_functions(functions, function_call)
     choice = _tool_choice(tools, tool_choice)
@@ -249,7 +247,9 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
     params = sampling_params(llm, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                              typical_p=typical_p, repeat_penalty=repeat_penalty,
                              presence_penalty=presence_penalty,
-                             frequency_penalty=frequency_penalty, logit_bias=logit_bias, seed=seed)
+                             frequency_penalty=frequency_penalty, logit_bias=logit_bias, seed=seed,
+                             mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
+                             mirostat_eta=mirostat_eta)
     seq = make_sequence(llm, ids, max_tokens=n_max, stop=stop,
                         logprobs=int(top_logprobs or 0) if logprobs else None, params=params,
                         grammar=constraint, logits_processor=logits_processor)

@@ -167,11 +167,16 @@ class CompletionChunks:
 def sampling_params(llm: "Llama", *, temperature: float, top_p: float, top_k: int, min_p: float,
                     typical_p: float, repeat_penalty: float, presence_penalty: float,
                     frequency_penalty: float, logit_bias: dict[int, float] | None,
-                    seed: int | None) -> SamplingParams:
+                    seed: int | None, mirostat_mode: int = 0, mirostat_tau: float = 5.0,
+                    mirostat_eta: float = 0.1) -> SamplingParams:
+    if isinstance(mirostat_mode, bool) or mirostat_mode not in (0, 1, 2):
+        raise ValueError(f"mirostat_mode must be 0 (off), 1 or 2, got {mirostat_mode!r}")
     return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                           typical_p=typical_p, repeat_penalty=repeat_penalty,
                           presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                          logit_bias=logit_bias, seed=llm.next_seed(seed))
+                          logit_bias=logit_bias, seed=llm.next_seed(seed),
+                          mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
+                          mirostat_eta=mirostat_eta)
 
 
 def prepare_completion(llm: "Llama", prompt: str | list[int], *, suffix: str | None = None,
@@ -187,8 +192,6 @@ def prepare_completion(llm: "Llama", prompt: str | list[int], *, suffix: str | N
                        n_ctx: int | None = None) -> CompletionJob:
     """A request -> a `CompletionJob` (the checks, the prompt, the sampler chain). `n_ctx`:
     the context the sequence may fill (the Llama's by default; a server slot's share)."""
-    if mirostat_mode:
-        raise ValueError("mirostat_mode is not supported by ggmlpy")
     if logprobs is not None and (isinstance(logprobs, bool) or int(logprobs) < 0):
         raise ValueError(f"logprobs must be a non-negative integer, got {logprobs!r}")
     ids = prompt_tokens(llm, prompt)
@@ -196,7 +199,9 @@ def prepare_completion(llm: "Llama", prompt: str | list[int], *, suffix: str | N
     params = sampling_params(llm, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                              typical_p=typical_p, repeat_penalty=repeat_penalty,
                              presence_penalty=presence_penalty,
-                             frequency_penalty=frequency_penalty, logit_bias=logit_bias, seed=seed)
+                             frequency_penalty=frequency_penalty, logit_bias=logit_bias, seed=seed,
+                             mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
+                             mirostat_eta=mirostat_eta)
     seq = make_sequence(llm, ids, max_tokens=n_max, stop=stop, logprobs=logprobs, params=params,
                         grammar=grammar, logits_processor=logits_processor,
                         stopping_criteria=stopping_criteria)
@@ -209,7 +214,8 @@ def create_completion(llm: "Llama", prompt: str | list[int], *, stream: bool = F
                       **kwargs: Any) -> dict | Iterator[dict]:
     """llama-cpp-python's create_completion (same arguments and defaults, see
     `prepare_completion`). `tfs_z` is accepted and ignored (llama.cpp removed tail-free
-    sampling); mirostat is refused."""
+    sampling); `mirostat_mode` 1 or 2 samples with mirostat after the temperature
+    (llama.sampling.mirostat)."""
     job = prepare_completion(llm, prompt, **kwargs)
     steps = run_sequence(llm, job.seq, logits_all_prompt=job.wants_prompt_logits)
     if stream:

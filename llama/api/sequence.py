@@ -40,6 +40,9 @@ class SamplingParams:
     repeat_last_n: int = 64
     logit_bias: dict[int, float] | None = None
     seed: int | None = None
+    mirostat_mode: int = 0        # 1 or 2: mirostat after the temperature, instead of the filters
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
 
     def chain(self, n_vocab: int) -> SamplerChain:
         bias = {int(k): float(v) for k, v in self.logit_bias.items()} if self.logit_bias else None
@@ -48,7 +51,9 @@ class SamplingParams:
                             repeat_penalty=self.repeat_penalty,
                             frequency_penalty=self.frequency_penalty,
                             presence_penalty=self.presence_penalty,
-                            repeat_last_n=self.repeat_last_n, logit_bias=bias, seed=self.seed)
+                            repeat_last_n=self.repeat_last_n, logit_bias=bias, seed=self.seed,
+                            mirostat=self.mirostat_mode, mirostat_tau=self.mirostat_tau,
+                            mirostat_eta=self.mirostat_eta)
 
 
 @dataclass

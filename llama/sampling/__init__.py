@@ -21,6 +21,12 @@ instead of the filters when temp == 0. `make_sampler` builds exactly that common
     temp > 0:  [logit-bias] -> penalties -> top-k -> typical -> top-p -> min-p -> temp -> dist
     temp <= 0: [logit-bias] -> penalties -> greedy
 
+Mirostat (`mirostat=1` or `2`, `mirostat.py`) replaces the filters and dist, after the
+temperature as llama.cpp's `common_sampler_init` (llama-server, the CLI) puts it:
+`[logit-bias] -> penalties -> temp -> mirostat` (m = 100) or `mirostat-v2`. llama.cpp drops
+the penalties there and llama-cpp-python the temperature; both are neutral by default, and
+here a request's penalties and temperature apply in either case.
+
 Defaults, identical in llama.cpp's `common_params_sampling` and llama-cpp-python: temp 0.8,
 top_k 40, top_p 0.95, min_p 0.05, typical_p 1.0 (off), repeat_penalty 1.0 (off),
 frequency_penalty 0.0, presence_penalty 0.0, repeat_last_n 64, min_keep 1 (llama.cpp's 0
@@ -50,12 +56,14 @@ time as llama.cpp does, so the default chain costs a few passes over the vocabul
 """
 from .candidates import Candidates
 from .chain import SamplerChain, make_sampler
+from .mirostat import Mirostat, MirostatV2
 from .pick import LLAMA_DEFAULT_SEED, Dist, Greedy
 from .samplers import (LogitBias, MinP, Penalties, Sampler, Temperature, TemperatureExt, TopK,
                        TopP, Typical)
 
 __all__ = [
-    "Candidates", "Dist", "Greedy", "LLAMA_DEFAULT_SEED", "LogitBias", "MinP", "Penalties",
+    "Candidates", "Dist", "Greedy", "LLAMA_DEFAULT_SEED", "LogitBias", "MinP", "Mirostat",
+    "MirostatV2", "Penalties",
     "Sampler", "SamplerChain", "Temperature", "TemperatureExt", "TopK", "TopP", "Typical",
     "make_sampler",
 ]

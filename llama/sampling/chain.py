@@ -6,6 +6,7 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from .candidates import Candidates
+from .mirostat import Mirostat, MirostatV2
 from .params import check_float, check_int, check_unit
 from .pick import Dist, Greedy, check_seed
 from .samplers import LogitBias, MinP, Penalties, Sampler, Temperature, TopK, TopP, Typical
@@ -102,11 +103,14 @@ def make_sampler(*, n_vocab: int, temp: float = 0.8, top_k: int = 40, top_p: flo
                  min_p: float = 0.05, typical_p: float = 1.0, repeat_penalty: float = 1.0,
                  frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                  repeat_last_n: int = 64, logit_bias: Mapping[int, float] | None = None,
-                 seed: int | None = None, grammar: Sampler | None = None) -> SamplerChain:
+                 seed: int | None = None, grammar: Sampler | None = None, mirostat: int = 0,
+                 mirostat_tau: float = 5.0, mirostat_eta: float = 0.1) -> SamplerChain:
     """The chain llama.cpp's common sampler builds (see the package docstring).
 
     temp > 0: [grammar] -> [logit-bias] -> penalties -> top-k -> typical -> top-p -> min-p
-              -> temp -> dist.
+              -> temp -> dist;
+              with mirostat 1 or 2: [grammar] -> [logit-bias] -> penalties -> temp ->
+              mirostat (m = 100) or mirostat-v2, which replace the filters and dist.
     temp <= 0: [grammar] -> [logit-bias] -> penalties -> greedy.
     `grammar` (a `llama.grammar.GrammarSampler`) comes first, as llama.cpp's grammar sampler.
     """
@@ -116,6 +120,11 @@ def make_sampler(*, n_vocab: int, temp: float = 0.8, top_k: int = 40, top_p: flo
     for name, value in (("top_p", top_p), ("min_p", min_p), ("typical_p", typical_p)):
         check_unit(name, value)
     seed = check_seed(seed)
+    mirostat = check_int("mirostat", mirostat)
+    if mirostat not in (0, 1, 2):
+        raise ValueError(f"mirostat must be 0 (off), 1 or 2, got {mirostat}")
+    mirostat_tau = check_float("mirostat_tau", mirostat_tau)   # checked even while unused
+    mirostat_eta = check_float("mirostat_eta", mirostat_eta)
 
     samplers: list[Sampler] = [] if grammar is None else [grammar]
     if logit_bias is not None:
@@ -125,6 +134,10 @@ def make_sampler(*, n_vocab: int, temp: float = 0.8, top_k: int = 40, top_p: flo
     samplers.append(Penalties(repeat_last_n, repeat_penalty, frequency_penalty, presence_penalty))
     if temp <= 0.0:
         samplers.append(Greedy())
+    elif mirostat == 1:
+        samplers += [Temperature(temp), Mirostat(n_vocab, seed, mirostat_tau, mirostat_eta, 100)]
+    elif mirostat == 2:
+        samplers += [Temperature(temp), MirostatV2(seed, mirostat_tau, mirostat_eta)]
     else:
         samplers += [TopK(top_k), Typical(typical_p, 1), TopP(top_p, 1), MinP(min_p, 1),
                      Temperature(temp), Dist(seed)]

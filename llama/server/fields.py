@@ -73,6 +73,14 @@ def logit_bias(body: dict, eog_ids: list[int]) -> dict[int, float] | None:
     return bias or None
 
 
+def mirostat_version(body: dict) -> int:
+    """llama-server's `mirostat`: 0 (off), 1 or 2."""
+    version = field(body, "mirostat", (int,), 0)
+    if version not in (0, 1, 2):
+        raise bad_request(f"'mirostat' must be 0, 1 or 2, got {version}")
+    return version
+
+
 def sampling(body: dict, config: ServerConfig, eog_ids: list[int]) -> dict:
     """The sampling fields shared by every generation endpoint."""
     seed = field(body, "seed", (int,), config.seed)
@@ -90,6 +98,10 @@ def sampling(body: dict, config: ServerConfig, eog_ids: list[int]) -> dict:
         "max_tokens": max_tokens(body, config),
         "logit_bias": logit_bias(body, eog_ids),
         "grammar": field(body, "grammar", (str,)),
+        # llama-server's names; the OpenAI endpoints take them as extra fields too
+        "mirostat_mode": mirostat_version(body),
+        "mirostat_tau": float(field(body, "mirostat_tau", NUMBER, 5.0)),
+        "mirostat_eta": float(field(body, "mirostat_eta", NUMBER, 0.1)),
     }
     if field(body, "n", (int,), 1) != 1:
         raise bad_request("only n = 1 is supported")

@@ -40,6 +40,17 @@ def test_the_prompt_is_the_files_template(smol):
     assert smol.apply_chat_template(parts) == text
 
 
+def test_chat_with_mirostat_is_the_completion_with_mirostat(smol):
+    """create_chat_completion passes mirostat to the chain as create_completion does: the
+    same seed and parameters over the template's text give the same tokens."""
+    text = smol.apply_chat_template(HELLO)
+    args = dict(max_tokens=16, temperature=0.9, mirostat_mode=2, mirostat_tau=4.0, mirostat_eta=0.2, seed=77)
+    out = smol.create_chat_completion(HELLO, **args)
+    same = smol.create_completion(text, **args)
+    assert out["choices"][0]["message"]["content"] == same["choices"][0]["text"]
+    assert same["choices"][0]["text"] != smol.create_completion(text, **dict(args, mirostat_mode=0))["choices"][0]["text"]
+
+
 def test_stream_shape_and_usage(smol):
     whole = smol.create_chat_completion(HELLO, max_tokens=20, temperature=0)
     chunks = list(smol.create_chat_completion(HELLO, max_tokens=20, temperature=0, stream=True,

@@ -147,10 +147,27 @@ def test_a_newer_call_invalidates_an_open_stream(smol):
         list(first)
 
 
+@pytest.mark.parametrize("mode", [1, 2])
+def test_mirostat_completion_is_the_mirostat_chain(smol, mode):
+    """mirostat_mode: the API's sequence samples with make_sampler's mirostat chain (temp,
+    then mirostat; llama.sampling.mirostat holds llama.cpp's picks); a target surprise near
+    0 keeps only the most probable token, so the text is the greedy one."""
+    ctx = Context(smol.model, n_ctx=512, n_threads=2)
+    chain = make_sampler(n_vocab=smol.n_vocab(), temp=0.9, mirostat=mode, mirostat_tau=4.0,
+                         mirostat_eta=0.2, seed=1234)
+    ref = generate(ctx, PROMPT, max_tokens=16, sampler=chain)
+    out = smol(PROMPT, max_tokens=16, temperature=0.9, mirostat_mode=mode, mirostat_tau=4.0,
+               mirostat_eta=0.2, seed=1234)
+    assert _text(out) == ref.text
+    greedy = _text(smol(PROMPT, max_tokens=16, temperature=0))
+    assert _text(out) != greedy
+    assert _text(smol(PROMPT, max_tokens=16, mirostat_mode=mode, mirostat_tau=0.01, seed=5)) == greedy
+
+
 def test_bad_arguments_are_named(smol):
     with pytest.raises(ValueError, match="token"):
         smol([10**7], max_tokens=1)
     with pytest.raises(ValueError, match="top_p"):
         smol(PROMPT, max_tokens=1, top_p=2.0)
-    with pytest.raises(ValueError, match="mirostat"):
-        smol(PROMPT, max_tokens=1, mirostat_mode=2)
+    with pytest.raises(ValueError, match="mirostat_mode"):
+        smol(PROMPT, max_tokens=1, mirostat_mode=3)

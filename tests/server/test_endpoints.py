@@ -40,6 +40,25 @@ def test_completion_and_llama_server_completion_agree(oai, server):
     assert native["tokens_predicted"] == 6 and native["stop_type"] == "limit"
 
 
+def test_mirostat_fields(oai, server):
+    """llama-server's mirostat fields reach the sampler: the same seed gives the same text
+    twice and another text than the default chain; a target surprise near 0 is greedy;
+    the OpenAI endpoints take them as extra fields; a version other than 0-2 is a 400."""
+    body = {"prompt": "The capital of France is", "n_predict": 12, "temperature": 0.9, "seed": 1234}
+    miro = dict(body, mirostat=2, mirostat_tau=4.0, mirostat_eta=0.2)
+    with server.client() as c:
+        texts = [c.post("/completion", json=b).json()["content"] for b in (miro, miro, body)]
+        greedy = c.post("/completion", json=dict(body, temperature=0)).json()["content"]
+        tiny = c.post("/completion", json=dict(body, mirostat=1, mirostat_tau=0.01)).json()["content"]
+        bad = c.post("/completion", json=dict(body, mirostat=5))
+    assert texts[0] == texts[1] != texts[2]
+    assert tiny == greedy
+    assert bad.status_code == 400 and "mirostat" in bad.json()["error"]["message"]
+    out = oai.completions.create(model="smol", prompt=body["prompt"], max_tokens=12, temperature=0.9,
+                                 seed=1234, extra_body={"mirostat": 2, "mirostat_tau": 4.0, "mirostat_eta": 0.2})
+    assert out.choices[0].text == texts[0]
+
+
 def test_json_schema_output_validates(oai):
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
                                                "age": {"type": "integer"}},

@@ -1,0 +1,103 @@
+"""Mirostat picks from llama.cpp's own library, for tests/test_sampling.py's vectors.
+
+Loads libllama (built from the source llama-cpp-python 0.3.36 vendors, outside the repo)
+through ctypes and runs llama_sampler_init_temp + llama_sampler_init_mirostat(_v2) over the
+rows the test builds (`int_row`, rolled by the step index so that each step sees other
+logits): the token ids picked, per case. Not a test and not a dependency; rerun it when the
+reference changes:
+
+    python tests/tools/mirostat_vectors.py /path/to/llama.cpp/build/bin/libllama.so
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import sys
+
+import numpy as np
+
+# (version, n_vocab, seed, tau, eta, temp, steps); then the same over zipf_row, where mirostat
+# 1.0's estimate of the exponent holds and its k moves well above 1
+CASES = [
+    (1, 1000, 42, 5.0, 0.1, 1.0, 24),
+    (1, 49152, 1234, 6.0, 0.3, 1.2, 24),
+    (1, 262144, 7, 8.0, 0.1, 1.5, 8),
+    (1, 50, 3, 2.0, 0.5, 1.0, 24),      # fewer candidates than m = 100
+    (1, 2, 11, 0.5, 1.0, 1.0, 16),      # the smallest vocabulary that draws
+    (2, 1000, 42, 5.0, 0.1, 1.0, 24),
+    (2, 49152, 1234, 6.0, 0.3, 1.2, 24),
+    (2, 262144, 7, 8.0, 0.1, 1.5, 8),
+    (2, 50, 3, 2.0, 0.5, 1.0, 24),
+    (2, 2, 11, 0.5, 1.0, 1.0, 16),
+]
+
+
+ZIPF_CASES = [
+    (1, 49152, 99, 5.0, 0.1, 1.0, 24),
+    (1, 1000, 5, 3.0, 0.2, 0.9, 24),
+    (2, 49152, 99, 5.0, 0.1, 1.0, 24),
+]
+
+
+def int_row(n: int) -> np.ndarray:
+    """tests/test_sampling.py's int_row: distinct logits from integer arithmetic only."""
+    i = np.arange(n, dtype=np.int64)
+    return (((i * 2654435761) % 2**24 - 2**23) / 2**20).astype(np.float32)
+
+
+def zipf_row(n: int) -> np.ndarray:
+    """Logits -1.1 ln(rank), the ranks spread over the ids in int_row's order."""
+    row = np.zeros(n, np.float32)
+    row[np.argsort(int_row(n), kind="stable")[::-1]] = (-1.1 * np.log(np.arange(1, n + 1))).astype(np.float32)
+    return row
+
+
+class TokenData(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int32), ("logit", ctypes.c_float), ("p", ctypes.c_float)]
+
+
+class TokenDataArray(ctypes.Structure):
+    _fields_ = [("data", ctypes.POINTER(TokenData)), ("size", ctypes.c_size_t),
+                ("selected", ctypes.c_int64), ("sorted", ctypes.c_bool)]
+
+
+def picks(lib, version: int, n_vocab: int, seed: int, tau: float, eta: float, temp: float,
+          steps: int, make_row=int_row) -> list[int]:
+    temp_s = lib.llama_sampler_init_temp(ctypes.c_float(temp))
+    if version == 1:
+        miro = lib.llama_sampler_init_mirostat(n_vocab, seed, ctypes.c_float(tau), ctypes.c_float(eta), 100)
+    else:
+        miro = lib.llama_sampler_init_mirostat_v2(seed, ctypes.c_float(tau), ctypes.c_float(eta))
+    row = make_row(n_vocab)
+    out = []
+    for step in range(steps):
+        logits = np.roll(row, 37 * step)
+        data = (TokenData * n_vocab)(*[TokenData(i, float(v), 0.0) for i, v in enumerate(logits)])
+        cur = TokenDataArray(data, n_vocab, -1, False)
+        lib.llama_sampler_apply(temp_s, ctypes.byref(cur))
+        lib.llama_sampler_apply(miro, ctypes.byref(cur))
+        out.append(int(cur.data[cur.selected].id))
+    lib.llama_sampler_free(temp_s)
+    lib.llama_sampler_free(miro)
+    return out
+
+
+def main() -> None:
+    lib = ctypes.CDLL(sys.argv[1])
+    lib.llama_sampler_init_temp.restype = ctypes.c_void_p
+    lib.llama_sampler_init_temp.argtypes = [ctypes.c_float]
+    lib.llama_sampler_init_mirostat.restype = ctypes.c_void_p
+    lib.llama_sampler_init_mirostat.argtypes = [ctypes.c_int32, ctypes.c_uint32, ctypes.c_float,
+                                                ctypes.c_float, ctypes.c_int32]
+    lib.llama_sampler_init_mirostat_v2.restype = ctypes.c_void_p
+    lib.llama_sampler_init_mirostat_v2.argtypes = [ctypes.c_uint32, ctypes.c_float, ctypes.c_float]
+    lib.llama_sampler_apply.argtypes = [ctypes.c_void_p, ctypes.POINTER(TokenDataArray)]
+    lib.llama_sampler_free.argtypes = [ctypes.c_void_p]
+    for case in CASES:
+        print(json.dumps({"case": case, "picks": picks(lib, *case)}))
+    for case in ZIPF_CASES:
+        print(json.dumps({"zipf_case": case, "picks": picks(lib, *case, make_row=zipf_row)}))
+
+
+if __name__ == "__main__":
+    main()
