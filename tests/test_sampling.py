@@ -651,3 +651,15 @@ def test_mirostat_in_make_sampler_and_its_errors():
     chain = SamplerChain([LogitBias(3, {0: -math.inf, 1: -math.inf, 2: -math.inf}), MirostatV2(1)])
     with pytest.raises(ValueError, match="-inf"):
         chain.sample(np.zeros(3, dtype=np.float32))
+
+
+def test_make_sampler_min_keep_and_dynamic_temperature():
+    chain = make_sampler(n_vocab=10, min_keep=3, dynatemp_range=0.5, dynatemp_exponent=2.0)
+    assert str(chain) == "logits -> penalties -> top-k -> typical -> top-p -> min-p -> temp-ext -> dist"
+    typical, top_p, min_p, temp = chain.samplers[2:6]
+    assert typical.min_keep == top_p.min_keep == min_p.min_keep == 3
+    assert (temp.t, temp.delta, temp.exponent) == (0.8, 0.5, 2.0)
+    assert "temp ->" in str(make_sampler(n_vocab=10))          # no range: plain temperature
+    for bad in (dict(min_keep=-1), dict(dynatemp_range=-0.1), dict(dynatemp_exponent=float("inf"))):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            make_sampler(n_vocab=10, **bad)

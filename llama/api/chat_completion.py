@@ -213,9 +213,11 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
                  logprobs: bool | None = None, top_logprobs: int | None = None,
                  stream_options: dict | None = None,
                  chat_template_kwargs: dict | None = None,
-                 n_ctx: int | None = None) -> ChatJob:
+                 n_ctx: int | None = None, repeat_last_n: int = 64, min_keep: int = 1,
+                 dynatemp_range: float = 0.0, dynatemp_exponent: float = 1.0) -> ChatJob:
     """A chat request -> a `ChatJob` (template, constraints, sampler chain); the checks
-    fail here, before anything is decoded. `n_ctx`: the context the sequence may fill."""
+    fail here, before anything is decoded. `n_ctx`: the context the sequence may fill.
+    repeat_last_n, min_keep and dynatemp_*: llama-server's fields (completion.sampling_params)."""
     if functions:
         tools, tool_choice = _legacy_functions(functions, function_call)
     choice = _tool_choice(tools, tool_choice)
@@ -249,7 +251,9 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
                              presence_penalty=presence_penalty,
                              frequency_penalty=frequency_penalty, logit_bias=logit_bias, seed=seed,
                              mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
-                             mirostat_eta=mirostat_eta)
+                             mirostat_eta=mirostat_eta, repeat_last_n=repeat_last_n,
+                             min_keep=min_keep, dynatemp_range=dynatemp_range,
+                             dynatemp_exponent=dynatemp_exponent, n_ctx=n_ctx or llm.n_ctx())
     seq = make_sequence(llm, ids, max_tokens=n_max, stop=stop,
                         logprobs=int(top_logprobs or 0) if logprobs else None, params=params,
                         grammar=constraint, logits_processor=logits_processor)

@@ -43,6 +43,9 @@ class SamplingParams:
     mirostat_mode: int = 0        # 1 or 2: mirostat after the temperature, instead of the filters
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
+    min_keep: int = 1             # llama-server's fields, beyond llama-cpp-python's
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
 
     def chain(self, n_vocab: int) -> SamplerChain:
         bias = {int(k): float(v) for k, v in self.logit_bias.items()} if self.logit_bias else None
@@ -53,7 +56,9 @@ class SamplingParams:
                             presence_penalty=self.presence_penalty,
                             repeat_last_n=self.repeat_last_n, logit_bias=bias, seed=self.seed,
                             mirostat=self.mirostat_mode, mirostat_tau=self.mirostat_tau,
-                            mirostat_eta=self.mirostat_eta)
+                            mirostat_eta=self.mirostat_eta, min_keep=self.min_keep,
+                            dynatemp_range=self.dynatemp_range,
+                            dynatemp_exponent=self.dynatemp_exponent)
 
 
 @dataclass

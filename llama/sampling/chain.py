@@ -9,7 +9,8 @@ from .candidates import Candidates
 from .mirostat import Mirostat, MirostatV2
 from .params import check_float, check_int, check_unit
 from .pick import Dist, Greedy, check_seed
-from .samplers import LogitBias, MinP, Penalties, Sampler, Temperature, TopK, TopP, Typical
+from .samplers import (LogitBias, MinP, Penalties, Sampler, Temperature, TemperatureExt, TopK,
+                       TopP, Typical)
 
 
 class SamplerChain(Sampler):
@@ -104,11 +105,13 @@ def make_sampler(*, n_vocab: int, temp: float = 0.8, top_k: int = 40, top_p: flo
                  frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                  repeat_last_n: int = 64, logit_bias: Mapping[int, float] | None = None,
                  seed: int | None = None, grammar: Sampler | None = None, mirostat: int = 0,
-                 mirostat_tau: float = 5.0, mirostat_eta: float = 0.1) -> SamplerChain:
+                 mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, min_keep: int = 1,
+                 dynatemp_range: float = 0.0, dynatemp_exponent: float = 1.0) -> SamplerChain:
     """The chain llama.cpp's common sampler builds (see the package docstring).
 
     temp > 0: [grammar] -> [logit-bias] -> penalties -> top-k -> typical -> top-p -> min-p
-              -> temp -> dist;
+              -> temp -> dist (typical, top-p and min-p keep at least min_keep; with
+              dynatemp_range > 0 the temperature is temp-ext's dynamic one);
               with mirostat 1 or 2: [grammar] -> [logit-bias] -> penalties -> temp ->
               mirostat (m = 100) or mirostat-v2, which replace the filters and dist.
     temp <= 0: [grammar] -> [logit-bias] -> penalties -> greedy.
@@ -125,6 +128,10 @@ def make_sampler(*, n_vocab: int, temp: float = 0.8, top_k: int = 40, top_p: flo
         raise ValueError(f"mirostat must be 0 (off), 1 or 2, got {mirostat}")
     mirostat_tau = check_float("mirostat_tau", mirostat_tau)   # checked even while unused
     mirostat_eta = check_float("mirostat_eta", mirostat_eta)
+    min_keep = check_int("min_keep", min_keep, 0)
+    check_float("dynatemp_exponent", dynatemp_exponent)
+    temperature = (TemperatureExt(temp, dynatemp_range, dynatemp_exponent) if dynatemp_range
+                   else Temperature(temp))   # TemperatureExt checks both values
 
     samplers: list[Sampler] = [] if grammar is None else [grammar]
     if logit_bias is not None:
@@ -139,6 +146,6 @@ def make_sampler(*, n_vocab: int, temp: float = 0.8, top_k: int = 40, top_p: flo
     elif mirostat == 2:
         samplers += [Temperature(temp), MirostatV2(seed, mirostat_tau, mirostat_eta)]
     else:
-        samplers += [TopK(top_k), Typical(typical_p, 1), TopP(top_p, 1), MinP(min_p, 1),
-                     Temperature(temp), Dist(seed)]
+        samplers += [TopK(top_k), Typical(typical_p, min_keep), TopP(top_p, min_keep),
+                     MinP(min_p, min_keep), temperature, Dist(seed)]
     return SamplerChain(samplers, n_vocab=n_vocab)

@@ -102,6 +102,10 @@ def sampling(body: dict, config: ServerConfig, eog_ids: list[int]) -> dict:
         "mirostat_mode": mirostat_version(body),
         "mirostat_tau": float(field(body, "mirostat_tau", NUMBER, 5.0)),
         "mirostat_eta": float(field(body, "mirostat_eta", NUMBER, 0.1)),
+        "repeat_last_n": int(field(body, "repeat_last_n", (int,), 64)),
+        "min_keep": int(field(body, "min_keep", (int,), 1)),
+        "dynatemp_range": float(field(body, "dynatemp_range", NUMBER, 0.0)),
+        "dynatemp_exponent": float(field(body, "dynatemp_exponent", NUMBER, 1.0)),
     }
     if field(body, "n", (int,), 1) != 1:
         raise bad_request("only n = 1 is supported")

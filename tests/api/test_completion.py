@@ -164,6 +164,22 @@ def test_mirostat_completion_is_the_mirostat_chain(smol, mode):
     assert _text(smol(PROMPT, max_tokens=16, mirostat_mode=mode, mirostat_tau=0.01, seed=5)) == greedy
 
 
+def test_llama_server_sampling_fields_reach_the_chain(smol):
+    """repeat_last_n (-1: the context the sequence may fill), min_keep and dynatemp_*, the
+    llama-server fields prepare_completion takes beyond llama-cpp-python's arguments."""
+    from llama.api.completion import prepare_completion
+    from llama.sampling import MinP, Penalties, TemperatureExt, TopP
+
+    job = prepare_completion(smol, PROMPT, max_tokens=4, repeat_last_n=-1, repeat_penalty=1.1,
+                             min_keep=5, dynatemp_range=0.3, dynatemp_exponent=1.5, n_ctx=300)
+    by_type = {type(s): s for s in job.seq.sampler.samplers}
+    assert by_type[Penalties].last_n == 300
+    assert by_type[TopP].min_keep == by_type[MinP].min_keep == 5
+    assert (by_type[TemperatureExt].delta, by_type[TemperatureExt].exponent) == (0.3, 1.5)
+    with pytest.raises(ValueError, match="repeat_last_n"):
+        prepare_completion(smol, PROMPT, max_tokens=4, repeat_last_n=-2)
+
+
 def test_bad_arguments_are_named(smol):
     with pytest.raises(ValueError, match="token"):
         smol([10**7], max_tokens=1)

@@ -59,6 +59,27 @@ def test_mirostat_fields(oai, server):
     assert out.choices[0].text == texts[0]
 
 
+@pytest.mark.parametrize("extra, status", [
+    ({"repeat_last_n": -1, "repeat_penalty": 1.3, "min_keep": 2, "dynatemp_range": 0.5}, 200),
+    ({"repeat_last_n": -2}, 400),
+    ({"min_keep": -1}, 400),
+    ({"dynatemp_range": -1}, 400),
+    ({"repeat_last_n": "all"}, 400),
+])
+def test_llama_server_sampling_fields(server, extra, status):
+    """repeat_last_n, min_keep and dynatemp_* are read (a bad value is a 400 naming it); with
+    a seed, a dynamic temperature and a whole-context penalty change the text."""
+    body = {"prompt": "The capital of France is", "n_predict": 12, "temperature": 1.0, "seed": 4321}
+    with server.client() as c:
+        r = c.post("/completion", json=dict(body, **extra))
+        assert r.status_code == status, r.text
+        if status != 200:
+            assert next(iter(extra)) in r.json()["error"]["message"]
+            return
+        plain = c.post("/completion", json=body).json()["content"]
+        assert r.json()["content"] == c.post("/completion", json=dict(body, **extra)).json()["content"] != plain
+
+
 def test_json_schema_output_validates(oai):
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
                                                "age": {"type": "integer"}},
