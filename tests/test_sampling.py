@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from llama.sampling import (Candidates, Dist, Greedy, LogitBias, MinP, Penalties, SamplerChain,
-                            Temperature, TemperatureExt, TopK, TopP, Typical, make_sampler)
+from llama.sampling import (XTC, Candidates, Dist, Greedy, LogitBias, MinP, Penalties, SamplerChain,
+                            Temperature, TemperatureExt, TopK, TopNSigma, TopP, Typical, make_sampler)
 from llama.sampling.candidates import _order_desc_direct, logf_scalar, order_desc
 from llama.sampling.mirostat import Mirostat, MirostatV2, discrete_pick, truncate_to_int
 from llama.sampling.mt19937 import StdMT19937
@@ -663,3 +663,63 @@ def test_make_sampler_min_keep_and_dynamic_temperature():
     for bad in (dict(min_keep=-1), dict(dynatemp_range=-0.1), dict(dynatemp_exponent=float("inf"))):
         with pytest.raises(ValueError, match=next(iter(bad))):
             make_sampler(n_vocab=10, **bad)
+
+
+# top-n-sigma and xtc in front of temp + dist, by llama.cpp's library (the same tool):
+# (sampler, n_vocab, seed, n or probability, threshold, temp, steps) over _zipf_row, picks
+FILTER_PICKS = [
+    (('top-n-sigma', 1000, 42, 1.0, 0.0, 1.0, 16),
+     [946, 480, 517, 57, 94, 131, 168, 205, 242, 279, 316, 850, 887, 427, 961, 501]),
+    (('top-n-sigma', 49152, 9, 2.5, 0.0, 0.7, 16),
+     [46142, 48634, 21666, 46253, 24195, 48782, 38999, 39036, 46438, 48930, 44057, 46549, 49041, 49078, 49115, 0]),
+    (('xtc', 1000, 42, 0.5, 0.1, 1.0, 24),
+     [567, 300, 780, 840, 374, 71, 365, 205, 242, 702, 316, 882, 383, 427, 984, 164, 538, 575, 44, 589, 63, 723, 957, 292]),
+    (('xtc', 49152, 9, 0.9, 0.05, 1.0, 24),
+     [45639, 12755, 46216, 14338, 46290, 12967, 41454, 41491, 28750, 20416, 14597, 41136, 25400, 37308, 6517, 41787, 41824, 49021, 33970, 44176, 47205, 43398, 14861, 29471]),
+]
+
+
+@pytest.mark.parametrize("case, expected", FILTER_PICKS, ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else None)
+def test_top_n_sigma_and_xtc_match_llama_cpp_picks(case, expected):
+    kind, n, seed, a, b, temp, steps = case
+    row = _zipf_row(n)
+
+    def picks(with_filter: bool) -> list[int]:
+        first = [TopNSigma(a) if kind == "top-n-sigma" else XTC(a, b, 1, seed)] if with_filter else []
+        chain = SamplerChain(first + [Temperature(temp), Dist(seed)])
+        return [chain.sample(np.roll(row, 37 * s)) for s in range(steps)]
+
+    assert picks(True) == expected
+    assert picks(False) != expected   # the filter changed the picks
+
+
+def test_xtc_cut_and_its_draw():
+    # probs 0.4, 0.3, 0.2, 0.1 sorted; threshold 0.25: 0.4 and 0.3 are at or above it, the
+    # least probable of them (0.3) is kept: 3 candidates left
+    xtc = XTC(1.0, 0.25, 1, 42)
+    cur = cands(P4)
+    xtc.apply(cur)
+    assert list(cur.ids) == [2, 1, 0] and cur.sorted
+    np.testing.assert_allclose(cur.probs, [0.3, 0.2, 0.1], atol=1e-6)   # the pre-cut softmax
+    cur = cands(P4)
+    XTC(1.0, 0.25, 4, 42).apply(cur)          # 3 < min_keep 4: nothing removed
+    assert len(cur) == 4
+    cur = cands(P4)
+    XTC(1.0, 0.5, 1, 42).apply(cur)           # nothing at or above 0.5 but the top: pos_last 0
+    assert len(cur) == 4
+    assert not XTC(0.0, 0.1).enabled and not XTC(0.5, 0.6).enabled
+    # the chance is uniform_real_distribution<float>: one 32-bit draw over 2**32
+    rng = StdMT19937(42)
+    assert rng.uniform01_float() == np.float32(np.float32(StdMT19937(42).next_u32()) / np.float32(2.0**32))
+
+
+def test_top_n_sigma_masks_below_max_minus_n_sigma():
+    logits = np.array([2.0, 1.0, 0.0, -1.0, -np.inf], dtype=np.float32)
+    cur = Candidates.from_logits(logits)
+    TopNSigma(1.0).apply(cur)   # over the four finite: mean 0.5, sigma sqrt(1.25) = 1.118
+    np.testing.assert_array_equal(cur.logits, [2.0, 1.0, -np.inf, -np.inf, -np.inf])
+    cur = Candidates.from_logits(logits)
+    TopNSigma(0.0).apply(cur)   # n <= 0: off
+    np.testing.assert_array_equal(cur.logits, logits)
+    assert str(make_sampler(n_vocab=5, top_n_sigma=1.0, xtc_probability=0.5)) == (
+        "logits -> penalties -> top-n-sigma -> top-k -> typical -> top-p -> min-p -> xtc -> temp -> dist")

@@ -214,10 +214,13 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
                  stream_options: dict | None = None,
                  chat_template_kwargs: dict | None = None,
                  n_ctx: int | None = None, repeat_last_n: int = 64, min_keep: int = 1,
-                 dynatemp_range: float = 0.0, dynatemp_exponent: float = 1.0) -> ChatJob:
+                 dynatemp_range: float = 0.0, dynatemp_exponent: float = 1.0,
+                 top_n_sigma: float = -1.0, xtc_probability: float = 0.0,
+                 xtc_threshold: float = 0.1) -> ChatJob:
     """A chat request -> a `ChatJob` (template, constraints, sampler chain); the checks
     fail here, before anything is decoded. `n_ctx`: the context the sequence may fill.
-    repeat_last_n, min_keep and dynatemp_*: llama-server's fields (completion.sampling_params)."""
+    repeat_last_n, min_keep, dynatemp_*, top_n_sigma and xtc_*: llama-server's fields
+    (completion.sampling_params)."""
     if functions:
         tools, tool_choice = _legacy_functions(functions, function_call)
     choice = _tool_choice(tools, tool_choice)
@@ -253,7 +256,9 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
                              mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
                              mirostat_eta=mirostat_eta, repeat_last_n=repeat_last_n,
                              min_keep=min_keep, dynatemp_range=dynatemp_range,
-                             dynatemp_exponent=dynatemp_exponent, n_ctx=n_ctx or llm.n_ctx())
+                             dynatemp_exponent=dynatemp_exponent, top_n_sigma=top_n_sigma,
+                             xtc_probability=xtc_probability, xtc_threshold=xtc_threshold,
+                             n_ctx=n_ctx or llm.n_ctx())
     seq = make_sequence(llm, ids, max_tokens=n_max, stop=stop,
                         logprobs=int(top_logprobs or 0) if logprobs else None, params=params,
                         grammar=constraint, logits_processor=logits_processor)

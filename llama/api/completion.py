@@ -170,10 +170,11 @@ def sampling_params(llm: "Llama", *, temperature: float, top_p: float, top_k: in
                     seed: int | None, mirostat_mode: int = 0, mirostat_tau: float = 5.0,
                     mirostat_eta: float = 0.1, repeat_last_n: int = 64, min_keep: int = 1,
                     dynatemp_range: float = 0.0, dynatemp_exponent: float = 1.0,
-                    n_ctx: int) -> SamplingParams:
-    """The chain's settings. repeat_last_n, min_keep and dynatemp_* are llama-server's
-    fields (llama-cpp-python has none of them per call); repeat_last_n -1 is the context
-    the sequence may fill, as llama-server's."""
+                    top_n_sigma: float = -1.0, xtc_probability: float = 0.0,
+                    xtc_threshold: float = 0.1, n_ctx: int) -> SamplingParams:
+    """The chain's settings. repeat_last_n, min_keep, dynatemp_*, top_n_sigma and xtc_* are
+    llama-server's fields (llama-cpp-python has none of them per call); repeat_last_n -1 is
+    the context the sequence may fill, as llama-server's."""
     if isinstance(mirostat_mode, bool) or mirostat_mode not in (0, 1, 2):
         raise ValueError(f"mirostat_mode must be 0 (off), 1 or 2, got {mirostat_mode!r}")
     if isinstance(repeat_last_n, bool) or not isinstance(repeat_last_n, int) or repeat_last_n < -1:
@@ -186,7 +187,8 @@ def sampling_params(llm: "Llama", *, temperature: float, top_p: float, top_k: in
                           mirostat_eta=mirostat_eta,
                           repeat_last_n=n_ctx if repeat_last_n == -1 else repeat_last_n,
                           min_keep=min_keep, dynatemp_range=dynatemp_range,
-                          dynatemp_exponent=dynatemp_exponent)
+                          dynatemp_exponent=dynatemp_exponent, top_n_sigma=top_n_sigma,
+                          xtc_probability=xtc_probability, xtc_threshold=xtc_threshold)
 
 
 def prepare_completion(llm: "Llama", prompt: str | list[int], *, suffix: str | None = None,
@@ -200,11 +202,13 @@ def prepare_completion(llm: "Llama", prompt: str | list[int], *, suffix: str | N
                        stopping_criteria=None, logits_processor=None, grammar=None,
                        logit_bias: dict[int, float] | None = None,
                        n_ctx: int | None = None, repeat_last_n: int = 64, min_keep: int = 1,
-                       dynatemp_range: float = 0.0, dynatemp_exponent: float = 1.0) -> CompletionJob:
+                       dynatemp_range: float = 0.0, dynatemp_exponent: float = 1.0,
+                       top_n_sigma: float = -1.0, xtc_probability: float = 0.0,
+                       xtc_threshold: float = 0.1) -> CompletionJob:
     """A request -> a `CompletionJob` (the checks, the prompt, the sampler chain). `n_ctx`:
     the context the sequence may fill (the Llama's by default; a server slot's share).
-    repeat_last_n, min_keep, dynatemp_range and dynatemp_exponent go beyond
-    llama-cpp-python's arguments: llama-server's request fields (see `sampling_params`)."""
+    repeat_last_n, min_keep, dynatemp_*, top_n_sigma and xtc_* go beyond llama-cpp-python's
+    arguments: llama-server's request fields (see `sampling_params`)."""
     if logprobs is not None and (isinstance(logprobs, bool) or int(logprobs) < 0):
         raise ValueError(f"logprobs must be a non-negative integer, got {logprobs!r}")
     ids = prompt_tokens(llm, prompt)
@@ -216,7 +220,9 @@ def prepare_completion(llm: "Llama", prompt: str | list[int], *, suffix: str | N
                              mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
                              mirostat_eta=mirostat_eta, repeat_last_n=repeat_last_n,
                              min_keep=min_keep, dynatemp_range=dynatemp_range,
-                             dynatemp_exponent=dynatemp_exponent, n_ctx=n_ctx or llm.n_ctx())
+                             dynatemp_exponent=dynatemp_exponent, top_n_sigma=top_n_sigma,
+                             xtc_probability=xtc_probability, xtc_threshold=xtc_threshold,
+                             n_ctx=n_ctx or llm.n_ctx())
     seq = make_sequence(llm, ids, max_tokens=n_max, stop=stop, logprobs=logprobs, params=params,
                         grammar=grammar, logits_processor=logits_processor,
                         stopping_criteria=stopping_criteria)

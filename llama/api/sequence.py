@@ -46,6 +46,9 @@ class SamplingParams:
     min_keep: int = 1             # llama-server's fields, beyond llama-cpp-python's
     dynatemp_range: float = 0.0
     dynatemp_exponent: float = 1.0
+    top_n_sigma: float = -1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
 
     def chain(self, n_vocab: int) -> SamplerChain:
         bias = {int(k): float(v) for k, v in self.logit_bias.items()} if self.logit_bias else None
@@ -58,7 +61,9 @@ class SamplingParams:
                             mirostat=self.mirostat_mode, mirostat_tau=self.mirostat_tau,
                             mirostat_eta=self.mirostat_eta, min_keep=self.min_keep,
                             dynatemp_range=self.dynatemp_range,
-                            dynatemp_exponent=self.dynatemp_exponent)
+                            dynatemp_exponent=self.dynatemp_exponent,
+                            top_n_sigma=self.top_n_sigma, xtc_probability=self.xtc_probability,
+                            xtc_threshold=self.xtc_threshold)
 
 
 @dataclass

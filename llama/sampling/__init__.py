@@ -16,7 +16,8 @@ The logit bias comes first, before the penalties (it is added ahead of the confi
 list), and llama-cpp-python (`Llama._init_sampler`) does the same: logits processors (its
 logit_bias) -> penalties -> top-k -> typical -> top-p -> min-p -> temp -> dist, with greedy
 instead of the filters when temp == 0. `make_sampler` builds exactly that common part
-(dry, top-n-sigma and xtc are off by default in llama.cpp and not implemented here):
+(dry, top-n-sigma and xtc are off by default in llama.cpp; the last two are added at their
+places when asked for, `top_n_sigma > 0`, `xtc_probability > 0`; DRY is not implemented):
 
     temp > 0:  [logit-bias] -> penalties -> top-k -> typical -> top-p -> min-p -> temp -> dist
     temp <= 0: [logit-bias] -> penalties -> greedy
@@ -59,11 +60,13 @@ from .chain import SamplerChain, make_sampler
 from .mirostat import Mirostat, MirostatV2
 from .pick import LLAMA_DEFAULT_SEED, Dist, Greedy
 from .samplers import (LogitBias, MinP, Penalties, Sampler, Temperature, TemperatureExt, TopK,
-                       TopP, Typical)
+                       TopNSigma, TopP, Typical)
+from .xtc import XTC
 
 __all__ = [
     "Candidates", "Dist", "Greedy", "LLAMA_DEFAULT_SEED", "LogitBias", "MinP", "Mirostat",
     "MirostatV2", "Penalties",
-    "Sampler", "SamplerChain", "Temperature", "TemperatureExt", "TopK", "TopP", "Typical",
+    "Sampler", "SamplerChain", "Temperature", "TemperatureExt", "TopK", "TopNSigma", "TopP",
+    "Typical", "XTC",
     "make_sampler",
 ]

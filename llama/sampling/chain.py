@@ -10,7 +10,8 @@ from .mirostat import Mirostat, MirostatV2
 from .params import check_float, check_int, check_unit
 from .pick import Dist, Greedy, check_seed
 from .samplers import (LogitBias, MinP, Penalties, Sampler, Temperature, TemperatureExt, TopK,
-                       TopP, Typical)
+                       TopNSigma, TopP, Typical)
+from .xtc import XTC
 
 
 class SamplerChain(Sampler):
@@ -106,11 +107,15 @@ def make_sampler(*, n_vocab: int, temp: float = 0.8, top_k: int = 40, top_p: flo
                  repeat_last_n: int = 64, logit_bias: Mapping[int, float] | None = None,
                  seed: int | None = None, grammar: Sampler | None = None, mirostat: int = 0,
                  mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, min_keep: int = 1,
-                 dynatemp_range: float = 0.0, dynatemp_exponent: float = 1.0) -> SamplerChain:
+                 dynatemp_range: float = 0.0, dynatemp_exponent: float = 1.0,
+                 top_n_sigma: float = -1.0, xtc_probability: float = 0.0,
+                 xtc_threshold: float = 0.1) -> SamplerChain:
     """The chain llama.cpp's common sampler builds (see the package docstring).
 
-    temp > 0: [grammar] -> [logit-bias] -> penalties -> top-k -> typical -> top-p -> min-p
-              -> temp -> dist (typical, top-p and min-p keep at least min_keep; with
+    temp > 0: [grammar] -> [logit-bias] -> penalties -> [top-n-sigma] -> top-k -> typical
+              -> top-p -> min-p -> [xtc] -> temp -> dist (typical, top-p, min-p and xtc keep
+              at least min_keep; top-n-sigma when top_n_sigma > 0, xtc when xtc_probability
+              > 0 and xtc_threshold <= 0.5, as llama.cpp leaves them out otherwise; with
               dynatemp_range > 0 the temperature is temp-ext's dynamic one);
               with mirostat 1 or 2: [grammar] -> [logit-bias] -> penalties -> temp ->
               mirostat (m = 100) or mirostat-v2, which replace the filters and dist.
@@ -146,6 +151,11 @@ def make_sampler(*, n_vocab: int, temp: float = 0.8, top_k: int = 40, top_p: flo
     elif mirostat == 2:
         samplers += [Temperature(temp), MirostatV2(seed, mirostat_tau, mirostat_eta)]
     else:
+        sigma = TopNSigma(top_n_sigma)
+        xtc = XTC(xtc_probability, xtc_threshold, min_keep, seed)
+        samplers += [sigma] if sigma.n > 0 else []
         samplers += [TopK(top_k), Typical(typical_p, min_keep), TopP(top_p, min_keep),
-                     MinP(min_p, min_keep), temperature, Dist(seed)]
+                     MinP(min_p, min_keep)]
+        samplers += [xtc] if xtc.enabled else []
+        samplers += [temperature, Dist(seed)]
     return SamplerChain(samplers, n_vocab=n_vocab)

@@ -51,6 +51,13 @@ class StdMT19937:
     def next_u32(self) -> int:
         return int(self._bits.random_raw())
 
+    def uniform01_float(self) -> np.float32:
+        """uniform_real_distribution<float>(0, 1): generate_canonical<float, 24>, one draw
+        converted to float (rounded, so 2**32 - 1 becomes 2**32) over a float 2**32, and a
+        1 replaced by the float below it."""
+        value = np.float32(self.next_u32()) / np.float32(4294967296.0)
+        return np.nextafter(np.float32(1.0), np.float32(0.0)) if value >= 1.0 else value
+
     def uniform01(self) -> float:
         lo = float(self.next_u32())
         hi = float(self.next_u32())

@@ -364,3 +364,34 @@ class TemperatureExt(Sampler):
         p64 = np.exp(cur.logits.astype(np.float64) - float(cur.logits[0]))
         total = float(np.cumsum(p64)[-1])
         cur.probs = (p64.astype(F32).astype(np.float64) / total).astype(F32)
+
+
+class TopNSigma(Sampler):
+    """llama_sampler_init_top_n_sigma(n): mask (-inf) every logit below max - n * sigma, the
+    mean and standard deviation taken over the finite-or-+inf logits. n <= 0 disables it.
+
+    The mean is llama.cpp's float sum over a float count; its deviation sums the squares in
+    double and rounds once, where llama.cpp rounds its float accumulator at every step, so a
+    logit within float rounding of the cut may land on the other side."""
+
+    name = "top-n-sigma"
+
+    def __init__(self, n: float) -> None:
+        self.n = check_float("top_n_sigma", n)
+
+    def apply(self, cur: Candidates) -> None:
+        n = F32(self.n)
+        if n <= 0.0 or len(cur) <= 1:
+            return
+        logits = cur.logits
+        valid = logits[logits != -np.inf]
+        if len(valid) == 0:
+            return
+        top = F32(max(valid.max(), logits[0]))
+        mean = F32(seq_sum_f32(valid) / F32(len(valid)))
+        dev = (valid - mean).astype(np.float64)            # float differences, squared exactly
+        variance = F32(F32(np.cumsum(dev * dev)[-1]) / F32(len(valid)))
+        sigma = F32(math.sqrt(float(variance)))             # a float sqrt, correctly rounded
+        cut = F32(top - F32(n * sigma))
+        cur.logits = np.where(logits < cut, F32(-np.inf), logits).astype(F32)
+

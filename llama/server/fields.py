@@ -106,6 +106,9 @@ def sampling(body: dict, config: ServerConfig, eog_ids: list[int]) -> dict:
         "min_keep": int(field(body, "min_keep", (int,), 1)),
         "dynatemp_range": float(field(body, "dynatemp_range", NUMBER, 0.0)),
         "dynatemp_exponent": float(field(body, "dynatemp_exponent", NUMBER, 1.0)),
+        "top_n_sigma": float(field(body, "top_n_sigma", NUMBER, -1.0)),
+        "xtc_probability": float(field(body, "xtc_probability", NUMBER, 0.0)),
+        "xtc_threshold": float(field(body, "xtc_threshold", NUMBER, 0.1)),
     }
     if field(body, "n", (int,), 1) != 1:
         raise bad_request("only n = 1 is supported")

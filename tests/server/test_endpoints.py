@@ -61,14 +61,17 @@ def test_mirostat_fields(oai, server):
 
 @pytest.mark.parametrize("extra, status", [
     ({"repeat_last_n": -1, "repeat_penalty": 1.3, "min_keep": 2, "dynatemp_range": 0.5}, 200),
+    ({"xtc_probability": 1.0, "xtc_threshold": 0.01}, 200),
+    ({"top_n_sigma": 0.5, "top_k": 0, "top_p": 1.0, "min_p": 0.0}, 200),
+    ({"xtc_probability": "often"}, 400),
     ({"repeat_last_n": -2}, 400),
     ({"min_keep": -1}, 400),
     ({"dynatemp_range": -1}, 400),
     ({"repeat_last_n": "all"}, 400),
 ])
 def test_llama_server_sampling_fields(server, extra, status):
-    """repeat_last_n, min_keep and dynatemp_* are read (a bad value is a 400 naming it); with
-    a seed, a dynamic temperature and a whole-context penalty change the text."""
+    """repeat_last_n, min_keep, dynatemp_*, top_n_sigma and xtc_* are read (a bad value is a
+    400 naming it); with a seed, each changes the text."""
     body = {"prompt": "The capital of France is", "n_predict": 12, "temperature": 1.0, "seed": 4321}
     with server.client() as c:
         r = c.post("/completion", json=dict(body, **extra))
