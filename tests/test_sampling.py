@@ -557,7 +557,7 @@ def test_chain_rejects_bad_input():
 
 # picks of llama.cpp's own llama_sampler_init_temp + llama_sampler_init_mirostat(_v2)
 # (libllama from the source llama-cpp-python 0.3.36 vendors), made by
-# tests/tools/mirostat_vectors.py: (version, n_vocab, seed, tau, eta, temp, steps), picks
+# tests/tools/sampler_vectors.py: (version, n_vocab, seed, tau, eta, temp, steps), picks
 MIROSTAT_PICKS = [
     ((1, 1000, 42, 5.0, 0.1, 1.0, 24),
      [964, 420, 120, 697, 231, 71, 245, 965, 122, 619, 813, 16, 790, 427, 707, 758, 938, 575, 612, 109, 386, 220, 63, 234]),

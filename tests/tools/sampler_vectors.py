@@ -6,7 +6,7 @@ top-n-sigma / xtc in front of temp + dist, over the rows the test builds (`int_r
 `zipf_row`, rolled by the step index so that each step sees other logits): the token ids
 picked, per case. Not a test and not a dependency; rerun it when the reference changes:
 
-    python tests/tools/mirostat_vectors.py /path/to/llama.cpp/build/bin/libllama.so
+    python tests/tools/sampler_vectors.py /path/to/llama.cpp/build/bin/libllama.so
 """
 from __future__ import annotations
 
