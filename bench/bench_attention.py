@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import numpy as np
 
@@ -107,7 +108,6 @@ def measure(n_tok: int, visible: int, layout: str, flush_mb: int, threads: int, 
 
 
 def _timed(fn) -> float:
-    import time
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0

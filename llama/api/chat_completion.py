@@ -213,13 +213,10 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
                  logprobs: bool | None = None, top_logprobs: int | None = None,
                  stream_options: dict | None = None,
                  chat_template_kwargs: dict | None = None,
-                 n_ctx: int | None = None, repeat_last_n: int = 64, min_keep: int = 1,
-                 dynatemp_range: float = 0.0, dynatemp_exponent: float = 1.0,
-                 top_n_sigma: float = -1.0, xtc_probability: float = 0.0,
-                 xtc_threshold: float = 0.1) -> ChatJob:
+                 n_ctx: int | None = None, **server_sampling: Any) -> ChatJob:
     """A chat request -> a `ChatJob` (template, constraints, sampler chain); the checks
     fail here, before anything is decoded. `n_ctx`: the context the sequence may fill.
-    repeat_last_n, min_keep, dynatemp_*, top_n_sigma and xtc_*: llama-server's fields
+    `server_sampling`: llama-server's fields beyond llama-cpp-python's arguments
     (completion.sampling_params)."""
     if functions:
         tools, tool_choice = _legacy_functions(functions, function_call)
@@ -254,11 +251,7 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
                              presence_penalty=presence_penalty,
                              frequency_penalty=frequency_penalty, logit_bias=logit_bias, seed=seed,
                              mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
-                             mirostat_eta=mirostat_eta, repeat_last_n=repeat_last_n,
-                             min_keep=min_keep, dynatemp_range=dynatemp_range,
-                             dynatemp_exponent=dynatemp_exponent, top_n_sigma=top_n_sigma,
-                             xtc_probability=xtc_probability, xtc_threshold=xtc_threshold,
-                             n_ctx=n_ctx or llm.n_ctx())
+                             mirostat_eta=mirostat_eta, n_ctx=n_ctx or llm.n_ctx(), **server_sampling)
     seq = make_sequence(llm, ids, max_tokens=n_max, stop=stop,
                         logprobs=int(top_logprobs or 0) if logprobs else None, params=params,
                         grammar=constraint, logits_processor=logits_processor)

@@ -164,31 +164,19 @@ class CompletionChunks:
         return [responses.completion(*self.job.meta, "", self.job.seq.finish_reason, None, None)]
 
 
-def sampling_params(llm: "Llama", *, temperature: float, top_p: float, top_k: int, min_p: float,
-                    typical_p: float, repeat_penalty: float, presence_penalty: float,
-                    frequency_penalty: float, logit_bias: dict[int, float] | None,
-                    seed: int | None, mirostat_mode: int = 0, mirostat_tau: float = 5.0,
-                    mirostat_eta: float = 0.1, repeat_last_n: int = 64, min_keep: int = 1,
-                    dynatemp_range: float = 0.0, dynatemp_exponent: float = 1.0,
-                    top_n_sigma: float = -1.0, xtc_probability: float = 0.0,
-                    xtc_threshold: float = 0.1, n_ctx: int) -> SamplingParams:
-    """The chain's settings. repeat_last_n, min_keep, dynatemp_*, top_n_sigma and xtc_* are
-    llama-server's fields (llama-cpp-python has none of them per call); repeat_last_n -1 is
-    the context the sequence may fill, as llama-server's."""
+def sampling_params(llm: "Llama", *, seed: int | None, n_ctx: int, mirostat_mode: int = 0,
+                    repeat_last_n: int = 64, **options: Any) -> SamplingParams:
+    """The chain's settings: `SamplingParams`' fields by name (an unknown one is a TypeError).
+    The seed is drawn from the Llama's generator when None; repeat_last_n -1 is `n_ctx`, the
+    context the sequence may fill, as llama-server's. Beyond llama-cpp-python's arguments,
+    the server passes llama-server's repeat_last_n, min_keep, dynatemp_*, top_n_sigma and
+    xtc_* through here."""
     if isinstance(mirostat_mode, bool) or mirostat_mode not in (0, 1, 2):
         raise ValueError(f"mirostat_mode must be 0 (off), 1 or 2, got {mirostat_mode!r}")
     if isinstance(repeat_last_n, bool) or not isinstance(repeat_last_n, int) or repeat_last_n < -1:
         raise ValueError(f"repeat_last_n must be an integer >= -1 (-1: the context size), got {repeat_last_n!r}")
-    return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-                          typical_p=typical_p, repeat_penalty=repeat_penalty,
-                          presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                          logit_bias=logit_bias, seed=llm.next_seed(seed),
-                          mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
-                          mirostat_eta=mirostat_eta,
-                          repeat_last_n=n_ctx if repeat_last_n == -1 else repeat_last_n,
-                          min_keep=min_keep, dynatemp_range=dynatemp_range,
-                          dynatemp_exponent=dynatemp_exponent, top_n_sigma=top_n_sigma,
-                          xtc_probability=xtc_probability, xtc_threshold=xtc_threshold)
+    return SamplingParams(seed=llm.next_seed(seed), mirostat_mode=mirostat_mode,
+                          repeat_last_n=n_ctx if repeat_last_n == -1 else repeat_last_n, **options)
 
 
 def prepare_completion(llm: "Llama", prompt: str | list[int], *, suffix: str | None = None,
@@ -201,14 +189,11 @@ def prepare_completion(llm: "Llama", prompt: str | list[int], *, suffix: str | N
                        mirostat_eta: float = 0.1, model: str | None = None,
                        stopping_criteria=None, logits_processor=None, grammar=None,
                        logit_bias: dict[int, float] | None = None,
-                       n_ctx: int | None = None, repeat_last_n: int = 64, min_keep: int = 1,
-                       dynatemp_range: float = 0.0, dynatemp_exponent: float = 1.0,
-                       top_n_sigma: float = -1.0, xtc_probability: float = 0.0,
-                       xtc_threshold: float = 0.1) -> CompletionJob:
+                       n_ctx: int | None = None, **server_sampling: Any) -> CompletionJob:
     """A request -> a `CompletionJob` (the checks, the prompt, the sampler chain). `n_ctx`:
     the context the sequence may fill (the Llama's by default; a server slot's share).
-    repeat_last_n, min_keep, dynatemp_*, top_n_sigma and xtc_* go beyond llama-cpp-python's
-    arguments: llama-server's request fields (see `sampling_params`)."""
+    `server_sampling`: llama-server's fields beyond llama-cpp-python's arguments
+    (repeat_last_n, min_keep, dynatemp_*, top_n_sigma, xtc_*; see `sampling_params`)."""
     if logprobs is not None and (isinstance(logprobs, bool) or int(logprobs) < 0):
         raise ValueError(f"logprobs must be a non-negative integer, got {logprobs!r}")
     ids = prompt_tokens(llm, prompt)
@@ -218,11 +203,7 @@ def prepare_completion(llm: "Llama", prompt: str | list[int], *, suffix: str | N
                              presence_penalty=presence_penalty,
                              frequency_penalty=frequency_penalty, logit_bias=logit_bias, seed=seed,
                              mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
-                             mirostat_eta=mirostat_eta, repeat_last_n=repeat_last_n,
-                             min_keep=min_keep, dynatemp_range=dynatemp_range,
-                             dynatemp_exponent=dynatemp_exponent, top_n_sigma=top_n_sigma,
-                             xtc_probability=xtc_probability, xtc_threshold=xtc_threshold,
-                             n_ctx=n_ctx or llm.n_ctx())
+                             mirostat_eta=mirostat_eta, n_ctx=n_ctx or llm.n_ctx(), **server_sampling)
     seq = make_sequence(llm, ids, max_tokens=n_max, stop=stop, logprobs=logprobs, params=params,
                         grammar=grammar, logits_processor=logits_processor,
                         stopping_criteria=stopping_criteria)

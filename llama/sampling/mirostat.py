@@ -14,8 +14,8 @@ The pick is `llama_sample_dist`: libstdc++'s `std::discrete_distribution` over t
 probabilities (each widened to double, divided by their double sum, partial sums in double
 with the last set to 1, one `generate_canonical<double, 53>` draw, the first partial sum
 reaching it); a single candidate is picked without a draw. Over the same logits, seed and
-parameters the picks are llama.cpp's (tests/test_sampling.py holds picks produced by the
-library itself).
+parameters the picks are llama.cpp's (tests/test_sampling_llama_cpp.py holds picks produced
+by the library itself).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import numpy as np
 from .candidates import F32, Candidates, logf, seq_sum_f32
 from .mt19937 import StdMT19937
 from .params import check_float, check_int
-from .pick import LLAMA_DEFAULT_SEED, _random_seed, check_seed
+from .pick import check_seed, resolve_seed
 from .samplers import Sampler
 
 INT_MIN = -(2 ** 31)
@@ -68,16 +68,13 @@ class _Mirostat(Sampler):
         self.seed = check_seed(seed)
         self.tau = F32(check_float("mirostat_tau", tau))
         self.eta = F32(check_float("mirostat_eta", eta))
-        self.seed_cur = self._resolve()
+        self.seed_cur = resolve_seed(self.seed)
         self._rng = StdMT19937(self.seed_cur)
         self.mu = F32(2.0) * self.tau
 
-    def _resolve(self) -> int:
-        return _random_seed() if self.seed == LLAMA_DEFAULT_SEED else self.seed
-
     def reset(self) -> None:
         self.mu = F32(2.0) * self.tau
-        self.seed_cur = self._resolve()
+        self.seed_cur = resolve_seed(self.seed)
         self._rng.seed(self.seed_cur)
 
     def _sorted_softmax(self, cur: Candidates) -> None:
@@ -111,16 +108,18 @@ class Mirostat(_Mirostat):
         self.n_vocab = check_int("n_vocab", n_vocab, 1)
         self.m = check_int("mirostat m", m, 1)
         super().__init__(seed, tau, eta)
+        # t_i = logf((i + 2) / (i + 1)) and the running float sum of t_i^2 depend on m alone
+        i = np.arange(self.m - 1)
+        self._t = logf((i + 2).astype(F32) / (i + 1).astype(F32))
+        self._sum_t_sq = np.cumsum(self._t * self._t, dtype=F32)   # left to right, as the loop
 
     def apply(self, cur: Candidates) -> None:
         self._sorted_softmax(cur)
         n = min(self.m - 1, len(cur) - 1)
-        i = np.arange(n)
         with np.errstate(divide="ignore", invalid="ignore"):
-            t = logf((i + 2).astype(F32) / (i + 1).astype(F32))
             b = logf(cur.probs[:n] / cur.probs[1:n + 1])
-            sum_ti_bi = seq_sum_f32((t * b).astype(F32))
-            sum_ti_sq = seq_sum_f32((t * t).astype(F32))
+            sum_ti_bi = seq_sum_f32(self._t[:n] * b)
+            sum_ti_sq = self._sum_t_sq[n - 1] if n else F32(0.0)
             s_hat = F32(sum_ti_bi / sum_ti_sq)
             epsilon_hat = F32(s_hat - F32(1.0))
             numerator = F32(epsilon_hat * powf(2.0, self.mu))

@@ -17,6 +17,12 @@ def _random_seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
 
 
+def resolve_seed(seed: int) -> int:
+    """llama.cpp's get_rng_seed: LLAMA_DEFAULT_SEED draws a fresh random seed, any other is itself
+    (every seeded sampler resolves its seed at creation and at each reset)."""
+    return _random_seed() if seed == LLAMA_DEFAULT_SEED else seed
+
+
 def check_seed(seed: int | None) -> int:
     """A 32-bit seed; None and -1 mean LLAMA_DEFAULT_SEED (random)."""
     if seed is None:
@@ -48,14 +54,11 @@ class Dist(Sampler):
 
     def __init__(self, seed: int | None = None) -> None:
         self.seed = check_seed(seed)
-        self.seed_cur = self._resolve()
+        self.seed_cur = resolve_seed(self.seed)
         self._rng = StdMT19937(self.seed_cur)
 
-    def _resolve(self) -> int:
-        return _random_seed() if self.seed == LLAMA_DEFAULT_SEED else self.seed
-
     def reset(self) -> None:
-        self.seed_cur = self._resolve()
+        self.seed_cur = resolve_seed(self.seed)
         self._rng.seed(self.seed_cur)
 
     def apply(self, cur: Candidates) -> None:

@@ -213,13 +213,15 @@ class TopP(Sampler):
         The probabilities are >= 0, so the float32 running sum never decreases and the first
         i it reaches p at is a binary search (two numpy calls where the masks took six, each
         costly right after a decode); a NaN (which breaks the order) takes the masks."""
+        if len(probs) == 0:
+            return None
         cum = np.cumsum(probs, dtype=F32)
-        if len(cum) and cum[-1] == cum[-1]:
+        if cum[-1] == cum[-1]:
             hit = max(int(np.searchsorted(cum, p, side="left")), self.min_keep - 1)
             return hit + 1 if hit < len(cum) else None
         ok = (cum >= p) & (np.arange(1, len(cum) + 1) >= self.min_keep)
-        hit = int(np.argmax(ok)) if len(ok) else 0
-        return hit + 1 if len(ok) and ok[hit] else None
+        hit = int(np.argmax(ok))
+        return hit + 1 if ok[hit] else None
 
 
 class MinP(Sampler):
@@ -394,4 +396,3 @@ class TopNSigma(Sampler):
         sigma = F32(math.sqrt(float(variance)))             # a float sqrt, correctly rounded
         cut = F32(top - F32(n * sigma))
         cur.logits = np.where(logits < cut, F32(-np.inf), logits).astype(F32)
-

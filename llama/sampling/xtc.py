@@ -12,7 +12,7 @@ import numpy as np
 from .candidates import F32, Candidates
 from .mt19937 import StdMT19937
 from .params import check_float, check_int
-from .pick import LLAMA_DEFAULT_SEED, _random_seed, check_seed
+from .pick import check_seed, resolve_seed
 from .samplers import Sampler
 
 
@@ -30,18 +30,15 @@ class XTC(Sampler):
         self.threshold = check_float("xtc_threshold", threshold)
         self.min_keep = check_int("min_keep", min_keep, 0)
         self.seed = check_seed(seed)
-        self.seed_cur = self._resolve()
+        self.seed_cur = resolve_seed(self.seed)
         self._rng = StdMT19937(self.seed_cur)
-
-    def _resolve(self) -> int:
-        return _random_seed() if self.seed == LLAMA_DEFAULT_SEED else self.seed
 
     @property
     def enabled(self) -> bool:
         return F32(self.probability) > 0.0 and F32(self.threshold) <= 0.5
 
     def reset(self) -> None:
-        self.seed_cur = self._resolve()
+        self.seed_cur = resolve_seed(self.seed)
         self._rng.seed(self.seed_cur)
 
     def apply(self, cur: Candidates) -> None:

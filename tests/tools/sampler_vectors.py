@@ -1,4 +1,4 @@
-"""Sampler picks from llama.cpp's own library, for tests/test_sampling.py's vectors.
+"""Sampler picks from llama.cpp's own library, for tests/test_sampling_llama_cpp.py's vectors.
 
 Loads libllama (built from the source llama-cpp-python 0.3.36 vendors, outside the repo)
 through ctypes and runs llama_sampler_init_temp + llama_sampler_init_mirostat(_v2), and
