@@ -11,7 +11,10 @@ first token p50/p99, inter-token latency p50/p99, and failed requests.
 and of N clients alternate R times against it; reported per server: the aggregate tok/s of
 each load and the median of the per-repeat ratios (N clients / 1 client). A neighbour that
 comes and goes then weighs on both sides of a ratio alike, where the table's 1-client and
-N-client rows are minutes apart.
+N-client rows are minutes apart. The servers run with `--metrics`, and each load's decodes
+of ggmlpy are split from its `/metrics` counters: milliseconds per decode call
+(`decode_ms_*`) and the slots' sampling after each decode (`sampling_ms_*`). llama-server's
+counters of the same names add up the time of every slot, so they are not split.
 """
 from __future__ import annotations
 
@@ -52,6 +55,27 @@ def start(cmd: list[str], url: str, timeout: float = 300) -> subprocess.Popen:
         time.sleep(0.3)
     proc.terminate()
     raise TimeoutError(f"{cmd} did not become healthy")
+
+
+def counters(url: str) -> dict[str, float]:
+    """The `llamacpp:*_total` counters of `/metrics` (the server runs with --metrics)."""
+    out = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name.startswith("llamacpp:") and name.endswith("_total"):
+            out[name[len("llamacpp:"):-len("_total")]] = float(value)
+    return out
+
+
+def per_decode(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """ggmlpy's milliseconds per decode call between two scrapes: decoding and sampling
+    (nothing for a server without ggmlpy's `sampling_seconds`)."""
+    if "sampling_seconds" not in after:
+        return {}
+    d = {k: after[k] - before.get(k, 0.0) for k in after}
+    n = d["n_decode"] or float("nan")
+    return {"decode_ms": 1e3 * (d["prompt_seconds"] + d["tokens_predicted_seconds"]) / n,
+            "sampling_ms": 1e3 * d["sampling_seconds"] / n}
 
 
 def one_stream(url: str, n_tokens: int, seed: int) -> dict:
@@ -95,14 +119,23 @@ def scaling(name: str, base: list[str], model: str, port: int, args) -> dict:
     n = args.scaling
     url = f"http://127.0.0.1:{port}"
     cmd = base + ["-m", model, "--port", str(port), "-np", str(n), "-t", str(args.threads),
-                  "-c", str(args.ctx_per_slot * n)]
+                  "-c", str(args.ctx_per_slot * n), "--metrics"]
     proc = start(cmd, url)
     one, many = [], []
+    split: dict[str, list[float]] = {}
+
+    def load(clients: int) -> dict:
+        before = counters(url)
+        row = run_load(url, clients, args.tokens, args.rounds)
+        for k, v in per_decode(before, counters(url)).items():
+            split.setdefault(f"{k}_{clients}", []).append(v)
+        return row
+
     try:
         run_load(url, n, 8, 1)  # warm-up
         for _ in range(args.repeats):
-            one.append(run_load(url, 1, args.tokens, args.rounds))
-            many.append(run_load(url, n, args.tokens, args.rounds))
+            one.append(load(1))
+            many.append(load(n))
     finally:
         proc.terminate()
         proc.wait(30)
@@ -110,6 +143,7 @@ def scaling(name: str, base: list[str], model: str, port: int, args) -> dict:
     return {"server": name, "slots": n, "tok_s_1": [round(o["tokens_per_s"], 1) for o in one],
             f"tok_s_{n}": [round(m["tokens_per_s"], 1) for m in many],
             "ratios": [round(r, 2) for r in ratios], "ratio_median": round(statistics.median(ratios), 2),
+            **{k: round(statistics.median(v), 3) for k, v in sorted(split.items())},
             "failed": sum(o["failed"] + m["failed"] for o, m in zip(one, many))}
 
 

@@ -35,6 +35,8 @@ class SchedulerCollector:
         yield counter("tokens_predicted", "Number of generation tokens processed.", st.n_predicted)
         yield counter("tokens_predicted_seconds", "Predict process time.", st.t_predicted)
         yield counter("n_decode", "Number of llama_decode() calls.", st.n_decode)
+        yield counter("sampling_seconds", "Time the slots spent sampling after each decode, "
+                      "while no decode runs (ggmlpy).", st.t_sampling)
         yield counter("requests_failed", "Requests that failed (ggmlpy).", st.n_failed)
         yield gauge("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call.",
                     st.n_busy_slots_total / st.n_decode if st.n_decode else 0.0)

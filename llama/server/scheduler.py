@@ -7,6 +7,12 @@ the slots still reading their prompt (up to n_batch tokens in all), then each sl
 busy; a full queue refuses new ones. A task reports through `sink(kind, payload)`, called
 on the worker thread (the HTTP layer forwards it to its event loop): ("step", Step),
 ("done", None) or ("error", APIError). A failing task fails alone.
+
+A step's events go out together at its end, not one by one as each slot samples: each
+event wakes the HTTP event loop, whose Python then fought the sampling of the next slots
+for the GIL (tripling it: 4 slots' sampling took 2.1 ms a step in the server against 0.7 ms
+alone). Delivered after the last slot, that work overlaps the next decode, which runs
+without the GIL.
 """
 from __future__ import annotations
 
@@ -61,6 +67,7 @@ class Stats:
     n_busy_slots_total: int = 0
     n_requests: int = 0
     n_failed: int = 0
+    t_sampling: float = 0.0       # the slots' sampling after each decode (ggmlpy)
 
 
 class QueueFull(Exception):
@@ -77,6 +84,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._stopping = False
         self._next_id = 0
+        self._outbox: list[tuple[Sink, str, Any]] = []  # this step's events, sent at its end
         self._thread = threading.Thread(target=self._run, name="ggmlpy-scheduler", daemon=True)
 
     # called from the HTTP layer -----------------------------------------------------------------
@@ -132,12 +140,28 @@ class Scheduler:
             except Exception as e:  # a bug must not kill the server: fail what ran, go on
                 log.exception("scheduler step failed")
                 self._fail_all(APIError(500, f"internal error: {e}"))
+                self._flush()
         self._fail_all(APIError(503, "the server is shutting down"))
+        self._flush()
 
     def _any_busy(self) -> bool:
         return any(s.busy for s in self.pool.slots)
 
     def _step(self) -> None:
+        try:
+            self._step_slots()
+        finally:
+            self._flush()
+
+    def _emit(self, sink: Sink, kind: str, payload: Any) -> None:
+        self._outbox.append((sink, kind, payload))
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        for sink, kind, payload in outbox:
+            sink(kind, payload)
+
+    def _step_slots(self) -> None:
         for slot in self.pool.slots:
             if slot.busy and slot.task.cancelled:
                 self.pool.release(slot)
@@ -152,13 +176,14 @@ class Scheduler:
             for slot in slots:
                 self._fail(slot, APIError(500, str(e)))
             return
-        dt = time.perf_counter() - t0
-        self._account(items, slots, dt)
+        t1 = time.perf_counter()
+        self._account(items, slots, t1 - t0)
         for slot, (_, toks, want), row in zip(slots, items, rows):
             if slot.next_token is None:
                 slot.n_prompt_done += len(toks)
             if row is not None:
                 self._advance(slot, row)
+        self.stats.t_sampling += time.perf_counter() - t1
 
     def _admit(self) -> None:
         """Waiting tasks into idle slots, in arrival order (a task that asks for a busy
@@ -191,11 +216,11 @@ class Scheduler:
 
     def _run_call(self, task: CallTask) -> None:
         try:
-            task.sink("done", task.fn())
+            self._emit(task.sink, "done", task.fn())
         except APIError as e:
-            task.sink("error", e)
+            self._emit(task.sink, "error", e)
         except (ValueError, RuntimeError, OSError) as e:
-            task.sink("error", APIError(400, str(e)))
+            self._emit(task.sink, "error", APIError(400, str(e)))
 
     def _batch(self) -> tuple[list[tuple[int, list[int], bool]], list[Slot]]:
         """Generated tokens first (one per slot, never starved), then prompt chunks."""
@@ -240,25 +265,25 @@ class Scheduler:
         except Exception as e:  # a grammar or sampler failure ends this task only
             self._fail(slot, APIError(500, f"sampling failed: {e}"))
             return
-        task.sink("step", step)
+        self._emit(task.sink, "step", step)
         if task.seq.finished:
             self._finish(slot)
             return
         slot.next_token = step.token
         if self.engine.n_past(slot.id) + 1 > slot.n_ctx:
-            task.sink("step", task.seq.stop_for_context())
+            self._emit(task.sink, "step", task.seq.stop_for_context())
             self._finish(slot)
 
     def _finish(self, slot: Slot) -> None:
         task = slot.task
         self.pool.release(slot)
-        task.sink("done", None)
+        self._emit(task.sink, "done", None)
 
     def _fail(self, slot: Slot, err: APIError) -> None:
         task = slot.task
         self.pool.release(slot)
         self.stats.n_failed += 1
-        task.sink("error", err)
+        self._emit(task.sink, "error", err)
 
     def _fail_all(self, err: APIError) -> None:
         for slot in self.pool.slots:

@@ -3,6 +3,7 @@ plain HTTP against a real uvicorn server."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import jsonschema
@@ -185,11 +186,19 @@ def test_tokenize_detokenize_apply_template_props(server):
 
 
 def test_metrics_counts_tokens(server):
+    names = ["llamacpp:tokens_predicted_total", "llamacpp:n_decode_total",
+             "llamacpp:sampling_seconds_total", "llamacpp:tokens_predicted_seconds_total"]
     with server.client() as c:
-        before = _metric(c.get("/metrics").text, "llamacpp:tokens_predicted_total")
+        before = [_metric(c.get("/metrics").text, n) for n in names]
+        t0 = time.perf_counter()
         c.post("/completion", json={"prompt": "One, two,", "n_predict": 5, "temperature": 0})
-        after = _metric(c.get("/metrics").text, "llamacpp:tokens_predicted_total")
-    assert after - before >= 4  # the 5th token is sampled, never decoded
+        wall = time.perf_counter() - t0
+        after = [_metric(c.get("/metrics").text, n) for n in names]
+    tokens, decodes, sampling, predicting = (a - b for a, b in zip(after, before))
+    assert tokens >= 4  # the 5th token is sampled, never decoded
+    assert decodes >= 5  # the prompt, then one per decoded token
+    # each decode is followed by the slots' sampling, outside the decode's own time
+    assert 0 < sampling and 0 < predicting and sampling + predicting < wall
 
 
 def _metric(text: str, name: str) -> float:
