@@ -150,6 +150,25 @@ def test_run_mirostat(tiny_path):
         assert ids("--mirostat", version, "--mirostat-ent", "0.01", "--seed", "5") == ids("--temp", "0")
 
 
+def test_run_dry_and_sampler_order(tiny_path):
+    """llama-cli's DRY options change a greedy loop; --samplers / --sampling-seq choose the
+    chain (top-k alone with k = 1 is greedy at any temperature)."""
+    def ids(*extra: str) -> list[int]:
+        rc, out, err = call("run", "-m", str(tiny_path), "-p", "the the the the", "-n", "16",
+                            "-c", "256", "--json", *extra)
+        assert rc == 0, err
+        return json.loads(out)["ids"]
+
+    greedy = ids("--temp", "0")
+    assert len(set(greedy)) < len(greedy)   # the tiny model repeats itself
+    dry = ["--temp", "0", "--dry-multiplier", "5", "--dry-allowed-length", "1"]
+    assert ids(*dry) != greedy
+    assert ids(*dry, "--dry-sequence-breaker", "none") == ids(*dry)   # no breaker in this text
+    assert ids(*dry, "--dry-penalty-last-n", "0") == greedy          # 0: DRY off
+    assert ids("--temp", "1.5", "--seed", "3", "--sampling-seq", "k", "--top-k", "1") == greedy
+    assert ids("--temp", "1.5", "--seed", "3", "--samplers", "top_k", "--top-k", "1") == greedy
+
+
 def test_run_greedy_tiny_matches_api(tiny_path):
     model = llama.Model.load(tiny_path)
     ctx = llama.Context(model, n_ctx=256)
@@ -181,6 +200,9 @@ def test_run_greedy_tiny_matches_api(tiny_path):
     ("--threads", "0", "n_threads"),
     ("--backend", "nope", "unknown backend"),
     ("--mirostat-ent", "nan", "mirostat_tau"),
+    ("--dry-allowed-length", "-1", "dry_allowed_length"),
+    ("--samplers", "top_k;bogus", "unknown sampler 'bogus'"),
+    ("--sampling-seq", "kz", "unknown sampler character"),
 ])
 def test_run_bad_values_exit_1_with_one_line(tiny_path, option, value, message):
     rc, out, err = call("run", "-m", str(tiny_path), "-p", "the", "-n", "2", option, value)

@@ -20,6 +20,7 @@ from llama.context import Context
 from llama.generate import Generation, GenerationError, stream
 from llama.model import Model
 from llama.sampling import Dist, SamplerChain, make_sampler
+from llama.sampling.dry import DEFAULT_BREAKERS, Breakers, model_breakers
 
 DEFAULT_N_PREDICT = 128
 DEFAULT_N_CTX = 4096  # llama-cli's default context
@@ -54,6 +55,21 @@ def register(subparsers: Any) -> None:
                         "0 off (default), 1 Mirostat, 2 Mirostat 2.0")
     s.add_argument("--mirostat-lr", type=float, default=0.1, help="Mirostat learning rate, eta (default 0.1)")
     s.add_argument("--mirostat-ent", type=float, default=5.0, help="Mirostat target entropy, tau (default 5.0)")
+    s.add_argument("--dry-multiplier", type=float, default=0.0, help="DRY penalty multiplier, 0 off (default 0)")
+    s.add_argument("--dry-base", type=float, default=1.75, help="DRY penalty base (default 1.75)")
+    s.add_argument("--dry-allowed-length", type=int, default=2,
+                   help="repeats longer than this are penalised by DRY (default 2)")
+    s.add_argument("--dry-penalty-last-n", type=int, default=64,
+                   help="tokens DRY scans for repeats, 0 off (default 64)")
+    s.add_argument("--dry-sequence-breaker", action="append", metavar="STRING", default=None,
+                   help="a DRY sequence breaker (repeatable; replaces the defaults '\\n', ':', "
+                        "'\"', '*'; \"none\": no breakers)")
+    order = s.add_mutually_exclusive_group()
+    order.add_argument("--samplers", default=None, metavar="NAMES",
+                       help="the samplers' order, names separated by ';', e.g. top_k;temperature "
+                            "(default: llama.cpp's, as --sampling-seq edskypmxt)")
+    order.add_argument("--sampling-seq", "--sampler-seq", default=None, metavar="LETTERS",
+                       help="the samplers' order as letters (default edskypmxt)")
     g = p.add_argument_group("structured output (llama-cli's options)").add_mutually_exclusive_group()
     g.add_argument("--json-schema", dest="json_schema_file", type=Path, metavar="FILE", default=None,
                    help="a JSON schema file: the output is JSON valid under it")
@@ -71,6 +87,14 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+def dry_breakers(args: argparse.Namespace, model: Model) -> Breakers | None:
+    """llama-cli's --dry-sequence-breaker: the defaults unless given, "none" for none."""
+    if not args.dry_multiplier:
+        return None
+    strings = args.dry_sequence_breaker or list(DEFAULT_BREAKERS)
+    return model_breakers(model, [] if strings == ["none"] else strings)
+
+
 def run(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     if args.n_predict < -1:
@@ -81,7 +105,13 @@ def run(args: argparse.Namespace) -> int:
                            top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
                            repeat_last_n=args.repeat_last_n, seed=args.seed,
                            grammar=grammar_sampler(args, model), mirostat=args.mirostat,
-                           mirostat_tau=args.mirostat_ent, mirostat_eta=args.mirostat_lr)
+                           mirostat_tau=args.mirostat_ent, mirostat_eta=args.mirostat_lr,
+                           dry_multiplier=args.dry_multiplier, dry_base=args.dry_base,
+                           dry_allowed_length=args.dry_allowed_length,
+                           dry_penalty_last_n=args.dry_penalty_last_n,
+                           dry_breakers=dry_breakers(args, model),
+                           samplers=(args.samplers.split(";") if args.samplers is not None
+                                     else args.sampling_seq))
     ctx = Context(model, n_ctx=args.n_ctx, n_threads=args.threads, backend=args.backend)
     load_ms = (time.perf_counter() - t_start) * 1000
     max_tokens = ctx.n_ctx if args.n_predict == -1 else args.n_predict

@@ -10,12 +10,13 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence as Seq
 
 from llama.api import responses
 from llama.api.logprobs import TokenLogprob, completion_logprobs
 from llama.api.sequence import SamplingParams, Sequence, Step
 from llama.api.grammar_args import make_grammar_sampler
+from llama.sampling.dry import DEFAULT_BREAKERS
 
 if TYPE_CHECKING:
     from llama.api.llama import Llama
@@ -165,18 +166,29 @@ class CompletionChunks:
 
 
 def sampling_params(llm: "Llama", *, seed: int | None, n_ctx: int, mirostat_mode: int = 0,
-                    repeat_last_n: int = 64, **options: Any) -> SamplingParams:
+                    repeat_last_n: int = 64, dry_penalty_last_n: int = 64,
+                    dry_sequence_breakers: Seq[str] = DEFAULT_BREAKERS,
+                    **options: Any) -> SamplingParams:
     """The chain's settings: `SamplingParams`' fields by name (an unknown one is a TypeError).
-    The seed is drawn from the Llama's generator when None; repeat_last_n -1 is `n_ctx`, the
-    context the sequence may fill, as llama-server's. Beyond llama-cpp-python's arguments,
-    the server passes llama-server's repeat_last_n, min_keep, dynatemp_*, top_n_sigma and
-    xtc_* through here."""
+    The seed is drawn from the Llama's generator when None; repeat_last_n and
+    dry_penalty_last_n -1 are `n_ctx`, the context the sequence may fill, as llama-server's;
+    DRY's breaker strings become token sequences (`Llama.dry_breakers`) when DRY is on.
+    Beyond llama-cpp-python's arguments, the server passes llama-server's repeat_last_n,
+    min_keep, dynatemp_*, top_n_sigma, xtc_*, dry_* and samplers through here."""
     if isinstance(mirostat_mode, bool) or mirostat_mode not in (0, 1, 2):
         raise ValueError(f"mirostat_mode must be 0 (off), 1 or 2, got {mirostat_mode!r}")
-    if isinstance(repeat_last_n, bool) or not isinstance(repeat_last_n, int) or repeat_last_n < -1:
-        raise ValueError(f"repeat_last_n must be an integer >= -1 (-1: the context size), got {repeat_last_n!r}")
+    for name, value in (("repeat_last_n", repeat_last_n), ("dry_penalty_last_n", dry_penalty_last_n)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+            raise ValueError(f"{name} must be an integer >= -1 (-1: the context size), got {value!r}")
+    if isinstance(dry_sequence_breakers, str):
+        raise ValueError("dry_sequence_breakers must be a list of strings, not one string")
+    breakers = None
+    if options.get("dry_multiplier", 0.0):
+        breakers = llm.dry_breakers(dry_sequence_breakers)
     return SamplingParams(seed=llm.next_seed(seed), mirostat_mode=mirostat_mode,
-                          repeat_last_n=n_ctx if repeat_last_n == -1 else repeat_last_n, **options)
+                          repeat_last_n=n_ctx if repeat_last_n == -1 else repeat_last_n,
+                          dry_penalty_last_n=n_ctx if dry_penalty_last_n == -1 else dry_penalty_last_n,
+                          dry_breakers=breakers, **options)
 
 
 def prepare_completion(llm: "Llama", prompt: str | list[int], *, suffix: str | None = None,

@@ -33,12 +33,14 @@ from llama.api.engine import Engine
 from llama.api.progress import LoadProgress
 from llama.context import Context
 from llama.model import Model
+from llama.sampling.dry import Breakers, model_breakers, vocab_pieces
 from llama.sampling.pick import LLAMA_DEFAULT_SEED
 
 log = logging.getLogger("llama.api")
 
 # llama-cpp-python's type_k/type_v are ggml type ids; ggmlpy's KV cache has these three
 _KV_TYPE_IDS = {0: "f32", 1: "f16", 30: "bf16"}
+DRY_BREAKER_LISTS = 16  # breaker lists whose token sequences a Llama keeps
 
 # llama-cpp-python keywords ggmlpy has no counterpart for: accepted at their defaults only,
 # so a program that passes them explicitly still runs, and one that relies on them is told
@@ -123,6 +125,8 @@ class Llama:
         self.engine: Engine | None = None
         self.scores: np.ndarray | None = None  # the last decode's logits (llama-cpp-python's _scores[-1])
         self._generation = 0
+        self._dry_pieces: list[bytes] | None = None
+        self._dry_breakers: dict[tuple[str, ...], Breakers] = {}
         if vocab_only:
             return
         threads = n_threads or default_threads()
@@ -217,6 +221,19 @@ class Llama:
 
     def piece(self, token: int) -> bytes:
         return self._model.vocab.token_to_piece(token, special=False)
+
+    def dry_breakers(self, breakers: Seq[str]) -> Breakers:
+        """DRY's sequence breakers as token sequences (sampling/dry.py). Finding them reads
+        every token's text (0.1-0.3 s for 50,000 tokens the first time), so the result is
+        kept per list of strings (the last DRY_BREAKER_LISTS lists)."""
+        key = tuple(breakers)
+        if key not in self._dry_breakers:
+            if self._dry_pieces is None:
+                self._dry_pieces = vocab_pieces(self._model.vocab)
+            if len(self._dry_breakers) >= DRY_BREAKER_LISTS:
+                self._dry_breakers.pop(next(iter(self._dry_breakers)))
+            self._dry_breakers[key] = model_breakers(self._model, key, self._dry_pieces)
+        return self._dry_breakers[key]
 
     # low-level evaluation (llama-cpp-python's eval) -------------------------------------------
     def eval(self, tokens: Seq[int]) -> None:

@@ -21,6 +21,7 @@ import numpy as np
 from llama.api.logprobs import TokenLogprob, token_logprob
 from llama.api.text_stream import TextStream
 from llama.sampling import Sampler, SamplerChain, make_sampler
+from llama.sampling.dry import Breakers
 
 LogitsProcessor = Callable[[np.ndarray, np.ndarray], np.ndarray]
 StoppingCriterion = Callable[[np.ndarray, np.ndarray], bool]
@@ -49,6 +50,12 @@ class SamplingParams:
     top_n_sigma: float = -1.0
     xtc_probability: float = 0.0
     xtc_threshold: float = 0.1
+    dry_multiplier: float = 0.0   # 0: DRY off
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64
+    dry_breakers: Breakers | None = None   # dry.process_breakers' output (Llama.dry_breakers)
+    samplers: str | tuple[str, ...] | None = None   # the filters' order (sampling/order.py)
 
     def chain(self, n_vocab: int) -> SamplerChain:
         bias = {int(k): float(v) for k, v in self.logit_bias.items()} if self.logit_bias else None
@@ -63,7 +70,10 @@ class SamplingParams:
                             dynatemp_range=self.dynatemp_range,
                             dynatemp_exponent=self.dynatemp_exponent,
                             top_n_sigma=self.top_n_sigma, xtc_probability=self.xtc_probability,
-                            xtc_threshold=self.xtc_threshold)
+                            xtc_threshold=self.xtc_threshold, dry_multiplier=self.dry_multiplier,
+                            dry_base=self.dry_base, dry_allowed_length=self.dry_allowed_length,
+                            dry_penalty_last_n=self.dry_penalty_last_n,
+                            dry_breakers=self.dry_breakers, samplers=self.samplers)
 
 
 @dataclass

@@ -16,11 +16,14 @@ The logit bias comes first, before the penalties (it is added ahead of the confi
 list), and llama-cpp-python (`Llama._init_sampler`) does the same: logits processors (its
 logit_bias) -> penalties -> top-k -> typical -> top-p -> min-p -> temp -> dist, with greedy
 instead of the filters when temp == 0. `make_sampler` builds exactly that common part
-(dry, top-n-sigma and xtc are off by default in llama.cpp; the last two are added at their
-places when asked for, `top_n_sigma > 0`, `xtc_probability > 0`; DRY is not implemented):
+(dry, top-n-sigma and xtc are off by default in llama.cpp, and are added at their places
+when asked for: `dry_multiplier != 0`, `top_n_sigma > 0`, `xtc_probability > 0`):
 
     temp > 0:  [logit-bias] -> penalties -> top-k -> typical -> top-p -> min-p -> temp -> dist
     temp <= 0: [logit-bias] -> penalties -> greedy
+
+`samplers` (`order.py`, llama-server's field of that name) reorders or drops the part
+between the logit bias and dist, as llama.cpp's `--samplers` does.
 
 Mirostat (`mirostat=1` or `2`, `mirostat.py`) replaces the filters and dist, after the
 temperature as llama.cpp's `common_sampler_init` (llama-server, the CLI) puts it:
@@ -57,6 +60,7 @@ time as llama.cpp does, so the default chain costs a few passes over the vocabul
 """
 from .candidates import Candidates
 from .chain import SamplerChain, make_sampler
+from .dry import DRY
 from .mirostat import Mirostat, MirostatV2
 from .pick import LLAMA_DEFAULT_SEED, Dist, Greedy
 from .samplers import (LogitBias, MinP, Penalties, Sampler, Temperature, TemperatureExt, TopK,
@@ -64,7 +68,7 @@ from .samplers import (LogitBias, MinP, Penalties, Sampler, Temperature, Tempera
 from .xtc import XTC
 
 __all__ = [
-    "Candidates", "Dist", "Greedy", "LLAMA_DEFAULT_SEED", "LogitBias", "MinP", "Mirostat",
+    "Candidates", "DRY", "Dist", "Greedy", "LLAMA_DEFAULT_SEED", "LogitBias", "MinP", "Mirostat",
     "MirostatV2", "Penalties",
     "Sampler", "SamplerChain", "Temperature", "TemperatureExt", "TopK", "TopNSigma", "TopP",
     "Typical", "XTC",

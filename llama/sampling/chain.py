@@ -1,12 +1,14 @@
 """`SamplerChain` (llama_sampler_chain) and `make_sampler` (common_sampler_init's chain)."""
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from .candidates import Candidates
+from .dry import DRY, Breakers
 from .mirostat import Mirostat, MirostatV2
+from .order import parse_order
 from .params import check_float, check_int, check_unit
 from .pick import Dist, Greedy, check_seed
 from .samplers import (LogitBias, MinP, Penalties, Sampler, Temperature, TemperatureExt, TopK,
@@ -109,17 +111,23 @@ def make_sampler(*, n_vocab: int, temp: float = 0.8, top_k: int = 40, top_p: flo
                  mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, min_keep: int = 1,
                  dynatemp_range: float = 0.0, dynatemp_exponent: float = 1.0,
                  top_n_sigma: float = -1.0, xtc_probability: float = 0.0,
-                 xtc_threshold: float = 0.1) -> SamplerChain:
+                 xtc_threshold: float = 0.1, dry_multiplier: float = 0.0,
+                 dry_base: float = 1.75, dry_allowed_length: int = 2,
+                 dry_penalty_last_n: int = 64, dry_breakers: Breakers | None = None,
+                 samplers: str | Sequence[str] | None = None) -> SamplerChain:
     """The chain llama.cpp's common sampler builds (see the package docstring).
 
-    temp > 0: [grammar] -> [logit-bias] -> penalties -> [top-n-sigma] -> top-k -> typical
-              -> top-p -> min-p -> [xtc] -> temp -> dist (typical, top-p, min-p and xtc keep
-              at least min_keep; top-n-sigma when top_n_sigma > 0, xtc when xtc_probability
-              > 0 and xtc_threshold <= 0.5, as llama.cpp leaves them out otherwise; with
-              dynatemp_range > 0 the temperature is temp-ext's dynamic one);
-              with mirostat 1 or 2: [grammar] -> [logit-bias] -> penalties -> temp ->
-              mirostat (m = 100) or mirostat-v2, which replace the filters and dist.
-    temp <= 0: [grammar] -> [logit-bias] -> penalties -> greedy.
+    temp > 0: [grammar] -> [logit-bias] -> the samplers of `samplers` (order.py; default
+              penalties -> [dry] -> [top-n-sigma] -> top-k -> typical -> top-p -> min-p ->
+              [xtc] -> temp) -> dist. Typical, top-p, min-p and xtc keep at least min_keep;
+              dry when dry_multiplier != 0 (its breakers as dry.process_breakers gives
+              them), top-n-sigma when top_n_sigma > 0, xtc when xtc_probability > 0 and
+              xtc_threshold <= 0.5, as llama.cpp leaves them out otherwise; with
+              dynatemp_range > 0 the temperature is temp-ext's dynamic one.
+    mirostat 1 or 2: [grammar] -> [logit-bias] -> penalties -> [dry] -> temp -> mirostat
+              (m = 100) or mirostat-v2, which replace the filters and dist.
+    temp <= 0: [grammar] -> [logit-bias] -> penalties -> [dry] -> greedy.
+    In the last two, penalties and dry run where and if `samplers` names them.
     `grammar` (a `llama.grammar.GrammarSampler`) comes first, as llama.cpp's grammar sampler.
     """
     n_vocab = check_int("n_vocab", n_vocab, 1)
@@ -135,27 +143,43 @@ def make_sampler(*, n_vocab: int, temp: float = 0.8, top_k: int = 40, top_p: flo
     mirostat_eta = check_float("mirostat_eta", mirostat_eta)
     min_keep = check_int("min_keep", min_keep, 0)
     check_float("dynatemp_exponent", dynatemp_exponent)
-    temperature = (TemperatureExt(temp, dynatemp_range, dynatemp_exponent) if dynatemp_range
-                   else Temperature(temp))   # TemperatureExt checks both values
+    order = parse_order(samplers)
 
-    samplers: list[Sampler] = [] if grammar is None else [grammar]
+    def make(name: str) -> Sampler | None:
+        """The sampler `name` stands for, None where llama.cpp's would be a no-op."""
+        if name == "penalties":
+            return Penalties(repeat_last_n, repeat_penalty, frequency_penalty, presence_penalty)
+        if name == "dry":
+            dry = DRY(dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n, dry_breakers)
+            return dry if dry.enabled else None
+        if name == "top_n_sigma":
+            sigma = TopNSigma(top_n_sigma)
+            return sigma if sigma.n > 0 else None
+        if name == "xtc":
+            xtc = XTC(xtc_probability, xtc_threshold, min_keep, seed)
+            return xtc if xtc.enabled else None
+        if name == "temperature":   # TemperatureExt checks both of its values
+            return (TemperatureExt(temp, dynatemp_range, dynatemp_exponent) if dynatemp_range
+                    else Temperature(temp))
+        filters = {"top_k": lambda: TopK(top_k), "typ_p": lambda: Typical(typical_p, min_keep),
+                   "top_p": lambda: TopP(top_p, min_keep), "min_p": lambda: MinP(min_p, min_keep)}
+        return filters[name]()
+
+    chain: list[Sampler] = [] if grammar is None else [grammar]
     if logit_bias is not None:
         bias = LogitBias(n_vocab, logit_bias)
         if bias.biases:
-            samplers.append(bias)
-    samplers.append(Penalties(repeat_last_n, repeat_penalty, frequency_penalty, presence_penalty))
-    if temp <= 0.0:
-        samplers.append(Greedy())
-    elif mirostat == 1:
-        samplers += [Temperature(temp), Mirostat(n_vocab, seed, mirostat_tau, mirostat_eta, 100)]
-    elif mirostat == 2:
-        samplers += [Temperature(temp), MirostatV2(seed, mirostat_tau, mirostat_eta)]
+            chain.append(bias)
+    built = [(name, make(name)) for name in order]   # every value checked, used or not
+    if temp <= 0.0 or mirostat:
+        chain += [s for name, s in built if name in ("penalties", "dry") and s is not None]
+        if temp <= 0.0:
+            chain.append(Greedy())
+        elif mirostat == 1:
+            chain += [Temperature(temp), Mirostat(n_vocab, seed, mirostat_tau, mirostat_eta, 100)]
+        else:
+            chain += [Temperature(temp), MirostatV2(seed, mirostat_tau, mirostat_eta)]
     else:
-        sigma = TopNSigma(top_n_sigma)
-        xtc = XTC(xtc_probability, xtc_threshold, min_keep, seed)
-        samplers += [sigma] if sigma.n > 0 else []
-        samplers += [TopK(top_k), Typical(typical_p, min_keep), TopP(top_p, min_keep),
-                     MinP(min_p, min_keep)]
-        samplers += [xtc] if xtc.enabled else []
-        samplers += [temperature, Dist(seed)]
-    return SamplerChain(samplers, n_vocab=n_vocab)
+        chain += [s for _, s in built if s is not None]
+        chain.append(Dist(seed))
+    return SamplerChain(chain, n_vocab=n_vocab)

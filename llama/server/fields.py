@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llama.sampling.dry import DEFAULT_BREAKERS
 from llama.server.config import ServerConfig
 from llama.server.errors import bad_request
 
@@ -81,6 +82,32 @@ def mirostat_version(body: dict) -> int:
     return version
 
 
+def dry(body: dict) -> dict:
+    """llama-server's DRY fields: a dry_base below 1 takes the default (as llama-server
+    does); dry_penalty_last_n -1 is the slot's context."""
+    base = float(field(body, "dry_base", NUMBER, 1.75))
+    allowed = int(field(body, "dry_allowed_length", (int,), 2))
+    if allowed < 0:
+        raise bad_request(f"'dry_allowed_length' must not be negative, got {allowed}")
+    breakers = field(body, "dry_sequence_breakers", (list,), list(DEFAULT_BREAKERS))
+    if not breakers or not all(isinstance(b, str) and b for b in breakers):
+        raise bad_request("'dry_sequence_breakers' must be a non-empty array of non-empty strings")
+    return {"dry_multiplier": float(field(body, "dry_multiplier", NUMBER, 0.0)),
+            "dry_base": base if base >= 1.0 else 1.75, "dry_allowed_length": allowed,
+            "dry_penalty_last_n": int(field(body, "dry_penalty_last_n", (int,), 64)),
+            "dry_sequence_breakers": breakers}
+
+
+def sampler_order(body: dict) -> str | tuple[str, ...] | None:
+    """llama-server's `samplers`: an array of sampler names or a string of their letters."""
+    order = field(body, "samplers", (list, str))
+    if isinstance(order, list):
+        if not all(isinstance(name, str) for name in order):
+            raise bad_request("'samplers' must be an array of sampler names or a string")
+        return tuple(order)
+    return order
+
+
 def sampling(body: dict, config: ServerConfig, eog_ids: list[int]) -> dict:
     """The sampling fields shared by every generation endpoint."""
     seed = field(body, "seed", (int,), config.seed)
@@ -109,6 +136,8 @@ def sampling(body: dict, config: ServerConfig, eog_ids: list[int]) -> dict:
         "top_n_sigma": float(field(body, "top_n_sigma", NUMBER, -1.0)),
         "xtc_probability": float(field(body, "xtc_probability", NUMBER, 0.0)),
         "xtc_threshold": float(field(body, "xtc_threshold", NUMBER, 0.1)),
+        **dry(body),
+        "samplers": sampler_order(body),
     }
     if field(body, "n", (int,), 1) != 1:
         raise bad_request("only n = 1 is supported")

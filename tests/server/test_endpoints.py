@@ -69,6 +69,12 @@ def test_mirostat_fields(oai, server):
     ({"min_keep": -1}, 400),
     ({"dynatemp_range": -1}, 400),
     ({"repeat_last_n": "all"}, 400),
+    ({"dry_sequence_breakers": []}, 400),
+    ({"dry_sequence_breakers": "\n"}, 400),
+    ({"dry_allowed_length": -1}, 400),
+    ({"dry_penalty_last_n": -2}, 400),
+    ({"samplers": ["top_k", "bogus"]}, 400),
+    ({"samplers": 5}, 400),
 ])
 def test_llama_server_sampling_fields(server, extra, status):
     """repeat_last_n, min_keep, dynatemp_*, top_n_sigma and xtc_* are read (a bad value is a
@@ -82,6 +88,30 @@ def test_llama_server_sampling_fields(server, extra, status):
             return
         plain = c.post("/completion", json=body).json()["content"]
         assert r.json()["content"] == c.post("/completion", json=dict(body, **extra)).json()["content"] != plain
+
+
+def test_dry_and_sampler_order_fields(oai, server):
+    """DRY breaks a greedy loop unless its breakers cut every repeat; `samplers` picks the
+    chain: top-k alone with k = 1 is greedy whatever the temperature, the temperature alone
+    samples the whole vocabulary."""
+    body = {"prompt": "1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2,", "n_predict": 12,
+            "temperature": 0, "cache_prompt": False}
+    dry = dict(body, dry_multiplier=0.8, dry_penalty_last_n=-1)
+    with server.client() as c:
+        def text(**extra) -> str:
+            r = c.post("/completion", json=dict(body, **extra))
+            assert r.status_code == 200, r.text
+            return r.json()["content"]
+        plain = text()
+        assert plain.startswith(" 3, 1, 2, 3")
+        dry_text = text(**dry)
+        assert dry_text != plain
+        assert text(**dict(dry, dry_sequence_breakers=[","])) == plain
+        assert text(temperature=1.5, seed=9, samplers="k", top_k=1) == plain
+        assert text(temperature=1.5, seed=9, samplers=["temperature"]) != plain
+    out = oai.completions.create(model="smol", prompt=body["prompt"], max_tokens=12, temperature=0,
+                                 extra_body={"dry_multiplier": 0.8, "dry_penalty_last_n": -1})
+    assert out.choices[0].text == dry_text   # the OpenAI endpoints take them as extra fields
 
 
 def test_json_schema_output_validates(oai):

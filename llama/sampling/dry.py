@@ -1,0 +1,202 @@
+"""DRY, "don't repeat yourself" (llama_sampler_init_dry): penalise the tokens that would
+extend a sequence already repeated in the last tokens, more the longer the repetition.
+
+A token t gets `multiplier * base ** (n - allowed_length)` taken from its logit when the
+last n >= allowed_length tokens, followed by t, already occurred earlier among the last
+`penalty_last_n` (n the longest such repetition). Sequence breakers (by default newline,
+colon, quote and asterisk) end repetitions: matching never reaches back across one, and a
+token that is a breaker on its own is never penalised.
+
+Breakers are strings; `process_breakers` turns them into token sequences as llama.cpp's
+`get_overlapping_token_sequences` does: every token whose text contains a breaker is a
+breaker by itself (head, no tail), and a token whose text ends with a breaker's beginning is
+the head of that breaker's rest, tokenised (at most MAX_TAIL tokens). It reads every token
+of the vocabulary, so the server and `Llama` keep the result per breaker list.
+
+Arithmetic as llama.cpp's: the exponent is clamped to 88.7228391f / logf(base) (so the
+penalty stays finite), `std::pow(float, int)` is taken in double and the product rounded
+to float once, then subtracted from the float logit.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .candidates import F32, Candidates
+from .params import check_float, check_int
+from .samplers import Sampler
+
+DEFAULT_BREAKERS = ("\n", ":", "\"", "*")
+MAX_BREAKER_BYTES = 40   # llama.cpp truncates a longer breaker
+MAX_TAIL = 20            # tokens of a breaker's rest after its head
+FLOAT_MAX_LOG = F32(88.7228391)
+
+Breakers = Mapping[int, tuple[tuple[int, ...], ...]]   # head token -> the tails it starts
+
+
+def process_breakers(breakers: Iterable[str], pieces: Sequence[bytes],
+                     tokenize: Callable[[str], list[int]]) -> dict[int, tuple[tuple[int, ...], ...]]:
+    """Breaker strings -> head token -> tails. `pieces[t]`: token t's text as llama.cpp's
+    `detokenize({t}, special=true)` gives it; `tokenize(text)`: without BOS and without
+    parsing special tokens. An empty breaker is an error (llama.cpp skips it with a
+    warning)."""
+    out: dict[int, list[tuple[int, ...]]] = {}
+    for i, breaker in enumerate(breakers):
+        if not isinstance(breaker, str) or not breaker:
+            raise ValueError(f"dry_sequence_breakers[{i}] must be a non-empty string, got {breaker!r}")
+        s = breaker.encode("utf-8")[:MAX_BREAKER_BYTES]
+        for token, word in enumerate(pieces):
+            if s in word:
+                _add(out, token, ())
+                continue
+            # the word ends with s[:n] for some n < len(s): the rest of s follows this token
+            for n in range(min(len(word), len(s) - 1), 0, -1):
+                if word.endswith(s[:n]):
+                    rest = s[n:].decode("utf-8", "replace")
+                    _add(out, token, tuple(tokenize(rest)[:MAX_TAIL]))
+    return {head: tuple(tails) for head, tails in out.items()}
+
+
+def vocab_pieces(vocab: Any) -> list[bytes]:
+    """Every token's text as llama.cpp's `detokenize({t}, special=true)` gives it (a
+    `llama.vocab.Vocab`): what `process_breakers` searches."""
+    return [vocab.detokenize_bytes([t], unparse_special=True) for t in range(vocab.n_vocab)]
+
+
+def model_breakers(model: Any, breakers: Iterable[str],
+                   pieces: Sequence[bytes] | None = None) -> dict[int, tuple[tuple[int, ...], ...]]:
+    """`process_breakers` over a `llama.model.Model`'s vocabulary (`pieces`: its
+    `vocab_pieces`, when the caller keeps them)."""
+    return process_breakers(breakers, vocab_pieces(model.vocab) if pieces is None else pieces,
+                            lambda text: model.tokenize(text, add_special=False, parse_special=False))
+
+
+def _add(out: dict[int, list[tuple[int, ...]]], head: int, tail: tuple[int, ...]) -> None:
+    tails = out.setdefault(head, [])
+    if tail not in tails:
+        tails.append(tail)
+
+
+class DRY(Sampler):
+    """llama_sampler_init_dry(multiplier, base, allowed_length, penalty_last_n, breakers).
+    Off (no history kept) when multiplier is 0, base < 1 or penalty_last_n is 0, as in
+    llama.cpp; `breakers` as `process_breakers` gives them. Leaves the candidates unsorted."""
+
+    name = "dry"
+
+    def __init__(self, multiplier: float, base: float = 1.75, allowed_length: int = 2,
+                 penalty_last_n: int = 64, breakers: Breakers | None = None) -> None:
+        self.multiplier = check_float("dry_multiplier", multiplier)
+        self.base = check_float("dry_base", base)
+        self.allowed_length = check_int("dry_allowed_length", allowed_length, 0)
+        self.penalty_last_n = check_int("dry_penalty_last_n", penalty_last_n, 0)
+        self.breakers = dict(breakers or {})
+        self._last: deque[int] = deque(maxlen=max(self.penalty_last_n, 1))
+
+    @property
+    def enabled(self) -> bool:
+        return F32(self.multiplier) != 0.0 and F32(self.base) >= 1.0 and self.penalty_last_n != 0
+
+    def accept(self, token: int) -> None:
+        if self.enabled:
+            self._last.append(token)
+
+    def reset(self) -> None:
+        self._last.clear()
+
+    def apply(self, cur: Candidates) -> None:
+        if not self.enabled:
+            return
+        longest = self.repeat_lengths()
+        if not longest:
+            return
+        tokens = np.fromiter(longest.keys(), dtype=np.int64, count=len(longest))
+        pos = cur.positions(tokens)
+        found = pos >= 0
+        if not found.any():
+            return
+        penalties = np.array([self.penalty(n) for n in longest.values()], dtype=F32)
+        logits = cur.logits.copy()
+        logits[pos[found]] = logits[pos[found]] - penalties[found]
+        cur.logits = logits
+        cur.sorted = False
+
+    def penalty(self, repeat_len: int) -> np.float32:
+        """multiplier * base ^ (repeat_len - allowed_length), the exponent clamped."""
+        exponent = repeat_len - self.allowed_length
+        base = F32(self.base)
+        if base > F32(1.000001):
+            max_exponent = int(FLOAT_MAX_LOG / F32(math.log(float(base))))
+            if max_exponent > 0:
+                exponent = min(exponent, max_exponent)
+        with np.errstate(over="ignore"):   # past FLT_MAX the penalty is inf, as in C
+            return F32(float(F32(self.multiplier)) * math.pow(float(base), exponent))
+
+    def repeat_lengths(self) -> dict[int, int]:
+        """Token -> the longest repetition (>= allowed_length) it would extend; breakers
+        that stand alone are left out (llama.cpp's steps 1 to 3)."""
+        last = list(self._last)[-self.penalty_last_n:]
+        n = len(last)
+        if n <= self.allowed_length:
+            return {}
+        rat = last[::-1]   # rat[i]: the i-th token from the end, as llama.cpp's ring_buffer
+        rep_limit = self._rep_limit(rat)
+        if rep_limit < self.allowed_length:
+            return {}
+        counts = _suffix_repeats(rat, rep_limit)
+        longest: dict[int, int] = {}
+        for i in range(n - 1):
+            length = counts[i]
+            if length >= self.allowed_length:
+                token = rat[n - 2 - i]
+                if longest.get(token, -1) < length:
+                    longest[token] = length
+        return {t: length for t, length in longest.items() if () not in self.breakers.get(t, ())}
+
+    def _rep_limit(self, rat: list[int]) -> int:
+        """How far back a repetition may reach: up to the newest breaker (its whole token
+        sequence must match, the longest tail of its head winning)."""
+        for i, token in enumerate(rat):
+            tails = self.breakers.get(token)
+            if tails is None:
+                continue
+            longest_match = -1
+            for tail in tails:
+                if longest_match < len(tail) <= i and all(
+                        tail[k] == rat[i - k - 1] for k in range(len(tail))):
+                    longest_match = len(tail)
+            if longest_match >= 0:
+                return i - longest_match
+        return len(rat)
+
+
+def _suffix_repeats(rat: list[int], rep_limit: int) -> list[int]:
+    """counts[last - k] = how many of the newest tokens also occur ending k tokens earlier
+    (capped at rep_limit): the Z-algorithm over the reversed history, llama.cpp's step 2."""
+    n = len(rat)
+    last = n - 1
+    counts = [0] * n
+    lt = rt = 0
+    for k in range(1, n):
+        if k > rt:
+            m = 0
+            while m + k < n and rat[m] == rat[m + k]:
+                m += 1
+            counts[last - k] = min(m, rep_limit)
+            if m > 0:
+                lt, rt = k, k + m - 1
+        else:
+            p = k - lt
+            right_part_len = rt - k + 1
+            if counts[last - p] < right_part_len:
+                counts[last - k] = min(counts[last - p], rep_limit)
+            else:
+                i = rt + 1
+                while i < n and rat[i] == rat[i - k]:
+                    i += 1
+                counts[last - k] = min(i - k, rep_limit)
+                lt, rt = k, i - 1
+    return counts
