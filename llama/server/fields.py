@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from llama.sampling.dry import DEFAULT_BREAKERS
+from llama.sampling.order import parse_order
 from llama.server.config import ServerConfig
 from llama.server.errors import bad_request
 
@@ -210,3 +211,13 @@ def slot_options(body: dict, n_slots: int) -> tuple[bool, int]:
     if id_slot >= n_slots:
         raise bad_request(f"'id_slot' {id_slot} is not a slot (there are {n_slots})")
     return cache_prompt, id_slot
+
+
+def default_params(config: ServerConfig) -> dict:
+    """The sampling settings a request without fields gets, by llama-server's names (its
+    `/props` `default_generation_settings.params`)."""
+    out = {k: v for k, v in sampling({}, config, []).items()
+           if k not in ("stop", "max_tokens", "logit_bias", "grammar", "seed")}
+    out["mirostat"] = out.pop("mirostat_mode")
+    out["samplers"] = list(parse_order(out["samplers"]))
+    return {"n_predict": config.n_predict, "seed": config.seed, **out}

@@ -151,9 +151,7 @@ def register(app: FastAPI, state: ServerState) -> None:
         except ValueError:
             template = ""
         return {"default_generation_settings": {"n_ctx": state.n_ctx_slot,
-                                                "params": {"temperature": cfg.temp,
-                                                           "n_predict": cfg.n_predict,
-                                                           "seed": cfg.seed}},
+                                                "params": fields.default_params(cfg)},
                 "total_slots": cfg.parallel, "model_path": cfg.model, "model_alias": cfg.model_name,
                 "chat_template": template, "modalities": {"vision": False, "audio": False},
                 "build_info": "ggmlpy", "is_sleeping": False}

@@ -213,6 +213,11 @@ def test_tokenize_detokenize_apply_template_props(server):
         assert "Name three colors." in prompt
         props = c.get("/props").json()
         assert props["total_slots"] == 4 and props["default_generation_settings"]["n_ctx"] == 512
+        params = props["default_generation_settings"]["params"]   # llama-server's names
+        assert params["temperature"] == 0.8 and params["top_k"] == 40 and params["mirostat"] == 0
+        assert params["dry_sequence_breakers"] == ["\n", ":", "\"", "*"]
+        assert params["samplers"] == ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p",
+                                      "min_p", "xtc", "temperature"]
 
 
 def test_metrics_counts_tokens(server):
