@@ -19,6 +19,8 @@ to float once, then subtracted from the float logit.
 """
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections import deque
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -37,41 +39,87 @@ FLOAT_MAX_LOG = F32(88.7228391)
 Breakers = Mapping[int, tuple[tuple[int, ...], ...]]   # head token -> the tails it starts
 
 
-def process_breakers(breakers: Iterable[str], pieces: Sequence[bytes],
+def process_breakers(breakers: Iterable[str], text: VocabText | Sequence[bytes],
                      tokenize: Callable[[str], list[int]]) -> dict[int, tuple[tuple[int, ...], ...]]:
-    """Breaker strings -> head token -> tails. `pieces[t]`: token t's text as llama.cpp's
-    `detokenize({t}, special=true)` gives it; `tokenize(text)`: without BOS and without
-    parsing special tokens. An empty breaker is an error (llama.cpp skips it with a
-    warning)."""
+    """Breaker strings -> head token -> tails. `text`: the vocabulary's `VocabText`, or
+    its pieces (pieces[t]: token t's text as llama.cpp's `detokenize({t}, special=true)`
+    gives it); `tokenize(text)`: without BOS and without parsing special tokens. An empty
+    breaker is an error (llama.cpp skips it with a warning). A breaker costs about the number
+    of its occurrences in the vocabulary, not a pass in Python over every token."""
+    if not isinstance(text, VocabText):
+        text = VocabText(text)
     out: dict[int, list[tuple[int, ...]]] = {}
+    seen = set()
     for i, breaker in enumerate(breakers):
         if not isinstance(breaker, str) or not breaker:
             raise ValueError(f"dry_sequence_breakers[{i}] must be a non-empty string, got {breaker!r}")
         s = breaker.encode("utf-8")[:MAX_BREAKER_BYTES]
-        for token, word in enumerate(pieces):
-            if s in word:
-                _add(out, token, ())
-                continue
-            # the word ends with s[:n] for some n < len(s): the rest of s follows this token
-            for n in range(min(len(word), len(s) - 1), 0, -1):
-                if word.endswith(s[:n]):
-                    rest = s[n:].decode("utf-8", "replace")
-                    _add(out, token, tuple(tokenize(rest)[:MAX_TAIL]))
+        if s in seen:
+            continue
+        seen.add(s)
+        whole = text.containing(s)
+        for token in whole:
+            _add(out, token, ())
+        # a token that ends with s[:n] (n < len(s)) and does not hold s: the rest follows it
+        for n in range(len(s) - 1, 0, -1):
+            heads = [t for t in text.ending_with(s[:n]) if t not in whole]
+            if heads:
+                tail = tuple(tokenize(s[n:].decode("utf-8", "replace"))[:MAX_TAIL])
+                for token in heads:
+                    _add(out, token, tail)
     return {head: tuple(tails) for head, tails in out.items()}
 
 
-def vocab_pieces(vocab: Any) -> list[bytes]:
-    """Every token's text as llama.cpp's `detokenize({t}, special=true)` gives it (a
-    `llama.vocab.Vocab`): what `process_breakers` searches."""
-    return [vocab.detokenize_bytes([t], unparse_special=True) for t in range(vocab.n_vocab)]
+class VocabText:
+    """A vocabulary's token texts, indexed for the breaker search: all of them back to back
+    with where each ends (the tokens holding a string: one `bytes.find` per occurrence), and
+    the last MAX_BREAKER_BYTES bytes of each, right-aligned, grouped by last byte (the tokens
+    ending with a string: a vectorised compare of the few that end with its last byte).
+    Built once per vocabulary (`vocab_text`)."""
+
+    def __init__(self, pieces: Sequence[bytes]) -> None:
+        self.blob = b"".join(pieces)
+        self.ends = list(itertools.accumulate(len(p) for p in pieces))
+        self.lengths = np.array([len(p) for p in pieces], dtype=np.int64)
+        tails = b"".join(p[-MAX_BREAKER_BYTES:].rjust(MAX_BREAKER_BYTES, b"\0") for p in pieces)
+        self.tails = np.frombuffer(tails, dtype=np.uint8).reshape(len(pieces), MAX_BREAKER_BYTES)
+        last = np.where(self.lengths > 0, self.tails[:, -1].astype(np.int64), -1)
+        order = np.argsort(last, kind="stable")
+        bounds = np.searchsorted(last[order], np.arange(257))
+        self.by_last = [order[bounds[c]:bounds[c + 1]] for c in range(256)]
+
+    def containing(self, s: bytes) -> set[int]:
+        """The tokens whose text holds s."""
+        found, pos = set(), self.blob.find(s)
+        while pos >= 0:
+            t = bisect.bisect_right(self.ends, pos)   # the token whose text holds byte pos
+            if pos + len(s) <= self.ends[t]:
+                found.add(t)
+                pos = self.blob.find(s, self.ends[t])   # on from the next token's text
+            else:
+                pos = self.blob.find(s, pos + 1)
+        return found
+
+    def ending_with(self, s: bytes) -> list[int]:
+        """The tokens whose text ends with s (len(s) <= MAX_BREAKER_BYTES)."""
+        cand = self.by_last[s[-1]]
+        want = np.frombuffer(s, dtype=np.uint8)
+        hit = (self.lengths[cand] >= len(s)) & (self.tails[cand, MAX_BREAKER_BYTES - len(s):] == want).all(axis=1)
+        return cand[hit].tolist()
+
+
+def vocab_text(vocab: Any) -> VocabText:
+    """A `llama.vocab.Vocab`'s token texts as llama.cpp's `detokenize({t}, special=true)`
+    gives them, indexed: what `process_breakers` searches."""
+    return VocabText([vocab.detokenize_bytes([t], unparse_special=True) for t in range(vocab.n_vocab)])
 
 
 def model_breakers(model: Any, breakers: Iterable[str],
-                   pieces: Sequence[bytes] | None = None) -> dict[int, tuple[tuple[int, ...], ...]]:
-    """`process_breakers` over a `llama.model.Model`'s vocabulary (`pieces`: its
-    `vocab_pieces`, when the caller keeps them)."""
-    return process_breakers(breakers, vocab_pieces(model.vocab) if pieces is None else pieces,
-                            lambda text: model.tokenize(text, add_special=False, parse_special=False))
+                   text: VocabText | None = None) -> dict[int, tuple[tuple[int, ...], ...]]:
+    """`process_breakers` over a `llama.model.Model`'s vocabulary (`text`: its
+    `vocab_text`, when the caller keeps it)."""
+    return process_breakers(breakers, vocab_text(model.vocab) if text is None else text,
+                            lambda s: model.tokenize(s, add_special=False, parse_special=False))
 
 
 def _add(out: dict[int, list[tuple[int, ...]]], head: int, tail: tuple[int, ...]) -> None:

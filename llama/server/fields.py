@@ -14,6 +14,7 @@ from llama.server.config import ServerConfig
 from llama.server.errors import bad_request
 
 NUMBER = (int, float)
+MAX_DRY_BREAKERS = 64   # a request's DRY breakers (llama-server sets no bound)
 
 
 def field(body: dict, name: str, kinds: tuple, default: Any = None) -> Any:
@@ -93,6 +94,9 @@ def dry(body: dict) -> dict:
     breakers = field(body, "dry_sequence_breakers", (list,), list(DEFAULT_BREAKERS))
     if not breakers or not all(isinstance(b, str) and b for b in breakers):
         raise bad_request("'dry_sequence_breakers' must be a non-empty array of non-empty strings")
+    if len(breakers) > MAX_DRY_BREAKERS:  # each is searched for in the whole vocabulary
+        raise bad_request(f"'dry_sequence_breakers' takes at most {MAX_DRY_BREAKERS} strings, "
+                          f"got {len(breakers)}")
     return {"dry_multiplier": float(field(body, "dry_multiplier", NUMBER, 0.0)),
             "dry_base": base if base >= 1.0 else 1.75, "dry_allowed_length": allowed,
             "dry_penalty_last_n": int(field(body, "dry_penalty_last_n", (int,), 64)),

@@ -29,7 +29,7 @@ class ServerState:
         """Load the model and start the scheduler (on a thread of its own)."""
         try:
             self.llm = load_llama(self.config)
-            # DRY's default breakers read every token's text (0.45 s for SmolLM2): now, not
+            # DRY's breakers search an index of every token's text (0.25 s for SmolLM2): now, not
             # in the event loop on the first request that turns DRY on
             self.llm.dry_breakers(DEFAULT_BREAKERS)
             vocab = self.llm.model.vocab

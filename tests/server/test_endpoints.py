@@ -71,6 +71,7 @@ def test_mirostat_fields(oai, server):
     ({"repeat_last_n": "all"}, 400),
     ({"dry_sequence_breakers": []}, 400),
     ({"dry_sequence_breakers": "\n"}, 400),
+    ({"dry_sequence_breakers": [str(i) for i in range(65)]}, 400),
     ({"dry_allowed_length": -1}, 400),
     ({"dry_penalty_last_n": -2}, 400),
     ({"samplers": ["top_k", "bogus"]}, 400),
