@@ -13,6 +13,7 @@ strings) -> the text that became final.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence as Seq
 
@@ -120,6 +121,10 @@ class Sequence:
         self._released_lp = 0
         self.finish_reason: str | None = None
         self.prompt_logits: np.ndarray | None = None  # every prompt row, when asked (echo logprobs)
+        # llama-server's t_max_predict_ms: past this long since the first token, the next
+        # token holding a newline ends the sequence ("length"); 0 = no limit
+        self.t_max_predict_ms = 0.0
+        self._t_first: float | None = None
         if max_tokens <= 0:
             self.finish_reason = "length"
 
@@ -140,6 +145,8 @@ class Sequence:
             row = np.array(logits, dtype=np.float32)
             for proc in self.logits_processors:
                 row = np.asarray(proc(ids, row), dtype=np.float32)
+        if self._t_first is None:
+            self._t_first = time.perf_counter()
         token = self.sampler.sample(row)
         self.sampler.accept(token)
         if self.is_eog(token):
@@ -151,17 +158,22 @@ class Sequence:
         self.tokens.append(token)
         if self.n_logprobs is not None:
             self.logprobs.append(token_logprob(logits, token, self.n_logprobs, self.piece_of))
-        text = self.text.push(self.piece_of(token))
+        piece = self.piece_of(token)
+        text = self.text.push(piece)
         reason = None
         if self.text.stopped:
             reason = "stop"
         elif self.grammar is not None and self.grammar.is_finished():
             reason = "stop"
-        elif len(self.tokens) >= self.max_tokens:
+        elif len(self.tokens) >= self.max_tokens or self._past_time_limit(piece):
             reason = "length"
         if reason is not None:
             return self._finish(token, reason, text)
         return Step(token, text, self._release_logprobs())
+
+    def _past_time_limit(self, piece: bytes) -> bool:
+        return (self.t_max_predict_ms > 0 and b"\n" in piece
+                and (time.perf_counter() - self._t_first) * 1000 > self.t_max_predict_ms)
 
     def stop_for_context(self) -> Step:
         """The context is full: end as llama.cpp does when n_ctx runs out ("length")."""

@@ -6,6 +6,7 @@ server's (`--temp`, `--seed`, `-n`), not llama-cpp-python's, as llama-server's a
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from llama.sampling.dry import DEFAULT_BREAKERS
@@ -208,6 +209,47 @@ def completion_kwargs(body: dict, config: ServerConfig, eog_ids: list[int]) -> d
     return kwargs
 
 
+@dataclass
+class ResponseOptions:
+    """llama-server's fields that shape /completion's answer rather than the generation."""
+    return_tokens: bool = False        # the generated ids in `tokens` (else empty)
+    timings_per_token: bool = False    # `timings` in every streamed chunk, not only the last
+    response_fields: list[str] | None = None   # keep only these (paths like "timings/prompt_n")
+
+
+def response_options(body: dict) -> ResponseOptions:
+    wanted = field(body, "response_fields", (list,))
+    if wanted is not None and not all(isinstance(w, str) for w in wanted):
+        raise bad_request("'response_fields' must be an array of strings")
+    return ResponseOptions(field(body, "return_tokens", (bool,), False),
+                           field(body, "timings_per_token", (bool,), False), wanted or None)
+
+
+def time_limit_ms(body: dict) -> float:
+    """llama-server's t_max_predict_ms (0: none)."""
+    value = field(body, "t_max_predict_ms", (int,), 0)
+    if value < 0:
+        raise bad_request(f"'t_max_predict_ms' must not be negative, got {value}")
+    return float(value)
+
+
+def nested_fields(paths: list[str], answer: dict) -> dict:
+    """llama-server's json_get_nested_values: each path ("a/b" reaches into "a") that
+    exists, under the path as its name; the others are left out."""
+    out = {}
+    for path in paths:
+        value, ok = answer, True
+        for key in path.split("/"):
+            if isinstance(value, dict) and key in value:
+                value = value[key]
+            else:
+                ok = False
+                break
+        if ok:
+            out[path] = value
+    return out
+
+
 def slot_options(body: dict, n_slots: int) -> tuple[bool, int]:
     """(cache_prompt, id_slot) - llama-server's fields."""
     cache_prompt = field(body, "cache_prompt", (bool,), True)
@@ -217,11 +259,14 @@ def slot_options(body: dict, n_slots: int) -> tuple[bool, int]:
     return cache_prompt, id_slot
 
 
-def default_params(config: ServerConfig) -> dict:
-    """The sampling settings a request without fields gets, by llama-server's names (its
-    `/props` `default_generation_settings.params`)."""
-    out = {k: v for k, v in sampling({}, config, []).items()
+def generation_settings(body: dict, config: ServerConfig) -> dict:
+    """A request's sampling settings by llama-server's names (its answers'
+    `generation_settings`; `/props` gives those of an empty request)."""
+    out = {k: v for k, v in sampling(body, config, []).items()
            if k not in ("stop", "max_tokens", "logit_bias", "grammar", "seed")}
     out["mirostat"] = out.pop("mirostat_mode")
     out["samplers"] = list(parse_order(out["samplers"]))
-    return {"n_predict": config.n_predict, "seed": config.seed, **out}
+    n_predict = max_tokens(body, config)
+    return {"n_predict": -1 if n_predict is None else n_predict,
+            "seed": field(body, "seed", (int,), config.seed), **out,
+            "stop": stop_strings(body) or []}

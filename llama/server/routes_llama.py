@@ -21,10 +21,13 @@ from llama.server.state import ServerState, safe_slot_file
 
 
 class LlamaCompletion:
-    """llama-server's /completion answer and stream ({"content", "stop", ...})."""
+    """llama-server's /completion answer and stream ({"content", "stop", ...}), shaped by
+    the request's `fields.ResponseOptions`."""
 
-    def __init__(self, job, task: Task, model: str):
+    def __init__(self, job, task: Task, model: str, options: fields.ResponseOptions,
+                 settings: dict):
         self.job, self.task, self.model = job, task, model
+        self.options, self.settings = options, settings
 
     def start(self) -> list[dict]:
         return []
@@ -32,32 +35,43 @@ class LlamaCompletion:
     def feed(self, step: Step) -> list[dict]:
         if not step.text and step.finish_reason is None:
             return []
-        return [{"index": 0, "content": step.text, "tokens": [step.token] if step.token >= 0 else [],
-                 "stop": False, "id_slot": self.task.slot, "tokens_predicted": len(self.job.seq.tokens),
-                 "tokens_evaluated": len(self.job.seq.prompt)}]
+        tokens = [step.token] if step.token >= 0 and self.options.return_tokens else []
+        chunk = {"index": 0, "content": step.text, "tokens": tokens, "stop": False,
+                 "id_slot": self.task.slot, "tokens_predicted": len(self.job.seq.tokens),
+                 "tokens_evaluated": len(self.job.seq.prompt)}
+        if self.options.timings_per_token:
+            chunk["timings"] = self.timings()
+        return [chunk]
 
     def end(self) -> list[dict]:
         final = self.response()
         final["content"] = ""
         return [final]
 
+    def timings(self) -> dict:
+        seq, task = self.job.seq, self.task
+        prompt_ms = (task.t_first - task.t_start) * 1000 if task.t_first else 0.0
+        predicted_ms = (time.perf_counter() - task.t_first) * 1000 if task.t_first else 0.0
+        n = len(seq.tokens)
+        return {"prompt_n": len(seq.prompt) - task.n_cached, "prompt_ms": prompt_ms,
+                "predicted_n": n, "predicted_ms": predicted_ms,
+                "predicted_per_second": n / predicted_ms * 1000 if predicted_ms else 0.0}
+
     def response(self) -> dict:
         seq, task = self.job.seq, self.task
         stop_type = "limit" if seq.finish_reason == "length" else (
             "word" if seq.text.stopped else "eos")
-        t_end = time.perf_counter()
-        prompt_ms = (task.t_first - task.t_start) * 1000 if task.t_first else 0.0
-        predicted_ms = (t_end - task.t_first) * 1000 if task.t_first else 0.0
-        n = len(seq.tokens)
-        return {"index": 0, "content": seq.completion_text(), "tokens": list(seq.tokens),
-                "id_slot": task.slot, "stop": True, "model": self.model,
-                "tokens_predicted": n, "tokens_evaluated": len(seq.prompt),
-                "prompt": self.job.prompt_text, "has_new_line": "\n" in seq.completion_text(),
-                "truncated": False, "stop_type": stop_type, "stopping_word": "",
-                "tokens_cached": task.n_cached,
-                "timings": {"prompt_n": len(seq.prompt) - task.n_cached, "prompt_ms": prompt_ms,
-                            "predicted_n": n, "predicted_ms": predicted_ms,
-                            "predicted_per_second": n / predicted_ms * 1000 if predicted_ms else 0.0}}
+        answer = {"index": 0, "content": seq.completion_text(),
+                  "tokens": list(seq.tokens) if self.options.return_tokens else [],
+                  "id_slot": task.slot, "stop": True, "model": self.model,
+                  "tokens_predicted": len(seq.tokens), "tokens_evaluated": len(seq.prompt),
+                  "generation_settings": self.settings,
+                  "prompt": self.job.prompt_text, "has_new_line": "\n" in seq.completion_text(),
+                  "truncated": False, "stop_type": stop_type, "stopping_word": "",
+                  "tokens_cached": task.n_cached, "timings": self.timings()}
+        if self.options.response_fields:
+            return fields.nested_fields(self.options.response_fields, answer)
+        return answer
 
 
 def register(app: FastAPI, state: ServerState) -> None:
@@ -77,10 +91,16 @@ def register(app: FastAPI, state: ServerState) -> None:
         not_embedding(state)
         kwargs = fields.completion_kwargs(body, cfg, state.eog_ids)
         cache_prompt, id_slot = fields.slot_options(body, cfg.parallel)
-        job = prepare(prepare_completion, llm, kwargs, state)
+        options = fields.response_options(body)
+        job = prepare(prepare_completion, llm, kwargs, state)   # checks the fields first
+        job.seq.t_max_predict_ms = fields.time_limit_ms(body)
+        settings = fields.generation_settings(body, cfg)
+
+        def answer(task: Task) -> LlamaCompletion:
+            return LlamaCompletion(job, task, cfg.model_name, options, settings)
+
         return await serve(request, sched, job.seq,
-                           response=lambda t: LlamaCompletion(job, t, cfg.model_name).response(),
-                           chunks=lambda t: LlamaCompletion(job, t, cfg.model_name),
+                           response=lambda t: answer(t).response(), chunks=answer,
                            stream=fields.field(body, "stream", (bool,), False),
                            cache_prompt=cache_prompt, id_slot=id_slot, done_marker=False)
 
@@ -151,7 +171,7 @@ def register(app: FastAPI, state: ServerState) -> None:
         except ValueError:
             template = ""
         return {"default_generation_settings": {"n_ctx": state.n_ctx_slot,
-                                                "params": fields.default_params(cfg)},
+                                                "params": fields.generation_settings({}, cfg)},
                 "total_slots": cfg.parallel, "model_path": cfg.model, "model_alias": cfg.model_name,
                 "chat_template": template, "modalities": {"vision": False, "audio": False},
                 "build_info": "ggmlpy", "is_sleeping": False}

@@ -52,6 +52,7 @@ def register(app: FastAPI, state: ServerState) -> None:
         kwargs = request_kwargs(body, cfg, state.eog_ids)
         cache_prompt, id_slot = fields.slot_options(body, cfg.parallel)
         job = prepare(prepare_job, llm, kwargs, state)
+        job.seq.t_max_predict_ms = fields.time_limit_ms(body)
         return await serve(request, sched, job.seq, response=lambda t: job.response(),
                            chunks=lambda t: job.chunks(),
                            stream=fields.field(body, "stream", (bool,), False),

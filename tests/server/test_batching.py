@@ -17,7 +17,7 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a
 def _complete(server, prompt: str, n: int = 16, **extra) -> list[int]:
     with server.client() as c:
         r = c.post("/completion", json={"prompt": prompt, "n_predict": n, "temperature": 0,
-                                        "cache_prompt": False, **extra})
+                                        "cache_prompt": False, "return_tokens": True, **extra})
         r.raise_for_status()
         return r.json()["tokens"]
 

@@ -115,6 +115,40 @@ def test_dry_and_sampler_order_fields(oai, server):
     assert out.choices[0].text == dry_text   # the OpenAI endpoints take them as extra fields
 
 
+def test_completion_response_options(server):
+    """llama-server's return_tokens, response_fields, timings_per_token, generation_settings
+    and t_max_predict_ms on /completion."""
+    body = {"prompt": "1\n2\n3\n4\n5\n", "n_predict": 24, "temperature": 0.3, "seed": 2,
+            "top_k": 7, "cache_prompt": False}
+    with server.client() as c:
+        plain = c.post("/completion", json=body).json()
+        with_ids = c.post("/completion", json=dict(body, return_tokens=True)).json()
+        assert plain["tokens"] == [] and len(with_ids["tokens"]) == 24
+        text = c.post("/detokenize", json={"tokens": with_ids["tokens"]}).json()["content"]
+        assert text == with_ids["content"] == plain["content"]
+        settings = plain["generation_settings"]
+        assert (settings["temperature"], settings["top_k"], settings["n_predict"], settings["seed"]) == (0.3, 7, 24, 2)
+        picked = c.post("/completion", json=dict(body, response_fields=[
+            "content", "timings/predicted_n", "generation_settings/top_k", "no/such"])).json()
+        assert picked == {"content": plain["content"], "timings/predicted_n": 24,
+                          "generation_settings/top_k": 7}
+        # every streamed chunk carries timings, predicted_n counting up
+        lines = [json.loads(line[6:]) for line in c.post("/completion", json=dict(
+            body, stream=True, timings_per_token=True)).text.splitlines() if line.startswith("data: ")]
+        counts = [chunk["timings"]["predicted_n"] for chunk in lines]
+        assert len(counts) >= 10 and counts == sorted(counts) and counts[-1] == 24
+        lines = [json.loads(line[6:]) for line in c.post("/completion", json=dict(body, stream=True)).text.splitlines()
+                 if line.startswith("data: ")]
+        assert [("timings" in chunk) for chunk in lines] == [False] * (len(lines) - 1) + [True]
+        # past 1 ms, the first token holding a newline ends the generation
+        limited = c.post("/completion", json=dict(body, t_max_predict_ms=1)).json()
+        assert limited["stop_type"] == "limit" and limited["tokens_predicted"] < 24
+        assert limited["content"].endswith("\n") and plain["content"].startswith(limited["content"])
+        for bad in ({"t_max_predict_ms": -1}, {"response_fields": "content"}, {"return_tokens": 1}):
+            r = c.post("/completion", json=dict(body, **bad))
+            assert r.status_code == 400 and next(iter(bad)) in r.json()["error"]["message"]
+
+
 def test_json_schema_output_validates(oai):
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
                                                "age": {"type": "integer"}},
