@@ -10,8 +10,10 @@ token that is a breaker on its own is never penalised.
 Breakers are strings; `process_breakers` turns them into token sequences as llama.cpp's
 `get_overlapping_token_sequences` does: every token whose text contains a breaker is a
 breaker by itself (head, no tail), and a token whose text ends with a breaker's beginning is
-the head of that breaker's rest, tokenised (at most MAX_TAIL tokens). It reads every token
-of the vocabulary, so the server and `Llama` keep the result per breaker list.
+the head of that breaker's rest, tokenised (at most MAX_TAIL tokens). The search runs over
+an index of the vocabulary's texts (`VocabText`) that `Llama` builds once and keeps, with
+the result per breaker list. Departure: a breaker cut at MAX_BREAKER_BYTES inside a UTF-8
+character leaves a rest that is tokenised with U+FFFD where llama.cpp tokenises the bytes.
 
 Arithmetic as llama.cpp's: the exponent is clamped to 88.7228391f / logf(base) (so the
 penalty stays finite), `std::pow(float, int)` is taken in double and the product rounded
