@@ -32,23 +32,25 @@ def submit(scheduler: Scheduler, task: Task | CallTask) -> None:
                        headers={"Retry-After": "1"}) from None
 
 
-async def _watch_disconnect(request: Request, scheduler: Scheduler, task: Task | CallTask) -> None:
+async def _watch_disconnect(request: Request, scheduler: Scheduler, tasks: tuple) -> None:
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            scheduler.cancel(task)
+            for task in tasks:
+                scheduler.cancel(task)
             return
 
 
 @contextlib.asynccontextmanager
-async def watched(request: Request, scheduler: Scheduler, task: Task | CallTask):
-    """While the body runs, a disconnect of the client cancels `task`; so does the body's
-    own cancellation (the server shutting down, the stream closed)."""
-    watcher = asyncio.create_task(_watch_disconnect(request, scheduler, task))
+async def watched(request: Request, scheduler: Scheduler, *tasks: Task | CallTask):
+    """While the body runs, a disconnect of the client cancels the tasks; so does the
+    body's own cancellation (the server shutting down, the stream closed)."""
+    watcher = asyncio.create_task(_watch_disconnect(request, scheduler, tasks))
     try:
         yield
     except BaseException:
-        scheduler.cancel(task)
+        for task in tasks:
+            scheduler.cancel(task)
         raise
     finally:
         watcher.cancel()

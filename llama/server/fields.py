@@ -145,9 +145,17 @@ def sampling(body: dict, config: ServerConfig, eog_ids: list[int]) -> dict:
         **dry(body),
         "samplers": sampler_order(body),
     }
-    if field(body, "n", (int,), 1) != 1:
-        raise bad_request("only n = 1 is supported")
     return out
+
+
+def n_choices(body: dict, n_slots: int) -> int:
+    """OpenAI's `n` (llama-server's `n_cmpl`): choices generated from one prompt, each in a
+    slot of its own, so at most the server's slots, as llama-server allows."""
+    name = "n_cmpl" if "n_cmpl" in body else "n"
+    n = field(body, name, (int,), 1)
+    if not 1 <= n <= n_slots:
+        raise bad_request(f"'{name}' must be between 1 and the server's {n_slots} slots, got {n}")
+    return n
 
 
 def response_format(body: dict) -> dict | None:

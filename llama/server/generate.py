@@ -4,6 +4,7 @@ the whole answer; the OpenAI jobs of llama.api are builders, and so is llama-ser
 `/completion` shape (routes_llama)."""
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, AsyncIterator, Callable
 
@@ -66,3 +67,96 @@ async def _stream(scheduler, task: Task, ev: Events, chunks, done_marker: bool
         yield sse(e.body())
     finally:
         scheduler.cancel(task)  # a client gone mid-stream frees its slot next step
+
+
+async def serve_choices(request: Request, scheduler, jobs: list, *, stream: bool,
+                        cache_prompt: bool, id_slot: int) -> Response:
+    """OpenAI's `n` > 1: one task per choice (each a slot of its own, the first taking
+    `id_slot`), answered as one response whose choices are indexed 0..n-1, with the usage
+    of one prompt and every choice's tokens. `jobs`: llama.api's OpenAI jobs (builders)."""
+    evs = [Events() for _ in jobs]
+    tasks = [Task(job.seq, ev.sink, cache_prompt=cache_prompt, id_slot=id_slot if i == 0 else -1)
+             for i, (job, ev) in enumerate(zip(jobs, evs))]
+    try:
+        for task in tasks:
+            submit(scheduler, task)
+    except APIError:   # all of them or none
+        for task in tasks:
+            scheduler.cancel(task)
+        raise
+    if not stream:
+        async with watched(request, scheduler, *tasks):
+            for ev in evs:
+                async for _ in events(ev):
+                    pass
+        return JSONResponse(merge_choices([job.response() for job in jobs]))
+    return StreamingResponse(_stream_choices(scheduler, tasks, evs, [job.chunks() for job in jobs]),
+                             media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def merge_choices(answers: list[dict]) -> dict:
+    """n answers to one prompt -> one: the first's envelope, choice i from answer i, the
+    prompt's tokens counted once."""
+    out = dict(answers[0])
+    out["choices"] = [{**c, "index": i} for i, a in enumerate(answers) for c in a["choices"]]
+    out["usage"] = _summed_usage([a["usage"] for a in answers])
+    return out
+
+
+def _summed_usage(usages: list[dict]) -> dict:
+    completion = sum(u["completion_tokens"] for u in usages)
+    return {**usages[0], "completion_tokens": completion,
+            "total_tokens": usages[0]["prompt_tokens"] + completion}
+
+
+async def _stream_choices(scheduler, tasks: list[Task], evs: list[Events], builders: list
+                          ) -> AsyncIterator[str]:
+    """The choices' chunks as they come (each under the first choice's id, with its own
+    index), one usage chunk at the end when asked for, then [DONE]."""
+    merged: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, ev: Events) -> None:
+        try:
+            async for kind, payload in events(ev):
+                await merged.put((i, kind, payload))
+        except APIError as e:
+            await merged.put((i, "error", e))
+
+    pumps = [asyncio.create_task(pump(i, ev)) for i, ev in enumerate(evs)]
+    first: dict | None = None
+    usages: list[dict] = []
+
+    def chunk_of(i: int, chunk: dict) -> str:
+        nonlocal first
+        first = first or chunk
+        for c in chunk.get("choices", []):
+            c["index"] = i
+        return sse({**chunk, "id": first["id"], "created": first["created"]})
+
+    try:
+        for i, builder in enumerate(builders):
+            for c in builder.start():
+                yield chunk_of(i, c)
+        remaining = len(tasks)
+        while remaining:
+            i, kind, payload = await merged.get()
+            if kind == "error":
+                raise payload
+            if kind == "done":
+                remaining -= 1
+            for c in builders[i].end() if kind == "done" else builders[i].feed(payload):
+                if c.get("usage") and not c.get("choices"):   # the stream's usage chunk
+                    usages.append(c)
+                else:
+                    yield chunk_of(i, c)
+        if usages:
+            yield chunk_of(0, {**usages[0], "usage": _summed_usage([u["usage"] for u in usages])})
+        yield "data: [DONE]\n\n"
+    except APIError as e:  # the status is sent already: the error goes as an event
+        yield sse(e.body())
+    finally:
+        for p in pumps:
+            p.cancel()
+        for task in tasks:
+            scheduler.cancel(task)

@@ -91,6 +91,9 @@ def register(app: FastAPI, state: ServerState) -> None:
         not_embedding(state)
         kwargs = fields.completion_kwargs(body, cfg, state.eog_ids)
         cache_prompt, id_slot = fields.slot_options(body, cfg.parallel)
+        if fields.n_choices(body, cfg.parallel) > 1:
+            raise bad_request("several completions of one prompt (n_cmpl > 1) are served by "
+                              "/v1/completions and /v1/chat/completions (n), not /completion")
         options = fields.response_options(body)
         job = prepare(prepare_completion, llm, kwargs, state)   # checks the fields first
         job.seq.t_max_predict_ms = fields.time_limit_ms(body)

@@ -12,7 +12,7 @@ from llama.api.completion import prepare_completion
 from llama.server import fields
 from llama.server.bridge import run_call
 from llama.server.errors import APIError, bad_request
-from llama.server.generate import read_body, serve
+from llama.server.generate import read_body, serve, serve_choices
 from llama.server.state import ServerState
 
 
@@ -51,11 +51,19 @@ def register(app: FastAPI, state: ServerState) -> None:
         check_model(body, state)
         kwargs = request_kwargs(body, cfg, state.eog_ids)
         cache_prompt, id_slot = fields.slot_options(body, cfg.parallel)
-        job = prepare(prepare_job, llm, kwargs, state)
-        job.seq.t_max_predict_ms = fields.time_limit_ms(body)
+        n = fields.n_choices(body, cfg.parallel)
+        stream = fields.field(body, "stream", (bool,), False)
+        jobs = []
+        for i in range(n):   # choice i draws with seed + i (a random seed each without one)
+            seed = None if kwargs["seed"] is None else (kwargs["seed"] + i) % 2**32
+            jobs.append(prepare(prepare_job, llm, dict(kwargs, seed=seed), state))
+            jobs[-1].seq.t_max_predict_ms = fields.time_limit_ms(body)
+        if n > 1:
+            return await serve_choices(request, sched, jobs, stream=stream,
+                                       cache_prompt=cache_prompt, id_slot=id_slot)
+        job = jobs[0]
         return await serve(request, sched, job.seq, response=lambda t: job.response(),
-                           chunks=lambda t: job.chunks(),
-                           stream=fields.field(body, "stream", (bool,), False),
+                           chunks=lambda t: job.chunks(), stream=stream,
                            cache_prompt=cache_prompt, id_slot=id_slot, done_marker=True)
 
     async def chat(request: Request):

@@ -149,6 +149,46 @@ def test_completion_response_options(server):
             assert r.status_code == 400 and next(iter(bad)) in r.json()["error"]["message"]
 
 
+def test_n_choices(oai, server):
+    """OpenAI's n: choice i is what n = 1 gives with seed + i, the prompt counted once in the
+    usage; streamed, each choice's chunks carry its index and join to the same texts."""
+    msgs = [{"role": "user", "content": "Name a fruit."}]
+    fresh = {"cache_prompt": False}   # every prompt decoded from the start: the same logits
+    one = [oai.chat.completions.create(model="smol", messages=msgs, max_tokens=10, temperature=1.0,
+                                       seed=11 + i, extra_body=fresh) for i in range(3)]
+    three = oai.chat.completions.create(model="smol", messages=msgs, max_tokens=10, temperature=1.0,
+                                        seed=11, n=3, extra_body=fresh)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    assert [c.message.content for c in three.choices] == [o.choices[0].message.content for o in one]
+    assert len({c.message.content for c in three.choices}) > 1
+    assert three.usage.prompt_tokens == one[0].usage.prompt_tokens
+    assert three.usage.completion_tokens == sum(o.usage.completion_tokens for o in one)
+    texts = ["", ""]
+    for chunk in oai.completions.create(model="smol", prompt="Once upon a time", max_tokens=12,
+                                        temperature=1.0, seed=3, n=2, stream=True, extra_body=fresh):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    whole = oai.completions.create(model="smol", prompt="Once upon a time", max_tokens=12,
+                                   temperature=1.0, seed=3, n=2, extra_body=fresh)
+    assert texts == [c.text for c in whole.choices] and texts[0] != texts[1]
+    assert whole.usage.completion_tokens == 24
+    usages, finished = [], set()
+    for chunk in oai.chat.completions.create(model="smol", messages=msgs, max_tokens=10, temperature=1.0,
+                                             seed=11, n=3, stream=True, stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usages.append(chunk.usage)
+        finished |= {c.index for c in chunk.choices if c.finish_reason}
+    assert finished == {0, 1, 2} and len(usages) == 1   # one usage chunk, for every choice
+    assert usages[0].completion_tokens == three.usage.completion_tokens
+    with server.client() as c:
+        for bad in ({"n": 0}, {"n": 5}, {"n": "2"}):
+            r = c.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, **bad})
+            assert r.status_code == 400 and "'n'" in r.json()["error"]["message"]
+        r = c.post("/completion", json={"prompt": "a", "n_predict": 2, "n_cmpl": 2})
+        assert r.status_code == 400 and "n_cmpl" in r.json()["error"]["message"]
+        assert c.get("/health").status_code == 200
+
+
 def test_json_schema_output_validates(oai):
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
                                                "age": {"type": "integer"}},

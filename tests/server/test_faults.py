@@ -37,6 +37,25 @@ def test_dropped_stream_frees_its_slot(server):
         assert c.post("/completion", json={"prompt": "Hi", "n_predict": 2}).status_code == 200
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_dropped_request_of_n_choices_frees_every_slot(server, stream):
+    body = {"prompt": "Count: 1, 2, 3,", "max_tokens": 400, "ignore_eos": True, "n": 3,
+            "stream": stream}
+    with server.client() as c:
+        _wait_idle(c)
+        if stream:
+            with c.stream("POST", "/v1/completions", json=body) as r:
+                lines = r.iter_lines()
+                for _ in range(6):
+                    next(lines)
+                assert _busy_slots(c) == 3
+        else:
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(server.url + "/v1/completions", json=body, headers=c.headers, timeout=1.0)
+        _wait_idle(c, 5)
+        assert c.post("/completion", json={"prompt": "Hi", "n_predict": 2}).status_code == 200
+
+
 def test_dropped_non_streaming_request_frees_its_slot(server):
     with server.client() as c:
         _wait_idle(c)
