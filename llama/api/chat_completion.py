@@ -193,7 +193,7 @@ class ChatChunks:
         seq = self.job.seq
         out = [self._chunk({}, "tool_calls" if self.saw_call else seq.finish_reason)]
         if self.job.include_usage:
-            out.append(responses.chat_usage_chunk(*self.job.meta,
+            out.append(responses.usage_chunk(*self.job.meta,
                                                   responses.usage(len(seq.prompt), len(seq.tokens))))
         return out
 

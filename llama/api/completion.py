@@ -109,6 +109,7 @@ class CompletionJob:
     logprobs: int | None
     suffix: str | None
     piece_of: Callable[[int], bytes]
+    include_usage: bool = False   # stream_options.include_usage: a last chunk with the usage
 
     @property
     def wants_prompt_logits(self) -> bool:
@@ -159,10 +160,17 @@ class CompletionChunks:
         if self.job.logprobs is not None:
             lp = completion_logprobs(step.logprobs, self.offset)
         self.offset += len(step.text)
-        return [responses.completion(*self.job.meta, step.text, None, lp, None)]
+        return [responses.completion(*self.job.meta, step.text, None, lp, None,
+                                     with_usage_field=self.job.include_usage)]
 
     def end(self) -> list[dict]:
-        return [responses.completion(*self.job.meta, "", self.job.seq.finish_reason, None, None)]
+        job, seq = self.job, self.job.seq
+        out = [responses.completion(*job.meta, "", seq.finish_reason, None, None,
+                                    with_usage_field=job.include_usage)]
+        if job.include_usage:
+            out.append(responses.usage_chunk(*job.meta, responses.usage(len(seq.prompt), len(seq.tokens)),
+                                             object_="text_completion"))
+        return out
 
 
 def sampling_params(llm: "Llama", *, seed: int | None, n_ctx: int, mirostat_mode: int = 0,
@@ -201,6 +209,7 @@ def prepare_completion(llm: "Llama", prompt: str | list[int], *, suffix: str | N
                        mirostat_eta: float = 0.1, model: str | None = None,
                        stopping_criteria=None, logits_processor=None, grammar=None,
                        logit_bias: dict[int, float] | None = None,
+                       stream_options: dict | None = None,
                        n_ctx: int | None = None, **server_sampling: Any) -> CompletionJob:
     """A request -> a `CompletionJob` (the checks, the prompt, the sampler chain). `n_ctx`:
     the context the sequence may fill (the Llama's by default; a server slot's share).
@@ -221,7 +230,8 @@ def prepare_completion(llm: "Llama", prompt: str | list[int], *, suffix: str | N
                         stopping_criteria=stopping_criteria)
     prompt_text = prompt if isinstance(prompt, str) else llm.detokenize(ids).decode("utf-8", "replace")
     meta = (responses.new_id("cmpl"), responses.now(), model or llm.model_path)
-    return CompletionJob(seq, meta, prompt_text, bool(echo), logprobs, suffix, llm.piece)
+    return CompletionJob(seq, meta, prompt_text, bool(echo), logprobs, suffix, llm.piece,
+                         bool((stream_options or {}).get("include_usage")))
 
 
 def create_completion(llm: "Llama", prompt: str | list[int], *, stream: bool = False,

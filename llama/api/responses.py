@@ -19,10 +19,10 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def completion(cid: str, created: int, model: str, text: str, finish_reason: str | None,
-               logprobs: dict | None, use: dict | None) -> dict:
+               logprobs: dict | None, use: dict | None, *, with_usage_field: bool = False) -> dict:
     out = {"id": cid, "object": "text_completion", "created": created, "model": model,
            "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason}]}
-    if use is not None:
+    if use is not None or with_usage_field:  # a stream's chunks with include_usage: "usage": null
         out["usage"] = use
     return out
 
@@ -44,9 +44,11 @@ def chat_chunk(cid: str, created: int, model: str, delta: dict, finish_reason: s
     return out
 
 
-def chat_usage_chunk(cid: str, created: int, model: str, use: dict) -> dict:
-    """The last chunk of a stream with include_usage: no choices, the usage (OpenAI's shape)."""
-    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+def usage_chunk(cid: str, created: int, model: str, use: dict,
+                object_: str = "chat.completion.chunk") -> dict:
+    """The last chunk of a stream with include_usage: no choices, the usage (OpenAI's shape;
+    `object_` "text_completion" for a text completion's stream)."""
+    return {"id": cid, "object": object_, "created": created, "model": model,
             "choices": [], "usage": use}
 
 

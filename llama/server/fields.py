@@ -207,7 +207,8 @@ def completion_kwargs(body: dict, config: ServerConfig, eog_ids: list[int]) -> d
     echo = field(body, "echo", (bool,), False)
     if echo and logprobs is not None:
         raise bad_request("echo with logprobs is not supported by the server")
-    kwargs.update(prompt=prompt, logprobs=logprobs, echo=echo, suffix=field(body, "suffix", (str,)))
+    kwargs.update(prompt=prompt, logprobs=logprobs, echo=echo, suffix=field(body, "suffix", (str,)),
+                  stream_options=field(body, "stream_options", (dict,)))
     schema = field(body, "json_schema", (dict,))
     if schema is not None:
         if kwargs["grammar"] is not None:

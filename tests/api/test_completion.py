@@ -40,6 +40,19 @@ def test_stream_and_non_stream_agree(smol, kwargs):
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
 
 
+def test_stream_usage_when_asked(smol):
+    """stream_options.include_usage (OpenAI's): every chunk has "usage": null, then one last
+    chunk without choices carries the usage of the non-streamed answer."""
+    whole = smol(PROMPT, max_tokens=12, temperature=0)
+    chunks = list(smol(PROMPT, max_tokens=12, temperature=0, stream=True,
+                       stream_options={"include_usage": True}))
+    assert all("usage" in c and c["usage"] is None for c in chunks[:-1])
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+    assert chunks[-1]["object"] == "text_completion"
+    assert _stream_text(chunks[:-1]) == _text(whole)
+    assert all("usage" not in c for c in smol(PROMPT, max_tokens=4, temperature=0, stream=True))
+
+
 def test_stop_strings_never_leak(smol):
     full = _text(smol(PROMPT, max_tokens=40, temperature=0))
     words = full.split(" ")

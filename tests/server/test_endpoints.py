@@ -163,15 +163,19 @@ def test_n_choices(oai, server):
     assert len({c.message.content for c in three.choices}) > 1
     assert three.usage.prompt_tokens == one[0].usage.prompt_tokens
     assert three.usage.completion_tokens == sum(o.usage.completion_tokens for o in one)
-    texts = ["", ""]
+    texts, text_usage = ["", ""], []
     for chunk in oai.completions.create(model="smol", prompt="Once upon a time", max_tokens=12,
-                                        temperature=1.0, seed=3, n=2, stream=True, extra_body=fresh):
+                                        temperature=1.0, seed=3, n=2, stream=True, extra_body=fresh,
+                                        stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            text_usage.append(chunk.usage)
         for c in chunk.choices:
             texts[c.index] += c.text
     whole = oai.completions.create(model="smol", prompt="Once upon a time", max_tokens=12,
                                    temperature=1.0, seed=3, n=2, extra_body=fresh)
     assert texts == [c.text for c in whole.choices] and texts[0] != texts[1]
-    assert whole.usage.completion_tokens == 24
+    assert whole.usage.completion_tokens == 24 and len(text_usage) == 1
+    assert text_usage[0].completion_tokens == 24 and text_usage[0].prompt_tokens == whole.usage.prompt_tokens
     usages, finished = [], set()
     for chunk in oai.chat.completions.create(model="smol", messages=msgs, max_tokens=10, temperature=1.0,
                                              seed=11, n=3, stream=True, stream_options={"include_usage": True}):
