@@ -39,6 +39,21 @@ def token_logprob(logits: np.ndarray, token: int, n_top: int, piece_of) -> Token
     return TokenLogprob(int(token), piece_of(int(token)), float(lp[token]), top)
 
 
+def sampled_logprob(probs: np.ndarray, ids: np.ndarray, selected: int, n_top: int,
+                    piece_of) -> TokenLogprob:
+    """The chosen token and the `n_top` most probable candidates by the probabilities the
+    sampler chain ended with (llama-server's post_sampling_probs), as log-probabilities.
+    A chain that computed none (greedy) gives the chosen token probability 1, alone."""
+    token = int(ids[selected])
+    if not probs.any():
+        return TokenLogprob(token, piece_of(token), 0.0, [(token, piece_of(token), 0.0)][:n_top])
+    with np.errstate(divide="ignore"):
+        lp = np.log(np.asarray(probs, dtype=np.float64))
+    order = np.argsort(-lp, kind="stable")[:n_top]
+    top = [(int(ids[i]), piece_of(int(ids[i])), float(lp[i])) for i in order]
+    return TokenLogprob(token, piece_of(token), float(lp[selected]), top)
+
+
 def _text(piece: bytes) -> str:
     return piece.decode("utf-8", errors="replace")
 

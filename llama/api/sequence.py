@@ -19,7 +19,7 @@ from typing import Callable, Sequence as Seq
 
 import numpy as np
 
-from llama.api.logprobs import TokenLogprob, token_logprob
+from llama.api.logprobs import TokenLogprob, sampled_logprob, token_logprob
 from llama.api.text_stream import TextStream
 from llama.sampling import Sampler, SamplerChain, make_sampler
 from llama.sampling.dry import Breakers
@@ -125,6 +125,9 @@ class Sequence:
         # token holding a newline ends the sequence ("length"); 0 = no limit
         self.t_max_predict_ms = 0.0
         self._t_first: float | None = None
+        # llama-server's post_sampling_probs: logprobs from the chain's final candidates
+        # (what it sampled from) instead of the model's whole distribution
+        self.post_sampling_probs = False
         if max_tokens <= 0:
             self.finish_reason = "length"
 
@@ -157,7 +160,12 @@ class Sequence:
                 return self._finish(token, "stop")
         self.tokens.append(token)
         if self.n_logprobs is not None:
-            self.logprobs.append(token_logprob(logits, token, self.n_logprobs, self.piece_of))
+            if self.post_sampling_probs:
+                cur = self.sampler.last
+                entry = sampled_logprob(cur.probs, cur.ids, cur.selected, self.n_logprobs, self.piece_of)
+            else:
+                entry = token_logprob(logits, token, self.n_logprobs, self.piece_of)
+            self.logprobs.append(entry)
         piece = self.piece_of(token)
         text = self.text.push(piece)
         reason = None

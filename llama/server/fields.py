@@ -224,6 +224,8 @@ class ResponseOptions:
     return_tokens: bool = False        # the generated ids in `tokens` (else empty)
     timings_per_token: bool = False    # `timings` in every streamed chunk, not only the last
     response_fields: list[str] | None = None   # keep only these (paths like "timings/prompt_n")
+    n_probs: int = 0                   # `completion_probabilities`: the top n_probs per token
+    post_sampling_probs: bool = False  # ... as the chain's final probabilities ("prob")
 
 
 def response_options(body: dict) -> ResponseOptions:
@@ -231,7 +233,9 @@ def response_options(body: dict) -> ResponseOptions:
     if wanted is not None and not all(isinstance(w, str) for w in wanted):
         raise bad_request("'response_fields' must be an array of strings")
     return ResponseOptions(field(body, "return_tokens", (bool,), False),
-                           field(body, "timings_per_token", (bool,), False), wanted or None)
+                           field(body, "timings_per_token", (bool,), False), wanted or None,
+                           field(body, "n_probs", (int,), 0),
+                           field(body, "post_sampling_probs", (bool,), False))
 
 
 def time_limit_ms(body: dict) -> float:

@@ -2,6 +2,7 @@
 /apply-template, /embedding, /props, /slots, /slots/{id}, /metrics, with its shapes."""
 from __future__ import annotations
 
+import math
 import time
 
 from fastapi import FastAPI, Request
@@ -18,6 +19,17 @@ from llama.server.routes_openai import embedding_input, not_embedding, prepare
 from llama.server.scheduler import Task
 from llama.server.slots import base_cells, shared_cells
 from llama.server.state import ServerState, safe_slot_file
+
+
+FLOAT_LOWEST = -3.4028234663852886e38   # what llama-server sends for log(0)
+
+
+def utf8_prefix(piece: bytes) -> str:
+    """The piece's text up to a split character (llama-server's validate_utf8)."""
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return piece[:e.start].decode("utf-8")
 
 
 class LlamaCompletion:
@@ -41,10 +53,25 @@ class LlamaCompletion:
                  "tokens_evaluated": len(self.job.seq.prompt)}
         if self.options.timings_per_token:
             chunk["timings"] = self.timings()
+        if self.options.n_probs > 0 and step.logprobs:
+            chunk["completion_probabilities"] = self.probabilities(step.logprobs)
         return [chunk]
 
+    def probabilities(self, entries) -> list[dict]:
+        """llama-server's completion_probabilities: per token its probability (or, with
+        post_sampling_probs, the chain's final one) and the top n_probs."""
+        post = self.options.post_sampling_probs
+        key = "prob" if post else "logprob"
+
+        def one(token: int, piece: bytes, logprob: float) -> dict:
+            value = math.exp(logprob) if post else max(logprob, FLOAT_LOWEST)  # log(0): lowest float
+            return {"id": token, "token": utf8_prefix(piece), "bytes": list(piece), key: value}
+
+        return [{**one(e.token, e.piece, e.logprob),
+                 "top_probs" if post else "top_logprobs": [one(*t) for t in e.top]} for e in entries]
+
     def end(self) -> list[dict]:
-        final = self.response()
+        final = self.response(streamed=True)
         final["content"] = ""
         return [final]
 
@@ -57,7 +84,7 @@ class LlamaCompletion:
                 "predicted_n": n, "predicted_ms": predicted_ms,
                 "predicted_per_second": n / predicted_ms * 1000 if predicted_ms else 0.0}
 
-    def response(self) -> dict:
+    def response(self, streamed: bool = False) -> dict:
         seq, task = self.job.seq, self.task
         stop_type = "limit" if seq.finish_reason == "length" else (
             "word" if seq.text.stopped else "eos")
@@ -69,6 +96,8 @@ class LlamaCompletion:
                   "prompt": self.job.prompt_text, "has_new_line": "\n" in seq.completion_text(),
                   "truncated": False, "stop_type": stop_type, "stopping_word": "",
                   "tokens_cached": task.n_cached, "timings": self.timings()}
+        if self.options.n_probs > 0 and not streamed:   # a stream sent them with its chunks
+            answer["completion_probabilities"] = self.probabilities(seq.logprobs)
         if self.options.response_fields:
             return fields.nested_fields(self.options.response_fields, answer)
         return answer
@@ -97,6 +126,7 @@ def register(app: FastAPI, state: ServerState) -> None:
         options = fields.response_options(body)
         job = prepare(prepare_completion, llm, kwargs, state)   # checks the fields first
         job.seq.t_max_predict_ms = fields.time_limit_ms(body)
+        job.seq.post_sampling_probs = options.post_sampling_probs
         settings = fields.generation_settings(body, cfg)
 
         def answer(task: Task) -> LlamaCompletion:

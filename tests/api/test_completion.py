@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from llama import Batch, Context
-from llama.api.logprobs import log_softmax
+from llama.api.logprobs import log_softmax, sampled_logprob
 from llama.generate import generate
 from llama.sampling import make_sampler
 
@@ -200,3 +200,13 @@ def test_bad_arguments_are_named(smol):
         smol(PROMPT, max_tokens=1, top_p=2.0)
     with pytest.raises(ValueError, match="mirostat_mode"):
         smol(PROMPT, max_tokens=1, mirostat_mode=3)
+
+
+def test_sampled_logprob_reads_the_chains_final_candidates():
+    piece = lambda t: b"t%d" % t  # noqa: E731
+    probs, ids = np.array([0.5, 0.3, 0.2], np.float32), np.array([7, 3, 9], np.int32)
+    e = sampled_logprob(probs, ids, 1, 2, piece)
+    assert (e.token, e.piece) == (3, b"t3") and e.logprob == pytest.approx(np.log(0.3))
+    assert [(t, lp) for t, _, lp in e.top] == [(7, pytest.approx(np.log(0.5))), (3, pytest.approx(np.log(0.3)))]
+    greedy = sampled_logprob(np.zeros(3, np.float32), ids, 2, 5, piece)   # no probabilities computed
+    assert greedy.token == 9 and greedy.logprob == 0.0 and [t for t, _, _ in greedy.top] == [9]

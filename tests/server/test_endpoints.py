@@ -149,6 +149,37 @@ def test_completion_response_options(server):
             assert r.status_code == 400 and next(iter(bad)) in r.json()["error"]["message"]
 
 
+def test_completion_probabilities(oai, server):
+    """/completion's n_probs: llama-server's completion_probabilities, from the model's
+    distribution (the same logprobs as the OpenAI endpoint's for the same draw) or, with
+    post_sampling_probs, the chain's final probabilities; streamed, spread over the chunks."""
+    body = {"prompt": "The capital of France is", "n_predict": 6, "temperature": 0.8, "seed": 1,
+            "n_probs": 3, "cache_prompt": False}
+    with server.client() as c:
+        raw = c.post("/completion", json=body).json()
+        post = c.post("/completion", json=dict(body, post_sampling_probs=True)).json()
+        lines = [json.loads(line[6:]) for line in c.post("/completion", json=dict(body, stream=True)).text.splitlines()
+                 if line.startswith("data: ")]
+    probs = raw["completion_probabilities"]
+    assert len(probs) == 6 and all(len(p["top_logprobs"]) == 3 for p in probs)
+    for p in probs:
+        tops = [t["logprob"] for t in p["top_logprobs"]]
+        assert tops == sorted(tops, reverse=True) and p["logprob"] <= tops[0] <= 0
+        assert bytes(p["bytes"]).decode("utf-8", "replace").startswith(p["token"])
+    oai_lp = oai.completions.create(model="smol", prompt=body["prompt"], max_tokens=6, temperature=0.8,
+                                    seed=1, logprobs=3, extra_body={"cache_prompt": False}).choices[0].logprobs
+    assert [p["token"] for p in probs] == oai_lp.tokens
+    assert [p["logprob"] for p in probs] == pytest.approx(oai_lp.token_logprobs, abs=1e-6)
+    assert post["content"] == raw["content"]
+    for p in post["completion_probabilities"]:
+        chain = [t["prob"] for t in p["top_probs"]]
+        assert 0 < p["prob"] <= 1 and sum(chain) <= 1 + 1e-5 and chain == sorted(chain, reverse=True)
+        assert p["id"] not in [t["id"] for t in p["top_probs"]] or p["prob"] in chain
+    streamed = [p for chunk in lines for p in chunk.get("completion_probabilities", [])]
+    assert [p["id"] for p in streamed] == [p["id"] for p in probs]
+    assert "completion_probabilities" not in lines[-1]
+
+
 def test_n_choices(oai, server):
     """OpenAI's n: choice i is what n = 1 gives with seed + i, the prompt counted once in the
     usage; streamed, each choice's chunks carry its index and join to the same texts."""
