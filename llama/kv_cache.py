@@ -106,6 +106,14 @@ class KVCache:
         """Shift positions; cached keys are re-rotated (K-shift) before the next decode."""
         self.cells.seq_add(seq_id, p0, p1, delta)
 
+    def seq_shared(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        return self.cells.seq_shared(seq_id, p0, p1)
+
+    @property
+    def can_shift(self) -> bool:
+        """Context shifting (seq_add + K-shift) is always possible on a full-attention cache."""
+        return True
+
     def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
         self.cells.seq_div(seq_id, p0, p1, d)
 

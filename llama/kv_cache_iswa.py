@@ -151,6 +151,9 @@ class KVCacheISWA:
         self.base.seq_add(seq_id, p0, p1, delta)
         self.swa.seq_add(seq_id, p0, p1, delta)
 
+    def seq_shared(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        return self.base.seq_shared(seq_id, p0, p1) or self.swa.seq_shared(seq_id, p0, p1)
+
     def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
         self.base.seq_div(seq_id, p0, p1, d)
         self.swa.seq_div(seq_id, p0, p1, d)

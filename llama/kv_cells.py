@@ -378,6 +378,14 @@ class KVCells:
         if len(freed) and int(freed[0]) < self.head:
             self.head = int(freed[0])
 
+    def seq_shared(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        """Whether a cell of `seq_id` with pos in [p0, p1) also belongs to another sequence
+        (seq_add would move it for that one too)."""
+        s = self._check_seq(seq_id)
+        p0, p1 = _range(p0, p1)
+        hit = (self.pos >= p0) & (self.pos < p1) & self.seq[:, s]
+        return bool((self.seq[hit].sum(axis=1) > 1).any())
+
     def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
         """Shift the positions of the cells of `seq_id` in [p0, p1) by `delta` (the whole cell
         moves, with every sequence sharing it); cells pushed below 0 are removed."""

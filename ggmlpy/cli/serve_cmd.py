@@ -163,9 +163,6 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     ray_options_from_args(args)  # a Ray flag without --ray is an error
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if config.context_shift:
-        logging.getLogger("llama.server").warning(
-            "--context-shift: ggmlpy ends a generation at its slot's context instead of shifting")
     print(f"ggmlpy serve: {config.model} on http://{config.host}:{config.port} "
           f"({config.parallel} slots)", file=sys.stderr)
     server = uvicorn.Server(uvicorn.Config(

@@ -213,7 +213,8 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
                  logprobs: bool | None = None, top_logprobs: int | None = None,
                  stream_options: dict | None = None,
                  chat_template_kwargs: dict | None = None,
-                 n_ctx: int | None = None, **server_sampling: Any) -> ChatJob:
+                 n_ctx: int | None = None, context_shift: bool = False,
+                 **server_sampling: Any) -> ChatJob:
     """A chat request -> a `ChatJob` (template, constraints, sampler chain); the checks
     fail here, before anything is decoded. `n_ctx`: the context the sequence may fill.
     `server_sampling`: llama-server's fields beyond llama-cpp-python's arguments
@@ -229,7 +230,7 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
     text = setup.render(msgs, add_generation_prompt=True, tools=tools or None,
                         **(chat_template_kwargs or {}))
     ids = setup.tokens(text)
-    n_max = resolve_max_tokens(max_tokens, len(ids), n_ctx or llm.n_ctx())
+    n_max = resolve_max_tokens(max_tokens, len(ids), n_ctx or llm.n_ctx(), context_shift)
 
     constraint = grammar
     if choice in ("required",) or isinstance(choice, dict):

@@ -39,14 +39,17 @@ def prompt_tokens(llm: "Llama", prompt: str | list[int]) -> list[int]:
     return ids
 
 
-def resolve_max_tokens(max_tokens: int | None, n_prompt: int, n_ctx: int) -> int:
-    """llama-cpp-python's rule: None or <= 0 means up to the context's end; never past it."""
+def resolve_max_tokens(max_tokens: int | None, n_prompt: int, n_ctx: int,
+                       context_shift: bool = False) -> int:
+    """llama-cpp-python's rule: None or <= 0 means up to the context's end; never past it,
+    unless the context shifts when full (the server's --context-shift), which lets an
+    explicit max_tokens run past it."""
     if n_prompt >= n_ctx:
         raise ValueError(f"Requested tokens ({n_prompt}) exceed context window of {n_ctx}")
     room = n_ctx - n_prompt
     if max_tokens is None or max_tokens <= 0:
         return room
-    return min(int(max_tokens), room)
+    return int(max_tokens) if context_shift else min(int(max_tokens), room)
 
 
 def make_sequence(llm: "Llama", ids: list[int], *, max_tokens: int, stop, logprobs: int | None,
@@ -210,15 +213,18 @@ def prepare_completion(llm: "Llama", prompt: str | list[int], *, suffix: str | N
                        stopping_criteria=None, logits_processor=None, grammar=None,
                        logit_bias: dict[int, float] | None = None,
                        stream_options: dict | None = None,
-                       n_ctx: int | None = None, **server_sampling: Any) -> CompletionJob:
+                       n_ctx: int | None = None, context_shift: bool = False,
+                       **server_sampling: Any) -> CompletionJob:
     """A request -> a `CompletionJob` (the checks, the prompt, the sampler chain). `n_ctx`:
-    the context the sequence may fill (the Llama's by default; a server slot's share).
+    the context the sequence may fill (the Llama's by default; a server slot's share);
+    `context_shift`: the caller shifts that context when it fills (the server's
+    --context-shift), so an explicit max_tokens may go past it.
     `server_sampling`: llama-server's fields beyond llama-cpp-python's arguments
     (repeat_last_n, min_keep, dynatemp_*, top_n_sigma, xtc_*; see `sampling_params`)."""
     if logprobs is not None and (isinstance(logprobs, bool) or int(logprobs) < 0):
         raise ValueError(f"logprobs must be a non-negative integer, got {logprobs!r}")
     ids = prompt_tokens(llm, prompt)
-    n_max = resolve_max_tokens(max_tokens, len(ids), n_ctx or llm.n_ctx())
+    n_max = resolve_max_tokens(max_tokens, len(ids), n_ctx or llm.n_ctx(), context_shift)
     params = sampling_params(llm, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                              typical_p=typical_p, repeat_penalty=repeat_penalty,
                              presence_penalty=presence_penalty,

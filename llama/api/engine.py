@@ -147,6 +147,24 @@ class Engine:
     def n_past(self, seq_id: int) -> int:
         return len(self.cached[seq_id])
 
+    def shift_context(self, seq_id: int, n_keep: int, n_discard: int) -> bool:
+        """llama-server's context shift: drop positions [n_keep, n_keep + n_discard) of
+        `seq_id` and move the later ones down by n_discard (their keys are re-rotated before
+        the next decode). False, and nothing changed, where the cache cannot shift (an iSWA
+        cache of two sizes, as llama.cpp's get_can_shift) or where a moved cell is shared
+        with another sequence (a common prompt prefix: moving it would move it for both)."""
+        mem = self.ctx.memory
+        n_past = len(self.cached[seq_id])
+        if n_discard <= 0 or n_keep + n_discard > n_past or not mem.can_shift:
+            return False
+        if mem.seq_shared(seq_id, n_keep + n_discard, n_past):
+            return False
+        mem.seq_rm(seq_id, n_keep, n_keep + n_discard)
+        mem.seq_add(seq_id, n_keep + n_discard, n_past, -n_discard)
+        cached = self.cached[seq_id]
+        self.cached[seq_id] = cached[:n_keep] + cached[n_keep + n_discard:]
+        return True
+
     def forget(self, seq_id: int, keep: int = 0) -> None:
         """Drop the cells of `seq_id` from position `keep` on."""
         self.ctx.memory.seq_rm(seq_id, keep, -1)

@@ -263,6 +263,18 @@ def nested_fields(paths: list[str], answer: dict) -> dict:
     return out
 
 
+def shift_options(body: dict) -> tuple[int, int]:
+    """llama-server's n_keep (prompt tokens kept when the context shifts, -1 all of them)
+    and n_discard (tokens dropped then, 0 half of what is not kept)."""
+    n_keep = field(body, "n_keep", (int,), 0)
+    n_discard = field(body, "n_discard", (int,), 0)
+    if n_keep < -1:
+        raise bad_request(f"'n_keep' must be >= -1, got {n_keep}")
+    if n_discard < 0:
+        raise bad_request(f"'n_discard' must not be negative, got {n_discard}")
+    return n_keep, n_discard
+
+
 def slot_options(body: dict, n_slots: int) -> tuple[bool, int]:
     """(cache_prompt, id_slot) - llama-server's fields."""
     cache_prompt = field(body, "cache_prompt", (bool,), True)

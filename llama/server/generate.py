@@ -35,10 +35,12 @@ def sse(obj: Any) -> str:
 
 async def serve(request: Request, scheduler, seq, *, response: Callable[[Task], dict],
                 chunks: Callable[[Task], Any], stream: bool, cache_prompt: bool, id_slot: int,
-                done_marker: bool) -> Response:
-    """`response(task)`: the whole answer once done; `chunks(task)`: the stream builder."""
+                done_marker: bool, shift: tuple[int, int] = (0, 0)) -> Response:
+    """`response(task)`: the whole answer once done; `chunks(task)`: the stream builder;
+    `shift`: the request's (n_keep, n_discard) for a context shift."""
     ev = Events()
-    task = Task(seq, ev.sink, cache_prompt=cache_prompt, id_slot=id_slot)
+    task = Task(seq, ev.sink, cache_prompt=cache_prompt, id_slot=id_slot, n_keep=shift[0],
+                n_discard=shift[1])
     submit(scheduler, task)  # a full queue is a 503 before any byte is sent
     if not stream:
         async with watched(request, scheduler, task):
@@ -70,13 +72,13 @@ async def _stream(scheduler, task: Task, ev: Events, chunks, done_marker: bool
 
 
 async def serve_choices(request: Request, scheduler, jobs: list, *, stream: bool,
-                        cache_prompt: bool, id_slot: int) -> Response:
+                        cache_prompt: bool, id_slot: int, shift: tuple[int, int] = (0, 0)) -> Response:
     """OpenAI's `n` > 1: one task per choice (each a slot of its own, the first taking
     `id_slot`), answered as one response whose choices are indexed 0..n-1, with the usage
     of one prompt and every choice's tokens. `jobs`: llama.api's OpenAI jobs (builders)."""
     evs = [Events() for _ in jobs]
-    tasks = [Task(job.seq, ev.sink, cache_prompt=cache_prompt, id_slot=id_slot if i == 0 else -1)
-             for i, (job, ev) in enumerate(zip(jobs, evs))]
+    tasks = [Task(job.seq, ev.sink, cache_prompt=cache_prompt, id_slot=id_slot if i == 0 else -1,
+                  n_keep=shift[0], n_discard=shift[1]) for i, (job, ev) in enumerate(zip(jobs, evs))]
     try:
         for task in tasks:
             submit(scheduler, task)

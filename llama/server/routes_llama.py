@@ -94,7 +94,7 @@ class LlamaCompletion:
                   "tokens_predicted": len(seq.tokens), "tokens_evaluated": len(seq.prompt),
                   "generation_settings": self.settings,
                   "prompt": self.job.prompt_text, "has_new_line": "\n" in seq.completion_text(),
-                  "truncated": False, "stop_type": stop_type, "stopping_word": "",
+                  "truncated": task.n_shifts > 0, "stop_type": stop_type, "stopping_word": "",
                   "tokens_cached": task.n_cached, "timings": self.timings()}
         if self.options.n_probs > 0 and not streamed:   # a stream sent them with its chunks
             answer["completion_probabilities"] = self.probabilities(seq.logprobs)
@@ -134,6 +134,7 @@ def register(app: FastAPI, state: ServerState) -> None:
 
         return await serve(request, sched, job.seq,
                            response=lambda t: answer(t).response(), chunks=answer,
+                           shift=fields.shift_options(body),
                            stream=fields.field(body, "stream", (bool,), False),
                            cache_prompt=cache_prompt, id_slot=id_slot, done_marker=False)
 

@@ -35,7 +35,8 @@ def not_embedding(state: ServerState) -> None:
 
 def prepare(fn, llm, kwargs: dict, state: ServerState):
     try:
-        return fn(llm, **kwargs, model=state.config.model_name, n_ctx=state.n_ctx_slot)
+        return fn(llm, **kwargs, model=state.config.model_name, n_ctx=state.n_ctx_slot,
+                  context_shift=state.config.context_shift)
     except (ValueError, TypeError) as e:  # template, grammar, prompt too long ...
         raise bad_request(str(e)) from None
 
@@ -58,13 +59,15 @@ def register(app: FastAPI, state: ServerState) -> None:
             seed = None if kwargs["seed"] is None else (kwargs["seed"] + i) % 2**32
             jobs.append(prepare(prepare_job, llm, dict(kwargs, seed=seed), state))
             jobs[-1].seq.t_max_predict_ms = fields.time_limit_ms(body)
+        shift = fields.shift_options(body)
         if n > 1:
             return await serve_choices(request, sched, jobs, stream=stream,
-                                       cache_prompt=cache_prompt, id_slot=id_slot)
+                                       cache_prompt=cache_prompt, id_slot=id_slot, shift=shift)
         job = jobs[0]
         return await serve(request, sched, job.seq, response=lambda t: job.response(),
                            chunks=lambda t: job.chunks(), stream=stream,
-                           cache_prompt=cache_prompt, id_slot=id_slot, done_marker=True)
+                           cache_prompt=cache_prompt, id_slot=id_slot, done_marker=True,
+                           shift=shift)
 
     async def chat(request: Request):
         return await generate(request, prepare_chat, fields.chat_kwargs)

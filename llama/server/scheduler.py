@@ -46,6 +46,9 @@ class Task:
     t_start: float = 0.0
     t_first: float = 0.0
     n_cached: int = 0             # prompt tokens taken from the cache (own or shared)
+    n_keep: int = 0               # llama-server's context shift: prompt tokens kept (-1 all)
+    n_discard: int = 0            # ... and tokens dropped (0: half of the rest)
+    n_shifts: int = 0
 
 
 @dataclass
@@ -75,8 +78,10 @@ class QueueFull(Exception):
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, n_slots: int, *, max_queue: int = 64):
+    def __init__(self, engine: Engine, n_slots: int, *, max_queue: int = 64,
+                 context_shift: bool = False):
         self.engine = engine
+        self.context_shift = context_shift
         self.pool = SlotPool(engine, n_slots)
         self.max_queue = max_queue
         self.stats = Stats()
@@ -270,9 +275,24 @@ class Scheduler:
             self._finish(slot)
             return
         slot.next_token = step.token
-        if self.engine.n_past(slot.id) + 1 > slot.n_ctx:
+        if self.engine.n_past(slot.id) + 1 > slot.n_ctx and not self._shift(slot):
             self._emit(task.sink, "step", task.seq.stop_for_context())
             self._finish(slot)
+
+    def _shift(self, slot: Slot) -> bool:
+        """llama-server's context shift, when it is on: keep n_keep tokens (after the BOS),
+        drop n_discard after them (half the rest by default) and go on."""
+        if not self.context_shift:
+            return False
+        task, n_past = slot.task, self.engine.n_past(slot.id)
+        bos = 1 if self.engine.ctx.model.vocab.add_bos else 0
+        n_keep = len(task.seq.prompt) if task.n_keep < 0 else task.n_keep + bos
+        n_keep = max(0, min(slot.n_ctx - 4, n_keep))
+        n_discard = task.n_discard or (n_past - n_keep) // 2
+        if not self.engine.shift_context(slot.id, n_keep, n_discard):
+            return False
+        task.n_shifts += 1
+        return True
 
     def _finish(self, slot: Slot) -> None:
         task = slot.task

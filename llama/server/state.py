@@ -35,7 +35,11 @@ class ServerState:
             vocab = self.llm.model.vocab
             self.eog_ids = sorted(vocab.eog_ids)
             self.scheduler = Scheduler(self.llm.engine, self.config.parallel,
-                                       max_queue=self.config.max_queue)
+                                       max_queue=self.config.max_queue,
+                                       context_shift=self.config.context_shift)
+            if self.config.context_shift and not self.llm.ctx.memory.can_shift:
+                log.warning("--context-shift: this model's cache cannot shift (an iSWA cache of two "
+                            "sizes, as llama.cpp); generations end at their slot's context")
             self.scheduler.start()
         except Exception as e:  # reported by /health; the server stays up to say so
             log.exception("loading the model failed")

@@ -78,3 +78,22 @@ def test_prefix_reuse_respects_the_sliding_window(gemma3_path):
         for i in range(0, len(toks), 512):
             assert fresh.decode(llama.Batch.from_tokens(toks[i:i + 512])) == 0
         assert np.abs(fresh.get_logits_ith(-1) - got).max() <= 1e-3
+
+
+def test_shift_context_moves_only_cells_of_its_own(smollm2_path):
+    """Engine.shift_context drops [n_keep, n_keep + n_discard) and moves the rest down; it
+    refuses (changing nothing) where a moved cell is shared with another sequence."""
+    import llama
+    from llama.api.engine import Engine
+
+    model = llama.Model.load(str(smollm2_path))
+    engine = Engine(llama.Context(model, n_ctx=256, n_seq_max=2))
+    tokens = model.tokenize("One two three four five six seven eight nine ten", add_special=True)
+    engine.prefill(0, tokens)
+    engine.ctx.memory.seq_cp(0, 1, 0, len(tokens))   # sequence 1 shares every cell
+    assert not engine.shift_context(0, 2, 3)
+    assert engine.cached[0] == tokens and engine.ctx.memory.seq_pos_max(0) == len(tokens) - 1
+    engine.ctx.memory.seq_rm(1, -1, -1)
+    assert engine.shift_context(0, 2, 3)
+    assert engine.cached[0] == tokens[:2] + tokens[5:]
+    assert engine.ctx.memory.seq_pos_max(0) == len(tokens) - 4

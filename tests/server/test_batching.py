@@ -61,3 +61,28 @@ def test_shared_system_prompt_is_stored_once(server):
     assert shared >= n_sys  # the system prompt (and the template around it) once
     assert cells.used == total_tokens - shared  # every shared cell counted once
     assert sorted(s["n_shared_cells"] for s in slots)[-2:] == [shared, shared]
+
+
+def test_context_shift(smollm2_path):
+    """--context-shift: a generation past its slot's context drops half of what is not kept
+    and goes on (llama-server's rule), where it would otherwise stop at the context; until
+    the first shift both give the same greedy tokens."""
+    from tests.server.conftest import running
+
+    body = {"prompt": "Once upon a time", "n_predict": 300, "temperature": 0, "ignore_eos": True,
+            "return_tokens": True, "cache_prompt": False}
+    with running(smollm2_path, parallel=1, ctx_size=256) as plain:
+        with plain.client() as c:
+            n_ctx = c.get("/props").json()["default_generation_settings"]["n_ctx"]
+            stopped = c.post("/completion", json=body).json()
+    with running(smollm2_path, parallel=1, ctx_size=256, context_shift=True) as shifting:
+        with shifting.client() as c:
+            shifted = c.post("/completion", json=body).json()
+            kept = c.post("/completion", json=dict(body, n_keep=-1, n_discard=20, n_predict=320)).json()
+            assert c.post("/completion", json=dict(body, n_keep=-2)).status_code == 400
+            assert c.get("/health").status_code == 200
+    n_prompt = stopped["tokens_evaluated"]
+    assert stopped["truncated"] is False and stopped["tokens_predicted"] == n_ctx - n_prompt < 300
+    assert shifted["truncated"] is True and shifted["tokens_predicted"] == 300
+    assert shifted["tokens"][:len(stopped["tokens"])] == stopped["tokens"]
+    assert kept["truncated"] is True and kept["tokens_predicted"] == 320
