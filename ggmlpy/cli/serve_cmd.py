@@ -58,6 +58,8 @@ def register(subparsers: Any) -> None:
     a("--chat-template-file", type=Path, default=None, help="a jinja chat template file")
     a("--context-shift", dest="context_shift", action="store_true", default=False)
     a("--no-context-shift", dest="context_shift", action="store_false")
+    a("--sse-ping-interval", type=int, default=30,
+      help="seconds a stream may stay silent before an SSE ping (-1: never; default 30)")
     a("--slot-save-path", default=None, help="directory for /slots save and restore")
     a("-cb", "--cont-batching", dest="cont_batching", action="store_true", default=True)
     a("-nocb", "--no-cont-batching", dest="cont_batching", action="store_false")
@@ -142,6 +144,7 @@ def config_from_args(args: argparse.Namespace):
         alias=args.alias, n_predict=args.n_predict, seed=args.seed, temp=args.temp,
         embedding=args.embedding, pooling=args.pooling, metrics=args.metrics, slots=args.slots,
         jinja=args.jinja, chat_template=template, context_shift=args.context_shift,
+        sse_ping_interval=args.sse_ping_interval,
         slot_save_path=args.slot_save_path, cont_batching=args.cont_batching,
         flash_attn=args.flash_attn, cache_type_k=args.cache_type_k,
         cache_type_v=args.cache_type_v, kv_unified=args.kv_unified, swa_full=args.swa_full,

@@ -56,10 +56,16 @@ async def watched(request: Request, scheduler: Scheduler, *tasks: Task | CallTas
         watcher.cancel()
 
 
-async def events(events_: Events) -> AsyncIterator[tuple[str, Any]]:
-    """The task's ("step", Step) events until "done"; an "error" raises its APIError."""
+async def events(events_: Events, ping_every: float | None = None
+                 ) -> AsyncIterator[tuple[str, Any]]:
+    """The task's ("step", Step) events until "done"; an "error" raises its APIError. With
+    `ping_every` (seconds), ("ping", None) after each such silence (a stream's keep-alive)."""
     while True:
-        kind, payload = await events_.queue.get()
+        try:
+            kind, payload = await asyncio.wait_for(events_.queue.get(), ping_every)
+        except asyncio.TimeoutError:
+            yield "ping", None
+            continue
         if kind == "error":
             raise payload
         yield kind, payload

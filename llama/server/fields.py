@@ -263,6 +263,13 @@ def nested_fields(paths: list[str], answer: dict) -> dict:
     return out
 
 
+def ping_interval(body: dict, config: ServerConfig) -> float | None:
+    """llama-server's sse_ping_interval (the server's --sse-ping-interval by default): the
+    seconds a stream may stay silent before a ":" comment line; None: never."""
+    seconds = field(body, "sse_ping_interval", (int,), config.sse_ping_interval)
+    return float(seconds) if seconds > 0 else None
+
+
 def shift_options(body: dict) -> tuple[int, int]:
     """llama-server's n_keep (prompt tokens kept when the context shifts, -1 all of them)
     and n_discard (tokens dropped then, 0 half of what is not kept)."""

@@ -29,15 +29,20 @@ async def read_body(request: Request, limit: int) -> dict:
     return body
 
 
+PING = ":\n\n"   # an SSE comment: llama-server's keep-alive, skipped by clients
+
+
 def sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
 async def serve(request: Request, scheduler, seq, *, response: Callable[[Task], dict],
                 chunks: Callable[[Task], Any], stream: bool, cache_prompt: bool, id_slot: int,
-                done_marker: bool, shift: tuple[int, int] = (0, 0)) -> Response:
+                done_marker: bool, shift: tuple[int, int] = (0, 0),
+                ping_every: float | None = None) -> Response:
     """`response(task)`: the whole answer once done; `chunks(task)`: the stream builder;
-    `shift`: the request's (n_keep, n_discard) for a context shift."""
+    `shift`: the request's (n_keep, n_discard) for a context shift; `ping_every`: seconds
+    of silence in a stream before an SSE ping (":", a comment clients skip)."""
     ev = Events()
     task = Task(seq, ev.sink, cache_prompt=cache_prompt, id_slot=id_slot, n_keep=shift[0],
                 n_discard=shift[1])
@@ -47,18 +52,20 @@ async def serve(request: Request, scheduler, seq, *, response: Callable[[Task], 
             async for _ in events(ev):
                 pass
         return JSONResponse(response(task))
-    return StreamingResponse(_stream(scheduler, task, ev, chunks(task), done_marker),
+    return StreamingResponse(_stream(scheduler, task, ev, chunks(task), done_marker, ping_every),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def _stream(scheduler, task: Task, ev: Events, chunks, done_marker: bool
-                  ) -> AsyncIterator[str]:
+async def _stream(scheduler, task: Task, ev: Events, chunks, done_marker: bool,
+                  ping_every: float | None = None) -> AsyncIterator[str]:
     try:
         for c in chunks.start():
             yield sse(c)
-        async for kind, payload in events(ev):
-            if kind == "step":
+        async for kind, payload in events(ev, ping_every):
+            if kind == "ping":
+                yield PING
+            elif kind == "step":
                 for c in chunks.feed(payload):
                     yield sse(c)
         for c in chunks.end():
@@ -72,7 +79,8 @@ async def _stream(scheduler, task: Task, ev: Events, chunks, done_marker: bool
 
 
 async def serve_choices(request: Request, scheduler, jobs: list, *, stream: bool,
-                        cache_prompt: bool, id_slot: int, shift: tuple[int, int] = (0, 0)) -> Response:
+                        cache_prompt: bool, id_slot: int, shift: tuple[int, int] = (0, 0),
+                        ping_every: float | None = None) -> Response:
     """OpenAI's `n` > 1: one task per choice (each a slot of its own, the first taking
     `id_slot`), answered as one response whose choices are indexed 0..n-1, with the usage
     of one prompt and every choice's tokens. `jobs`: llama.api's OpenAI jobs (builders)."""
@@ -92,7 +100,8 @@ async def serve_choices(request: Request, scheduler, jobs: list, *, stream: bool
                 async for _ in events(ev):
                     pass
         return JSONResponse(merge_choices([job.response() for job in jobs]))
-    return StreamingResponse(_stream_choices(scheduler, tasks, evs, [job.chunks() for job in jobs]),
+    return StreamingResponse(_stream_choices(scheduler, tasks, evs, [job.chunks() for job in jobs],
+                                             ping_every),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -112,8 +121,8 @@ def _summed_usage(usages: list[dict]) -> dict:
             "total_tokens": usages[0]["prompt_tokens"] + completion}
 
 
-async def _stream_choices(scheduler, tasks: list[Task], evs: list[Events], builders: list
-                          ) -> AsyncIterator[str]:
+async def _stream_choices(scheduler, tasks: list[Task], evs: list[Events], builders: list,
+                          ping_every: float | None = None) -> AsyncIterator[str]:
     """The choices' chunks as they come (each under the first choice's id, with its own
     index), one usage chunk at the end when asked for, then [DONE]."""
     merged: asyncio.Queue = asyncio.Queue()
@@ -142,7 +151,11 @@ async def _stream_choices(scheduler, tasks: list[Task], evs: list[Events], build
                 yield chunk_of(i, c)
         remaining = len(tasks)
         while remaining:
-            i, kind, payload = await merged.get()
+            try:
+                i, kind, payload = await asyncio.wait_for(merged.get(), ping_every)
+            except asyncio.TimeoutError:
+                yield PING
+                continue
             if kind == "error":
                 raise payload
             if kind == "done":

@@ -135,6 +135,7 @@ def register(app: FastAPI, state: ServerState) -> None:
         return await serve(request, sched, job.seq,
                            response=lambda t: answer(t).response(), chunks=answer,
                            shift=fields.shift_options(body),
+                           ping_every=fields.ping_interval(body, cfg),
                            stream=fields.field(body, "stream", (bool,), False),
                            cache_prompt=cache_prompt, id_slot=id_slot, done_marker=False)
 

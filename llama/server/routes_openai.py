@@ -62,12 +62,13 @@ def register(app: FastAPI, state: ServerState) -> None:
         shift = fields.shift_options(body)
         if n > 1:
             return await serve_choices(request, sched, jobs, stream=stream,
-                                       cache_prompt=cache_prompt, id_slot=id_slot, shift=shift)
+                                       cache_prompt=cache_prompt, id_slot=id_slot, shift=shift,
+                                       ping_every=fields.ping_interval(body, cfg))
         job = jobs[0]
         return await serve(request, sched, job.seq, response=lambda t: job.response(),
                            chunks=lambda t: job.chunks(), stream=stream,
                            cache_prompt=cache_prompt, id_slot=id_slot, done_marker=True,
-                           shift=shift)
+                           shift=shift, ping_every=fields.ping_interval(body, cfg))
 
     async def chat(request: Request):
         return await generate(request, prepare_chat, fields.chat_kwargs)

@@ -116,3 +116,21 @@ def test_full_queue_answers_503(smollm2_path):
             assert r.status_code == 503 and r.headers["Retry-After"]
             assert r.json()["error"]["type"] == "unavailable_error"
             assert running_one.result(60) == 200 and queued.result(60) == 200
+
+
+def test_a_silent_stream_is_pinged(server):
+    """sse_ping_interval: a stream waiting for a slot gets ":" comment lines (llama-server's
+    keep-alive) every second, and then its chunks as usual."""
+    busy = {"prompt": "Count: 1, 2, 3,", "n_predict": 400, "ignore_eos": True, "temperature": 0}
+    with server.client() as c:
+        _wait_idle(c)
+        with ThreadPoolExecutor(4) as ex:
+            holders = [ex.submit(c.post, "/completion", json=busy) for _ in range(4)]
+            deadline = time.monotonic() + 20
+            while _busy_slots(c) < 4 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            lines = c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3, "stream": True,
+                                                    "sse_ping_interval": 1}).text.splitlines()
+            assert all(h.result().status_code == 200 for h in holders)
+    first_data = next(i for i, line in enumerate(lines) if line.startswith("data: "))
+    assert ":" in lines[:first_data] and lines[-2:] == ["data: [DONE]", ""]
