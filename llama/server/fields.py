@@ -226,6 +226,7 @@ class ResponseOptions:
     response_fields: list[str] | None = None   # keep only these (paths like "timings/prompt_n")
     n_probs: int = 0                   # `completion_probabilities`: the top n_probs per token
     post_sampling_probs: bool = False  # ... as the chain's final probabilities ("prob")
+    return_progress: bool = False      # streamed prompt_progress chunks while the prompt decodes
 
 
 def response_options(body: dict) -> ResponseOptions:
@@ -235,7 +236,8 @@ def response_options(body: dict) -> ResponseOptions:
     return ResponseOptions(field(body, "return_tokens", (bool,), False),
                            field(body, "timings_per_token", (bool,), False), wanted or None,
                            field(body, "n_probs", (int,), 0),
-                           field(body, "post_sampling_probs", (bool,), False))
+                           field(body, "post_sampling_probs", (bool,), False),
+                           field(body, "return_progress", (bool,), False))
 
 
 def time_limit_ms(body: dict) -> float:

@@ -30,6 +30,7 @@ async def read_body(request: Request, limit: int) -> dict:
 
 
 PING = ":\n\n"   # an SSE comment: llama-server's keep-alive, skipped by clients
+Progress = Callable[[Task, dict], dict]   # a task and its prompt_progress -> the chunk
 
 
 def sse(obj: Any) -> str:
@@ -39,32 +40,37 @@ def sse(obj: Any) -> str:
 async def serve(request: Request, scheduler, seq, *, response: Callable[[Task], dict],
                 chunks: Callable[[Task], Any], stream: bool, cache_prompt: bool, id_slot: int,
                 done_marker: bool, shift: tuple[int, int] = (0, 0),
-                ping_every: float | None = None) -> Response:
+                ping_every: float | None = None, progress: Progress | None = None) -> Response:
     """`response(task)`: the whole answer once done; `chunks(task)`: the stream builder;
     `shift`: the request's (n_keep, n_discard) for a context shift; `ping_every`: seconds
-    of silence in a stream before an SSE ping (":", a comment clients skip)."""
+    of silence in a stream before an SSE ping (":", a comment clients skip); `progress`:
+    the chunk of a prompt_progress (llama-server's return_progress), in streams only."""
     ev = Events()
     task = Task(seq, ev.sink, cache_prompt=cache_prompt, id_slot=id_slot, n_keep=shift[0],
-                n_discard=shift[1])
+                n_discard=shift[1], return_progress=stream and progress is not None)
     submit(scheduler, task)  # a full queue is a 503 before any byte is sent
     if not stream:
         async with watched(request, scheduler, task):
             async for _ in events(ev):
                 pass
         return JSONResponse(response(task))
-    return StreamingResponse(_stream(scheduler, task, ev, chunks(task), done_marker, ping_every),
+    return StreamingResponse(_stream(scheduler, task, ev, chunks(task), done_marker, ping_every,
+                                     progress),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 async def _stream(scheduler, task: Task, ev: Events, chunks, done_marker: bool,
-                  ping_every: float | None = None) -> AsyncIterator[str]:
+                  ping_every: float | None = None, progress: Progress | None = None
+                  ) -> AsyncIterator[str]:
     try:
         for c in chunks.start():
             yield sse(c)
         async for kind, payload in events(ev, ping_every):
             if kind == "ping":
                 yield PING
+            elif kind == "progress":
+                yield sse(progress(task, payload))
             elif kind == "step":
                 for c in chunks.feed(payload):
                     yield sse(c)
@@ -80,13 +86,14 @@ async def _stream(scheduler, task: Task, ev: Events, chunks, done_marker: bool,
 
 async def serve_choices(request: Request, scheduler, jobs: list, *, stream: bool,
                         cache_prompt: bool, id_slot: int, shift: tuple[int, int] = (0, 0),
-                        ping_every: float | None = None) -> Response:
+                        ping_every: float | None = None, progress: Progress | None = None) -> Response:
     """OpenAI's `n` > 1: one task per choice (each a slot of its own, the first taking
     `id_slot`), answered as one response whose choices are indexed 0..n-1, with the usage
     of one prompt and every choice's tokens. `jobs`: llama.api's OpenAI jobs (builders)."""
     evs = [Events() for _ in jobs]
     tasks = [Task(job.seq, ev.sink, cache_prompt=cache_prompt, id_slot=id_slot if i == 0 else -1,
-                  n_keep=shift[0], n_discard=shift[1]) for i, (job, ev) in enumerate(zip(jobs, evs))]
+                  n_keep=shift[0], n_discard=shift[1], return_progress=stream and progress is not None)
+             for i, (job, ev) in enumerate(zip(jobs, evs))]
     try:
         for task in tasks:
             submit(scheduler, task)
@@ -101,7 +108,7 @@ async def serve_choices(request: Request, scheduler, jobs: list, *, stream: bool
                     pass
         return JSONResponse(merge_choices([job.response() for job in jobs]))
     return StreamingResponse(_stream_choices(scheduler, tasks, evs, [job.chunks() for job in jobs],
-                                             ping_every),
+                                             ping_every, progress),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -122,7 +129,8 @@ def _summed_usage(usages: list[dict]) -> dict:
 
 
 async def _stream_choices(scheduler, tasks: list[Task], evs: list[Events], builders: list,
-                          ping_every: float | None = None) -> AsyncIterator[str]:
+                          ping_every: float | None = None, progress: Progress | None = None
+                          ) -> AsyncIterator[str]:
     """The choices' chunks as they come (each under the first choice's id, with its own
     index), one usage chunk at the end when asked for, then [DONE]."""
     merged: asyncio.Queue = asyncio.Queue()
@@ -158,6 +166,9 @@ async def _stream_choices(scheduler, tasks: list[Task], evs: list[Events], build
                 continue
             if kind == "error":
                 raise payload
+            if kind == "progress":
+                yield chunk_of(i, progress(tasks[i], payload))
+                continue
             if kind == "done":
                 remaining -= 1
             for c in builders[i].end() if kind == "done" else builders[i].feed(payload):

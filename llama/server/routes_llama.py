@@ -70,6 +70,11 @@ class LlamaCompletion:
         return [{**one(e.token, e.piece, e.logprob),
                  "top_probs" if post else "top_logprobs": [one(*t) for t in e.top]} for e in entries]
 
+    def progress(self, info: dict) -> dict:
+        """A chunk of llama-server's prompt processing progress (return_progress)."""
+        return {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": self.task.slot,
+                "prompt_progress": info}
+
     def end(self) -> list[dict]:
         final = self.response(streamed=True)
         final["content"] = ""
@@ -136,6 +141,8 @@ def register(app: FastAPI, state: ServerState) -> None:
                            response=lambda t: answer(t).response(), chunks=answer,
                            shift=fields.shift_options(body),
                            ping_every=fields.ping_interval(body, cfg),
+                           progress=(lambda t, info: answer(t).progress(info))
+                           if options.return_progress else None,
                            stream=fields.field(body, "stream", (bool,), False),
                            cache_prompt=cache_prompt, id_slot=id_slot, done_marker=False)
 

@@ -44,7 +44,7 @@ def prepare(fn, llm, kwargs: dict, state: ServerState):
 def register(app: FastAPI, state: ServerState) -> None:
     cfg = state.config
 
-    async def generate(request: Request, prepare_job, request_kwargs):
+    async def generate(request: Request, prepare_job, request_kwargs, chunk_object: str):
         """A chat or text completion: the request's fields -> a job in a slot -> its answer."""
         body = await read_body(request, cfg.body_limit)
         llm, sched = state.ready()
@@ -59,22 +59,28 @@ def register(app: FastAPI, state: ServerState) -> None:
             seed = None if kwargs["seed"] is None else (kwargs["seed"] + i) % 2**32
             jobs.append(prepare(prepare_job, llm, dict(kwargs, seed=seed), state))
             jobs[-1].seq.t_max_predict_ms = fields.time_limit_ms(body)
-        shift = fields.shift_options(body)
+        shift, ping_every = fields.shift_options(body), fields.ping_interval(body, cfg)
+        progress = None
+        if fields.field(body, "return_progress", (bool,), False):
+            def progress(task, info: dict) -> dict:   # llama-server's, with no choices
+                cid, created, model = jobs[0].meta
+                return {"id": cid, "object": chunk_object, "created": created, "model": model,
+                        "choices": [], "prompt_progress": info}
         if n > 1:
             return await serve_choices(request, sched, jobs, stream=stream,
                                        cache_prompt=cache_prompt, id_slot=id_slot, shift=shift,
-                                       ping_every=fields.ping_interval(body, cfg))
+                                       ping_every=ping_every, progress=progress)
         job = jobs[0]
         return await serve(request, sched, job.seq, response=lambda t: job.response(),
                            chunks=lambda t: job.chunks(), stream=stream,
                            cache_prompt=cache_prompt, id_slot=id_slot, done_marker=True,
-                           shift=shift, ping_every=fields.ping_interval(body, cfg))
+                           shift=shift, ping_every=ping_every, progress=progress)
 
     async def chat(request: Request):
-        return await generate(request, prepare_chat, fields.chat_kwargs)
+        return await generate(request, prepare_chat, fields.chat_kwargs, "chat.completion.chunk")
 
     async def completions(request: Request):
-        return await generate(request, prepare_completion, fields.completion_kwargs)
+        return await generate(request, prepare_completion, fields.completion_kwargs, "text_completion")
 
     async def embeddings(request: Request):
         body = await read_body(request, cfg.body_limit)

@@ -49,6 +49,7 @@ class Task:
     n_keep: int = 0               # llama-server's context shift: prompt tokens kept (-1 all)
     n_discard: int = 0            # ... and tokens dropped (0: half of the rest)
     n_shifts: int = 0
+    return_progress: bool = False  # llama-server's: ("progress", dict) events while the prompt decodes
 
 
 @dataclass
@@ -186,6 +187,7 @@ class Scheduler:
         for slot, (_, toks, want), row in zip(slots, items, rows):
             if slot.next_token is None:
                 slot.n_prompt_done += len(toks)
+                self._progress(slot)
             if row is not None:
                 self._advance(slot, row)
         self.stats.t_sampling += time.perf_counter() - t1
@@ -209,8 +211,19 @@ class Scheduler:
             self.pool.assign(slot, task, cache_prompt=task.cache_prompt)
             task.slot, task.t_start, task.n_cached = slot.id, time.perf_counter(), slot.n_prompt_done
             self.stats.n_requests += 1
+            self._progress(slot)
             if task.seq.finished:  # max_tokens 0
                 self._finish(slot)
+
+    def _progress(self, slot: Slot) -> None:
+        """llama-server's prompt_progress: total, cache (tokens the cache held), processed
+        (tokens in the cache now, the cached ones included) and time_ms since the start."""
+        task = slot.task
+        if task.return_progress:
+            self._emit(task.sink, "progress", {
+                "total": len(task.seq.prompt), "cache": task.n_cached,
+                "processed": slot.n_prompt_done,
+                "time_ms": (time.perf_counter() - task.t_start) * 1000})
 
     def _take(self, task: Task | CallTask) -> bool:
         with self._cond:

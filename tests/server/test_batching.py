@@ -86,3 +86,35 @@ def test_context_shift(smollm2_path):
     assert shifted["truncated"] is True and shifted["tokens_predicted"] == 300
     assert shifted["tokens"][:len(stopped["tokens"])] == stopped["tokens"]
     assert kept["truncated"] is True and kept["tokens_predicted"] == 320
+
+
+def test_prompt_progress_is_streamed(smollm2_path):
+    """return_progress: while a long prompt decodes in chunks of n_batch, its stream gets
+    llama-server's prompt_progress (processed counting up to total, the cache included),
+    then the tokens; the OpenAI streams carry them in chunks without choices."""
+    import json
+
+    from tests.server.conftest import running
+
+    prompt = "The quick brown fox jumps over the lazy dog. " * 30
+    with running(smollm2_path, parallel=1, ctx_size=1024, batch_size=64) as server:
+        with server.client() as c:
+            body = {"prompt": prompt, "n_predict": 4, "stream": True, "return_progress": True,
+                    "cache_prompt": False}
+            lines = [json.loads(line[6:]) for line in c.post("/completion", json=body).text.splitlines()
+                     if line.startswith("data: ")]
+            chat = [json.loads(line[6:]) for line in c.post("/v1/completions", json={
+                "prompt": prompt, "max_tokens": 4, "stream": True, "return_progress": True,
+                "cache_prompt": False}).text.splitlines() if line.startswith("data: {")]
+            quiet = c.post("/completion", json=dict(body, return_progress=False)).text
+    progress = [chunk["prompt_progress"] for chunk in lines if "prompt_progress" in chunk]
+    total = lines[-1]["tokens_evaluated"]
+    assert len(progress) >= total // 64 + 1 and all(p["total"] == total for p in progress)
+    done = [p["processed"] for p in progress]
+    assert done == sorted(done) and done[0] == 0 and done[-1] == total
+    first_text = next(i for i, chunk in enumerate(lines) if chunk.get("content"))
+    assert all("prompt_progress" in chunk for chunk in lines[:first_text])
+    oai = [chunk for chunk in chat if "prompt_progress" in chunk]
+    assert len(oai) == len(progress) and all(chunk["choices"] == [] for chunk in oai)
+    assert chat[-1]["choices"][0]["finish_reason"] == "length"
+    assert "prompt_progress" not in quiet
