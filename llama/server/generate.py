@@ -135,9 +135,9 @@ async def _stream_choices(scheduler, tasks: list[Task], evs: list[Events], build
     index), one usage chunk at the end when asked for, then [DONE]."""
     merged: asyncio.Queue = asyncio.Queue()
 
-    async def pump(i: int, ev: Events) -> None:
+    async def pump(i: int, ev: Events) -> None:   # only the first choice's stream pings
         try:
-            async for kind, payload in events(ev):
+            async for kind, payload in events(ev, ping_every if i == 0 else None):
                 await merged.put((i, kind, payload))
         except APIError as e:
             await merged.put((i, "error", e))
@@ -159,9 +159,8 @@ async def _stream_choices(scheduler, tasks: list[Task], evs: list[Events], build
                 yield chunk_of(i, c)
         remaining = len(tasks)
         while remaining:
-            try:
-                i, kind, payload = await asyncio.wait_for(merged.get(), ping_every)
-            except asyncio.TimeoutError:
+            i, kind, payload = await merged.get()
+            if kind == "ping":
                 yield PING
                 continue
             if kind == "error":
