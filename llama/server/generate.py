@@ -94,6 +94,8 @@ async def serve_choices(request: Request, scheduler, jobs: list, *, stream: bool
     tasks = [Task(job.seq, ev.sink, cache_prompt=cache_prompt, id_slot=id_slot if i == 0 else -1,
                   n_keep=shift[0], n_discard=shift[1], return_progress=stream and progress is not None)
              for i, (job, ev) in enumerate(zip(jobs, evs))]
+    for task in tasks[1:]:
+        task.parent = tasks[0]   # they start from its prompt cells once it has decoded them
     try:
         for task in tasks:
             submit(scheduler, task)

@@ -50,6 +50,7 @@ class Task:
     n_discard: int = 0            # ... and tokens dropped (0: half of the rest)
     n_shifts: int = 0
     return_progress: bool = False  # llama-server's: ("progress", dict) events while the prompt decodes
+    parent: "Task | None" = None   # another choice of the same prompt (n > 1), whose cells it shares
 
 
 @dataclass
@@ -202,18 +203,32 @@ class Scheduler:
                 if self._take(task):
                     self._run_call(task)
                 continue
-            slot = self.pool.pick(task.seq.prompt, cache_prompt=task.cache_prompt,
-                                  id_slot=task.id_slot)
+            if self._parent_reading(task):
+                continue
+            share = task.cache_prompt or task.parent is not None
+            slot = self.pool.pick(task.seq.prompt, cache_prompt=task.cache_prompt, id_slot=task.id_slot)
             if slot is None:
                 continue
             if not self._take(task):
                 continue
-            self.pool.assign(slot, task, cache_prompt=task.cache_prompt)
+            self.pool.assign(slot, task, cache_prompt=share)
             task.slot, task.t_start, task.n_cached = slot.id, time.perf_counter(), slot.n_prompt_done
             self.stats.n_requests += 1
             self._progress(slot)
             if task.seq.finished:  # max_tokens 0
                 self._finish(slot)
+
+    def _parent_reading(self, task: Task) -> bool:
+        """A further choice waits while the first one still decodes their prompt, then
+        starts from its cells (seq_cp, as llama-server copies the first slot's state): the
+        prompt is decoded once for every choice but its last token."""
+        parent = task.parent
+        if parent is None or parent.cancelled or parent.seq.finished:
+            return False
+        if parent.slot is None:
+            return True
+        slot = self.pool.slots[parent.slot]
+        return slot.task is parent and not slot.generating
 
     def _progress(self, slot: Slot) -> None:
         """llama-server's prompt_progress: total, cache (tokens the cache held), processed

@@ -187,8 +187,12 @@ def test_n_choices(oai, server):
     fresh = {"cache_prompt": False}   # every prompt decoded from the start: the same logits
     one = [oai.chat.completions.create(model="smol", messages=msgs, max_tokens=10, temperature=1.0,
                                        seed=11 + i, extra_body=fresh) for i in range(3)]
+    stats = server.state.scheduler.stats
+    before = stats.n_prompt_tokens
     three = oai.chat.completions.create(model="smol", messages=msgs, max_tokens=10, temperature=1.0,
                                         seed=11, n=3, extra_body=fresh)
+    # the first choice decodes the prompt; the others share its cells but for the last token
+    assert stats.n_prompt_tokens - before == three.usage.prompt_tokens + 2
     assert [c.index for c in three.choices] == [0, 1, 2]
     assert [c.message.content for c in three.choices] == [o.choices[0].message.content for o in one]
     assert len({c.message.content for c in three.choices}) > 1
