@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import ChainMap
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -36,9 +36,13 @@ from llama.kshift import build_k_shift
 from llama.kv_cache import KV_TYPES, KVCache
 from llama.kv_cache_iswa import KVCacheISWA
 from llama.kv_cells import SEQ_BLOCK
+from llama.lora_scales import LoraScales
 from llama.model import Model
 from llama.pooling import PoolingType, batch_layout, check_supported, pool, resolve_pooling
 from llama.single_token import generation_ubatch
+
+if TYPE_CHECKING:
+    from llama.adapter import LoraAdapter
 
 log = logging.getLogger("llama.context")
 
@@ -131,6 +135,7 @@ class Context:
         self._out_view: tuple | None = None  # (buffer, tensor, env, rows) of the last logits
         self._reusable: tuple | None = None  # (graph, params) that passed the reuse check
         self._weights = model.weight_arrays()
+        self.lora_scales = LoraScales()  # the adapters this context applies (set_adapter_lora)
         # embeddings: every token is an output and its row is t_embd (n_embd wide), no logits
         self.embeddings = embeddings
         self.pooling_type = resolve_pooling(pooling_type, model.gguf.metadata, hp.arch)
@@ -166,7 +171,7 @@ class Context:
 
     # graphs -----------------------------------------------------------------------------------
     def build_graph(self, params: GraphParams) -> BuiltGraph:
-        g = LlmGraph(self.model, self.kv_layout, params)
+        g = LlmGraph(self.model, self.kv_layout, params, lora_scales=self.lora_scales)
         return g.finish(self.model.arch.build(g))
 
     def _compile(self, built: BuiltGraph) -> CompiledGraph:
@@ -195,12 +200,23 @@ class Context:
         self._reserve_graphs()
         self.compile_ms = (time.perf_counter() - t0) * 1000
 
-    def _reserve_graphs(self) -> None:
+    def _reserve_graphs(self, loras: tuple[int, ...] = ()) -> None:
         for n_tokens in (self.n_ubatch, 1):
             params = GraphParams("single" if n_tokens == 1 else "multi", False, self.n_ctx,
-                                 embeddings=self.embeddings)
-            built = self.build_graph(params)
-            self._built[params] = (built, self._compile(built))
+                                 embeddings=self.embeddings, loras=loras)
+            if params not in self._built:
+                built = self.build_graph(params)
+                self._built[params] = (built, self._compile(built))
+
+    def reserve_lora_graphs(self, ids: tuple[int, ...] | None = None) -> None:
+        """Compile the prompt and one-token graphs with these adapters (default: those now
+        applied to every sequence), as the context did at creation without any, so that
+        the first decode with them compiles nothing."""
+        if ids is None:
+            ids = tuple(a.id for a, s in self.lora_scales.context.items() if s != 0.0)
+        t0 = time.perf_counter()
+        self._reserve_graphs(tuple(sorted(ids)))
+        self.compile_ms += (time.perf_counter() - t0) * 1000
 
     def _graph_for(self, params: GraphParams) -> tuple[BuiltGraph, CompiledGraph]:
         """llama.cpp's reuse of the previous graph (counted in n_reused); otherwise the graph
@@ -314,11 +330,43 @@ class Context:
 
     def _params_for(self, ub: UBatch) -> GraphParams:
         """GraphParams.for_ubatch, one object per value (the reuse check compares them)."""
-        key = (is_single(ub), ub.embd is not None)
+        loras = self.lora_scales.active(ub)
+        key = (is_single(ub), ub.embd is not None, loras)
         params = self._params.get(key)
         if params is None:
-            params = self._params[key] = GraphParams.for_ubatch(ub, self.n_ctx, self.embeddings)
+            params = self._params[key] = GraphParams.for_ubatch(ub, self.n_ctx, self.embeddings, loras)
         return params
+
+    # LoRA adapters (llama.cpp's llama_set_adapter_lora and friends) ---------------------------
+    def set_adapter_lora(self, adapter: "LoraAdapter", scale: float = 1.0) -> None:
+        """Apply a model's adapter to every sequence with `scale` (again: a new scale). The
+        cache keeps what earlier tokens computed without it, as in llama.cpp."""
+        self._check_adapter(adapter)
+        self.lora_scales.set(adapter, scale)
+
+    def rm_adapter_lora(self, adapter: "LoraAdapter") -> bool:
+        """Stop applying an adapter; False if it was not applied."""
+        return self.lora_scales.remove(adapter)
+
+    def clear_adapter_lora(self) -> None:
+        self.lora_scales.clear()
+
+    def set_seq_adapters_lora(self, seq_id: int, scales: "dict[LoraAdapter, float] | None") -> None:
+        """Adapters for one sequence only, overriding the context's (an adapter left out gets
+        0); None: the context's again. Sequences with different adapters still share a
+        decode (the scales are per token)."""
+        if not 0 <= seq_id < self.n_seq_max:
+            raise ValueError(f"seq_id {seq_id} is out of range [0, {self.n_seq_max})")
+        for adapter in scales or {}:
+            self._check_adapter(adapter)
+        self.lora_scales.set_seq(seq_id, scales)
+
+    def _check_adapter(self, adapter: "LoraAdapter") -> None:
+        loras = self.model.loras
+        if not (0 <= adapter.id < len(loras) and loras[adapter.id] is adapter):
+            raise ValueError(f"{adapter!r} was not loaded for this context's model (Model.load_lora)")
+        if adapter.arrays().keys() - self._weights.keys():
+            self._weights = self.model.weight_arrays()  # loaded after this context was made
 
     def _output_rows(self, store: TensorStore, out: Tensor, env: dict[str, int]) -> np.ndarray:
         """The logits tensor as [n_outputs, n_vocab]. A graph that leaves them in the same

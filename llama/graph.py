@@ -18,6 +18,7 @@ from llama.graph_inputs import (
     GraphInput, GraphParams, InpAttnKV, InpEmbd, InpOutIds, InpPos, InpTokens,
 )
 from llama.hparams import HParams
+from llama.lora_scales import InpLoraScale, LoraScales, output_leaf, token_leaf
 from llama.weights import TensorLoadError, WeightRef
 
 if TYPE_CHECKING:
@@ -78,6 +79,9 @@ class LlmGraph:
     inputs: list[GraphInput] = field(default_factory=list)
     _leaves: dict[str, Tensor] = field(default_factory=dict)
     t_embd: Tensor | None = None  # the final normed hidden states, as llama.cpp's res->t_embd
+    # the context's adapter scales; the graph adapts the products of params.loras' adapters
+    lora_scales: LoraScales | None = None
+    _lora_inputs: dict[int, InpLoraScale] = field(default_factory=dict)
 
     @property
     def hp(self) -> HParams:
@@ -108,7 +112,15 @@ class LlmGraph:
             return self.b.input("inp_embd", GGMLType.F32, (self.hp.n_embd, N_TOKENS))
         self.inputs.append(InpTokens())
         tokens = self.b.input("inp_tokens", GGMLType.I32, (N_TOKENS,))
-        return self.cb(self.b.get_rows(self.w(tok_embd), tokens), "inp_embd")
+        cur = self.b.get_rows(self.w(tok_embd), tokens)
+        for adapter in self.loras():
+            lw = adapter.token_embd
+            if lw is None:
+                continue
+            # the embedding's pair is stored transposed: A's rows are looked up by token
+            delta = self.b.mul_mat(self.w(lw.b), self.b.get_rows(self.w(lw.a), tokens))
+            cur = self.b.add(cur, self._lora_scaled(delta, adapter, lw.alpha_scale))
+        return self.cb(cur, "inp_embd")
 
     def build_inp_pos(self) -> Tensor:
         self.inputs.append(InpPos())
@@ -158,8 +170,44 @@ class LlmGraph:
         return cur
 
     def build_lora_mm(self, w: WeightRef, cur: Tensor, bias: WeightRef | None = None) -> Tensor:
+        """w·cur, plus s·B·(A·cur) for every adapter of the ubatch that adapts w (llama.cpp's
+        build_lora_mm), then the bias."""
         out = self.b.mul_mat(self.w(w), cur)
+        for adapter in self.loras():
+            lw = adapter.matrix(w.name)
+            if lw is not None:
+                ab = self.b.mul_mat(self.w(lw.b), self.b.mul_mat(self.w(lw.a), cur))
+                out = self.b.add(out, self._lora_scaled(ab, adapter, lw.alpha_scale))
         return self.b.add(out, self.w(bias)) if bias is not None else out
+
+    # LoRA ------------------------------------------------------------------------------------
+    def loras(self) -> list:
+        """The adapters this graph applies (the ubatch's, params.loras), in id order."""
+        if not self.params.loras:
+            return []
+        return [self.model.loras[i] for i in self.params.loras]
+
+    def _lora_scaled(self, t: Tensor, adapter, alpha_scale: float) -> Tensor:
+        """t [n, cols] times each column's token scale (an input: scales change no graph)
+        and the pair's alpha/r."""
+        if self.lora_scales is None:
+            raise ValueError("a graph with LoRA adapters needs the context's scales (lora_scales)")
+        inp = self._lora_inputs.get(adapter.id)
+        if inp is None:
+            inp = self._lora_inputs[adapter.id] = InpLoraScale(adapter, self.lora_scales)
+            self.inputs.append(inp)
+        cols = t.ne[1]
+        if cols == N_TOKENS:
+            name = token_leaf(adapter.id)
+        elif cols == N_OUTPUTS:
+            name, inp.outputs = output_leaf(adapter.id), True
+        else:
+            raise ValueError(f"a LoRA product over {cols} columns: expected n_tokens or n_outputs")
+        leaf = self._leaves.get(name)
+        if leaf is None:
+            leaf = self._leaves[name] = self.b.input(name, GGMLType.F32, (1, cols))
+        scaled = self.b.mul(t, leaf)
+        return scaled if alpha_scale == 1.0 else self.b.scale(scaled, alpha_scale)
 
     def build_ffn(self, cur: Tensor, up: WeightRef, up_b: WeightRef | None, gate: WeightRef | None,
                   gate_b: WeightRef | None, down: WeightRef, down_b: WeightRef | None,

@@ -26,11 +26,14 @@ class GraphParams:
     # the output is t_embd (the normed hidden states, llama.cpp's embeddings context), not
     # the logits: a different topology, so a different signature and compiled graph
     embeddings: bool = False
+    # the model's LoRA adapters (by id) some token of the ubatch uses (llama/lora_scales.py)
+    loras: tuple[int, ...] = ()
 
     @staticmethod
-    def for_ubatch(ub: "UBatch", kv_size: int, embeddings: bool = False) -> "GraphParams":
+    def for_ubatch(ub: "UBatch", kv_size: int, embeddings: bool = False,
+                   loras: tuple[int, ...] = ()) -> "GraphParams":
         return GraphParams("single" if is_single(ub) else "multi", ub.embd is not None, kv_size,
-                           embeddings=embeddings)
+                           embeddings=embeddings, loras=loras)
 
 
 def is_single(ub: "UBatch") -> bool:

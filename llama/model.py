@@ -20,6 +20,7 @@ import numpy as np
 from ggmlpy.gguf import GGUFFile
 from ggmlpy.hub import resolve_model
 from ggmlpy.sched.placement import Placement, make_device_backend, parse_devices
+from llama.adapter import LoraAdapter, load_lora
 from llama.arch import Architecture, get_arch
 from ggmlpy.quants.validate import can_validate, validate_tensor
 from llama.hparams import HParams, MetadataReader, load_common
@@ -55,6 +56,7 @@ class Model:
         # what backends derive from the weights once per model (the CPU backend's repacked
         # weights), shared by every context
         self.backend_cache: dict = {}
+        self.loras: list[LoraAdapter] = []  # adapters loaded for this model, by id
 
     @classmethod
     def load(cls, path: str | os.PathLike, n_gpu_layers: int = 0, vocab_only: bool = False,
@@ -137,8 +139,20 @@ class Model:
 
     # weights ----------------------------------------------------------------------------------
     def weight_arrays(self) -> dict[str, np.ndarray]:
-        """Every weight's bytes by name, zero-copy from the memory map."""
-        return {name: info.data for name, info in self.gguf.tensors.items()}
+        """Every weight's bytes by name, zero-copy from the memory map; the adapters' too."""
+        out = {name: info.data for name, info in self.gguf.tensors.items()}
+        for adapter in self.loras:
+            out.update(adapter.arrays())
+        return out
+
+    def load_lora(self, path: str | os.PathLike) -> LoraAdapter:
+        """Load a LoRA adapter for this model (llama_adapter_lora_init); contexts apply it
+        with Context.set_adapter_lora. Raises LoraError naming the file and tensor."""
+        if self.w is None:
+            raise ValueError("the model was loaded with vocab_only=True: it has no weights to adapt")
+        adapter = load_lora(self, path, len(self.loras))
+        self.loras.append(adapter)
+        return adapter
 
     def weight_refs(self) -> list[WeightRef]:
         refs = [r for r in vars(self.w).values() if r is not None] if self.w else []
@@ -177,6 +191,8 @@ class Model:
         return view
 
     def close(self) -> None:
+        for adapter in self.loras:
+            adapter.close()
         self.gguf.close()
 
     def __repr__(self) -> str:

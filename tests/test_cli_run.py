@@ -169,24 +169,48 @@ def test_run_dry_and_sampler_order(tiny_path):
     assert ids("--temp", "1.5", "--seed", "3", "--samplers", "top_k", "--top-k", "1") == greedy
 
 
-def test_run_greedy_tiny_matches_api(tiny_path):
-    model = llama.Model.load(tiny_path)
-    ctx = llama.Context(model, n_ctx=256)
-    ids = model.tokenize("the", parse_special=True)
-    ctx.decode(llama.Batch.from_tokens(ids))
+def _greedy_ids(model: llama.Model, ctx: llama.Context, prompt: str, n: int) -> list[int]:
+    """What `run --temp 0 -n n` should print: argmax ids until n or an end-of-generation."""
+    ctx.decode(llama.Batch.from_tokens(model.tokenize(prompt, parse_special=True)))
     expect = []
-    for _ in range(6):
+    for _ in range(n):
         tok = int(np.argmax(ctx.get_logits_ith(-1)))
         if model.vocab.is_eog(tok):
             break
         expect.append(tok)
         ctx.decode(llama.Batch.from_tokens([tok]))
+    return expect
+
+
+def test_run_greedy_tiny_matches_api(tiny_path):
+    model = llama.Model.load(tiny_path)
+    expect = _greedy_ids(model, llama.Context(model, n_ctx=256), "the", 6)
     rc, out, err = call("run", "-m", str(tiny_path), "-p", "the", "-n", "6", "--temp", "0",
                         "-c", "256", "--json")
     assert rc == 0, err
     got = json.loads(out)
     assert got["ids"] == expect
     assert got["stop_reason"] == ("length" if len(expect) == 6 else "eog")
+
+
+def test_run_lora_matches_api(tiny_path, tmp_path):
+    """--lora-scaled: the ids of a Context with the adapter at that scale; a missing file is
+    one line naming it."""
+    from ggmlpy.testing.lora import write_lora
+    adapter = write_lora(tiny_path, tmp_path / "lora.gguf", rank=4, magnitude=3.0)
+    model = llama.Model.load(tiny_path)
+    ctx = llama.Context(model, n_ctx=256)
+    ctx.set_adapter_lora(model.load_lora(adapter), 0.5)
+    expect = _greedy_ids(model, ctx, "the", 6)
+    rc, out, err = call("run", "-m", str(tiny_path), "-p", "the", "-n", "6", "--temp", "0",
+                        "-c", "256", "--json", "--lora-scaled", f"{adapter}:0.5")
+    assert rc == 0, err
+    assert json.loads(out)["ids"] == expect
+    rc, out, err = call("run", "-m", str(tiny_path), "-p", "the", "-n", "6", "--temp", "0",
+                        "-c", "256", "--json")
+    assert json.loads(out)["ids"] != expect   # the adapter changed them
+    rc, out, err = call("run", "-m", str(tiny_path), "-p", "the", "--lora", str(tmp_path / "no.gguf"))
+    assert rc == 1 and "no such LoRA adapter file" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("option, value, message", [

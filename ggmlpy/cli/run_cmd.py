@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ggmlpy.cli.lora_args import add_lora_args
 from ggmlpy.cli.placement_args import add_placement_args, placement_kwargs
 from ggmlpy.hub import DEFAULT_MODEL, KNOWN_MODELS
 from llama.context import Context
@@ -37,6 +38,7 @@ def register(subparsers: Any) -> None:
         "run", help="generate text from a prompt",
         description="Generate text from a prompt and print llama.cpp-style timings on stderr.")
     add_model_arg(p)
+    add_lora_args(p)
     p.add_argument("-p", "--prompt", required=True, help="the prompt (special tokens are parsed)")
     p.add_argument("-n", "--n-predict", type=int, default=DEFAULT_N_PREDICT,
                    help=f"tokens to generate; -1 = until end of generation or a full context "
@@ -113,6 +115,10 @@ def run(args: argparse.Namespace) -> int:
                            samplers=(args.samplers.split(";") if args.samplers is not None
                                      else args.sampling_seq))
     ctx = Context(model, n_ctx=args.n_ctx, n_threads=args.threads, backend=args.backend)
+    for path, scale in args.lora:   # llama-cli's: every adapter on the whole generation
+        ctx.set_adapter_lora(model.load_lora(path), scale)
+    if args.lora:
+        ctx.reserve_lora_graphs()
     load_ms = (time.perf_counter() - t_start) * 1000
     max_tokens = ctx.n_ctx if args.n_predict == -1 else args.n_predict
 

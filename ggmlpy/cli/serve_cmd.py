@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ggmlpy.cli.lora_args import add_lora_args
+
 
 def _on_off(value: str) -> str:
     v = value.lower()
@@ -74,6 +76,9 @@ def register(subparsers: Any) -> None:
     a("--body-limit", type=int, default=8 << 20, help="largest request body in bytes (ggmlpy)")
     a("--cors-origin", action="append", default=[], help="allow CORS from this origin (ggmlpy)")
     a("--backend", default=None, help="compute backend by name (ggmlpy)")
+    add_lora_args(p)
+    a("--lora-init-without-apply", action="store_true",
+      help="load the adapters with scale 0 (apply them with POST /lora-adapters)")
     r = p.add_argument_group("replicas on Ray Serve (pip install 'ggmlpy[ray]'; docs/distributed.md)")
     r.add_argument("--ray", action="store_true",
                    help="serve replicas of the model on Ray Serve behind one endpoint")
@@ -149,7 +154,8 @@ def config_from_args(args: argparse.Namespace):
         flash_attn=args.flash_attn, cache_type_k=args.cache_type_k,
         cache_type_v=args.cache_type_v, kv_unified=args.kv_unified, swa_full=args.swa_full,
         offline=args.offline, webui=not args.no_webui, backend=args.backend,
-        max_queue=args.max_queue, body_limit=args.body_limit, cors_origins=args.cors_origin)
+        max_queue=args.max_queue, body_limit=args.body_limit, cors_origins=args.cors_origin,
+        lora=args.lora, lora_init_without_apply=args.lora_init_without_apply)
 
 
 def run(args: argparse.Namespace) -> int:

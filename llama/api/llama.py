@@ -46,7 +46,7 @@ DRY_BREAKER_LISTS = 16  # breaker lists whose token sequences a Llama keeps
 # so a program that passes them explicitly still runs, and one that relies on them is told
 _UNSUPPORTED_DEFAULTS: dict[str, Any] = {
     "split_mode": 1, "main_gpu": 0, "rpc_servers": None, "numa": False, "lora_base": None,
-    "lora_path": None, "lora_scale": 1.0, "rope_scaling_type": -1, "yarn_ext_factor": -1.0,
+    "rope_scaling_type": -1, "yarn_ext_factor": -1.0,
     "yarn_attn_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0,
     "yarn_orig_ctx": 0, "offload_kqv": True, "op_offload": None,
     "no_perf": False, "last_n_tokens_size": 64, "chat_handler": None, "draft_model": None,
@@ -97,7 +97,8 @@ class Llama:
                  chat_format: str | None = None, chat_template: str | None = None,
                  n_seq_max: int = 1, backend: str | None = None, verbose: bool = True,
                  type_k: int | str | None = None, type_v: int | str | None = None,
-                 swa_full: bool | None = None, **kwargs: Any):
+                 swa_full: bool | None = None, lora_path: str | None = None,
+                 lora_scale: float = 1.0, **kwargs: Any):
         for name, value in kwargs.items():
             if name not in _UNSUPPORTED_DEFAULTS:
                 raise TypeError(f"Llama() got an unexpected keyword argument {name!r}")
@@ -150,6 +151,12 @@ class Llama:
                                 n_ubatch=min(n_ubatch, n_batch), n_seq_max=n_seq_max,
                                 n_threads=threads, n_threads_batch=n_threads_batch or threads,
                                 backend=backend, **ctx_options)
+        if lora_path:
+            with progress.stage("loading the LoRA adapter"):
+                # as llama-cpp-python: the adapter applies to everything this Llama decodes
+                self._ctx.set_adapter_lora(self._model.load_lora(lora_path), lora_scale)
+                self._ctx.reserve_lora_graphs()
+        self.lora_path, self.lora_scale = lora_path, lora_scale
         self.engine = Engine(self._ctx)
         with progress.stage("warming up"):
             self.engine.warmup()  # as llama.cpp's common init: weights repacked now, not on the first call

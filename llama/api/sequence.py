@@ -135,6 +135,16 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def n_indent(self) -> int:
+        """llama-server's n_indent: the text ends at a line (after the first) indented by
+        fewer spaces or tabs (TextStream); 0 = off."""
+        return self.text.n_indent
+
+    @n_indent.setter
+    def n_indent(self, value: int) -> None:
+        self.text.n_indent = value
+
     def input_ids(self) -> np.ndarray:
         return np.array(self.prompt + self.tokens, dtype=np.intc)
 
@@ -169,8 +179,8 @@ class Sequence:
         piece = self.piece_of(token)
         text = self.text.push(piece)
         reason = None
-        if self.text.stopped:
-            reason = "stop"
+        if self.text.stopped:   # a stop string, or llama-server's n_indent (a limit)
+            reason = "length" if self.text.cut_by_indent else "stop"
         elif self.grammar is not None and self.grammar.is_finished():
             reason = "stop"
         elif len(self.tokens) >= self.max_tokens or self._past_time_limit(piece):

@@ -5,6 +5,13 @@ character split across tokens, or the first characters of a stop string that the
 may complete ("a partial stop match is never streamed out"). `TextStream` holds such a tail
 back and releases it once it can no longer change. The streamed pieces concatenate to
 exactly the text a non-streamed call returns, because both are cut from the same buffer.
+
+llama-server's `n_indent` is a cut of the same kind: with n_indent > 0, the text ends where
+a line after the first starts with fewer than n_indent spaces or tabs (the line's
+whitespace is kept, its first other character and everything after it is not; an empty
+line's other character is its newline, so it ends the text too, as in llama-server). A line's
+leading whitespace is held back until that character arrives, so the cut is never
+streamed (llama-server has already sent it; its non-streamed text is the same as here).
 """
 from __future__ import annotations
 
@@ -52,6 +59,9 @@ class TextStream:
         self.released = 0  # bytes handed out
         self.end: int | None = None  # where the text ends when a stop string was found
         self.token_ends: list[int] = []
+        self.n_indent = 0            # llama-server's minimum indentation of lines after the first
+        self.cut_by_indent = False   # the end is n_indent's, not a stop string's
+        self._line = 0               # where the line being checked starts (0: the first line)
 
     @property
     def stopped(self) -> bool:
@@ -68,7 +78,33 @@ class TextStream:
             self.end = hit
             return self._release(hit)
         safe = len(self.buf) - stop_prefix_len(self.buf, self.stops) if self.stops else len(self.buf)
+        if self.n_indent > 0:
+            cut = self._under_indented()
+            if cut is not None:
+                self.end, self.cut_by_indent = cut, True
+                return self._release(cut)
+            if self._line > 0 and not self.buf[self._line:].strip(b" \t"):
+                safe = min(safe, self._line)   # the line's indentation is not known yet
         return self._release(complete_utf8_end(self.buf, safe))
+
+    def _under_indented(self) -> int | None:
+        """Where a line (after the first) starts with fewer than n_indent spaces or tabs:
+        the offset of its first other character, or None. Each line is checked once."""
+        buf = self.buf
+        while True:
+            start = self._line
+            if start > 0:
+                pos = start
+                while pos < len(buf) and buf[pos] in b" \t":
+                    pos += 1
+                if pos == len(buf):
+                    return None          # only whitespace so far: wait for the next piece
+                if pos - start < self.n_indent:
+                    return pos
+            nl = buf.find(b"\n", start)
+            if nl < 0:
+                return None
+            self._line = nl + 1
 
     def finish(self) -> str:
         return self._release(self.text_end)

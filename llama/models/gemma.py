@@ -61,7 +61,7 @@ def build(g: LlmGraph) -> Tensor:
         inp_l = g.cb(b.add(cur, sa_out), "l_out", il)
 
     cur = g.cb(g.build_norm(inp_l, m.w.output_norm, None, NormType.RMS), "result_norm")
-    return b.mul_mat(g.w(m.w.tok_embd), cur)
+    return g.build_lora_mm(m.w.tok_embd, cur)
 
 
 register(Architecture("gemma", load_hparams, tensors, build))

@@ -89,7 +89,7 @@ def build(g: LlmGraph) -> Tensor:
         inp_l = g.cb(b.add(cur, sa_out), "l_out", il)
 
     cur = g.cb(g.build_norm(inp_l, m.w.output_norm, None, NormType.RMS), "result_norm")
-    logits = b.mul_mat(g.w(m.w.tok_embd), cur)
+    logits = g.build_lora_mm(m.w.tok_embd, cur)
     cap = hp.f_final_logit_softcapping
     return b.scale(b.tanh(b.scale(logits, 1.0 / cap)), cap)
 

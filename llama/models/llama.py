@@ -54,7 +54,7 @@ def build(g: LlmGraph) -> Tensor:
         inp_l = g.cb(b.add(cur, ffn_inp), "l_out", il)
 
     cur = g.cb(g.build_norm(inp_l, m.w.output_norm, None, NormType.RMS), "result_norm")
-    return b.mul_mat(g.w(m.w.output or m.w.tok_embd), cur)
+    return g.build_lora_mm(m.w.output or m.w.tok_embd, cur)
 
 
 register(Architecture("llama", load_hparams, tensors, build))

@@ -39,6 +39,9 @@ class ServerConfig:
     offline: bool = False
     webui: bool = False
     backend: str | None = None
+    # LoRA adapters (--lora, --lora-scaled): (path, scale) in the order given, ids 0, 1, ...
+    lora: list[tuple[str, float]] = field(default_factory=list)
+    lora_init_without_apply: bool = False  # loaded with scale 0 (POST /lora-adapters applies them)
     max_queue: int = 64           # requests waiting for a slot; beyond: 503
     body_limit: int = 8 << 20     # bytes of a request body; beyond: 413
     cors_origins: list[str] = field(default_factory=list)

@@ -6,6 +6,7 @@ server's (`--temp`, `--seed`, `-n`), not llama-cpp-python's, as llama-server's a
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -240,6 +241,12 @@ def response_options(body: dict) -> ResponseOptions:
                            field(body, "return_progress", (bool,), False))
 
 
+def n_indent(body: dict) -> int:
+    """llama-server's n_indent: the least indentation of a line after the first (0 or
+    less: off); see llama/api/text_stream.py."""
+    return field(body, "n_indent", (int,), 0)
+
+
 def time_limit_ms(body: dict) -> float:
     """llama-server's t_max_predict_ms (0: none)."""
     value = field(body, "t_max_predict_ms", (int,), 0)
@@ -293,7 +300,40 @@ def slot_options(body: dict, n_slots: int) -> tuple[bool, int]:
     return cache_prompt, id_slot
 
 
-def generation_settings(body: dict, config: ServerConfig) -> dict:
+def lora_scales(body: dict, server_scales: tuple[float, ...]) -> tuple[float, ...]:
+    """A request's adapter scales, by adapter id: llama-server's `lora` field, where an
+    adapter left out gets 0; without the field, the server's (--lora, POST /lora-adapters)."""
+    if body.get("lora") is None:
+        return server_scales
+    return parse_lora_list(body["lora"], len(server_scales), "lora")
+
+
+def parse_lora_list(value: Any, n_adapters: int, name: str) -> tuple[float, ...]:
+    """[{"id": 0, "scale": 0.5}, ...] -> the scale of every adapter (0 where left out).
+    llama-server skips an unknown id; here it is a 400 naming the entry."""
+    if not isinstance(value, list):
+        raise bad_request(f"'{name}' must be an array of objects with 'id' and 'scale' fields")
+    scales = [0.0] * n_adapters
+    for i, entry in enumerate(value):
+        if not isinstance(entry, dict):
+            raise bad_request(f"'{name}[{i}]' must be an object with 'id' and 'scale' fields")
+        adapter_id, scale = entry.get("id"), entry.get("scale", 0.0)
+        if isinstance(adapter_id, bool) or not isinstance(adapter_id, int):
+            raise bad_request(f"'{name}[{i}].id' must be an integer, got {adapter_id!r}")
+        if not 0 <= adapter_id < n_adapters:
+            raise bad_request(f"'{name}[{i}].id' {adapter_id} is not a loaded LoRA adapter "
+                              f"(the server has {n_adapters})")
+        if isinstance(scale, bool) or not isinstance(scale, NUMBER) or not math.isfinite(scale):
+            raise bad_request(f"'{name}[{i}].scale' must be a finite number, got {scale!r}")
+        scales[adapter_id] = float(scale)
+    return tuple(scales)
+
+
+def lora_json(scales: tuple[float, ...]) -> list[dict]:
+    return [{"id": i, "scale": s} for i, s in enumerate(scales)]
+
+
+def generation_settings(body: dict, config: ServerConfig, server_lora: tuple[float, ...] = ()) -> dict:
     """A request's sampling settings by llama-server's names (its answers'
     `generation_settings`; `/props` gives those of an empty request)."""
     out = {k: v for k, v in sampling(body, config, []).items()
@@ -303,4 +343,5 @@ def generation_settings(body: dict, config: ServerConfig) -> dict:
     n_predict = max_tokens(body, config)
     return {"n_predict": -1 if n_predict is None else n_predict,
             "seed": field(body, "seed", (int,), config.seed), **out,
-            "stop": stop_strings(body) or []}
+            "stop": stop_strings(body) or [], "n_indent": n_indent(body),
+            "lora": lora_json(lora_scales(body, server_lora))}

@@ -16,7 +16,8 @@ from llama.server.errors import APIError, bad_request
 from llama.server.scheduler import Task
 
 
-async def read_body(request: Request, limit: int) -> dict:
+async def read_body(request: Request, limit: int, *, array: bool = False) -> Any:
+    """The JSON body: an object (a list too where `array`), else a 400."""
     raw = await request.body()
     if len(raw) > limit:
         raise APIError(413, f"the request body exceeds {limit} bytes")
@@ -24,8 +25,10 @@ async def read_body(request: Request, limit: int) -> dict:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise bad_request(f"the request body is not valid JSON: {e}") from None
+    if array and isinstance(body, list):
+        return body
     if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
+        raise bad_request("the request body must be a JSON " + ("array" if array else "object"))
     return body
 
 
@@ -40,14 +43,16 @@ def sse(obj: Any) -> str:
 async def serve(request: Request, scheduler, seq, *, response: Callable[[Task], dict],
                 chunks: Callable[[Task], Any], stream: bool, cache_prompt: bool, id_slot: int,
                 done_marker: bool, shift: tuple[int, int] = (0, 0),
-                ping_every: float | None = None, progress: Progress | None = None) -> Response:
+                ping_every: float | None = None, progress: Progress | None = None,
+                lora: tuple[float, ...] = ()) -> Response:
     """`response(task)`: the whole answer once done; `chunks(task)`: the stream builder;
     `shift`: the request's (n_keep, n_discard) for a context shift; `ping_every`: seconds
     of silence in a stream before an SSE ping (":", a comment clients skip); `progress`:
-    the chunk of a prompt_progress (llama-server's return_progress), in streams only."""
+    the chunk of a prompt_progress (llama-server's return_progress), in streams only;
+    `lora`: the scale of every LoRA adapter (fields.lora_scales)."""
     ev = Events()
     task = Task(seq, ev.sink, cache_prompt=cache_prompt, id_slot=id_slot, n_keep=shift[0],
-                n_discard=shift[1], return_progress=stream and progress is not None)
+                n_discard=shift[1], return_progress=stream and progress is not None, lora=lora)
     submit(scheduler, task)  # a full queue is a 503 before any byte is sent
     if not stream:
         async with watched(request, scheduler, task):
@@ -86,13 +91,15 @@ async def _stream(scheduler, task: Task, ev: Events, chunks, done_marker: bool,
 
 async def serve_choices(request: Request, scheduler, jobs: list, *, stream: bool,
                         cache_prompt: bool, id_slot: int, shift: tuple[int, int] = (0, 0),
-                        ping_every: float | None = None, progress: Progress | None = None) -> Response:
+                        ping_every: float | None = None, progress: Progress | None = None,
+                        lora: tuple[float, ...] = ()) -> Response:
     """OpenAI's `n` > 1: one task per choice (each a slot of its own, the first taking
     `id_slot`), answered as one response whose choices are indexed 0..n-1, with the usage
     of one prompt and every choice's tokens. `jobs`: llama.api's OpenAI jobs (builders)."""
     evs = [Events() for _ in jobs]
     tasks = [Task(job.seq, ev.sink, cache_prompt=cache_prompt, id_slot=id_slot if i == 0 else -1,
-                  n_keep=shift[0], n_discard=shift[1], return_progress=stream and progress is not None)
+                  n_keep=shift[0], n_discard=shift[1], return_progress=stream and progress is not None,
+                  lora=lora)
              for i, (job, ev) in enumerate(zip(jobs, evs))]
     for task in tasks[1:]:
         task.parent = tasks[0]   # they start from its prompt cells once it has decoded them

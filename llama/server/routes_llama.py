@@ -1,5 +1,6 @@
 """llama-server's own endpoints: /health, /completion, /tokenize, /detokenize,
-/apply-template, /embedding, /props, /slots, /slots/{id}, /metrics, with its shapes."""
+/apply-template, /embedding, /props, /slots, /slots/{id}, /lora-adapters, /metrics, with
+its shapes."""
 from __future__ import annotations
 
 import math
@@ -131,8 +132,9 @@ def register(app: FastAPI, state: ServerState) -> None:
         options = fields.response_options(body)
         job = prepare(prepare_completion, llm, kwargs, state)   # checks the fields first
         job.seq.t_max_predict_ms = fields.time_limit_ms(body)
+        job.seq.n_indent = fields.n_indent(body)
         job.seq.post_sampling_probs = options.post_sampling_probs
-        settings = fields.generation_settings(body, cfg)
+        settings = fields.generation_settings(body, cfg, state.lora_scales)
 
         def answer(task: Task) -> LlamaCompletion:
             return LlamaCompletion(job, task, cfg.model_name, options, settings)
@@ -144,7 +146,8 @@ def register(app: FastAPI, state: ServerState) -> None:
                            progress=(lambda t, info: answer(t).progress(info))
                            if options.return_progress else None,
                            stream=fields.field(body, "stream", (bool,), False),
-                           cache_prompt=cache_prompt, id_slot=id_slot, done_marker=False)
+                           cache_prompt=cache_prompt, id_slot=id_slot, done_marker=False,
+                           lora=fields.lora_scales(body, state.lora_scales))
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
@@ -213,7 +216,8 @@ def register(app: FastAPI, state: ServerState) -> None:
         except ValueError:
             template = ""
         return {"default_generation_settings": {"n_ctx": state.n_ctx_slot,
-                                                "params": fields.generation_settings({}, cfg)},
+                                                "params": fields.generation_settings(
+                                                    {}, cfg, state.lora_scales)},
                 "total_slots": cfg.parallel, "model_path": cfg.model, "model_alias": cfg.model_name,
                 "chat_template": template, "modalities": {"vision": False, "audio": False},
                 "build_info": "ggmlpy", "is_sleeping": False}
@@ -234,8 +238,28 @@ def register(app: FastAPI, state: ServerState) -> None:
                         "n_prompt_tokens": len(task.seq.prompt) if task else 0,
                         "n_decoded": len(task.seq.tokens) if task else 0,
                         "n_shared_prefix": slot.n_shared_in,
-                        "n_shared_cells": shared_cells(cells, slot.id)})
+                        "n_shared_cells": shared_cells(cells, slot.id),
+                        "lora": fields.lora_json(slot.lora)})
         return out
+
+    @app.get("/lora-adapters")
+    async def lora_adapters():
+        llm, _ = state.ready()
+        return [{"id": a.id, "path": str(a.path), "scale": s, "task_name": a.task_name,
+                 "prompt_prefix": a.prompt_prefix}
+                for a, s in zip(llm.model.loras, state.lora_scales)]
+
+    @app.post("/lora-adapters")
+    async def set_lora_adapters(request: Request):
+        """The server's scales for the requests that come after (an adapter left out gets
+        0, as llama-server's); requests already running keep theirs."""
+        body = await read_body(request, cfg.body_limit, array=True)
+        _, sched = state.ready()
+        if not isinstance(body, list):
+            raise bad_request("Request body must be an array")
+        scales = fields.parse_lora_list(body, len(state.lora_scales), "body")
+        await run_call(request, sched, lambda: state.set_lora_scales(scales))
+        return {"success": True}
 
     @app.post("/slots/{slot_id}")
     async def slot_action(slot_id: int, request: Request, action: str = ""):
@@ -256,6 +280,8 @@ def register(app: FastAPI, state: ServerState) -> None:
                 return {"id_slot": slot_id, "n_erased": sched.pool.erase(slot)}
             fn = slot_files.save if action == "save" else slot_files.restore
             out = fn(sched.engine, slot_id, path)
+            if action == "restore":
+                slot.lora = ()  # scales unknown: a request with adapters reuses none of it
             ms = (time.perf_counter() - t0) * 1000
             return {"id_slot": slot_id, "filename": path.name, **out,
                     "timings": {f"{action}_ms": ms}}

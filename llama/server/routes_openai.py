@@ -59,7 +59,9 @@ def register(app: FastAPI, state: ServerState) -> None:
             seed = None if kwargs["seed"] is None else (kwargs["seed"] + i) % 2**32
             jobs.append(prepare(prepare_job, llm, dict(kwargs, seed=seed), state))
             jobs[-1].seq.t_max_predict_ms = fields.time_limit_ms(body)
+            jobs[-1].seq.n_indent = fields.n_indent(body)
         shift, ping_every = fields.shift_options(body), fields.ping_interval(body, cfg)
+        lora = fields.lora_scales(body, state.lora_scales)
         progress = None
         if fields.field(body, "return_progress", (bool,), False):
             def progress(task, info: dict) -> dict:   # llama-server's, with no choices
@@ -69,12 +71,12 @@ def register(app: FastAPI, state: ServerState) -> None:
         if n > 1:
             return await serve_choices(request, sched, jobs, stream=stream,
                                        cache_prompt=cache_prompt, id_slot=id_slot, shift=shift,
-                                       ping_every=ping_every, progress=progress)
+                                       ping_every=ping_every, progress=progress, lora=lora)
         job = jobs[0]
         return await serve(request, sched, job.seq, response=lambda t: job.response(),
                            chunks=lambda t: job.chunks(), stream=stream,
                            cache_prompt=cache_prompt, id_slot=id_slot, done_marker=True,
-                           shift=shift, ping_every=ping_every, progress=progress)
+                           shift=shift, ping_every=ping_every, progress=progress, lora=lora)
 
     async def chat(request: Request):
         return await generate(request, prepare_chat, fields.chat_kwargs, "chat.completion.chunk")

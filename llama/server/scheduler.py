@@ -51,6 +51,7 @@ class Task:
     n_shifts: int = 0
     return_progress: bool = False  # llama-server's: ("progress", dict) events while the prompt decodes
     parent: "Task | None" = None   # another choice of the same prompt (n > 1), whose cells it shares
+    lora: tuple[float, ...] = ()   # the scale of every LoRA adapter, by id (fields.lora_scales)
 
 
 @dataclass
@@ -206,7 +207,8 @@ class Scheduler:
             if self._parent_reading(task):
                 continue
             share = task.cache_prompt or task.parent is not None
-            slot = self.pool.pick(task.seq.prompt, cache_prompt=task.cache_prompt, id_slot=task.id_slot)
+            slot = self.pool.pick(task.seq.prompt, cache_prompt=task.cache_prompt, id_slot=task.id_slot,
+                                  lora=task.lora)
             if slot is None:
                 continue
             if not self._take(task):

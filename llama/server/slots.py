@@ -5,6 +5,12 @@ prompt (`cache_prompt`), so a chat's next turn re-reads nothing. Beyond llama-se
 another slot (busy or idle) holds a longer prefix of the prompt, its cells are shared into
 the chosen slot with `seq_cp`: a system prompt common to many clients is stored and
 decoded once. Sliding-window caches drop old cells, so sharing is off for them.
+
+Cached cells hold what the slot's LoRA scales made of the prompt (its `lora`): a request
+with other scales reuses no prefix computed with different ones, its own slot's or another's
+(llama-server clears the slot's cache on such a change). The slot's scales are its
+sequence's in the context (Context.set_seq_adapters_lora), so slots with different
+adapters still decode in one batch, where llama-server batches only equal ones.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ class Slot:
     next_token: int | None = None  # the sampled token to decode next step
     last_used: int = 0
     n_shared_in: int = 0          # prompt tokens taken from another slot's cells
+    lora: tuple[float, ...] = ()  # the LoRA scales its cached cells were computed with
     params: dict = field(default_factory=dict)
 
     @property
@@ -63,7 +70,8 @@ class SlotPool:
     def idle(self) -> list[Slot]:
         return [s for s in self.slots if not s.busy]
 
-    def pick(self, prompt: list[int], *, cache_prompt: bool, id_slot: int = -1) -> Slot | None:
+    def pick(self, prompt: list[int], *, cache_prompt: bool, id_slot: int = -1,
+             lora: tuple[float, ...] = ()) -> Slot | None:
         """The idle slot for `prompt` (None if none is idle, or the asked one is busy)."""
         idle = self.idle()
         if id_slot >= 0:
@@ -71,17 +79,20 @@ class SlotPool:
         if not idle:
             return None
         if cache_prompt:
-            return max(idle, key=lambda s: (common_prefix(self.engine.cached[s.id], prompt),
-                                            -s.last_used))
+            return max(idle, key=lambda s: (common_prefix(self.engine.cached[s.id], prompt)
+                                            if s.lora == lora else 0, -s.last_used))
         return min(idle, key=lambda s: s.last_used)
 
     def assign(self, slot: Slot, task: Any, *, cache_prompt: bool) -> None:
         """Bind `task` to `slot` and make its cache hold the longest reusable prefix of the
         prompt: its own, or another slot's shared through `seq_cp`."""
         engine, prompt = self.engine, task.seq.prompt
-        keep = engine.reusable_prefix(slot.id, prompt) if cache_prompt else 0
+        same_lora = slot.lora == task.lora
+        keep = engine.reusable_prefix(slot.id, prompt) if cache_prompt and same_lora else 0
         engine.forget(slot.id, keep)
         slot.n_shared_in = 0
+        if engine.ctx.model.loras:
+            self._apply_lora(slot, task.lora)
         if cache_prompt and self.share_prefix:
             donor, n = self._best_donor(slot, prompt)
             if n > keep:
@@ -94,10 +105,16 @@ class SlotPool:
         slot.task, slot.n_prompt_done, slot.next_token = task, keep, None
         slot.last_used = self._clock
 
+    def _apply_lora(self, slot: Slot, scales: tuple[float, ...]) -> None:
+        adapters = self.engine.ctx.model.loras
+        self.engine.ctx.set_seq_adapters_lora(
+            slot.id, {adapters[i]: s for i, s in enumerate(scales) if s != 0.0})
+        slot.lora = scales
+
     def _best_donor(self, slot: Slot, prompt: list[int]) -> tuple[int, int]:
         best, n_best = -1, 0
         for other in self.slots:
-            if other.id == slot.id:
+            if other.id == slot.id or other.lora != slot.lora:
                 continue
             n = min(common_prefix(self.engine.cached[other.id], prompt), len(prompt) - 1)
             if n > n_best:

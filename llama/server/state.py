@@ -24,11 +24,15 @@ class ServerState:
     eog_ids: list[int] = field(default_factory=list)
     load_error: str | None = None
     loaded: threading.Event = field(default_factory=threading.Event)
+    # the server's adapter scales, by adapter id (--lora, POST /lora-adapters): a request
+    # without a `lora` field takes them as they are when it arrives
+    lora_scales: tuple[float, ...] = ()
 
     def load(self) -> None:
         """Load the model and start the scheduler (on a thread of its own)."""
         try:
             self.llm = load_llama(self.config)
+            self.set_lora_scales(load_adapters(self.llm, self.config))
             # DRY's breakers search an index of every token's text (0.25 s for SmolLM2): now, not
             # in the event loop on the first request that turns DRY on
             self.llm.dry_breakers(DEFAULT_BREAKERS)
@@ -46,6 +50,18 @@ class ServerState:
             self.load_error = str(e)
         finally:
             self.loaded.set()
+
+    def set_lora_scales(self, scales: tuple[float, ...]) -> None:
+        """The server's adapter scales: those of the requests that come without `lora`,
+        and the context's own (what /embedding computes with). On the worker thread once
+        the scheduler runs (a CallTask), as the context is its."""
+        ctx = self.llm.ctx
+        for adapter, scale in zip(self.llm.model.loras, scales):
+            if scale != 0.0:
+                ctx.set_adapter_lora(adapter, scale)
+            else:
+                ctx.rm_adapter_lora(adapter)
+        self.lora_scales = tuple(scales)
 
     def ready(self) -> tuple:
         """(llm, scheduler), or a 503 while loading / 500 if the load failed."""
@@ -78,6 +94,16 @@ def load_llama(config: ServerConfig):
                  seed=config.seed if config.seed >= 0 else 0xFFFFFFFF,
                  type_k=config.cache_type_k, type_v=config.cache_type_v,
                  swa_full=config.swa_full, backend=config.backend, verbose=False)
+
+
+def load_adapters(llm, config: ServerConfig) -> tuple[float, ...]:
+    """The --lora adapters, loaded for the model; their graphs (every adapter on) compiled
+    now rather than on the first request that uses them. Returns their scales."""
+    for path, _ in config.lora:
+        llm.model.load_lora(path)
+    if config.lora:
+        llm.ctx.reserve_lora_graphs(tuple(range(len(config.lora))))
+    return tuple(0.0 if config.lora_init_without_apply else scale for _, scale in config.lora)
 
 
 def safe_slot_file(config: ServerConfig, filename: object) -> Path:

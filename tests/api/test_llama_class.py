@@ -16,8 +16,8 @@ PROMPT = "The capital of France is"
 def test_constructor_takes_llama_cpp_python_keywords(smollm2_path):
     with pytest.raises(TypeError, match="no_such_option"):
         Llama(str(smollm2_path), no_such_option=1, vocab_only=True, verbose=False)
-    with pytest.raises(ValueError, match="lora_path"):
-        Llama(str(smollm2_path), lora_path="x.gguf", vocab_only=True, verbose=False)
+    with pytest.raises(ValueError, match="rpc_servers"):
+        Llama(str(smollm2_path), rpc_servers="host:50052", vocab_only=True, verbose=False)
     llm = Llama(str(smollm2_path), vocab_only=True, split_mode=1, offload_kqv=True, verbose=False)
     with pytest.raises(RuntimeError, match="vocab_only"):
         llm.n_ctx()

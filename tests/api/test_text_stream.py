@@ -80,3 +80,47 @@ def test_tokens_released_follow_the_released_bytes():
     assert s.tokens_released() == 1
     s.push(b"OP")
     assert s.stopped and s.tokens_released() == 3
+
+
+def _indent_reference(data: bytes, n_indent: int) -> int | None:
+    """Where llama-server's n_indent ends the text: the first character other than a space
+    or tab (its newline, for an empty line) of the first line after the first one indented
+    by fewer than n_indent."""
+    start = data.find(b"\n") + 1
+    while start > 0:
+        rest = data[start:]
+        body = rest.lstrip(b" \t")
+        if body and len(rest) - len(body) < n_indent:
+            return start + len(rest) - len(body)
+        nxt = data.find(b"\n", start)
+        start = nxt + 1 if nxt >= 0 else 0
+    return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("ab \t\né")), max_size=40), st.integers(1, 4),
+       st.lists(st.integers(0, 200), max_size=12))
+def test_n_indent_cuts_at_the_first_short_line_and_never_streams_it(text, n_indent, cuts):
+    stream = TextStream()
+    stream.n_indent = n_indent
+    out = []
+    pieces = _chunks(text.encode(), cuts)
+    for piece in pieces:
+        out.append(stream.push(piece))
+        if stream.stopped:
+            break
+    out.append(stream.finish())
+    cut = _indent_reference(text.encode(), n_indent)
+    want = text.encode() if cut is None else text.encode()[:cut]
+    assert "".join(out) == want.decode() == stream.text()
+    assert stream.cut_by_indent == (cut is not None) == stream.stopped
+
+
+def test_n_indent_holds_a_line_start_back_until_its_indentation_is_known():
+    stream = TextStream()
+    stream.n_indent = 4
+    assert stream.push(b"def f():\n  ") == "def f():\n"
+    assert stream.push(b"  x = 1\n") == "    x = 1\n"
+    assert stream.push(b"  ") == ""
+    assert stream.push(b"y = 2") == "  " and stream.cut_by_indent   # 2 < 4: the text ends
+    assert stream.text() == "def f():\n    x = 1\n  "

@@ -79,7 +79,7 @@ def forward(c: GGUFContents, cfg: Config, tokens: list[int]) -> np.ndarray:
             mlp = gemma_norm(mlp, w[p + "post_ffw_norm.weight"], cfg.rms_eps)
         x = x + mlp
     x = gemma_norm(x, w["output_norm.weight"], cfg.rms_eps)
-    logits = x @ w["token_embd.weight"].T
+    logits = x @ w.get("output.weight", w["token_embd.weight"]).T
     if cfg.final_softcap:
         logits = np.tanh(logits / cfg.final_softcap) * cfg.final_softcap
     return logits
