@@ -165,6 +165,35 @@ class Engine:
         self.cached[seq_id] = cached[:n_keep] + cached[n_keep + n_discard:]
         return True
 
+    def reuse_chunks(self, seq_id: int, prompt: list[int], n_past: int, min_chunk: int) -> int:
+        """llama-server's cache reuse (`n_cache_reuse`): past the common prefix (n_past
+        tokens), runs of at least `min_chunk` cached tokens that the prompt has further on
+        are moved to their new positions (seq_rm of what lies between, seq_add of the run;
+        keys re-rotated before the next decode) instead of being decoded again. Returns the
+        new n_past; the caller drops the cells after it (`forget`). Nothing moves where the
+        cache cannot shift, nor a run whose cells another sequence shares (a common
+        prefix), and the prompt's last token is always left to decode, for its logits."""
+        mem = self.ctx.memory
+        if min_chunk <= 0 or not mem.can_shift:
+            return n_past
+        cached = self.cached[seq_id]
+        head_c = head_p = n_past
+        end_p = len(prompt) - 1
+        while head_c < len(cached) and head_p < end_p:
+            n = 0
+            while (head_c + n < len(cached) and head_p + n < end_p
+                   and cached[head_c + n] == prompt[head_p + n]):
+                n += 1
+            if n >= min_chunk and not mem.seq_shared(seq_id, head_c, head_c + n):
+                mem.seq_rm(seq_id, head_p, head_c)
+                mem.seq_add(seq_id, head_c, head_c + n, head_p - head_c)
+                cached[head_p:head_p + n] = prompt[head_p:head_p + n]
+                head_c += n
+                head_p += n
+            else:
+                head_c += 1
+        return head_p
+
     def forget(self, seq_id: int, keep: int = 0) -> None:
         """Drop the cells of `seq_id` from position `keep` on."""
         self.ctx.memory.seq_rm(seq_id, keep, -1)

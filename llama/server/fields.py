@@ -291,13 +291,25 @@ def shift_options(body: dict) -> tuple[int, int]:
     return n_keep, n_discard
 
 
-def slot_options(body: dict, n_slots: int) -> tuple[bool, int]:
-    """(cache_prompt, id_slot) - llama-server's fields."""
+@dataclass(frozen=True)
+class SlotOptions:
+    """How a request uses the slots' caches: llama-server's `cache_prompt`, `id_slot` and
+    `n_cache_reuse` (chunks of at least that many cached tokens moved, not decoded again;
+    0: off), and the scale of every LoRA adapter (`lora`)."""
+
+    cache_prompt: bool = True
+    id_slot: int = -1
+    n_cache_reuse: int = 0
+    lora: tuple[float, ...] = ()
+
+
+def slot_options(body: dict, config: ServerConfig, server_lora: tuple[float, ...]) -> SlotOptions:
     cache_prompt = field(body, "cache_prompt", (bool,), True)
     id_slot = field(body, "id_slot", (int,), -1)
-    if id_slot >= n_slots:
-        raise bad_request(f"'id_slot' {id_slot} is not a slot (there are {n_slots})")
-    return cache_prompt, id_slot
+    if id_slot >= config.parallel:
+        raise bad_request(f"'id_slot' {id_slot} is not a slot (there are {config.parallel})")
+    return SlotOptions(cache_prompt, id_slot, field(body, "n_cache_reuse", (int,), config.cache_reuse),
+                       lora_scales(body, server_lora))
 
 
 def lora_scales(body: dict, server_scales: tuple[float, ...]) -> tuple[float, ...]:

@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from llama.server.bridge import Events, events, submit, watched
 from llama.server.errors import APIError, bad_request
+from llama.server.fields import SlotOptions
 from llama.server.scheduler import Task
 
 
@@ -41,18 +42,18 @@ def sse(obj: Any) -> str:
 
 
 async def serve(request: Request, scheduler, seq, *, response: Callable[[Task], dict],
-                chunks: Callable[[Task], Any], stream: bool, cache_prompt: bool, id_slot: int,
+                chunks: Callable[[Task], Any], stream: bool, slot: SlotOptions,
                 done_marker: bool, shift: tuple[int, int] = (0, 0),
-                ping_every: float | None = None, progress: Progress | None = None,
-                lora: tuple[float, ...] = ()) -> Response:
+                ping_every: float | None = None, progress: Progress | None = None) -> Response:
     """`response(task)`: the whole answer once done; `chunks(task)`: the stream builder;
     `shift`: the request's (n_keep, n_discard) for a context shift; `ping_every`: seconds
     of silence in a stream before an SSE ping (":", a comment clients skip); `progress`:
     the chunk of a prompt_progress (llama-server's return_progress), in streams only;
-    `lora`: the scale of every LoRA adapter (fields.lora_scales)."""
+    `slot`: the request's use of the slots' caches and its adapters."""
     ev = Events()
-    task = Task(seq, ev.sink, cache_prompt=cache_prompt, id_slot=id_slot, n_keep=shift[0],
-                n_discard=shift[1], return_progress=stream and progress is not None, lora=lora)
+    task = Task(seq, ev.sink, cache_prompt=slot.cache_prompt, id_slot=slot.id_slot, n_keep=shift[0],
+                n_discard=shift[1], return_progress=stream and progress is not None, lora=slot.lora,
+                n_cache_reuse=slot.n_cache_reuse)
     submit(scheduler, task)  # a full queue is a 503 before any byte is sent
     if not stream:
         async with watched(request, scheduler, task):
@@ -90,16 +91,16 @@ async def _stream(scheduler, task: Task, ev: Events, chunks, done_marker: bool,
 
 
 async def serve_choices(request: Request, scheduler, jobs: list, *, stream: bool,
-                        cache_prompt: bool, id_slot: int, shift: tuple[int, int] = (0, 0),
-                        ping_every: float | None = None, progress: Progress | None = None,
-                        lora: tuple[float, ...] = ()) -> Response:
+                        slot: SlotOptions, shift: tuple[int, int] = (0, 0),
+                        ping_every: float | None = None, progress: Progress | None = None) -> Response:
     """OpenAI's `n` > 1: one task per choice (each a slot of its own, the first taking
     `id_slot`), answered as one response whose choices are indexed 0..n-1, with the usage
     of one prompt and every choice's tokens. `jobs`: llama.api's OpenAI jobs (builders)."""
     evs = [Events() for _ in jobs]
-    tasks = [Task(job.seq, ev.sink, cache_prompt=cache_prompt, id_slot=id_slot if i == 0 else -1,
-                  n_keep=shift[0], n_discard=shift[1], return_progress=stream and progress is not None,
-                  lora=lora)
+    tasks = [Task(job.seq, ev.sink, cache_prompt=slot.cache_prompt,
+                  id_slot=slot.id_slot if i == 0 else -1, n_keep=shift[0], n_discard=shift[1],
+                  return_progress=stream and progress is not None, lora=slot.lora,
+                  n_cache_reuse=slot.n_cache_reuse)
              for i, (job, ev) in enumerate(zip(jobs, evs))]
     for task in tasks[1:]:
         task.parent = tasks[0]   # they start from its prompt cells once it has decoded them

@@ -125,7 +125,7 @@ def register(app: FastAPI, state: ServerState) -> None:
         llm, sched = state.ready()
         not_embedding(state)
         kwargs = fields.completion_kwargs(body, cfg, state.eog_ids)
-        cache_prompt, id_slot = fields.slot_options(body, cfg.parallel)
+        slot_options = fields.slot_options(body, cfg, state.lora_scales)
         if fields.n_choices(body, cfg.parallel) > 1:
             raise bad_request("several completions of one prompt (n_cmpl > 1) are served by "
                               "/v1/completions and /v1/chat/completions (n), not /completion")
@@ -146,8 +146,7 @@ def register(app: FastAPI, state: ServerState) -> None:
                            progress=(lambda t, info: answer(t).progress(info))
                            if options.return_progress else None,
                            stream=fields.field(body, "stream", (bool,), False),
-                           cache_prompt=cache_prompt, id_slot=id_slot, done_marker=False,
-                           lora=fields.lora_scales(body, state.lora_scales))
+                           slot=slot_options, done_marker=False)
 
     @app.post("/tokenize")
     async def tokenize(request: Request):

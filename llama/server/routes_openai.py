@@ -51,7 +51,7 @@ def register(app: FastAPI, state: ServerState) -> None:
         not_embedding(state)
         check_model(body, state)
         kwargs = request_kwargs(body, cfg, state.eog_ids)
-        cache_prompt, id_slot = fields.slot_options(body, cfg.parallel)
+        slot_options = fields.slot_options(body, cfg, state.lora_scales)
         n = fields.n_choices(body, cfg.parallel)
         stream = fields.field(body, "stream", (bool,), False)
         jobs = []
@@ -61,7 +61,6 @@ def register(app: FastAPI, state: ServerState) -> None:
             jobs[-1].seq.t_max_predict_ms = fields.time_limit_ms(body)
             jobs[-1].seq.n_indent = fields.n_indent(body)
         shift, ping_every = fields.shift_options(body), fields.ping_interval(body, cfg)
-        lora = fields.lora_scales(body, state.lora_scales)
         progress = None
         if fields.field(body, "return_progress", (bool,), False):
             def progress(task, info: dict) -> dict:   # llama-server's, with no choices
@@ -70,13 +69,13 @@ def register(app: FastAPI, state: ServerState) -> None:
                         "choices": [], "prompt_progress": info}
         if n > 1:
             return await serve_choices(request, sched, jobs, stream=stream,
-                                       cache_prompt=cache_prompt, id_slot=id_slot, shift=shift,
-                                       ping_every=ping_every, progress=progress, lora=lora)
+                                       slot=slot_options, shift=shift,
+                                       ping_every=ping_every, progress=progress)
         job = jobs[0]
         return await serve(request, sched, job.seq, response=lambda t: job.response(),
                            chunks=lambda t: job.chunks(), stream=stream,
-                           cache_prompt=cache_prompt, id_slot=id_slot, done_marker=True,
-                           shift=shift, ping_every=ping_every, progress=progress, lora=lora)
+                           slot=slot_options, done_marker=True,
+                           shift=shift, ping_every=ping_every, progress=progress)
 
     async def chat(request: Request):
         return await generate(request, prepare_chat, fields.chat_kwargs, "chat.completion.chunk")

@@ -52,6 +52,7 @@ class Task:
     return_progress: bool = False  # llama-server's: ("progress", dict) events while the prompt decodes
     parent: "Task | None" = None   # another choice of the same prompt (n > 1), whose cells it shares
     lora: tuple[float, ...] = ()   # the scale of every LoRA adapter, by id (fields.lora_scales)
+    n_cache_reuse: int = 0         # llama-server's: cached chunks this long are moved, not re-read
 
 
 @dataclass

@@ -89,6 +89,8 @@ class SlotPool:
         engine, prompt = self.engine, task.seq.prompt
         same_lora = slot.lora == task.lora
         keep = engine.reusable_prefix(slot.id, prompt) if cache_prompt and same_lora else 0
+        if cache_prompt and same_lora and task.n_cache_reuse > 0:
+            keep = engine.reuse_chunks(slot.id, prompt, keep, task.n_cache_reuse)
         engine.forget(slot.id, keep)
         slot.n_shared_in = 0
         if engine.ctx.model.loras:

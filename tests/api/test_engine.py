@@ -97,3 +97,48 @@ def test_shift_context_moves_only_cells_of_its_own(smollm2_path):
     assert engine.shift_context(0, 2, 3)
     assert engine.cached[0] == tokens[:2] + tokens[5:]
     assert engine.ctx.memory.seq_pos_max(0) == len(tokens) - 4
+
+
+def test_reuse_chunks_moves_cached_runs_as_llama_server(smol_model):
+    """Engine.reuse_chunks (llama-server's n_cache_reuse): the cache of A+M+B asked for A+B
+    keeps A, drops M and moves B's run (all but the last token) into place; the next logits
+    equal those of llama-server's own calls (seq_rm, seq_add) made by hand on a second
+    context. As in llama-server, a run must continue the prompt where the cache stopped
+    matching (A+X+B moves nothing); a run shorter than the minimum, or shared with another
+    sequence, stays out."""
+    tok = lambda text: smol_model.tokenize(text, add_special=False)  # noqa: E731
+    a = tok("Bridges in Europe began with the Romans.")
+    m = tok(" Pasta needs flour, eggs and salt.")
+    x = tok(" Also")
+    b = tok(" Medieval builders added pointed arches, and iron came later in the end")
+    full, short = a + m + b, a + x + b
+    engine = Engine(llama.Context(smol_model, n_ctx=256, n_seq_max=2))
+    engine.prefill(0, full)
+    n_past = engine.reusable_prefix(0, short)
+    assert n_past == len(a)
+    assert engine.reuse_chunks(0, short, n_past, min_chunk=len(b)) == n_past   # too short a run
+    n = engine.reuse_chunks(0, short, n_past, min_chunk=4)
+    assert n == len(a)   # X breaks the match at the prompt's next position: nothing moves
+    # the prompt continues exactly where the cache moves on: A + B
+    engine.prefill(0, full)
+    short = a + b
+    n = engine.reuse_chunks(0, short, len(a), min_chunk=4)
+    assert n == len(short) - 1 and engine.cached[0][:n] == short[:n]
+    engine.forget(0, n)
+    got = engine.prefill(0, short)     # decodes the last token only
+    assert engine.n_past(0) == len(short)
+
+    by_hand = llama.Context(smol_model, n_ctx=256, n_seq_max=2)
+    assert by_hand.decode(llama.Batch.from_tokens(full)) == 0
+    mem, p_c = by_hand.memory, len(a) + len(m)
+    mem.seq_rm(0, len(a), p_c)
+    mem.seq_add(0, p_c, p_c + len(b) - 1, len(a) - p_c)
+    mem.seq_rm(0, len(short) - 1, -1)
+    assert by_hand.decode(llama.Batch.from_tokens(short[-1:], pos0=len(short) - 1)) == 0
+    np.testing.assert_array_equal(got, by_hand.get_logits_ith(-1))
+
+    # a run whose cells sequence 1 shares is not moved (it would move for both)
+    engine.reset()
+    engine.prefill(0, full)
+    engine.ctx.memory.seq_cp(0, 1, 0, len(full))
+    assert engine.reuse_chunks(0, short, len(a), min_chunk=4) == len(a)
