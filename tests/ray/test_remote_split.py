@@ -159,13 +159,30 @@ def test_multi_sequence_batch_split_across_ray_nodes(cluster, tiny):
     close(ctx)
 
 
+def _wait_dead(ray, actor, timeout: float = 30.0) -> None:
+    """Until a call to `actor` fails as a dead actor's (a busy machine may run one more
+    call that was sent before the kill took effect)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("the killed actor still answers")
+
+
 def test_killed_actor_is_a_fatal_decode_then_a_new_context_works(cluster, tiny, caplog):
     base, _, ctx0 = run_model(tiny)
     close(ctx0)
     model = llama.Model.load(tiny, devices=[DEVICE], n_gpu_layers=2)
     ctx = llama.Context(model, n_ctx=256, n_batch=16, n_ubatch=16, n_threads=1)
     assert ctx.decode(llama.Batch.from_tokens(PROMPT, logits_all=True)) == 0
-    cluster.kill(ctx.backends[0].actor, no_restart=True)
+    actor = ctx.backends[0].actor
+    cluster.kill(actor, no_restart=True)
+    _wait_dead(cluster, actor)   # ray.kill returns before the actor is gone
     t0 = time.perf_counter()
     with caplog.at_level(logging.ERROR, logger="llama.context"):
         rc = ctx.decode(llama.Batch.from_tokens(NEXT[:1]))
