@@ -29,16 +29,26 @@ def _byte_symbols() -> list[str]:
     return [table[b] for b in range(256)]
 
 
-def add_tiny_bpe_vocab(w: GGUFWriter, n_vocab: int) -> None:
+FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|fim_repo|>",
+              "<|file_sep|>")  # Qwen2.5-Coder's names; the last six ids with fim=True
+
+
+def add_tiny_bpe_vocab(w: GGUFWriter, n_vocab: int, fim: bool = False) -> None:
     symbols = _byte_symbols()
     merges = ["Ġ t", "h e", "Ġt he", "i n", "e r"]
     tokens = ["<|endoftext|>"] + symbols + [m.replace(" ", "") for m in merges]
-    if n_vocab < len(tokens):
+    if n_vocab < len(tokens) + (len(FIM_TOKENS) if fim else 0):
         raise ValueError(f"n_vocab must be at least {len(tokens)}")
     tokens += [f"<|unused{i}|>" for i in range(n_vocab - len(tokens))]
     types = np.ones(n_vocab, np.int32)
     types[0] = 3
     types[len(symbols) + len(merges) + 1:] = 5
+    if fim:  # control tokens with their ids in the metadata, as converted FIM models have
+        first = n_vocab - len(FIM_TOKENS)
+        tokens[first:] = FIM_TOKENS
+        types[first:] = 3
+        for i, key in enumerate(("pre", "suf", "mid", "pad", "rep", "sep")):
+            w.add_uint32(f"tokenizer.ggml.fim_{key}_token_id", first + i)
     w.add_string("tokenizer.ggml.model", "gpt2")
     w.add_string("tokenizer.ggml.pre", "gpt-2")
     w.add_array("tokenizer.ggml.tokens", tokens)
@@ -52,7 +62,7 @@ def add_tiny_bpe_vocab(w: GGUFWriter, n_vocab: int) -> None:
 def write_tiny_llama(path: str | Path, *, n_layer: int = 2, n_embd: int = 64, n_head: int = 4,
                      n_head_kv: int = 2, n_ff: int = 96, n_vocab: int = 320, n_ctx_train: int = 512,
                      weight_type: GGMLType = GGMLType.F32, tied: bool = False, seed: int = 0,
-                     rope_base: float = 10000.0) -> Path:
+                     rope_base: float = 10000.0, fim: bool = False) -> Path:
     """A llama-architecture model with random weights (scaled so activations stay O(1))."""
     rng = np.random.default_rng(seed)
     head = n_embd // n_head
@@ -68,7 +78,7 @@ def write_tiny_llama(path: str | Path, *, n_layer: int = 2, n_embd: int = 64, n_
     w.add_float32("llama.rope.freq_base", rope_base)
     w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
     w.add_uint32("llama.vocab_size", n_vocab)
-    add_tiny_bpe_vocab(w, n_vocab)
+    add_tiny_bpe_vocab(w, n_vocab, fim=fim)
 
     def mat(name: str, n_in: int, n_out: int) -> None:
         data = (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)

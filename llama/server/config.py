@@ -28,6 +28,7 @@ class ServerConfig:
     jinja: bool = True
     chat_template: str | None = None   # a built-in format name or a jinja source
     context_shift: bool = False
+    spm_infill: bool = False      # /infill's suffix before the prefix (--spm-infill)
     cache_reuse: int = 0          # --cache-reuse: the requests' default n_cache_reuse (0: off)
     sse_ping_interval: int = 30   # seconds of silence in a stream before a ":" ping; -1: none
     slot_save_path: str | None = None

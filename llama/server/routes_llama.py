@@ -1,4 +1,4 @@
-"""llama-server's own endpoints: /health, /completion, /tokenize, /detokenize,
+"""llama-server's own endpoints: /health, /completion, /infill, /tokenize, /detokenize,
 /apply-template, /embedding, /props, /slots, /slots/{id}, /lora-adapters, /metrics, with
 its shapes."""
 from __future__ import annotations
@@ -12,6 +12,7 @@ from starlette.responses import Response
 from llama.api.completion import prepare_completion
 from llama.api.sequence import Step
 from llama.server import fields, slot_files
+from llama.server import infill as infill_api
 from llama.server.bridge import run_call
 from llama.server.errors import APIError, bad_request
 from llama.server.generate import read_body, serve
@@ -38,9 +39,10 @@ class LlamaCompletion:
     the request's `fields.ResponseOptions`."""
 
     def __init__(self, job, task: Task, model: str, options: fields.ResponseOptions,
-                 settings: dict):
+                 settings: dict, prompt_text: str):
         self.job, self.task, self.model = job, task, model
         self.options, self.settings = options, settings
+        self.prompt_text = prompt_text
 
     def start(self) -> list[dict]:
         return []
@@ -99,7 +101,7 @@ class LlamaCompletion:
                   "id_slot": task.slot, "stop": True, "model": self.model,
                   "tokens_predicted": len(seq.tokens), "tokens_evaluated": len(seq.prompt),
                   "generation_settings": self.settings,
-                  "prompt": self.job.prompt_text, "has_new_line": "\n" in seq.completion_text(),
+                  "prompt": self.prompt_text, "has_new_line": "\n" in seq.completion_text(),
                   "truncated": task.n_shifts > 0, "stop_type": stop_type, "stopping_word": "",
                   "tokens_cached": task.n_cached, "timings": self.timings()}
         if self.options.n_probs > 0 and not streamed:   # a stream sent them with its chunks
@@ -122,8 +124,26 @@ def register(app: FastAPI, state: ServerState) -> None:
     @app.post("/completion")
     async def completion(request: Request):
         body = await read_body(request, cfg.body_limit)
-        llm, sched = state.ready()
+        state.ready()
         not_embedding(state)
+        return await complete(request, body)
+
+    @app.post("/infill")
+    async def infill(request: Request):
+        """llama-server's fill-in-the-middle completion (llama/server/infill.py); the
+        answer is /completion's."""
+        body = await read_body(request, cfg.body_limit)
+        llm, _ = state.ready()
+        not_embedding(state)
+        infill_api.check_supported(llm.model.vocab)
+        prefix, suffix, extra, prompt = infill_api.request_parts(body)
+        tokens = infill_api.infill_prompt(llm.model, prefix, suffix, extra, prompt,
+                                          n_batch=cfg.batch_size, n_predict=cfg.n_predict,
+                                          n_ctx=state.n_ctx_slot, spm=cfg.spm_infill)
+        return await complete(request, {**body, "prompt": tokens})
+
+    async def complete(request: Request, body: dict):
+        llm, sched = state.ready()
         kwargs = fields.completion_kwargs(body, cfg, state.eog_ids)
         slot_options = fields.slot_options(body, cfg, state.lora_scales)
         if fields.n_choices(body, cfg.parallel) > 1:
@@ -135,9 +155,12 @@ def register(app: FastAPI, state: ServerState) -> None:
         job.seq.n_indent = fields.n_indent(body)
         job.seq.post_sampling_probs = options.post_sampling_probs
         settings = fields.generation_settings(body, cfg, state.lora_scales)
+        # a prompt of token ids (an /infill's) reads as llama-server shows it: special tokens included
+        prompt_text = (llm.model.detokenize(job.seq.prompt, unparse_special=True)
+                       if isinstance(kwargs["prompt"], list) else job.prompt_text)
 
         def answer(task: Task) -> LlamaCompletion:
-            return LlamaCompletion(job, task, cfg.model_name, options, settings)
+            return LlamaCompletion(job, task, cfg.model_name, options, settings, prompt_text)
 
         return await serve(request, sched, job.seq,
                            response=lambda t: answer(t).response(), chunks=answer,

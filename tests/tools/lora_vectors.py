@@ -8,24 +8,21 @@ a /completion and the top-5 log-probabilities at each of them. The adapter's sha
 with them, so the test can tell a changed adapter from a wrong answer. Not a test and not
 a dependency; rerun it when the reference changes:
 
-    python tests/tools/lora_vectors.py /path/to/llama.cpp/build/bin/llama-server \\
+    python -m tests.tools.lora_vectors /path/to/llama.cpp/build/bin/llama-server \\
         > tests/models/data/lora_llama_cpp.json
 """
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from ggmlpy.hub import resolve_model
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.testing.lora import write_lora
+from tests.tools.llama_server import llama_server
 
 ADAPTER = dict(rank=8, alpha=16.0, magnitude=3.0, seed=1, dtype=GGMLType.F16)
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
@@ -45,31 +42,9 @@ def main() -> None:
     server = sys.argv[1]
     with tempfile.TemporaryDirectory() as tmp:
         adapter = write_adapter(Path(tmp))
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        proc = subprocess.Popen([server, "-m", str(resolve_model("smollm2-135m")), "--lora", str(adapter),
-                                 "--host", "127.0.0.1", "--port", str(port), "-t", "2", "-c", "1024",
-                                 "-np", "1", "--no-webui"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-        def call(method: str, path: str, body=None):
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-            conn.request(method, path, None if body is None else json.dumps(body),
-                         {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            data = resp.read()
-            conn.close()
-            return resp.status, json.loads(data) if data else None
-
-        try:
-            for _ in range(600):
-                try:
-                    if call("GET", "/health")[0] == 200:
-                        break
-                except OSError:
-                    pass
-                time.sleep(0.2)
+        args = ["-m", str(resolve_model("smollm2-135m")), "--lora", str(adapter), "-t", "2",
+                "-c", "1024", "-np", "1"]
+        with llama_server(server, args) as call:
             cases = []
             for scale in SCALES:
                 for prompt in PROMPTS:
@@ -85,9 +60,6 @@ def main() -> None:
                                   "top": [[[t["id"], t["logprob"]] for t in p["top_logprobs"]] for p in probs]})
             json.dump({"adapter": ADAPTER | {"dtype": ADAPTER["dtype"].name}, "sha256": sha256(adapter),
                        "cases": cases}, sys.stdout, indent=1)
-        finally:
-            proc.terminate()
-            proc.wait()
 
 
 if __name__ == "__main__":
