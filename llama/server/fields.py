@@ -169,13 +169,22 @@ def response_format(body: dict) -> dict | None:
     return fmt
 
 
+def _null_content(message: Any) -> Any:
+    """A message's `"content": null` (what OpenAI clients send beside tool_calls) read as an
+    empty text, as llama-server's message parser does: some templates (SmolLM2's) read
+    message.content unconditionally, and the API layer drops None values as transformers does."""
+    if isinstance(message, dict) and "content" in message and message["content"] is None:
+        return {**message, "content": ""}
+    return message
+
+
 def chat_kwargs(body: dict, config: ServerConfig, eog_ids: list[int]) -> dict:
     messages = field(body, "messages", (list,))
     if not messages:
         raise bad_request("'messages' is required and must be a non-empty array")
     kwargs = sampling(body, config, eog_ids)
     kwargs.update(
-        messages=messages,
+        messages=[_null_content(m) for m in messages],
         tools=field(body, "tools", (list,)),
         tool_choice=field(body, "tool_choice", (str, dict)),
         response_format=response_format(body),

@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from llama.server.bridge import Events, events, submit, watched
 from llama.server.errors import APIError, bad_request
 from llama.server.fields import SlotOptions
+from llama.server.responses_api import NamedEvent
 from llama.server.scheduler import Task
 
 
@@ -38,6 +39,9 @@ Progress = Callable[[Task, dict], dict]   # a task and its prompt_progress -> th
 
 
 def sse(obj: Any) -> str:
+    """One SSE event: `data:` alone, or with its `event:` name (the Responses API's)."""
+    if isinstance(obj, NamedEvent):
+        return f"event: {obj.event}\ndata: {json.dumps(obj.data, ensure_ascii=False)}\n\n"
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 

@@ -1,4 +1,4 @@
-"""OpenAI's endpoints: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models
+"""OpenAI's endpoints: /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/models
 (and the same without /v1), answered with llama.api's jobs and response shapes."""
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from llama.api import responses
 from llama.api.chat_completion import prepare_chat
 from llama.api.completion import prepare_completion
 from llama.server import fields
+from llama.server import responses_api as responses_api_
+from llama.server.responses_api import ResponsesAnswer
 from llama.server.bridge import run_call
 from llama.server.errors import APIError, bad_request
 from llama.server.generate import read_body, serve, serve_choices
@@ -44,9 +46,14 @@ def prepare(fn, llm, kwargs: dict, state: ServerState):
 def register(app: FastAPI, state: ServerState) -> None:
     cfg = state.config
 
-    async def generate(request: Request, prepare_job, request_kwargs, chunk_object: str):
-        """A chat or text completion: the request's fields -> a job in a slot -> its answer."""
+    async def generate(request: Request, prepare_job, request_kwargs, chunk_object: str,
+                       responses_api: bool = False):
+        """A chat or text completion: the request's fields -> a job in a slot -> its answer.
+        responses_api: a Responses request, run as the chat it converts to and answered in
+        its shapes (llama/server/responses_api.py)."""
         body = await read_body(request, cfg.body_limit)
+        if responses_api:
+            body = responses_api_.chat_body(body)
         llm, sched = state.ready()
         not_embedding(state)
         check_model(body, state)
@@ -67,6 +74,16 @@ def register(app: FastAPI, state: ServerState) -> None:
                 cid, created, model = jobs[0].meta
                 return {"id": cid, "object": chunk_object, "created": created, "model": model,
                         "choices": [], "prompt_progress": info}
+        if responses_api:
+            if n > 1:
+                raise bad_request("the Responses API gives one answer per request ('n' must be 1)")
+            job, answers = jobs[0], {}
+
+            def answer(task):   # one per task, shared by its response and its stream
+                return answers.setdefault(id(task), ResponsesAnswer(job, task, cfg.model_name))
+            return await serve(request, sched, job.seq, response=lambda t: answer(t).response(),
+                               chunks=answer, stream=stream, slot=slot_options, done_marker=False,
+                               shift=shift, ping_every=ping_every)
         if n > 1:
             return await serve_choices(request, sched, jobs, stream=stream,
                                        slot=slot_options, shift=shift,
@@ -79,6 +96,9 @@ def register(app: FastAPI, state: ServerState) -> None:
 
     async def chat(request: Request):
         return await generate(request, prepare_chat, fields.chat_kwargs, "chat.completion.chunk")
+
+    async def responses_create(request: Request):
+        return await generate(request, prepare_chat, fields.chat_kwargs, "response", responses_api=True)
 
     async def completions(request: Request):
         return await generate(request, prepare_completion, fields.completion_kwargs, "text_completion")
@@ -107,6 +127,7 @@ def register(app: FastAPI, state: ServerState) -> None:
     for prefix in ("/v1", ""):
         app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"])
         app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
+        app.add_api_route(f"{prefix}/responses", responses_create, methods=["POST"])
         app.add_api_route(f"{prefix}/embeddings", embeddings, methods=["POST"])
         app.add_api_route(f"{prefix}/models", models, methods=["GET"])
 
