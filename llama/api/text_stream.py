@@ -110,6 +110,14 @@ class TextStream:
         return self._release(self.text_end)
 
     @property
+    def stop_word(self) -> str | None:
+        """The stop string that ended the text (None: none did)."""
+        if self.end is None or self.cut_by_indent:
+            return None
+        hit = next((s for s in self.stops if self.buf.startswith(s, self.end)), None)
+        return None if hit is None else hit.decode("utf-8", errors="replace")
+
+    @property
     def text_end(self) -> int:
         return len(self.buf) if self.end is None else self.end
 

@@ -253,3 +253,6 @@ class ResponsesAnswer:
         events.append(self._event("response.completed",
                                   response=self.response([items[k] for k in order])))
         return events
+
+
+ANSWER = ResponsesAnswer   # what routes_openai.generate answers this API's requests with

@@ -1,5 +1,6 @@
-"""OpenAI's endpoints: /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/models
-(and the same without /v1), answered with llama.api's jobs and response shapes."""
+"""OpenAI's endpoints: /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings,
+/v1/models (and the same without /v1), and Anthropic's /v1/messages, answered with
+llama.api's jobs and response shapes."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,8 +11,8 @@ from llama.api import responses
 from llama.api.chat_completion import prepare_chat
 from llama.api.completion import prepare_completion
 from llama.server import fields
+from llama.server import anthropic_api
 from llama.server import responses_api as responses_api_
-from llama.server.responses_api import ResponsesAnswer
 from llama.server.bridge import run_call
 from llama.server.errors import APIError, bad_request
 from llama.server.generate import read_body, serve, serve_choices
@@ -47,13 +48,14 @@ def register(app: FastAPI, state: ServerState) -> None:
     cfg = state.config
 
     async def generate(request: Request, prepare_job, request_kwargs, chunk_object: str,
-                       responses_api: bool = False):
+                       other_api=None):
         """A chat or text completion: the request's fields -> a job in a slot -> its answer.
-        responses_api: a Responses request, run as the chat it converts to and answered in
-        its shapes (llama/server/responses_api.py)."""
+        other_api: a module with `chat_body` and an answer class (the Responses API's, the
+        Anthropic Messages API's): its request runs as the chat it converts to and is
+        answered in its shapes."""
         body = await read_body(request, cfg.body_limit)
-        if responses_api:
-            body = responses_api_.chat_body(body)
+        if other_api is not None:
+            body = other_api.chat_body(body)
         llm, sched = state.ready()
         not_embedding(state)
         check_model(body, state)
@@ -74,13 +76,13 @@ def register(app: FastAPI, state: ServerState) -> None:
                 cid, created, model = jobs[0].meta
                 return {"id": cid, "object": chunk_object, "created": created, "model": model,
                         "choices": [], "prompt_progress": info}
-        if responses_api:
+        if other_api is not None:
             if n > 1:
-                raise bad_request("the Responses API gives one answer per request ('n' must be 1)")
+                raise bad_request("this API gives one answer per request ('n' must be 1)")
             job, answers = jobs[0], {}
 
             def answer(task):   # one per task, shared by its response and its stream
-                return answers.setdefault(id(task), ResponsesAnswer(job, task, cfg.model_name))
+                return answers.setdefault(id(task), other_api.ANSWER(job, task, cfg.model_name))
             return await serve(request, sched, job.seq, response=lambda t: answer(t).response(),
                                chunks=answer, stream=stream, slot=slot_options, done_marker=False,
                                shift=shift, ping_every=ping_every)
@@ -98,7 +100,17 @@ def register(app: FastAPI, state: ServerState) -> None:
         return await generate(request, prepare_chat, fields.chat_kwargs, "chat.completion.chunk")
 
     async def responses_create(request: Request):
-        return await generate(request, prepare_chat, fields.chat_kwargs, "response", responses_api=True)
+        return await generate(request, prepare_chat, fields.chat_kwargs, "response", responses_api_)
+
+    async def anthropic_messages(request: Request):
+        return await generate(request, prepare_chat, fields.chat_kwargs, "message", anthropic_api)
+
+    async def anthropic_count_tokens(request: Request):
+        """The prompt's token count, as the template renders the converted request."""
+        body = anthropic_api.chat_body(await read_body(request, cfg.body_limit))
+        llm, _ = state.ready()
+        job = prepare(prepare_chat, llm, fields.chat_kwargs(body, cfg, state.eog_ids), state)
+        return {"input_tokens": len(job.seq.prompt)}
 
     async def completions(request: Request):
         return await generate(request, prepare_completion, fields.completion_kwargs, "text_completion")
@@ -130,6 +142,8 @@ def register(app: FastAPI, state: ServerState) -> None:
         app.add_api_route(f"{prefix}/responses", responses_create, methods=["POST"])
         app.add_api_route(f"{prefix}/embeddings", embeddings, methods=["POST"])
         app.add_api_route(f"{prefix}/models", models, methods=["GET"])
+    app.add_api_route("/v1/messages", anthropic_messages, methods=["POST"])
+    app.add_api_route("/v1/messages/count_tokens", anthropic_count_tokens, methods=["POST"])
 
 
 def embedding_input(value) -> str | list:
