@@ -105,12 +105,24 @@ def register(app: FastAPI, state: ServerState) -> None:
     async def anthropic_messages(request: Request):
         return await generate(request, prepare_chat, fields.chat_kwargs, "message", anthropic_api)
 
-    async def anthropic_count_tokens(request: Request):
-        """The prompt's token count, as the template renders the converted request."""
-        body = anthropic_api.chat_body(await read_body(request, cfg.body_limit))
+    async def input_tokens(request: Request, other_api=None) -> int:
+        """How many tokens the chat a request is (or converts to) renders to."""
+        body = await read_body(request, cfg.body_limit)
+        if other_api is not None:
+            body = other_api.chat_body(body)
         llm, _ = state.ready()
         job = prepare(prepare_chat, llm, fields.chat_kwargs(body, cfg, state.eog_ids), state)
-        return {"input_tokens": len(job.seq.prompt)}
+        return len(job.seq.prompt)
+
+    async def anthropic_count_tokens(request: Request):
+        return {"input_tokens": await input_tokens(request, anthropic_api)}
+
+    async def chat_input_tokens(request: Request):   # llama-server's, in its shape
+        return {"input_tokens": await input_tokens(request), "object": "response.input_tokens"}
+
+    async def responses_input_tokens(request: Request):
+        return {"input_tokens": await input_tokens(request, responses_api_),
+                "object": "response.input_tokens"}
 
     async def completions(request: Request):
         return await generate(request, prepare_completion, fields.completion_kwargs, "text_completion")
@@ -140,6 +152,8 @@ def register(app: FastAPI, state: ServerState) -> None:
         app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"])
         app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
         app.add_api_route(f"{prefix}/responses", responses_create, methods=["POST"])
+        app.add_api_route(f"{prefix}/chat/completions/input_tokens", chat_input_tokens, methods=["POST"])
+        app.add_api_route(f"{prefix}/responses/input_tokens", responses_input_tokens, methods=["POST"])
         app.add_api_route(f"{prefix}/embeddings", embeddings, methods=["POST"])
         app.add_api_route(f"{prefix}/models", models, methods=["GET"])
     app.add_api_route("/v1/messages", anthropic_messages, methods=["POST"])

@@ -133,3 +133,15 @@ def test_chat_content_null_beside_tool_calls_is_empty_text(oai):
                   tools=tools, max_tokens=8)
     assert null.choices[0].message.content == empty.choices[0].message.content
     assert null.usage.prompt_tokens == empty.usage.prompt_tokens
+
+
+def test_input_tokens_endpoints_count_the_rendered_prompt(server, oai):
+    """llama-server's /v1/chat/completions/input_tokens and /v1/responses/input_tokens: the
+    prompt tokens the chat would decode (its usage's prompt_tokens)."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
+    want = _chat(oai, messages, max_tokens=1).usage.prompt_tokens
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    for path, body in (("/v1/chat/completions/input_tokens", {"messages": messages}),
+                       ("/v1/responses/input_tokens", {"instructions": SYSTEM, "input": QUESTION})):
+        r = httpx.post(server.url + path, json={"model": "smol", **body}, headers=headers, timeout=60)
+        assert r.json() == {"input_tokens": want, "object": "response.input_tokens"}
