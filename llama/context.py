@@ -365,7 +365,7 @@ class Context:
         loras = self.model.loras
         if not (0 <= adapter.id < len(loras) and loras[adapter.id] is adapter):
             raise ValueError(f"{adapter!r} was not loaded for this context's model (Model.load_lora)")
-        if adapter.arrays().keys() - self._weights.keys():
+        if next(iter(adapter.weights.values())).a.name not in self._weights:
             self._weights = self.model.weight_arrays()  # loaded after this context was made
 
     def _output_rows(self, store: TensorStore, out: Tensor, env: dict[str, int]) -> np.ndarray:

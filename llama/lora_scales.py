@@ -68,14 +68,10 @@ class LoraScales:
     def token_scales(self, adapter: LoraAdapter, ub: "UBatch") -> np.ndarray:
         """The adapter's scale for every token of the ubatch (a token of several sequences,
         a shared prompt, takes its first sequence's)."""
-        by_seq: dict[int, float] = {}
-        out = np.empty(ub.n_tokens, np.float32)
-        for i, seqs in enumerate(ub.seq_ids):
-            s = by_seq.get(seqs[0])
-            if s is None:
-                s = by_seq[seqs[0]] = self.of_seq(seqs[0]).get(adapter, 0.0)
-            out[i] = s
-        return out
+        firsts = np.fromiter((s[0] for s in ub.seq_ids), np.int64, ub.n_tokens)
+        seqs, where = np.unique(firsts, return_inverse=True)
+        per_seq = np.array([self.of_seq(int(s)).get(adapter, 0.0) for s in seqs], np.float32)
+        return per_seq[where]
 
 
 @dataclass

@@ -38,6 +38,13 @@ PING = ":\n\n"   # an SSE comment: llama-server's keep-alive, skipped by clients
 Progress = Callable[[Task, dict], dict]   # a task and its prompt_progress -> the chunk
 
 
+def _task(seq, ev: Events, slot: SlotOptions, id_slot: int, shift: tuple[int, int],
+          return_progress: bool) -> Task:
+    return Task(seq, ev.sink, cache_prompt=slot.cache_prompt, id_slot=id_slot, n_keep=shift[0],
+                n_discard=shift[1], return_progress=return_progress, lora=slot.lora,
+                n_cache_reuse=slot.n_cache_reuse)
+
+
 def sse(obj: Any) -> str:
     """One SSE event: `data:` alone, or with its `event:` name (the Responses API's)."""
     if isinstance(obj, NamedEvent):
@@ -55,9 +62,7 @@ async def serve(request: Request, scheduler, seq, *, response: Callable[[Task], 
     the chunk of a prompt_progress (llama-server's return_progress), in streams only;
     `slot`: the request's use of the slots' caches and its adapters."""
     ev = Events()
-    task = Task(seq, ev.sink, cache_prompt=slot.cache_prompt, id_slot=slot.id_slot, n_keep=shift[0],
-                n_discard=shift[1], return_progress=stream and progress is not None, lora=slot.lora,
-                n_cache_reuse=slot.n_cache_reuse)
+    task = _task(seq, ev, slot, slot.id_slot, shift, stream and progress is not None)
     submit(scheduler, task)  # a full queue is a 503 before any byte is sent
     if not stream:
         async with watched(request, scheduler, task):
@@ -101,10 +106,8 @@ async def serve_choices(request: Request, scheduler, jobs: list, *, stream: bool
     `id_slot`), answered as one response whose choices are indexed 0..n-1, with the usage
     of one prompt and every choice's tokens. `jobs`: llama.api's OpenAI jobs (builders)."""
     evs = [Events() for _ in jobs]
-    tasks = [Task(job.seq, ev.sink, cache_prompt=slot.cache_prompt,
-                  id_slot=slot.id_slot if i == 0 else -1, n_keep=shift[0], n_discard=shift[1],
-                  return_progress=stream and progress is not None, lora=slot.lora,
-                  n_cache_reuse=slot.n_cache_reuse)
+    tasks = [_task(job.seq, ev, slot, slot.id_slot if i == 0 else -1, shift,
+                   stream and progress is not None)
              for i, (job, ev) in enumerate(zip(jobs, evs))]
     for task in tasks[1:]:
         task.parent = tasks[0]   # they start from its prompt cells once it has decoded them

@@ -165,11 +165,11 @@ def _wait_dead(ray, actor, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            ray.get(actor.__ray_ready__.remote(), timeout=5)
+            ray.get(actor.__ray_ready__.remote(), timeout=5)   # still answering, or slow
         except ray.exceptions.RayActorError:
             return
         except ray.exceptions.GetTimeoutError:
-            pass
+            continue
         time.sleep(0.1)
     raise AssertionError("the killed actor still answers")
 

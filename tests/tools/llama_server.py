@@ -8,7 +8,7 @@ import json
 import socket
 import subprocess
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Callable, Iterator
 
 Call = Callable[..., tuple[int, Any]]
@@ -34,11 +34,9 @@ def llama_server(server: str, args: list[str], timeout: float = 120.0) -> Iterat
     try:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            try:
+            with suppress(OSError):   # not listening yet
                 if call("GET", "/health")[0] == 200:
                     break
-            except OSError:
-                pass
             time.sleep(0.2)
         else:
             raise TimeoutError(f"{server} did not become healthy")
