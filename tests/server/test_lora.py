@@ -88,11 +88,18 @@ def test_lora_adapters_endpoint_and_scales(server, adapter_path, expected):
 
 def test_no_prefix_is_reused_across_scales(server, expected):
     """The same prompt in the same slot, at another scale: nothing of the adapted cache is
-    reused (the tokens are the other scale's); at the same scale it is."""
+    reused (the tokens are the other scale's); at the same scale it is.
+
+    The first request decodes its whole prompt (cache_prompt off: no cells shared in from
+    another slot), so its cells lie as the fixture's context's do. Cells shared in from
+    another slot would lie elsewhere in the cache, which changes the attention's summation
+    order: bits apart that SmolLM2's 8-bit activations can grow into a flipped near-tie
+    (seen on an AVX2 host), so such a reuse is compared with itself, not with a fresh decode."""
     with server.client() as c:
-        first = complete(c, id_slot=0, lora=[{"id": 0, "scale": 1.0}])
+        first = complete(c, id_slot=0, lora=[{"id": 0, "scale": 1.0}], cache_prompt=False)
+        assert first["tokens_cached"] == 0 and first["tokens"] == expected[1.0]
         again = complete(c, id_slot=0, lora=[{"id": 0, "scale": 1.0}])
-        assert again["tokens_cached"] > 0 and again["tokens"] == first["tokens"] == expected[1.0]
+        assert again["tokens_cached"] > 0 and again["tokens"] == first["tokens"]
         other = complete(c, id_slot=0, lora=[{"id": 0, "scale": 0.0}])
         assert other["tokens_cached"] == 0 and other["tokens"] == expected[0.0]
         slots = c.get("/slots").json()
