@@ -3,7 +3,8 @@
 For each distance, the same DRAM-resident weight (several copies: one per distance and
 token count, so nothing stays in L3) is multiplied by 1 and by N tokens; the runs are
 interleaved round after round and each keeps its best time, so a neighbour's load hits
-every variant alike. This is how qrepacked.PREFETCH_AHEAD was chosen per type.
+every variant alike. This is how qrepacked.PREFETCH_AHEAD was chosen per type
+(bench/prefetch_model_ab.py: the same in a whole model's decode).
 
     python bench/prefetch_ab.py --type Q4_1 --ahead 0,2048,4096,8192 --tokens 1,4
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from ggmlpy.codegen_cpu.backend import CpuBackend
 from ggmlpy.codegen_cpu.kernels import qrepacked
+from ggmlpy.codegen_cpu.kernels.qvec import flavour
 from ggmlpy.ir.ops import OpCase, SrcSpec
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.options import Options
@@ -40,16 +42,19 @@ def main() -> None:
     ap.add_argument("--tokens", default="1,4")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--min-tokens", type=int, default=qrepacked.PREFETCH_MIN_TOKENS,
-                    help="smallest tile that prefetches (1: one-token decode too)")
+    ap.add_argument("--min-tokens", type=int, default=None,
+                    help="smallest tile that prefetches (1: one-token decode too; default: the "
+                         "host flavour's, qrepacked.PREFETCH_MIN_TOKENS)")
     args = ap.parse_args()
     t = GGMLType[args.type]
     aheads = [int(a) for a in args.ahead.split(",")]
     tokens = [int(n) for n in args.tokens.split(",")]
     inputs = make_inputs(_case(t, args.k, args.m, max(tokens)), np.random.default_rng(0))
     runs = {}
-    saved, saved_min = dict(qrepacked.PREFETCH_AHEAD), qrepacked.PREFETCH_MIN_TOKENS
-    qrepacked.PREFETCH_MIN_TOKENS = args.min_tokens
+    saved, saved_min = dict(qrepacked.PREFETCH_AHEAD), dict(qrepacked.PREFETCH_MIN_TOKENS)
+    if args.min_tokens is None:
+        args.min_tokens = saved_min[flavour()]
+    qrepacked.PREFETCH_MIN_TOKENS[flavour()] = args.min_tokens
     try:
         for ahead in aheads:
             qrepacked.PREFETCH_AHEAD[t] = ahead   # read when the kernel's IR is built
@@ -65,7 +70,7 @@ def main() -> None:
     finally:
         qrepacked.PREFETCH_AHEAD.clear()
         qrepacked.PREFETCH_AHEAD.update(saved)
-        qrepacked.PREFETCH_MIN_TOKENS = saved_min
+        qrepacked.PREFETCH_MIN_TOKENS.update(saved_min)
     best = dict.fromkeys(runs, float("inf"))
     for _ in range(args.rounds):
         for key, (split, store) in runs.items():

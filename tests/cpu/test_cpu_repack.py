@@ -314,19 +314,23 @@ def test_get_rows_of_a_kquant_weight_reads_the_gguf_bytes():
     np.testing.assert_array_equal(ours.reshape(expected.shape), expected)
 
 
-def test_prefetch_changes_no_result(tmp_path, monkeypatch):
-    """The weights' software prefetch (tiles of 2+ tokens) is emitted where the table asks
-    for it and leaves every result bit-identical."""
+@pytest.mark.parametrize("n", [5, 1], ids=["tiles-of-4-and-1", "one-token"])
+def test_prefetch_changes_no_result(tmp_path, monkeypatch, n):
+    """The weights' software prefetch is emitted where the tables ask for it (tiles of 2+
+    tokens, and one-token tiles on the flavours without VNNI) and leaves every result
+    bit-identical."""
     from ggmlpy.codegen_cpu.kernels import qrepacked
+    from ggmlpy.codegen_cpu.kernels.qvec import flavour
     from ggmlpy.codegen_cpu.program import ProgramBuilder
     from ggmlpy.options import Options
     from ggmlpy.testing.ops import build_case_graph
 
-    case = _weight_case(G.Q4_1, 576, 48, 5)   # a tile of 4, then one of 1
+    case = _weight_case(G.Q4_1, 576, 48, n)
     inputs = make_inputs(case, np.random.default_rng(5))
     results, irs = [], []
     for ahead in (0, 4096):
         monkeypatch.setitem(qrepacked.PREFETCH_AHEAD, G.Q4_1, ahead)
+        monkeypatch.setitem(qrepacked.PREFETCH_MIN_TOKENS, flavour(), 1)
         # a cache per setting: plan keys follow the generator's source, not this table
         backend = CpuBackend(n_threads=2, options=Options(cache_dir=str(tmp_path / str(ahead))))
         results.append(run_case("mul_mat", case, backend, inputs=inputs)[0])
@@ -336,6 +340,27 @@ def test_prefetch_changes_no_result(tmp_path, monkeypatch):
     np.testing.assert_array_equal(results[0], results[1])
     assert "llvm.prefetch" not in irs[0]
     assert "llvm.prefetch" in irs[1]
+
+
+def test_one_token_tiles_prefetch_without_vnni():
+    """A one-token tile (decode) prefetches its Q4_1 and Q8_0 weights where a dot step takes
+    several instructions (AVX2, plain IR), not where it is one vpdpbusd; the tiles of 2 and
+    4 tokens prefetch with every flavour. A product's kernel holds all three tiles (the
+    token count is a symbol), so the one-token tile shows as one more prefetching loop.
+    Only the IR text is built: every flavour is checked on any host."""
+    from ggmlpy.codegen_cpu.program import ProgramBuilder
+    from ggmlpy.testing.ops import build_case_graph
+
+    def prefetch_sites(t: GGMLType, qdot: str) -> int:
+        graph, _ = build_case_graph("mul_mat", _weight_case(t, 576, 48, 1))
+        builder = ProgramBuilder(graph, graph.nodes, {"n_tokens": 1}, set(), False, qdot)
+        return "".join(unit.build_ir() for unit in builder.units()).count('call void @"llvm.prefetch')
+
+    for t in (G.Q4_1, G.Q8_0):
+        sites = {qdot: prefetch_sites(t, qdot) for qdot in ("vnni512", "vnni256", "avx2", "generic")}
+        assert sites["vnni512"] > 0 and sites["vnni512"] == sites["vnni256"], (t.name, sites)
+        per_loop = sites["vnni512"] // 2                      # the tiles of 4 and 2 tokens
+        assert sites["avx2"] == sites["generic"] == 3 * per_loop, (t.name, sites)
 
 
 @pytest.mark.parametrize("t", TYPES + KTYPES, ids=lambda t: t.name)

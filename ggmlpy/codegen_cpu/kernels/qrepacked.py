@@ -36,13 +36,18 @@ TOKENS = 4
 REST_TILES = (2, 1)        # the tiles of a block's last tokens (their count's bits; < TOKENS)
 L2_BUDGET = 512 * 1024     # bytes of quantised activations per token block
 V = 64
-# Software prefetch of the weights this many bytes ahead, in tiles of 2 or more tokens. A
-# tile of 4 computes long enough per step that the hardware prefetcher falls behind, and its
-# memory time then adds to its arithmetic instead of hiding under it (DRAM-resident Q4_1,
-# 2 threads: 4 tokens 2.5x one token's time without, 2.0x with). One token per step streams
-# fast enough without it; measured per type (bench/prefetch_ab.py), absent: no prefetch.
-PREFETCH_AHEAD: dict[GGMLType, int] = {GGMLType.Q4_1: 4096, GGMLType.Q5_0: 4096}
-PREFETCH_MIN_TOKENS = 2
+# Software prefetch of the weights this many bytes ahead. A tile that computes long enough
+# per step outruns the hardware prefetcher, and its memory time then adds to its arithmetic
+# instead of hiding under it (DRAM-resident Q4_1, 2 threads, AVX-512 VNNI: 4 tokens 2.5x one
+# token's time without, 2.0x with). Measured per type (bench/prefetch_ab.py, in a model with
+# bench/prefetch_model_ab.py), absent: no prefetch (the K-quants: Gemma 3 on AVX2 decoded
+# 11% slower with them).
+PREFETCH_AHEAD: dict[GGMLType, int] = {GGMLType.Q4_1: 4096, GGMLType.Q5_0: 4096, GGMLType.Q8_0: 4096}
+# The smallest tile that prefetches, by dot flavour (qvec.py). With VNNI one dot step is one
+# instruction and a one-token tile streams fast enough alone (its prefetch measured +-3%);
+# AVX2's dot step takes three or five (Zen 1, 2 threads: Q4_1 decode 11.7 -> 17.5 GB/s
+# with it, SmolLM2 tg +19-26%, Gemma 3 +22-29%, each in-process A/B).
+PREFETCH_MIN_TOKENS: dict[str, int] = {"vnni512": 2, "vnni256": 2, "avx2": 1, "generic": 1}
 
 
 class RepackedMatmul:
@@ -100,7 +105,7 @@ class RepackedMatmul:
             accs = [kb.var(vec(F32, 16), zeros(F32, 16), "racc") for _ in toks]
             with kb.loop(i64(0), i64(self.n_steps), "rs") as s:
                 wp = kb.byte_ptr(gbase, b.mul(s, i64(self.step_bytes)))
-                ahead = PREFETCH_AHEAD.get(self.t, 0) if n_t >= PREFETCH_MIN_TOKENS else 0
+                ahead = PREFETCH_AHEAD.get(self.t, 0) if n_t >= PREFETCH_MIN_TOKENS[kb.qdot] else 0
                 for line in range(0, self.step_bytes if ahead else 0, 64):
                     prefetch(kb, kb.byte_ptr(wp, i64(ahead + line)))
                 aps = [kb.byte_ptr(arow, b.mul(s, i64(self.fmt.step_bytes))) for arow in arows]
