@@ -51,10 +51,11 @@ def main() -> None:
     tokens = [int(n) for n in args.tokens.split(",")]
     inputs = make_inputs(_case(t, args.k, args.m, max(tokens)), np.random.default_rng(0))
     runs = {}
+    qdot = Options.from_env().cpu_qdot or flavour()   # the kernels' flavour (GGMLPY_CPU_QDOT)
     saved, saved_min = dict(qrepacked.PREFETCH_AHEAD), dict(qrepacked.PREFETCH_MIN_TOKENS)
     if args.min_tokens is None:
-        args.min_tokens = saved_min[flavour()]
-    qrepacked.PREFETCH_MIN_TOKENS[flavour()] = args.min_tokens
+        args.min_tokens = saved_min[qdot]
+    qrepacked.PREFETCH_MIN_TOKENS[qdot] = args.min_tokens
     try:
         for ahead in aheads:
             qrepacked.PREFETCH_AHEAD[t] = ahead   # read when the kernel's IR is built
@@ -77,7 +78,7 @@ def main() -> None:
             t0 = time.perf_counter()
             split.run(store, {})
             best[key] = min(best[key], time.perf_counter() - t0)
-    out = {"type": t.name, "k": args.k, "m": args.m, "threads": args.threads, "min_tokens": args.min_tokens,
+    out = {"type": t.name, "flavour": qdot, "k": args.k, "m": args.m, "threads": args.threads, "min_tokens": args.min_tokens,
            "weight_mb": round(inputs["src0"].nbytes / 1e6, 1), "results": []}
     for ahead in aheads:
         one = best[(ahead, tokens[0])]

@@ -46,6 +46,11 @@ def parse_variant(text: str) -> tuple[str, dict[GGMLType, int], int | None]:
     return name, ahead, min_tokens
 
 
+def kernel_flavour() -> str:
+    """The dot flavour the contexts' kernels are built with (GGMLPY_CPU_QDOT, else the host's)."""
+    return Options.from_env().cpu_qdot or flavour()
+
+
 def make_context(model: llama.Model, ahead: dict[GGMLType, int], min_tokens: int | None,
                  threads: int) -> llama.Context:
     """A context whose kernels are built with the variant's tables (restored afterwards)."""
@@ -57,7 +62,7 @@ def make_context(model: llama.Model, ahead: dict[GGMLType, int], min_tokens: int
             else:
                 qrepacked.PREFETCH_AHEAD.pop(t, None)
         if min_tokens is not None:
-            qrepacked.PREFETCH_MIN_TOKENS[flavour()] = min_tokens
+            qrepacked.PREFETCH_MIN_TOKENS[kernel_flavour()] = min_tokens
         ctx = llama.Context(model, n_ctx=1024, n_threads=threads,
                             backend_options=Options(cache_dir=tempfile.mkdtemp(prefix="ggmlpy-pf-")))
         assert ctx.decode(llama.Batch.from_tokens(PROMPT)) == 0   # compiles, with these tables
@@ -98,7 +103,7 @@ def main() -> None:
             times[name].append(burst(ctxs[name], args.steps))
     first = statistics.median(times[variants[0][0]])
     print(json.dumps({
-        "model": args.model, "flavour": flavour(), "threads": args.threads, "rounds": args.rounds,
+        "model": args.model, "flavour": kernel_flavour(), "threads": args.threads, "rounds": args.rounds,
         "variants": [{"name": name, "tok_s_median": round(1 / statistics.median(t), 1),
                       "tok_s_best": round(1 / min(t), 1), "vs_first": round(first / statistics.median(t), 3)}
                      for name, t in times.items()]}, indent=1))

@@ -46,7 +46,8 @@ PREFETCH_AHEAD: dict[GGMLType, int] = {GGMLType.Q4_1: 4096, GGMLType.Q5_0: 4096,
 # The smallest tile that prefetches, by dot flavour (qvec.py). With VNNI one dot step is one
 # instruction and a one-token tile streams fast enough alone (its prefetch measured +-3%);
 # AVX2's dot step takes three or five (Zen 1, 2 threads: Q4_1 decode 11.7 -> 17.5 GB/s
-# with it, SmolLM2 tg +19-26%, Gemma 3 +22-29%, each in-process A/B).
+# with it, SmolLM2 tg +19-26%, Gemma 3 +16-29%; the plain IR flavour there +7%; each an
+# in-process A/B).
 PREFETCH_MIN_TOKENS: dict[str, int] = {"vnni512": 2, "vnni256": 2, "avx2": 1, "generic": 1}
 
 
