@@ -40,14 +40,14 @@ V = 64
 # per step outruns the hardware prefetcher, and its memory time then adds to its arithmetic
 # instead of hiding under it (DRAM-resident Q4_1, 2 threads, AVX-512 VNNI: 4 tokens 2.5x one
 # token's time without, 2.0x with). Measured per type (bench/prefetch_ab.py, in a model with
-# bench/prefetch_model_ab.py), absent: no prefetch (the K-quants: Gemma 3 on AVX2 decoded
-# 11% slower with them).
+# bench/prefetch_model_ab.py), absent: no prefetch (the K-quants: a Q4_K product on AVX2
+# 8% slower with it, Gemma 3's decode 11%).
 PREFETCH_AHEAD: dict[GGMLType, int] = {GGMLType.Q4_1: 4096, GGMLType.Q5_0: 4096, GGMLType.Q8_0: 4096}
 # The smallest tile that prefetches, by dot flavour (qvec.py). With VNNI one dot step is one
 # instruction and a one-token tile streams fast enough alone (its prefetch measured +-3%);
-# AVX2's dot step takes three or five (Zen 1, 2 threads: Q4_1 decode 11.7 -> 17.5 GB/s
-# with it, SmolLM2 tg +19-26%, Gemma 3 +16-29%; the plain IR flavour there +7%; each an
-# in-process A/B).
+# AVX2's dot step takes three or five (Zen 1, 2 threads, one token, DRAM-resident: Q4_1
+# 12.0 -> 18.2 GB/s with it, Q5_0 9.9 -> 16.1, Q8_0 13.7 -> 18.3; SmolLM2 tg +19-26%,
+# Gemma 3 +16-29%; the plain IR flavour there +7%; each an in-process A/B).
 PREFETCH_MIN_TOKENS: dict[str, int] = {"vnni512": 2, "vnni256": 2, "avx2": 1, "generic": 1}
 
 
