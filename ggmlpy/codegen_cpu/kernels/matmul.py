@@ -338,15 +338,20 @@ def _float_dot_rows(kb: KernelBuilder, node: Tensor, rows: Rows, seen: Visible) 
     xrows = [row_ptr(kb, kb.arg("src1"), x, *i) for i in where]
     drows = [row_ptr(kb, kb.arg("dst"), node, *i) for i in where]
 
+    # the tile's x rows as operands, loaded (and rounded to f16 against f16 data) once before
+    # the loops over a's rows: inside them LLVM may not hoist the loads past the stores to
+    # dst (the pointers may alias), and the rounding cost more than the products (AVX2)
+    xvs = [[_as_operand(b, load_vec(b, kb.elem_ptr(xrows[t], i64(VEC * c), F32), F32, VEC), a.type)
+            for c in range(chunks)] for t in range(n_t)]
+
     def dots(i0, n):
         arows = [row_ptr(kb, kb.arg("src0"), a, b.add(i0, i64(j)), a2, a3) for j in range(n)]
         accs = [[zeros(F32, VEC)] * n for _ in range(n_t)]
         for c in range(chunks):
             avs = [_load_f32x16(kb, kb.byte_ptr(arows[j], i64(VEC * c * esize)), a.type) for j in range(n)]
             for t in range(n_t):
-                xv = _as_operand(b, load_vec(b, kb.elem_ptr(xrows[t], i64(VEC * c), F32), F32, VEC), a.type)
                 for j in range(n):
-                    accs[t][j] = b.fadd(b.fmul(avs[j], xv, flags=CONTRACT), accs[t][j], flags=CONTRACT)
+                    accs[t][j] = b.fadd(b.fmul(avs[j], xvs[t][c], flags=CONTRACT), accs[t][j], flags=CONTRACT)
         return accs
 
     def span(lo: ir.Value, hi: ir.Value) -> None:
