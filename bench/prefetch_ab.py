@@ -18,9 +18,11 @@ its GB/s, and the ratio to the first token count.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
 import time
+from typing import Iterator, Mapping
 
 import numpy as np
 
@@ -33,6 +35,34 @@ from ggmlpy.ir.types import GGMLType
 from ggmlpy.options import Options
 from ggmlpy.quants import quantize
 from ggmlpy.sched.store import TensorStore
+
+
+def kernel_flavour() -> str:
+    """The dot flavour kernels are built with (GGMLPY_CPU_QDOT, else the host's best)."""
+    return Options.from_env().cpu_qdot or flavour()
+
+
+@contextlib.contextmanager
+def prefetch_tables(ahead: Mapping[GGMLType, int], min_tokens: int | None) -> Iterator[None]:
+    """qrepacked's prefetch tables changed while kernels are built inside (bytes ahead per
+    type, 0 for none; the smallest prefetching tile of the kernels' flavour, None: as it
+    is), restored afterwards. The tables are not part of plan keys: give each setting an
+    object cache of its own."""
+    saved_ahead, saved_min = dict(qrepacked.PREFETCH_AHEAD), dict(qrepacked.PREFETCH_MIN_TOKENS)
+    try:
+        for t, n in ahead.items():
+            if n:
+                qrepacked.PREFETCH_AHEAD[t] = n
+            else:
+                qrepacked.PREFETCH_AHEAD.pop(t, None)
+        if min_tokens is not None:
+            qrepacked.PREFETCH_MIN_TOKENS[kernel_flavour()] = min_tokens
+        yield
+    finally:
+        qrepacked.PREFETCH_AHEAD.clear()
+        qrepacked.PREFETCH_AHEAD.update(saved_ahead)
+        qrepacked.PREFETCH_MIN_TOKENS.clear()
+        qrepacked.PREFETCH_MIN_TOKENS.update(saved_min)
 
 
 def chain_graph(t: GGMLType, k: int, m: int, n: int, copies: int) -> Graph:
@@ -79,27 +109,20 @@ def main() -> None:
     weight = np.ascontiguousarray(quantize(rng.standard_normal((args.m, args.k)).astype(np.float32), t))
     copies = max(1, round(args.chain_mb * 1e6 / weight.nbytes))
     xs = {n: rng.standard_normal((n, args.k)).astype(np.float32) for n in tokens}
-    qdot = Options.from_env().cpu_qdot or flavour()   # the kernels' flavour (GGMLPY_CPU_QDOT)
-    saved, saved_min = dict(qrepacked.PREFETCH_AHEAD), dict(qrepacked.PREFETCH_MIN_TOKENS)
+    qdot = kernel_flavour()
     if args.min_tokens is None:
-        args.min_tokens = saved_min[qdot]
-    qrepacked.PREFETCH_MIN_TOKENS[qdot] = args.min_tokens
+        args.min_tokens = qrepacked.PREFETCH_MIN_TOKENS[qdot]
     runs = {}
-    try:
-        for ahead in aheads:
-            qrepacked.PREFETCH_AHEAD[t] = ahead   # read when the kernel's IR is built
-            # a cache of its own: plan keys do not see this setting
-            backend = CpuBackend(n_threads=args.threads, options=Options(cache_dir=tempfile.mkdtemp()))
+    for ahead in aheads:
+        # a cache of its own per distance: plan keys do not see the tables
+        backend = CpuBackend(n_threads=args.threads, options=Options(cache_dir=tempfile.mkdtemp()))
+        with prefetch_tables({t: ahead}, args.min_tokens):   # read when the kernels' IR is built
             for n in tokens:
                 graph = chain_graph(t, args.k, args.m, n, copies)
                 store = TensorStore({"x": xs[n], **{f"w{i}": weight.copy() for i in range(copies)}})
                 split = backend.compile(graph, graph.nodes)
                 split.run(store, {})
                 runs[(ahead, n)] = (split, store)
-    finally:
-        qrepacked.PREFETCH_AHEAD.clear()
-        qrepacked.PREFETCH_AHEAD.update(saved)
-        qrepacked.PREFETCH_MIN_TOKENS.update(saved_min)
     best = dict.fromkeys(runs, float("inf"))
     for _ in range(args.rounds):
         for key, (split, store) in runs.items():

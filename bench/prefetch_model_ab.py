@@ -20,14 +20,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import llama
-from ggmlpy.codegen_cpu.kernels import qrepacked
-from ggmlpy.codegen_cpu.kernels.qvec import flavour
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.options import Options
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from prefetch_ab import kernel_flavour, prefetch_tables  # noqa: E402  (the same tables, set the same way)
 
 PROMPT = list(range(100, 108))
 
@@ -46,34 +49,16 @@ def parse_variant(text: str) -> tuple[str, dict[GGMLType, int], int | None]:
     return name, ahead, min_tokens
 
 
-def kernel_flavour() -> str:
-    """The dot flavour the contexts' kernels are built with (GGMLPY_CPU_QDOT, else the host's)."""
-    return Options.from_env().cpu_qdot or flavour()
-
-
 def make_context(model: llama.Model, ahead: dict[GGMLType, int], min_tokens: int | None,
                  threads: int) -> llama.Context:
-    """A context whose kernels are built with the variant's tables (restored afterwards)."""
-    saved_ahead, saved_min = dict(qrepacked.PREFETCH_AHEAD), dict(qrepacked.PREFETCH_MIN_TOKENS)
-    try:
-        for t, n in ahead.items():
-            if n:
-                qrepacked.PREFETCH_AHEAD[t] = n
-            else:
-                qrepacked.PREFETCH_AHEAD.pop(t, None)
-        if min_tokens is not None:
-            qrepacked.PREFETCH_MIN_TOKENS[kernel_flavour()] = min_tokens
+    """A context whose kernels are built with the variant's tables (prefetch_tables)."""
+    with prefetch_tables(ahead, min_tokens):
         ctx = llama.Context(model, n_ctx=1024, n_threads=threads,
                             backend_options=Options(cache_dir=tempfile.mkdtemp(prefix="ggmlpy-pf-")))
         assert ctx.decode(llama.Batch.from_tokens(PROMPT)) == 0   # compiles, with these tables
         for _ in range(3):
             assert ctx.decode(llama.Batch.from_tokens([5])) == 0
-        return ctx
-    finally:
-        qrepacked.PREFETCH_AHEAD.clear()
-        qrepacked.PREFETCH_AHEAD.update(saved_ahead)
-        qrepacked.PREFETCH_MIN_TOKENS.clear()
-        qrepacked.PREFETCH_MIN_TOKENS.update(saved_min)
+    return ctx
 
 
 def burst(ctx: llama.Context, steps: int) -> float:
