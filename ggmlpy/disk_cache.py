@@ -116,6 +116,14 @@ class DiskCache:
             return
         self._event("store", cache_key(parts))
 
+    def discard(self, parts: Mapping[str, str], suffix: str = ".bin", why: str = "unusable") -> None:
+        """Remove the entry `get` just returned for `parts` because its caller could not use
+        it (a payload that passed the checks here but does not load): that lookup then counts
+        as a miss and a discard, not a hit."""
+        self.hits -= 1
+        payload_path, record_path = self.paths(parts, suffix)
+        self._discard(cache_key(parts), payload_path, record_path, why)
+
     def recall(self, name: str) -> str | None:
         """The value `remember` stored under `name`, or None; the caller checks it."""
         try:

@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from ggmlpy.disk_cache import cache_dir
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.options import Options
-from ggmlpy.passes.pipeline import context_passes, pipeline_name, run_pipeline
+from ggmlpy.passes.pipeline import context_passes
+from ggmlpy.passes.stored import StoredPipeline
 from ggmlpy.sched.cache import GraphCache
 from ggmlpy.sched.registry import host_backends
 from ggmlpy.sched.scheduler import CompiledGraph
@@ -123,6 +125,8 @@ class Context:
             be.set_model_file(model.path)
         # every backend's passes, so each split gets its own backend's (passes/pipeline.py)
         self.passes = context_passes(self.backends)
+        # the passes' results on disk, beside the compiled code (passes/stored.py)
+        self.stored_pipeline = StoredPipeline(cache_dir("graphs", backend_options.cache_dir))
         self.graph_cache = GraphCache()
         self.n_reused = 0
         self.n_compute = 0
@@ -176,11 +180,12 @@ class Context:
 
     def _compile(self, built: BuiltGraph) -> CompiledGraph:
         """The compiled graph for this topology: from the cache, or through the passes of
-        every backend (dce, cse, view folding, fusion marks ...) and the scheduler."""
+        every backend (dce, cse, view folding, fusion marks ...; their result stored on
+        disk, passes/stored.py) and the scheduler."""
         sig = built.graph.signature()
 
         def compile_graph() -> CompiledGraph:
-            optimized = run_pipeline(built.graph, backend=pipeline_name(self.passes), passes=self.passes).graph
+            optimized = self.stored_pipeline.optimise(built.graph, sig, self.passes)
             return CompiledGraph(optimized, self.backends, self.model.placement)
 
         return self.graph_cache.get_or_compile(sig, compile_graph)

@@ -141,6 +141,9 @@ def test_merge_ties_go_left():
     # first duplicate merge line wins; a line without a space is the pair ("", "")
     assert parse_merges(["a b", "x", "a b", "c d"]) == {("a", "b"): 0, ("", ""): 1, ("c", "d"): 3}
     assert parse_merges([" a b"]) == {(" a", "b"): 0}
+    assert list(parse_merges(["c d", "a b", "c d"])) == [("c", "d"), ("a", "b")]   # file order kept
+    with pytest.raises(VocabError, match=r"merges\[1\] is int, expected str"):
+        parse_merges(["a b", 5, "c d"])
 
 
 def test_space_and_newline_are_byte_characters():

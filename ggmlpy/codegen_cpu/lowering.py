@@ -11,6 +11,7 @@ each node passes its own symbols' values in that order (`kernel_signature`, prog
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Callable
@@ -44,20 +45,39 @@ def lowering(*ops: str, supports: Callable[[Tensor], bool] | None = None,
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+@functools.lru_cache(maxsize=4096)
+def _pieces(text: str) -> tuple[tuple[str, bool], ...]:
+    """A dim's text split into (piece, whether it is a symbol name): a graph's kernels
+    format the same few dims thousands of times."""
+    out, at = [], 0
+    for m in _NAME.finditer(text):
+        if m.start() > at:
+            out.append((text[at:m.start()], False))
+        out.append((m.group(0), True))
+        at = m.end()
+    if at < len(text):
+        out.append((text[at:], False))
+    return tuple(out)
+
+
 class _SymbolNames:
     """Renames the symbols of the dims it formats by their first appearance: $0, $1 ..."""
 
     def __init__(self) -> None:
         self.order: list[str] = []
+        self._slots: dict[str, str] = {}
 
-    def _slot(self, match: re.Match) -> str:
-        name = match.group(0)
-        if name not in self.order:
+    def _slot(self, name: str) -> str:
+        slot = self._slots.get(name)
+        if slot is None:
+            slot = self._slots[name] = f"${len(self.order)}"
             self.order.append(name)
-        return f"${self.order.index(name)}"
+        return slot
 
     def dim(self, d) -> str:
-        return str(d) if isinstance(d, int) else _NAME.sub(self._slot, repr(d))
+        if isinstance(d, int):
+            return str(d)
+        return "".join(self._slot(piece) if is_name else piece for piece, is_name in _pieces(repr(d)))
 
     def value(self, v):
         if isinstance(v, (list, tuple)):
@@ -78,6 +98,22 @@ def kernel_signature(node: Tensor) -> tuple[str, tuple[str, ...]]:
     dst = names.layout(node)
     srcs = tuple(names.layout(s) + (operand_repacked(node, j),) for j, s in enumerate(node.src))
     return repr((node.op, params, dst, srcs)), tuple(names.order)
+
+
+def kernel_signatures(nodes: list[Tensor]) -> list[tuple[str, tuple[str, ...]]]:
+    """kernel_signature of every node, formatted once per set of nodes alike in all it reads
+    (op, params, types, shapes, strides, repacked operands): a model's layers repeat the same
+    few dozen kernels, and formatting keys was a tenth of a warm start."""
+    memo: dict[tuple, tuple[str, tuple[str, ...]]] = {}
+    out = []
+    for node in nodes:
+        alike = (node.op, repr(sorted(node.params.items())), node.type, node.ne, node.nb,
+                 tuple((s.type, s.ne, s.nb, operand_repacked(node, j)) for j, s in enumerate(node.src)))
+        signature = memo.get(alike)
+        if signature is None:
+            signature = memo[alike] = kernel_signature(node)
+        out.append(signature)
+    return out
 
 
 def kernel_key(node: Tensor) -> str:

@@ -29,7 +29,7 @@ from ggmlpy.codegen_cpu import kernels as _kernels  # noqa: F401  (fills the low
 from ggmlpy.codegen_cpu.kernels import extent, softmax
 from ggmlpy.codegen_cpu.irgen import KernelBuilder, barrier_ir, declare_barrier
 from ggmlpy.codegen_cpu.fusion import CpuFusion
-from ggmlpy.codegen_cpu.lowering import LOWERINGS, kernel_signature
+from ggmlpy.codegen_cpu.lowering import LOWERINGS, kernel_signatures
 from ggmlpy.codegen_cpu.repack import operand_repacked
 from ggmlpy.codegen_cpu.target import host
 from ggmlpy.ir.graph import Graph
@@ -123,7 +123,7 @@ class ProgramBuilder:
         fusion = CpuFusion(graph, nodes)
         nodes = fusion.apply(nodes)
         self.nodes = [n for n in nodes if n.op not in OPS or OPS[n.op].kind != Kind.VIEW]
-        signatures = [kernel_signature(node) for node in self.nodes]
+        signatures = kernel_signatures(self.nodes)
         self.kernel_keys = [key for key, _ in signatures]   # what makes kernels shared
         self.kernel_symbols = [symbols for _, symbols in signatures]  # per node, in its kernel's order
         self.worst_env = dict(worst_env)

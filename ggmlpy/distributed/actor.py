@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ggmlpy.distributed.graph_wire import load_graph
+from ggmlpy.ir.serial import load_graph
 from ggmlpy.distributed.hops import cut, join, pack
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.tensor import Flag, Tensor

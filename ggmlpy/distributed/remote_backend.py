@@ -7,7 +7,7 @@ with the contract's hooks:
 
 - `compile(graph, nodes)` sends the split to the device's actor (`actor.SplitWorker`),
   which compiles it with the node's own backend (cpu, or cuda for `ray:<node>/cuda`). The
-  graph's IR travels once per graph (graph_wire.py), not per split or step; the compile
+  graph's IR travels once per graph (ggmlpy/ir/serial.py), not per split or step; the compile
   call is not waited for, so the node's LLVM runs beside the host's, and the first run
   waits for it. `supports_op` and `pipeline` are answered on the host by a local instance
   of the same backend (no round trip per node).
@@ -45,7 +45,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ggmlpy.distributed.graph_wire import dump_graph
+from ggmlpy.ir.serial import dump_graph
 from ggmlpy.distributed.hops import cut, join, pack, piece_count
 from ggmlpy.distributed.ray_target import RayTarget, import_ray, resolve
 from ggmlpy.ir.graph import Graph

@@ -48,9 +48,18 @@ class SymExpr:
 
     __radd__ = __add__
 
+    @staticmethod
+    def _sorted(terms: dict[Monomial, int]) -> "SymExpr":
+        """A SymExpr of terms already sorted and without zeros (skips __init__'s work)."""
+        e = SymExpr.__new__(SymExpr)
+        e.terms = terms
+        e._hash = hash(tuple(terms.items()))
+        e._text = None
+        return e
+
     def __mul__(self, other: "Dim") -> "Dim":
-        if isinstance(other, int):   # strides: by far the most common product
-            return SymExpr({m: c * other for m, c in self.terms.items()}) if other else 0
+        if isinstance(other, int):   # strides: by far the most common product (order kept)
+            return SymExpr._sorted({m: c * other for m, c in self.terms.items()}) if other else 0
         out: dict[Monomial, int] = {}
         for m1, c1 in self.terms.items():
             for m2, c2 in _terms(other).items():
@@ -70,6 +79,11 @@ class SymExpr:
 
     def __hash__(self) -> int:
         return self._hash
+
+    def __reduce__(self):
+        """Pickled as its terms: the hash is made again where it is loaded (a string's hash
+        differs from process to process, so a stored one would not find its equals)."""
+        return SymExpr, (self.terms,)
 
     def __repr__(self) -> str:
         if self._text is None:

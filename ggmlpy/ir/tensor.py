@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,8 +24,20 @@ class Flag(enum.Flag):
 _ids = itertools.count()
 
 
+def new_id() -> int:
+    """A tensor id no tensor of this process has had (ids key every pass's maps)."""
+    return next(_ids)
+
+
 def contiguous_strides(ttype: GGMLType, ne: tuple[Dim, ...]) -> tuple[Dim, ...]:
     """ggml_new_tensor's strides: nb[0] = type size, nb[1] = row bytes, then products."""
+    return _contiguous_strides(ttype, tuple(ne))
+
+
+@functools.lru_cache(maxsize=4096)
+def _contiguous_strides(ttype: GGMLType, ne: tuple[Dim, ...]) -> tuple[Dim, ...]:
+    """Memoised: a graph asks for the same few shapes thousands of times (every new tensor
+    and every contiguity check), and symbolic products are slow to make."""
     nb0 = type_size(ttype)
     nb1 = nb0 * (ne[0] // block_size(ttype)) if isinstance(ne[0], int) else nb0 * ne[0]
     nb = [nb0, nb1]
@@ -47,7 +60,7 @@ class Tensor:
     flags: Flag = Flag.NONE
     view_src: "Tensor | None" = None
     view_offs: Dim = 0
-    id: int = field(default_factory=lambda: next(_ids))
+    id: int = field(default_factory=new_id)
 
     @property
     def is_leaf(self) -> bool:

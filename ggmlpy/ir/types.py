@@ -113,12 +113,19 @@ def traits(t: GGMLType) -> TypeTraits:
     return TypeTraits(block, size, GGMLType(t) not in _PLAIN)
 
 
+def _traits_of(t: GGMLType | int) -> tuple[int, int]:
+    """(block, bytes) of t; an IntEnum hashes as its value, so a plain id finds its entry
+    without an enum conversion (shapes ask this thousands of times per graph)."""
+    entry = _TRAITS.get(t)
+    return entry if entry is not None else _TRAITS[GGMLType(t)]   # a bad id: ValueError
+
+
 def block_size(t: GGMLType) -> int:
-    return _TRAITS[GGMLType(t)][0]
+    return _traits_of(t)[0]
 
 
 def type_size(t: GGMLType) -> int:
-    return _TRAITS[GGMLType(t)][1]
+    return _traits_of(t)[1]
 
 
 def is_quantized(t: GGMLType) -> bool:

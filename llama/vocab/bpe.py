@@ -69,13 +69,16 @@ def parse_merges(merges: Any) -> dict[tuple[str, str], int]:
     Split at the first space after position 0 (a merge may start with a space); a line with
     none becomes the pair ("", ""), both as llama.cpp does.
     """
-    ranks: dict[tuple[str, str], int] = {}
-    for i, line in enumerate(merges):
-        if not isinstance(line, str):
-            raise VocabError(f"tokenizer.ggml.merges[{i}] is {type(line).__name__}, expected str")
-        pos = line.find(" ", 1)
-        pair = (line[:pos], line[pos + 1:]) if pos != -1 else ("", "")
-        ranks.setdefault(pair, i)
+    lines = list(merges)
+    if not set(map(type, lines)) <= {str}:
+        i, line = next((i, line) for i, line in enumerate(lines) if not isinstance(line, str))
+        raise VocabError(f"tokenizer.ggml.merges[{i}] is {type(line).__name__}, expected str")
+    pairs = [(line[:pos], line[pos + 1:]) if (pos := line.find(" ", 1)) != -1 else ("", "") for line in lines]
+    ranks = dict(zip(pairs, range(len(pairs))))   # no duplicate (the rule): built at C speed
+    if len(ranks) != len(pairs):
+        ranks = {}
+        for i, pair in enumerate(pairs):
+            ranks.setdefault(pair, i)
     return ranks
 
 

@@ -1,7 +1,7 @@
 """Helpers shared by op definitions: ggml's shape predicates and broadcasting."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -23,9 +23,11 @@ def can_repeat(small: Sequence[Dim], big: Sequence[Dim]) -> bool:
     return True
 
 
-def require(cond: bool, op: str, message: str) -> None:
+def require(cond: bool, op: str, message: str | Callable[[], str]) -> None:
+    """ShapeError unless cond; a message that formats shapes is passed as a function, so
+    that it is only formatted when the check fails (graphs check thousands of shapes)."""
     if not cond:
-        raise ShapeError(f"{op}: {message}")
+        raise ShapeError(f"{op}: {message() if callable(message) else message}")
 
 
 def repeat_to(x: np.ndarray, shape: Sequence[int]) -> np.ndarray:

@@ -19,7 +19,7 @@ F32 = GGMLType.F32
 def _binary_infer(op: str):
     def infer(srcs: Sequence[Any], params: dict) -> Inferred:
         a, b = srcs
-        require(can_repeat(b.ne, a.ne), op, f"cannot broadcast {b.shape_str()} to {a.shape_str()}")
+        require(can_repeat(b.ne, a.ne), op, lambda: f"cannot broadcast {b.shape_str()} to {a.shape_str()}")
         return Inferred(F32, a.ne)
     return infer
 
@@ -106,7 +106,7 @@ def _glu(name: str, doc: str) -> OpDef:
 
     def infer(srcs: Sequence[Any], params: dict) -> Inferred:
         a, g = srcs
-        require(tuple(a.ne) == tuple(g.ne), name, f"halves differ: {a.shape_str()} vs {g.shape_str()}")
+        require(tuple(a.ne) == tuple(g.ne), name, lambda: f"halves differ: {a.shape_str()} vs {g.shape_str()}")
         return Inferred(F32, a.ne)
 
     def reference(x: Sequence[np.ndarray], params: dict) -> np.ndarray:

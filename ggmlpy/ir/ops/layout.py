@@ -47,8 +47,8 @@ register(OpDef("view", Kind.VIEW, _view_infer, api={"view": _view_api},
 def _reshape_infer(srcs: Sequence[Any], params: dict) -> Inferred:
     (a,) = srcs
     ne = pad_ne(params["ne"])
-    require(a.is_contiguous, "reshape", f"source {a.shape_str()} is not contiguous")
-    require(_nelements(ne) == a.nelements(), "reshape", f"{a.shape_str()} has {a.nelements()} "
+    require(a.is_contiguous, "reshape", lambda: f"source {a.shape_str()} is not contiguous")
+    require(_nelements(ne) == a.nelements(), "reshape", lambda: f"{a.shape_str()} has {a.nelements()} "
             f"elements, {list(params['ne'])} needs {_nelements(ne)}")
     root, offs = memory_root(a), offset_in_owner(a)
     return Inferred(a.type, ne, contiguous_strides(a.type, ne), root, offs)
@@ -66,7 +66,7 @@ register(OpDef("reshape", Kind.VIEW, _reshape_infer, api={"reshape": _reshape_ap
 def _permute_infer(srcs: Sequence[Any], params: dict) -> Inferred:
     (a,) = srcs
     axes = params["axes"]
-    require(sorted(axes) == [0, 1, 2, 3], "permute", f"axes {axes} are not a permutation of 0..3")
+    require(sorted(axes) == [0, 1, 2, 3], "permute", lambda: f"axes {axes} are not a permutation of 0..3")
     ne: list[Dim] = [0] * 4
     nb: list[Dim] = [0] * 4
     for i, ax in enumerate(axes):  # ggml: source dim i becomes result dim axes[i]
@@ -93,7 +93,7 @@ register(OpDef("permute", Kind.VIEW, _permute_infer,
 def _cont_infer(srcs: Sequence[Any], params: dict) -> Inferred:
     (a,) = srcs
     ne = pad_ne(params["ne"]) if params.get("ne") else a.ne
-    require(_nelements(ne) == a.nelements(), "cont", f"{a.shape_str()} cannot become {list(ne)}")
+    require(_nelements(ne) == a.nelements(), "cont", lambda: f"{a.shape_str()} cannot become {list(ne)}")
     return Inferred(a.type if a.type in (F32, GGMLType.F16) else F32, ne)
 
 
@@ -116,10 +116,10 @@ register(OpDef("cont", Kind.ELEMENTWISE, _cont_infer, _cont_ref, api={"cont": _c
 # cpy ----------------------------------------------------------------------------------------
 def _cpy_infer(srcs: Sequence[Any], params: dict) -> Inferred:
     dst, a = srcs  # WRITE ops take their destination first
-    require(_nelements(a.ne) == dst.nelements(), "cpy", f"{a.shape_str()} into {dst.shape_str()}: "
+    require(_nelements(a.ne) == dst.nelements(), "cpy", lambda: f"{a.shape_str()} into {dst.shape_str()}: "
             "element counts differ")
     require(dst.type in (F32, GGMLType.F16, GGMLType.BF16), "cpy",
-            f"destination type {dst.type.name} is not supported")
+            lambda: f"destination type {dst.type.name} is not supported")
     root, offs = memory_root(dst), offset_in_owner(dst)
     return Inferred(dst.type, dst.ne, dst.nb, root, offs)
 
@@ -146,7 +146,7 @@ def _concat_infer(srcs: Sequence[Any], params: dict) -> Inferred:
     dim = params["dim"]
     for i in range(4):
         if i != dim:
-            require(a.ne[i] == c.ne[i], "concat", f"{a.shape_str()} and {c.shape_str()} differ in dim {i}")
+            require(a.ne[i] == c.ne[i], "concat", lambda: f"{a.shape_str()} and {c.shape_str()} differ in dim {i}")
     ne = list(a.ne)
     ne[dim] = simplify(a.ne[dim] + c.ne[dim])
     return Inferred(F32, tuple(ne))

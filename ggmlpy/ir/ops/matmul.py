@@ -18,9 +18,9 @@ F32 = GGMLType.F32
 
 def _infer(srcs: Sequence[Any], params: dict) -> Inferred:
     a, b = srcs
-    require(a.ne[0] == b.ne[0], "mul_mat", f"inner dimensions differ: a {a.shape_str()}, b {b.shape_str()}")
+    require(a.ne[0] == b.ne[0], "mul_mat", lambda: f"inner dimensions differ: a {a.shape_str()}, b {b.shape_str()}")
     require(can_repeat(a.ne[2:], b.ne[2:]), "mul_mat",
-            f"a {a.shape_str()} cannot broadcast over b {b.shape_str()} in dims 2, 3")
+            lambda: f"a {a.shape_str()} cannot broadcast over b {b.shape_str()} in dims 2, 3")
     require(not b.type.name.startswith("Q"), "mul_mat", "b must not be quantised")
     return Inferred(F32, (a.ne[1], b.ne[1], b.ne[2], b.ne[3]))
 

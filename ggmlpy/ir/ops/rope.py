@@ -24,11 +24,11 @@ ROPE_TYPE_NEOX = 2
 def _infer(srcs: Sequence[Any], params: dict) -> Inferred:
     a, pos = srcs[0], srcs[1]
     require(pos.type == GGMLType.I32, "rope", "positions must be I32")
-    require(pos.ne[0] == a.ne[2], "rope", f"{pos.shape_str()} positions for {a.shape_str()}")
-    require(params["mode"] in (ROPE_TYPE_NORM, ROPE_TYPE_NEOX), "rope", f"mode {params['mode']} unsupported")
+    require(pos.ne[0] == a.ne[2], "rope", lambda: f"{pos.shape_str()} positions for {a.shape_str()}")
+    require(params["mode"] in (ROPE_TYPE_NORM, ROPE_TYPE_NEOX), "rope", lambda: f"mode {params['mode']} unsupported")
     n_dims = params["n_dims"]
     require(n_dims % 2 == 0 and (not isinstance(a.ne[0], int) or n_dims <= a.ne[0]), "rope",
-            f"n_dims {n_dims} must be even and at most {a.ne[0]}")
+            lambda: f"n_dims {n_dims} must be even and at most {a.ne[0]}")
     return Inferred(F32, a.ne)
 
 

@@ -18,7 +18,7 @@ def _get_rows_infer(srcs: Sequence[Any], params: dict) -> Inferred:
     a, idx = srcs
     require(idx.type in INDEX_TYPES, "get_rows", "row indices must be I32 or I64")
     require(idx.ne[1] == a.ne[2] and idx.ne[2] == a.ne[3] or (idx.ne[1] == 1 and a.ne[2] == 1),
-            "get_rows", f"indices {idx.shape_str()} do not match {a.shape_str()}")
+            "get_rows", lambda: f"indices {idx.shape_str()} do not match {a.shape_str()}")
     out_type = GGMLType.I32 if a.type == GGMLType.I32 else F32
     return Inferred(out_type, (a.ne[0], idx.ne[0], idx.ne[1], idx.ne[2]))
 
@@ -52,10 +52,10 @@ register(OpDef("get_rows", Kind.OPAQUE, _get_rows_infer, _get_rows_ref,
 def _set_rows_infer(srcs: Sequence[Any], params: dict) -> Inferred:
     dst, src, idx = srcs
     require(idx.type in INDEX_TYPES, "set_rows", "row indices must be I32 or I64")
-    require(src.ne[0] == dst.ne[0], "set_rows", f"row length {src.ne[0]} vs destination {dst.ne[0]}")
-    require(src.ne[1] == idx.ne[0], "set_rows", f"{src.shape_str()} rows but {idx.shape_str()} indices")
+    require(src.ne[0] == dst.ne[0], "set_rows", lambda: f"row length {src.ne[0]} vs destination {dst.ne[0]}")
+    require(src.ne[1] == idx.ne[0], "set_rows", lambda: f"{src.shape_str()} rows but {idx.shape_str()} indices")
     require(dst.type in (F32, GGMLType.F16, GGMLType.BF16), "set_rows",
-            f"destination type {dst.type.name} is not supported")
+            lambda: f"destination type {dst.type.name} is not supported")
     root, offs = (dst.view_src, dst.view_offs) if dst.view_src is not None else (dst, 0)
     return Inferred(dst.type, dst.ne, dst.nb, root, offs)
 

@@ -20,7 +20,7 @@ def _infer(srcs: Sequence[Any], params: dict) -> Inferred:
     a = srcs[0]
     if len(srcs) > 1:
         m = srcs[1]
-        require(m.ne[0] == a.ne[0], "soft_max", f"mask {m.shape_str()} does not match {a.shape_str()}")
+        require(m.ne[0] == a.ne[0], "soft_max", lambda: f"mask {m.shape_str()} does not match {a.shape_str()}")
         require(m.type in (F32, GGMLType.F16), "soft_max", "mask must be F32 or F16")
     return Inferred(F32, a.ne)
 
