@@ -81,11 +81,12 @@ class KernelBuilder:
     """Builds one kernel function; `b` is the IRBuilder positioned in its body."""
 
     def __init__(self, module: ir.Module, name: str, qdot: str | None = None,
-                 symbols: Sequence[str] = SYMBOLS):
+                 symbols: Sequence[str] = SYMBOLS, extra_args: Sequence[tuple[str, ir.Type]] = ()):
         """qdot: the quantised dot flavour (kernels/qvec.py) this kernel is built with, the
         backend's Options.cpu_qdot; None: qvec.flavour() (set_flavour's, else the host's best).
         symbols: the symbols whose values `ctx` holds, in order (a symbol not among them is
-        an error naming it)."""
+        an error naming it). extra_args: (name, type) of arguments after the kernel's own (a
+        helper function's, see `call_helper`)."""
         if qdot is None:
             from ggmlpy.codegen_cpu.kernels.qvec import flavour  # (qvec imports this module)
 
@@ -93,12 +94,14 @@ class KernelBuilder:
         self.qdot = qdot
         self.symbols = tuple(symbols)
         self.module = module
-        self.fn = ir.Function(module, KERNEL_TYPE, name)
+        fn_type = ir.FunctionType(VOID, [*KERNEL_TYPE.args, *(t for _, t in extra_args)])
+        self.fn = ir.Function(module, fn_type, name)
         self.fn.linkage = "internal"
         self.fn.attributes.add("noinline")  # kernels are shared; inlining ~1000 calls would bloat compile time
-        for arg, n in zip(self.fn.args, KERNEL_ARGS):
+        names = (*KERNEL_ARGS, *(n for n, _ in extra_args))
+        for arg, n in zip(self.fn.args, names):
             arg.name = n
-        self.args = {n: a for n, a in zip(KERNEL_ARGS, self.fn.args)}
+        self.args = {n: a for n, a in zip(names, self.fn.args)}
         self._entry = self.fn.append_basic_block("entry")
         body = self.fn.append_basic_block("body")
         self.b = ir.IRBuilder(body)
@@ -143,6 +146,21 @@ class KernelBuilder:
         with self.b.goto_block(self._entry):
             self.b.branch(self.fn.blocks[1])
         return self.fn
+
+    def call_helper(self, name: str, extra_args: Sequence[tuple[str, ir.Type]],
+                    build: Callable[["KernelBuilder"], None], values: Sequence[ir.Value]) -> None:
+        """Call this kernel's helper function `name` with the kernel's own arguments and
+        `values` for `extra_args`; the first call builds it, by build(helper), where `helper`
+        is a KernelBuilder over it (same module, flavour and symbols; `helper.arg(name)` reads
+        an extra argument). Code a kernel repeats for every tile shape (the attention's softmax
+        row: nine copies) is then compiled once, not inlined: a tenth of the IR to optimise."""
+        full = f"{self.fn.name}.{name}"
+        fn = self.module.globals.get(full)
+        if fn is None:
+            helper = KernelBuilder(self.module, full, self.qdot, self.symbols, extra_args)
+            build(helper)
+            fn = helper.finish()
+        self.b.call(fn, [*self.fn.args[:len(KERNEL_ARGS)], *values])
 
     # control flow ---------------------------------------------------------------------------
     @contextlib.contextmanager

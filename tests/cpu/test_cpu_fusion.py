@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -16,6 +18,7 @@ from ggmlpy.codegen_cpu import fusion
 from ggmlpy.codegen_cpu.backend import CpuBackend
 from ggmlpy.codegen_cpu.kernels import extent
 from ggmlpy.codegen_cpu.kernels import softmax as softmax_kernels
+from ggmlpy.codegen_cpu.program import ProgramBuilder
 from ggmlpy.ir.builder import GraphBuilder
 from ggmlpy.ir.ops import OpCase, SrcSpec
 from ggmlpy.testing.ops import make_inputs, normalized_error
@@ -166,6 +169,20 @@ def test_attention_scores_kernel(d, hkv, h, n_kv, n_tok):
     assert [nd.op for nd in cpu.nodes] == ["mul_mat_soft_max"]
     assert normalized_error(ours, ref) <= 1e-10
     assert (ours[..., np.isinf(m)] == 0).all()
+
+
+def test_attention_softmax_row_is_compiled_once():
+    """The softmax row is one helper function the attention kernel calls from every row of
+    every tile shape (not a copy inlined per row: that was three quarters of its IR)."""
+    graph, _ = _graph_attention_scores(64, 3, 9, 37, 7)
+    optimised = run_pipeline(graph, "cpu").graph
+    builder = ProgramBuilder(optimised, optimised.nodes, {"n_tokens": 7, "n_kv": 37, "n_outputs": 7}, set())
+    builder.plan_key()
+    unit = next(u for u in builder.units() if u.name.endswith("_mul_mat_soft_max"))
+    text = unit.build_ir()
+    helper = f"{unit.name}.softmax_row"
+    assert re.findall(r'define internal void @"([^"]+)"', text).count(helper) == 1
+    assert text.count(f'call void @"{helper}"') >= 4     # rows of token tiles, head tiles, single rows
 
 
 def test_smollm2_attention_skipping_is_exact(smollm2_path, monkeypatch):

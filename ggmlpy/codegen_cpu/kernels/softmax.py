@@ -19,7 +19,7 @@ from typing import Callable
 
 import llvmlite.ir as ir
 
-from ggmlpy.codegen_cpu.irgen import F32, F64, KernelBuilder, f32, i64
+from ggmlpy.codegen_cpu.irgen import F32, F64, I64, PTR, KernelBuilder, f32, i64
 from ggmlpy.codegen_cpu.kernels.common import bcast_index, elem_ptr, n_rows, row_ptr, unravel_row
 from ggmlpy.codegen_cpu.kernels.elementwise import contiguous_rows
 from ggmlpy.codegen_cpu.kernels.extent import Visible, any_live, rows_share_chunks, tile_range
@@ -53,11 +53,17 @@ def soft_max_row(kb: KernelBuilder, node: Tensor, r: ir.Value, srow: ir.Value, m
     every entry outside [lo, hi): only those are read, and the rest of the row is written as
     the 0 it would come out as. The chunks keep their lanes (lo is whole chunks from the
     row's start), so the sums add the same values in the same order."""
-    ne0 = kb.dim(node.ne[0])
-    vector = all(contiguous_rows(t) for t in (node, *node.src))
     i1, i2, i3 = unravel_row(kb, node, r)
     drow = row_ptr(kb, kb.arg("dst"), node, i1, i2, i3)
-    mrow = mask_row(kb, node, i1, i2, i3, mask_arg)
+    soft_max_row_at(kb, node, srow, drow, mask_row(kb, node, i1, i2, i3, mask_arg), live)
+
+
+def soft_max_row_at(kb: KernelBuilder, node: Tensor, srow: ir.Value, drow: ir.Value, mrow: ir.Value | None,
+                    live: tuple[ir.Value, ir.Value] | None = None) -> None:
+    """soft_max_row of the rows at srow (input), drow (output) and mrow (mask; None: no
+    mask)."""
+    ne0 = kb.dim(node.ne[0])
+    vector = all(contiguous_rows(t) for t in (node, *node.src))
     if vector and live is not None:
         b = kb.b
         lo, hi = live
@@ -140,9 +146,21 @@ def _attention_scores(kb: KernelBuilder, node: Tensor) -> None:
     def together(rows: list[ir.Value]) -> ir.Value:  # queries of different sequences: apart
         return rows_share_chunks(kb, mask_rows(rows), *args, NEG_INF)
 
+    # one softmax row is a function of its own, called with the row's pointers (computed
+    # here, where a tile's rows share their index arithmetic): inlined, its nine copies (one
+    # per row of every tile shape) were three quarters of the kernel's IR
+    row_args = [("scores", PTR), ("mask_row", PTR), ("lo", I64), ("hi", I64)]
+    has_mask = len(sm.src) > 1
+
+    def build_row(helper: KernelBuilder) -> None:
+        live = (helper.arg("lo"), helper.arg("hi")) if mask is not None else None
+        mrow = helper.arg("mask_row") if has_mask else None
+        soft_max_row_at(helper, sm, helper.arg("scores"), helper.arg("scores"), mrow, live)
+
     def normalise(rows, live):
-        for r, scores in rows:
-            soft_max_row(kb, sm, r, scores, mask_arg="src2", live=live if mask is not None else None)
+        for r, scores in rows:   # the scores were written to dst: normalised in place
+            mrow = mask_row(kb, sm, *unravel_row(kb, sm, r), "src2") if has_mask else ir.Constant(PTR, None)
+            kb.call_helper("softmax_row", row_args, build_row, [scores, mrow, *live])
 
     float_dot_tiles(kb, kq, start, end, normalise, visible=visible if mask is not None else None,
                     together=together if mask is not None else None)
