@@ -176,6 +176,23 @@ def test_reshape_of_a_non_contiguous_tensor_is_refused() -> None:
         b.reshape(b.input("y", F32, (6, 4)), 5, 5)
 
 
+def test_a_view_past_its_source_is_refused() -> None:
+    """ggml_view_impl's assert: a static view must lie inside its source's memory (a bench
+    once read past a KV cache this way and crashed); symbolic ones are sized when run."""
+    b = GraphBuilder()
+    cache = b.cache("cache_k", GGMLType.F16, (192, 16))               # 6144 bytes
+    inside = b.view(cache, (64, 3, 16), (128, 384))                    # every cell: fits
+    assert inside.ne[:3] == (64, 3, 16)
+    b.view(cache, (64, 2, 16), (128, 384), 128)                        # heads 1 and 2: fits
+    with pytest.raises(ValueError, match=r"^view: .* ends at byte 6528, past the 6144 bytes of cache_k"):
+        b.view(cache, (64, 3, 17), (128, 384))                         # one cell too many
+    with pytest.raises(ValueError, match=r"^view: .* past the 6144 bytes"):
+        b.view(cache, (64, 3, 16), (128, 384), 2)                      # shifted by one element
+    with pytest.raises(ValueError, match=r"^view: .* past the 6144 bytes"):
+        b.view(b.view(cache, (64, 2, 16), (128, 384), 128), (64, 2, 16), (128, 384), 128)
+    b.view(cache, (64, 3, N_KV), (128, 384))                           # symbolic: checked at run time
+
+
 @pytest.mark.parametrize("build, op", [
     (lambda b: b.mul_mat(b.input("a", F32, (64, 9)), b.input("x", F32, (32, 2))), "mul_mat"),
     (lambda b: b.mul_mat(b.input("a", F32, (8, 2, 3)), b.input("x", F32, (8, 2, 4))), "mul_mat"),

@@ -10,7 +10,7 @@ from ggmlpy.ir.ops.common import require
 from ggmlpy.ir.ops.registry import Inferred, Kind, OpCase, OpDef, SrcSpec, register
 from ggmlpy.ir.symbolic import Dim, simplify
 from ggmlpy.ir.tensor import contiguous_strides, memory_root, offset_in_owner, pad_ne
-from ggmlpy.ir.types import GGMLType
+from ggmlpy.ir.types import GGMLType, row_size
 
 F32 = GGMLType.F32
 
@@ -23,10 +23,27 @@ def _nelements(ne: Sequence[Dim]) -> Dim:
 
 
 # view ---------------------------------------------------------------------------------------
+def _extent(t: GGMLType, ne: Sequence[Dim], nb: Sequence[Dim]) -> int | None:
+    """The bytes from a tensor's first byte to just past its last, when every dim and
+    stride is known (None: some are symbols, checked when the graph runs); 0 if empty."""
+    if not all(isinstance(d, int) for d in (*ne, *nb)):
+        return None
+    if any(d == 0 for d in ne):
+        return 0
+    return row_size(t, ne[0]) + sum((ne[i] - 1) * abs(nb[i]) for i in range(1, len(ne)))
+
+
 def _view_infer(srcs: Sequence[Any], params: dict) -> Inferred:
     (a,) = srcs
     root, offs = memory_root(a), offset_in_owner(a)
-    return Inferred(a.type, pad_ne(params["ne"]), tuple(params["nb"]), root, simplify(offs + params["offset"]))
+    ne, nb, offset = pad_ne(params["ne"]), tuple(params["nb"]), simplify(offs + params["offset"])
+    # ggml_view_impl's assert: a view must lie inside its source's memory
+    end, size = _extent(a.type, ne, nb), _extent(root.type, root.ne, root.nb)
+    if end is not None and size is not None and isinstance(offset, int):
+        require(offset >= 0 and offset + end <= size, "view",
+                lambda: f"{list(ne)} at byte {offset} with strides {list(nb)} ends at byte {offset + end}, "
+                        f"past the {size} bytes of {root.name or 'its source'} {root.shape_str()}")
+    return Inferred(a.type, ne, nb, root, offset)
 
 
 def _view_api(b, a, ne: Sequence[Dim], nb: Sequence[Dim] = (), offset: Dim = 0):
