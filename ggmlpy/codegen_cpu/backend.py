@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import heapq
+import itertools
 import logging
 import os
 import threading
@@ -86,6 +88,10 @@ class CpuBackend(Backend):
         # settings are fixed): (IR sha256, module) futures shared by its splits
         self._units: dict[str, concurrent.futures.Future] = {}
         self._count_lock = threading.Lock()
+        # units waiting for a compile thread, costliest first: (-cost, arrival, unit, future)
+        self._waiting: list[tuple[float, int, CompileUnit, concurrent.futures.Future]] = []
+        self._waiting_lock = threading.Lock()
+        self._arrivals = itertools.count()
 
     def share_model_cache(self, cache: dict) -> None:
         """Keep repacked weights in a cache that lives with the model (Model.backend_cache),
@@ -171,16 +177,31 @@ class CpuBackend(Backend):
         compile on every core while this thread goes on (weights are repacked meanwhile)."""
         if unit.name in self._units:
             return self._units[unit.name]
+        future: concurrent.futures.Future = concurrent.futures.Future()
         if inprocess_requested():  # LLVM in this process: one unit at a time, now
-            future: concurrent.futures.Future = concurrent.futures.Future()
             future.set_result(self._compile_unit(unit))
         else:
             if self._compiles is None:
                 self._compiles = concurrent.futures.ThreadPoolExecutor(
                     compile_threads(), thread_name_prefix="ggmlpy-compile")
-            future = self._compiles.submit(self._compile_unit, unit)
+            with self._waiting_lock:
+                heapq.heappush(self._waiting, (-unit.cost, next(self._arrivals), unit, future))
+            self._compiles.submit(self._compile_next)
         self._units[unit.name] = future
         return future
+
+    def _compile_next(self) -> None:
+        """Compile the most expensive unit waiting (earliest first among equals): one task is
+        submitted per unit, so each runs once, but a costly kernel of the next graph starts
+        before the small ones queued ahead of it (the cold start ends with the last unit)."""
+        with self._waiting_lock:
+            _, _, unit, future = heapq.heappop(self._waiting)
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(self._compile_unit(unit))
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits for the unit
+            future.set_exception(e)
 
     def _compile_unit(self, unit: CompileUnit) -> tuple[str, NativeObject | JitModule]:
         ir_text = unit.build_ir()

@@ -1,16 +1,19 @@
 """Kernels shared across symbols and across graphs: the last layer (n_outputs rows) runs the
 other layers' kernels (n_tokens rows), Gemma 3's sliding-window layers (n_kv_swa) the full
 ones' (n_kv), each node reading its own symbols' values; and a context's two graphs compile
-each kernel they share once."""
+each kernel they share once, the costliest waiting first."""
 from __future__ import annotations
 
 import collections
+import threading
 
 import numpy as np
 import pytest
 
 import llama
-from ggmlpy.codegen_cpu.program import ProgramBuilder
+from ggmlpy.codegen_cpu import backend as backend_module
+from ggmlpy.codegen_cpu.backend import CpuBackend
+from ggmlpy.codegen_cpu.program import CompileUnit, ProgramBuilder
 from ggmlpy.testing.models import write_tiny_llama
 
 
@@ -84,3 +87,30 @@ def test_a_contexts_graphs_compile_each_shared_kernel_once(tiny_path, tmp_path, 
     assert len(common) >= 4   # the entry, norms, products ...
     be = ctx.backends[0]
     assert be.ir_builds == len(per_graph[0] | per_graph[1]) == be.object_cache.misses
+
+
+def test_the_costliest_waiting_unit_compiles_first(monkeypatch):
+    """Compile threads take the most expensive waiting unit (COMPILE_COST), not the oldest:
+    a costly kernel of a context's second graph starts before the first graph's small ones."""
+    monkeypatch.delenv("GGMLPY_COMPILE_INPROCESS", raising=False)
+    monkeypatch.setattr(backend_module, "compile_threads", lambda: 1)
+    be = CpuBackend(n_threads=1)
+    started, release, order = threading.Event(), threading.Event(), []
+
+    def compile_unit(unit):
+        order.append(unit.name)
+        if unit.name == "first":   # holds the only thread while the others queue
+            started.set()
+            release.wait(10)
+        return "sha", None
+
+    monkeypatch.setattr(be, "_compile_unit", compile_unit)
+    units = [CompileUnit("first", str, 1), CompileUnit("copy", str, 1), CompileUnit("norm", str, 2),
+             CompileUnit("attention", str, 11), CompileUnit("product", str, 6), CompileUnit("add", str, 1)]
+    futures = [be._compiled_unit(units[0])]
+    assert started.wait(10)
+    futures += [be._compiled_unit(u) for u in units[1:]]
+    release.set()
+    assert [f.result(10) for f in futures] == [("sha", None)] * len(units)
+    assert order == ["first", "attention", "product", "norm", "copy", "add"]
+    be.close()
