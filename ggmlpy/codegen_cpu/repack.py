@@ -241,6 +241,7 @@ def repack_jobs(raw: np.ndarray, t: GGMLType, k: int, m: int,
     per_slice = max(1, (4 << 20) // group_bytes)  # groups per slice: about 4 MiB
 
     table = native_table(t, k) if native else None
+    computed = _computed(t, table.unit) if table is not None else []
 
     def fill(g0: int, g1: int) -> None:
         src, dst = rows[g0 * GROUP:g1 * GROUP], out[g0 * group_bytes:g1 * group_bytes]
@@ -249,7 +250,7 @@ def repack_jobs(raw: np.ndarray, t: GGMLType, k: int, m: int,
         else:
             repack_native.apply(table, src, dst)
             steps = dst.reshape(g1 - g0, -1, STEP_BYTES[t])
-            for lo, hi, compute in _computed(t):
+            for lo, hi, compute in computed:
                 steps[:, :, lo:hi] = compute(_blocks(src, t, k, src.shape[0]))
         if done is not None:
             done(src)
@@ -284,22 +285,35 @@ def _repack_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=None)
 def native_table(t: GGMLType, k: int) -> repack_native.GroupTable | None:
-    """repack_native's table for groups of (t, K) rows: all but Q5_0's high-bit vectors
-    (computed by numpy) are moved half-words; None for the K-quants (bit fields)."""
+    """repack_native's table for groups of (t, K) rows: whole words where the scales are
+    left to numpy (the quants' lanes are 4 source bytes each: twice the bytes a step of the
+    loop), else half-words; either way Q5_0's high-bit vectors are numpy's. None for the
+    K-quants (bit fields)."""
     if t in KQUANTS or t not in STEP_BYTES or k % 32:
         return None
     row_bytes = k // 32 * type_size(t)
-    return repack_native.derive_table(
-        lambda rows: _repack_groups(rows.reshape(GROUP, row_bytes), t, k).reshape(-1),
-        GROUP * row_bytes, STEP_BYTES[t], [(lo, hi) for lo, hi, _ in _computed(t)])
+    for unit in (4, 2):
+        table = repack_native.derive_table(
+            lambda rows: _repack_groups(rows.reshape(GROUP, row_bytes), t, k).reshape(-1),
+            GROUP * row_bytes, STEP_BYTES[t], [(lo, hi) for lo, hi, _ in _computed(t, unit)], unit)
+        if table is not None:
+            return table
+    return None
 
 
-def _computed(t: GGMLType) -> list[tuple[int, int, Callable[[np.ndarray], np.ndarray]]]:
-    """The byte ranges of every step that are computed rather than moved, with what
-    computes them from `_blocks`' array ([g, s, hi - lo]): Q5_0's high-bit vectors."""
+def _computed(t: GGMLType, unit: int) -> list[tuple[int, int, Callable[[np.ndarray], np.ndarray]]]:
+    """The byte ranges of every step that a table of `unit`-byte moves leaves to numpy,
+    with what computes them from `_blocks`' array ([g, s, hi - lo]): Q5_0's high-bit
+    vectors, and for word moves the f16 scales (16 rows' halves side by side, no word of
+    which comes from one place)."""
+    out = []
     if t == GGMLType.Q5_0:
-        return [(qh_offset(t), qh_offset(t) + 2 * 64, _q5_planes)]
-    return []
+        out.append((qh_offset(t), qh_offset(t) + 2 * 64, _q5_planes))
+    if unit == 4:
+        out.append((d_offset(t), d_offset(t) + 64, lambda blocks: _scales(blocks, 0)))
+        if t == GGMLType.Q4_1:
+            out.append((m_offset(t), m_offset(t) + 64, lambda blocks: _scales(blocks, 2)))
+    return out
 
 
 def _q5_planes(blocks: np.ndarray) -> np.ndarray:

@@ -404,10 +404,24 @@ def test_native_repack_equals_numpy(t, k):
     raw = np.random.default_rng(k).integers(0, 256, m * (k // per) * type_size(t), dtype=np.uint8)
     table = repack.native_table(t, k)
     assert (table is None) == (t in KTYPES)
-    np.testing.assert_array_equal(repack.repack(raw, t, k, m), repack.repack(raw, t, k, m, native=False))
+    want = repack.repack(raw, t, k, m, native=False)
+    np.testing.assert_array_equal(repack.repack(raw, t, k, m), want)
     if table is not None:
+        assert table.unit == 4   # whole words: the quants' lanes; the scales are numpy's
         with pytest.raises(ValueError, match="whole groups"):
             repack_native.apply(table, raw[:-1], np.empty(3 * table.out_bytes, np.uint8))
+        # the half-word table (the fallback) moves the scales too, and gives the same bytes
+        row_bytes = k // 32 * type_size(t)
+        halves = repack_native.derive_table(
+            lambda rows: repack._repack_groups(rows.reshape(repack.GROUP, row_bytes), t, k).reshape(-1),
+            repack.GROUP * row_bytes, repack.STEP_BYTES[t], [(lo, hi) for lo, hi, _ in repack._computed(t, 2)], 2)
+        assert halves is not None and halves.unit == 2 and halves.offset.size == 2 * table.offset.size
+        out = np.empty_like(want)
+        repack_native.apply(halves, raw, out)
+        steps, expected = out.reshape(3, -1, repack.STEP_BYTES[t]), want.reshape(3, -1, repack.STEP_BYTES[t])
+        for lo, hi, _ in repack._computed(t, 2):   # Q5_0's planes are numpy's either way
+            steps[:, :, lo:hi] = expected[:, :, lo:hi]
+        np.testing.assert_array_equal(out, want)
 
 
 def test_q5_high_bit_planes_match_their_definition():
