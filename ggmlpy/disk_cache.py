@@ -46,6 +46,19 @@ def cache_dir(backend: str, root: str | None = None) -> Path:
     return (Path(root) if root else Path.home() / ".cache" / "ggmlpy") / backend
 
 
+def source_digest(*folders: Path, extra: str = "") -> str:
+    """The sha256 of every .py file under `folders` (each named relative to its folder's
+    parent), then `extra`: the key part that ties cached results to the code that made
+    them, so any edit to that code misses the cache."""
+    digest = hashlib.sha256()
+    for folder in folders:
+        for path in sorted(folder.rglob("*.py")):
+            digest.update(str(path.relative_to(folder.parent)).encode())
+            digest.update(path.read_bytes())
+    digest.update(extra.encode())
+    return digest.hexdigest()
+
+
 def cache_key(parts: Mapping[str, str]) -> str:
     """The hex sha256 of the sorted key parts: equal parts, equal key, in any order."""
     return hashlib.sha256(json.dumps(dict(parts), sort_keys=True).encode()).hexdigest()

@@ -32,6 +32,7 @@ from ggmlpy.codegen_cpu.fusion import CpuFusion
 from ggmlpy.codegen_cpu.lowering import LOWERINGS, kernel_signatures
 from ggmlpy.codegen_cpu.repack import operand_repacked
 from ggmlpy.codegen_cpu.target import host
+from ggmlpy.disk_cache import source_digest
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import OPS, Kind
 from ggmlpy.passes.buffers import plan_buffers
@@ -317,14 +318,8 @@ head:""").replace("""  call void %fn(ptr %d""", """  %c0 = call i64 @llvm.readcy
 def generator_version() -> str:
     """A hash of the code that turns graphs into IR (this package and ggmlpy.ir): any edit to
     it changes every plan key, so a plan never maps to IR an older generator wrote."""
-    digest = hashlib.sha256()
-    roots = [Path(__file__).resolve().parent, Path(__file__).resolve().parents[1] / "ir"]
-    for root in roots:
-        for path in sorted(root.rglob("*.py")):
-            digest.update(str(path.relative_to(root.parent)).encode())
-            digest.update(path.read_bytes())
-    digest.update(importlib.metadata.version("llvmlite").encode())
-    return digest.hexdigest()
+    here = Path(__file__).resolve().parent
+    return source_digest(here, here.parent / "ir", extra=importlib.metadata.version("llvmlite"))
 
 
 def generator_switches() -> list[bool]:

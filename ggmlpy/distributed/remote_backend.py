@@ -49,7 +49,7 @@ from ggmlpy.ir.serial import dump_graph
 from ggmlpy.distributed.hops import cut, join, pack, piece_count
 from ggmlpy.distributed.ray_target import RayTarget, import_ray, resolve
 from ggmlpy.ir.graph import Graph
-from ggmlpy.ir.tensor import Flag, Tensor, memory_root
+from ggmlpy.ir.tensor import BOUND, Flag, Tensor, memory_root
 from ggmlpy.options import Options
 from ggmlpy.passes.buffers import tensor_nbytes
 from ggmlpy.sched.backend import Backend
@@ -58,7 +58,6 @@ from ggmlpy.sched.registry import PlacementError
 from ggmlpy.sched.store import TensorStore
 
 DEFAULT_TIMEOUT_S = 300.0
-_BOUND = Flag.INPUT | Flag.WEIGHT | Flag.CACHE
 _graph_ids = itertools.count(1)
 
 
@@ -317,7 +316,7 @@ def _split_io(graph: Graph, nodes: list[Tensor], own: set[int]) -> tuple[list[in
         if o.id in own:
             exports[memory_root(o).id] = None
     by_id = {t.id: t for t in graph.tensors}
-    exports_ids = [rid for rid in exports if rid in own and not by_id[rid].flags & _BOUND]
+    exports_ids = [rid for rid in exports if rid in own and not by_id[rid].flags & BOUND]
     inputs: dict[int, None] = {}
     caches: dict[str, int] = {}
     for n in nodes:

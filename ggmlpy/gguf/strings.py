@@ -128,27 +128,14 @@ class StringArray(Sequence):
         else:
             data[(heads[:, None] + np.arange(8)).ravel()] = 0
         if np.count_nonzero(data) != len(data) - 8 * self._count:   # a NUL inside a string
-            return self._tolist_one_by_one()
+            return self._tolist_one_by_one(offs)
         return data.tobytes().decode("utf-8", "surrogateescape").split("\0" * 8)[1:]
 
-    def _tolist_one_by_one(self) -> list[str]:
+    def _tolist_one_by_one(self, offs: np.ndarray) -> list[str]:
         """tolist for strings that may hold NUL bytes: one decode per string."""
         data = self._buf[self._start:self._end].tobytes()  # slicing bytes is the fastest
-        unpack = _U64.unpack_from
-        out: list[str] = []
-        append = out.append
-        o = 0
-        try:
-            for _ in repeat(None, self._count):
-                n = unpack(data, o)[0]
-                o += 8
-                append(data[o:o + n].decode("utf-8", "surrogateescape"))
-                o += n
-        except _OUT_OF_RANGE:
-            raise self._changed() from None
-        if o != len(data):
-            raise self._changed()
-        return out
+        at = (offs - self._start).tolist()    # each record's start, then the end
+        return [data[a + 8:b].decode("utf-8", "surrogateescape") for a, b in zip(at, at[1:])]
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (StringArray, list, tuple)):

@@ -6,10 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from ggmlpy.ir.symbolic import dim_str
-from ggmlpy.ir.tensor import Flag, Tensor
+from ggmlpy.ir.tensor import BOUND_BITS, Flag, Tensor
 from ggmlpy.ir.types import GGMLType
-
-_BOUND_BITS = (Flag.INPUT | Flag.WEIGHT | Flag.CACHE)._value_   # leaves bound by name
 
 
 def topological_order(outputs: Iterable[Tensor]) -> list[Tensor]:
@@ -79,7 +77,7 @@ class Graph:
         type_names = {t: t.name for t in GGMLType}
         rows = []
         for t in self.tensors:
-            bound = t.flags._value_ & _BOUND_BITS
+            bound = t.flags._value_ & BOUND_BITS
             params = t.params
             rows.append((
                 t.op, type_names[t.type], tuple(map(dim_str, t.ne)), tuple(map(dim_str, t.nb)),

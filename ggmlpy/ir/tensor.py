@@ -21,6 +21,10 @@ class Flag(enum.Flag):
     CACHE = enum.auto()   # persistent state owned by the context (KV cache), bound by name
 
 
+# leaves whose data is bound by name (TensorStore), and the plain int: a test without enum code
+BOUND = Flag.INPUT | Flag.WEIGHT | Flag.CACHE
+BOUND_BITS = BOUND._value_
+
 _ids = itertools.count()
 
 

@@ -24,14 +24,13 @@ process that reads it, exactly as with the object code stored beside it; keep th
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import pickle
 import sys
 from pathlib import Path
 from typing import Sequence
 
-from ggmlpy.disk_cache import DiskCache
+from ggmlpy.disk_cache import DiskCache, source_digest
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.serial import dump_graph, load_graph
 from ggmlpy.passes.common import PassError, check_graph
@@ -46,13 +45,8 @@ SUFFIX = ".pickle"
 def passes_version() -> str:
     """A hash of the code that turns a graph into its optimised graph (this package and
     ggmlpy.ir): any edit to it changes every key."""
-    digest = hashlib.sha256()
-    package = Path(__file__).resolve().parents[1]
-    for root in (package / "passes", package / "ir"):
-        for path in sorted(root.rglob("*.py")):
-            digest.update(str(path.relative_to(package)).encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
+    here = Path(__file__).resolve().parent
+    return source_digest(here, here.parent / "ir")
 
 
 class StoredPipeline:
@@ -66,8 +60,7 @@ class StoredPipeline:
         """`graph` after `passes` (less "buffers"), from the disk when stored, else computed
         and stored. `signature`: graph.signature(), which the caller already has."""
         names = tuple(p for p in passes if p != BUFFERS)
-        parts = {"what": "optimised graph", "signature": signature, "passes": "+".join(names),
-                 "source": passes_version(), "python": "%d.%d" % sys.version_info[:2]}
+        parts = self.key_parts(signature, names)
         blob = self.disk.get(parts, SUFFIX)
         if blob is not None:
             loaded = self._load(blob)
@@ -77,6 +70,14 @@ class StoredPipeline:
         optimised = run_pipeline(graph, backend=pipeline_name(names), passes=names).graph
         self.disk.put(parts, dump_graph(optimised), SUFFIX)
         return optimised
+
+    @staticmethod
+    def key_parts(signature: str, passes: Sequence[str]) -> dict[str, str]:
+        """The disk cache's key parts for the graph of `signature` after `passes` (less
+        "buffers", which is not stored)."""
+        names = [p for p in passes if p != BUFFERS]
+        return {"what": "optimised graph", "signature": signature, "passes": "+".join(names),
+                "source": passes_version(), "python": "%d.%d" % sys.version_info[:2]}
 
     @staticmethod
     def _load(blob: bytes) -> Graph | None:

@@ -6,7 +6,7 @@ from typing import Mapping
 import numpy as np
 
 from ggmlpy.ir.symbolic import evaluate
-from ggmlpy.ir.tensor import Flag, Tensor
+from ggmlpy.ir.tensor import BOUND, BOUND_BITS, Tensor
 from ggmlpy.ir.types import GGMLType, block_size, is_quantized, type_size
 
 NUMPY_DTYPES = {
@@ -16,8 +16,6 @@ NUMPY_DTYPES = {
 }
 
 
-_BOUND = Flag.INPUT | Flag.WEIGHT | Flag.CACHE  # leaves whose data is bound by name
-_BOUND_BITS = _BOUND._value_  # the plain int: a per-run test without enum code
 
 
 class BindingError(ValueError):
@@ -40,7 +38,7 @@ class TensorStore:
         root = t.view_src if t.view_src is not None else t
         buf = self.buffers.get(root.id)
         if buf is None:
-            if not root.flags & _BOUND:
+            if not root.flags & BOUND:
                 raise BindingError(f"tensor {root!r} has not been computed")
             if root.name not in self.bindings:
                 raise BindingError(f"no data bound for {root.name!r}")
@@ -57,7 +55,7 @@ class TensorStore:
         so a compiled graph that bound it in an earlier run may keep its pointer."""
         root = t.view_src if t.view_src is not None else t
         buf = self.buffers.get(root.id)
-        if buf is not None or not root.flags._value_ & _BOUND_BITS:
+        if buf is not None or not root.flags._value_ & BOUND_BITS:
             return buf
         try:
             return self.bindings[root.name]
