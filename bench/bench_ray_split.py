@@ -1,14 +1,19 @@
 """What a `ray:` device costs: decode tokens/s of one process against the same model split
 across two Ray nodes on this machine, the added milliseconds per hop, bytes per hop, and
-the raw cost of a hop by direct call arguments against ray.put object refs. JSON on stdout.
+the raw cost of a hop: a numpy argument, a hop's message of bytes pieces, ray.put object refs. JSON on stdout.
 
-Usage: python bench/bench_ray_split.py [-m MODEL] [-ngl N] [-n TOKENS] [--address ADDR --device ray:...]
+Usage: python bench/bench_ray_split.py [-m MODEL] [-ngl N] [-n TOKENS] [-ot PATTERN=DEVICE]
+                                      [--address ADDR --device ray:...]
 
 Without --address it starts a local two-node cluster on loopback (ray.cluster_utils.Cluster,
 one CPU each, no dashboard, no usage stats) and offloads to the second node (`ray:node-b`).
 With --address it joins that cluster and offloads to --device, so the same numbers can be
 taken across two machines. A hop is one crossing between host and actor: a remote split is
-one actor call per token, two hops (activations there, results back).
+one actor call per token, two hops (activations there, results back). With the output
+layer on the device (the default -ngl placement) the hop back carries a row of logits
+(n_vocab floats); `-ot token_embd=cpu` (SmolLM2's output is tied to its token embeddings;
+`output.weight=cpu` for a model with an output matrix) keeps the output product on the host,
+and both hops carry one hidden state.
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import llama  # noqa: E402
-from ggmlpy.distributed.hops import cut  # noqa: E402
+from ggmlpy.distributed.hops import message, unpack  # noqa: E402
 from ggmlpy.distributed.ray_target import resolve  # noqa: E402
 from ggmlpy.hub import resolve_model  # noqa: E402
 
@@ -66,8 +71,8 @@ def decode_times(path: Path, n_tokens: int, threads: int, **load: Any) -> tuple[
 
 def hop_cost(ray: Any, placement: dict, sizes: list[int], n: int = 200) -> list[dict]:
     """Round-trip milliseconds of an actor call carrying `size` bytes there and back: as one
-    direct argument (inlined by Ray up to 100 KiB, through the object store above), as
-    pieces (hops.py: each inlined) and through ray.put object refs."""
+    numpy argument (inlined by Ray up to 100 KiB, through the object store above), as a
+    hop's message (hops.py: `bytes` pieces, each inlined) and through ray.put object refs."""
 
     @ray.remote(num_cpus=0)
     class Echo:
@@ -94,14 +99,15 @@ def hop_cost(ray: Any, placement: dict, sizes: list[int], n: int = 200) -> list[
         for _ in range(n):
             ray.get(ray.get(actor.echo_ref.remote(ray.put(x))))
         put = (time.perf_counter() - t0) / n
-        parts = cut(x)
+        parts = message(b"", [x])
         call = actor.echo_pieces.options(num_returns=len(parts)) if len(parts) > 1 else actor.echo_pieces
         t0 = time.perf_counter()
         for _ in range(n):
-            ray.get(call.remote(*parts))
+            got = ray.get(call.remote(*message(b"", [x])))
+            unpack(got if len(parts) > 1 else [got])
         pieces = (time.perf_counter() - t0) / n
-        out.append({"bytes": size, "one_argument_round_trip_ms": round(inline * 1e3, 3),
-                    "pieces_round_trip_ms": round(pieces * 1e3, 3), "pieces": len(parts),
+        out.append({"bytes": size, "numpy_argument_round_trip_ms": round(inline * 1e3, 3),
+                    "message_round_trip_ms": round(pieces * 1e3, 3), "pieces": len(parts),
                     "object_ref_round_trip_ms": round(put * 1e3, 3)})
     ray.kill(actor)
     return out
@@ -115,6 +121,8 @@ def main() -> int:
     ap.add_argument("-t", "--threads", type=int, default=1)
     ap.add_argument("--address", default=None, help="an existing cluster (default: start a local one)")
     ap.add_argument("--device", default="ray:node-b")
+    ap.add_argument("-ot", "--override-tensor", action="append", default=None, metavar="PATTERN=DEVICE",
+                    help="llama.cpp's -ot for the split run (repeatable)")
     args = ap.parse_args()
     import ray
 
@@ -131,13 +139,14 @@ def main() -> int:
         path = resolve_model(args.model)
         one, _ = decode_times(path, args.tokens, args.threads)
         split, stats = decode_times(path, args.tokens, args.threads, devices=[args.device],
-                                    n_gpu_layers=args.n_gpu_layers)
+                                    n_gpu_layers=args.n_gpu_layers, override_tensor=args.override_tensor)
         med_one, med_split = statistics.median(one), statistics.median(split)
         runs_per_token = stats["runs"] / args.tokens
         hops = 2 * runs_per_token
         placement = resolve(args.device).actor_options  # the hop test's actor goes where the device's does
         result = {
             "model": Path(path).name, "device": args.device, "n_gpu_layers": args.n_gpu_layers,
+            "override_tensor": args.override_tensor or [],
             "threads": args.threads, "tokens": args.tokens,
             "one_process_tok_s": round(1 / med_one, 2), "split_tok_s": round(1 / med_split, 2),
             "one_process_ms_per_token": round(med_one * 1e3, 3),

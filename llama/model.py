@@ -63,13 +63,15 @@ class Model:
              progress: ProgressCallback | None = None, *, devices: list[str] | None = None,
              tensor_split: list[float] | None = None, download: bool = True, use_mmap: bool = True,
              use_mlock: bool = False, kv_overrides: dict[str, KVOverrideValue] | None = None,
-             check_tensors: bool = False) -> "Model":
+             check_tensors: bool = False, override_tensor: list[str] | None = None) -> "Model":
         """Load a GGUF file (or a known model name such as `smollm2-135m`).
 
         devices: offload devices by name ("cuda:0", or "cpu:1", a second CPU backend); the
         host CPU is always there and keeps the input layer. n_gpu_layers: how many of the
         last layers (the output layer counts as one) go to the devices; tensor_split: their
-        shares (default: by free memory, equal for CPU devices).
+        shares (default: by free memory, equal for CPU devices); override_tensor: llama.cpp's
+        `-ot` items, "PATTERN=DEVICE" (a regex searched in weight names; DEVICE "cpu" or one
+        of `devices`): matching weights go there whatever their layer, the first item winning.
 
         use_mmap=False reads the file into memory instead of mapping it (a failed map does
         too); use_mlock locks the weights in RAM (a refusal is a warning, not an error);
@@ -101,7 +103,8 @@ class Model:
             model = cls(Path(resolved), gguf, arch, hp, vocab, w, layers, n_gpu_layers,
                         (time.perf_counter() - t0) * 1000)
             if not vocab_only:
-                model.placement = model.place(devices, n_gpu_layers, tensor_split)
+                model.placement = model.place(devices, n_gpu_layers, tensor_split,
+                                              override_tensor=override_tensor)
         except BaseException:
             gguf.close()
             raise
@@ -109,17 +112,21 @@ class Model:
 
     def place(self, devices: list[str] | None = None, n_gpu_layers: int = 0,
               tensor_split: list[float] | None = None, *,
-              make_backend: Callable[[str], Any] | None = None) -> Placement:
+              make_backend: Callable[[str], Any] | None = None,
+              override_tensor: list[str] | None = None) -> Placement:
         """Where this model's layers, weights and KV cache would live (SPEC step 6): layers to
         devices, then llama.cpp's check that each device can run its weights' ops. Without an
         output matrix the output reads the token embeddings, which then also live on the
         output device (TENSOR_DUPLICATED). `make_backend(device)` makes the backend that
-        probes a device (`ggmlpy viz` passes one that works without a GPU)."""
-        return self.place_with_probes(devices, n_gpu_layers, tensor_split, make_backend=make_backend)[0]
+        probes a device (`ggmlpy viz` passes one that works without a GPU); override_tensor:
+        as Model.load's."""
+        return self.place_with_probes(devices, n_gpu_layers, tensor_split, make_backend=make_backend,
+                                      override_tensor=override_tensor)[0]
 
     def place_with_probes(self, devices: list[str] | None = None, n_gpu_layers: int = 0,
                           tensor_split: list[float] | None = None, *,
-                          make_backend: Callable[[str], Any] | None = None
+                          make_backend: Callable[[str], Any] | None = None,
+                          override_tensor: list[str] | None = None
                           ) -> tuple[Placement, dict[str, Any]]:
         """`place`, and the backends it probed the devices with, by device name
         (`make_backend` None: `make_device_backend`, looked up at the call)."""
@@ -130,10 +137,10 @@ class Model:
             and getattr(w, "tok_embd", None) is not None else []
         devs = parse_devices(devices)
         if not devs:
-            return Placement.plan(n_layer, None, n_gpu_layers, tied=tied), {}
+            return Placement.plan(n_layer, None, n_gpu_layers, tied=tied, override_tensor=override_tensor), {}
         probes = {d: make_backend(d) for d in devs}
         free = [be.free_memory() for be in probes.values()]
-        placement = Placement.plan(n_layer, devs, n_gpu_layers, tensor_split, free, tied)
+        placement = Placement.plan(n_layer, devs, n_gpu_layers, tensor_split, free, tied, override_tensor)
         placement.check_weights(((r.name, r.type, r.ne) for r in self.weight_refs()), probes.__getitem__)
         return placement, probes
 

@@ -348,14 +348,20 @@ def test_placement_options_resolve_like_llama_cpp(caplog):
     add_placement_args(p)
     parse = p.parse_args
     assert placement_kwargs(parse(["-dev", "cpu:1", "-ngl", "-1"])) == \
-        {"devices": ["cpu:1"], "n_gpu_layers": -1, "tensor_split": None}
+        {"devices": ["cpu:1"], "n_gpu_layers": -1, "tensor_split": None, "override_tensor": None}
     assert placement_kwargs(parse(["--devices", "cpu:1,cpu:2", "-ts", "3,1", "-ngl", "8"])) == \
-        {"devices": ["cpu:1", "cpu:2"], "n_gpu_layers": 8, "tensor_split": [3.0, 1.0]}
-    assert placement_kwargs(parse([])) == {"devices": None, "n_gpu_layers": 0, "tensor_split": None}
+        {"devices": ["cpu:1", "cpu:2"], "n_gpu_layers": 8, "tensor_split": [3.0, 1.0], "override_tensor": None}
+    assert placement_kwargs(parse([])) == {"devices": None, "n_gpu_layers": 0, "tensor_split": None,
+                                           "override_tensor": None}
+    # -ot: comma-separated within one value (as llama.cpp), repeatable, in the order given
+    got = placement_kwargs(parse(["-dev", "cpu:1", "-ngl", "99", "-ot", r"ffn_(up|down)=CPU,token_embd=cpu",
+                                  "--override-tensor", r"blk\.0\.=cpu:1"]))
+    assert got["override_tensor"] == [r"ffn_(up|down)=CPU", "token_embd=cpu", r"blk\.0\.=cpu:1"]
     with pytest.raises(ValueError, match="2 shares for 1 devices"):
         placement_kwargs(parse(["--devices", "cpu:1", "-ts", "1,1", "-ngl", "4"]))
-    with pytest.raises(SystemExit):  # argparse names the bad option
-        parse(["-ts", "1,x"])
+    for bad in (["-ts", "1,x"], ["-ot", "no_device"], ["-ot", "=CPU"]):
+        with pytest.raises(SystemExit):  # argparse names the bad option
+            parse(bad)
 
 
 def test_ngl_without_a_gpu_is_ignored_with_a_warning(tiny_path, caplog):

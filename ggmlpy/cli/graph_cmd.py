@@ -71,10 +71,11 @@ def build_ubatch_graph(model: Model, n_tokens: int, n_ctx: int) -> tuple[Graph, 
 
 
 def schedule_graph(model: Model, graph: Graph, devices: list[str] | None = None,
-                   n_gpu_layers: int = 0, tensor_split: list[float] | None = None) -> Schedule:
+                   n_gpu_layers: int = 0, tensor_split: list[float] | None = None,
+                   override_tensor: list[str] | None = None) -> Schedule:
     """The scheduler's decisions for graph with the model placed on devices, as a Context
     with those devices would make them: device backends, then the host CPU, then "ref"."""
-    placement = model.place(devices, n_gpu_layers, tensor_split)
+    placement = model.place(devices, n_gpu_layers, tensor_split, override_tensor=override_tensor)
     backends = placement.make_backends() + host_backends("cpu")
     return schedule(graph, backends, placement)
 
@@ -127,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
         if args.dump_after == "buffers" and result.plan is not None and args.format == "txt":
             title += "\n# " + result.plan.describe().strip()
     sched = None
-    if args.backends or args.devices or args.n_gpu_layers is not None or args.tensor_split is not None:
+    if args.backends or args.devices or args.n_gpu_layers is not None or args.tensor_split is not None \
+            or args.override_tensor is not None:
         where = placement_kwargs(args)
         sched = schedule_graph(model, graph, **where)
         title += f", devices {','.join(where['devices'] or []) or 'none'}, ngl {where['n_gpu_layers']}"

@@ -1,5 +1,5 @@
-"""The offload options shared by `ggmlpy run`, `bench` and `graph`: llama.cpp's -ngl,
---device and --tensor-split.
+"""The offload options shared by `ggmlpy run`, `chat`, `bench`, `graph`, `viz` and `serve`:
+llama.cpp's -ngl, --device, --tensor-split and --override-tensor.
 
 As with llama-cli and llama-bench, `-ngl N` alone offloads to the GPU when there is one: the
 devices default to every CUDA device found. Without one, -ngl is ignored with a warning (as
@@ -26,11 +26,24 @@ def add_placement_args(p: argparse.ArgumentParser, title: str = "offloading") ->
                                      "all (default 0)")
     g.add_argument("-ts", "--tensor-split", dest="tensor_split", type=shares, default=None, metavar="LIST",
                    help="shares of the devices, comma-separated (default: by free memory)")
+    g.add_argument("-ot", "--override-tensor", dest="override_tensor", action="append", type=overrides,
+                   default=None, metavar="PATTERN=DEVICE,...",
+                   help="weights whose name matches the regex PATTERN go to DEVICE (cpu, or one of "
+                        "--devices; CUDA0 is read as cuda:0), whatever their layer; repeatable")
     return g
 
 
 def device_names(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def overrides(text: str) -> list[str]:
+    """One -ot value: comma-separated PATTERN=DEVICE items (llama.cpp splits at commas too)."""
+    items = [part for part in text.split(",") if part]
+    bad = [item for item in items if "=" not in item.strip("=")]
+    if not items or bad:
+        raise argparse.ArgumentTypeError(f"expected PATTERN=DEVICE items, comma-separated, got {text!r}")
+    return items
 
 
 def shares(text: str) -> list[float]:
@@ -41,8 +54,9 @@ def shares(text: str) -> list[float]:
 
 
 def placement_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """`devices`, `n_gpu_layers` and `tensor_split` for llama.Model.load from parsed options
-    (a negative -ngl, as llama-cpp-python's -1, means every layer: the placement decides)."""
+    """`devices`, `n_gpu_layers`, `tensor_split` and `override_tensor` for llama.Model.load
+    from parsed options (a negative -ngl, as llama-cpp-python's -1, means every layer: the
+    placement decides)."""
     ngl = args.n_gpu_layers or 0
     devices = args.devices
     if devices is None and ngl:
@@ -52,7 +66,9 @@ def placement_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             ngl = 0
     if args.tensor_split is not None and devices and len(args.tensor_split) != len(devices):
         raise ValueError(f"--tensor-split has {len(args.tensor_split)} shares for {len(devices)} devices")
-    return {"devices": devices or None, "n_gpu_layers": ngl, "tensor_split": args.tensor_split}
+    items = [item for group in args.override_tensor or [] for item in group]
+    return {"devices": devices or None, "n_gpu_layers": ngl, "tensor_split": args.tensor_split,
+            "override_tensor": items or None}
 
 
 def default_devices() -> list[str]:

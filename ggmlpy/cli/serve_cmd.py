@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ggmlpy.cli.lora_args import add_lora_args
+from ggmlpy.cli.placement_args import add_placement_args, placement_kwargs
 
 
 def _on_off(value: str) -> str:
@@ -39,8 +40,6 @@ def register(subparsers: Any) -> None:
     a("-t", "--threads", type=int, default=None, help="threads (default: every CPU)")
     a("-b", "--batch-size", type=int, default=2048, help="logical batch size (default 2048)")
     a("-ub", "--ubatch-size", type=int, default=512, help="physical batch size (default 512)")
-    a("-ngl", "--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers", type=int, default=0,
-      help="layers to offload to the GPU")
     a("--api-key", action="append", default=[], help="an API key (repeatable, or comma-separated)")
     a("--api-key-file", type=Path, default=None, help="a file with one API key per line")
     a("--alias", default=None, help="the model name the API reports")
@@ -80,6 +79,7 @@ def register(subparsers: Any) -> None:
     a("--body-limit", type=int, default=8 << 20, help="largest request body in bytes (ggmlpy)")
     a("--cors-origin", action="append", default=[], help="allow CORS from this origin (ggmlpy)")
     a("--backend", default=None, help="compute backend by name (ggmlpy)")
+    add_placement_args(p)
     add_lora_args(p)
     a("--lora-init-without-apply", action="store_true",
       help="load the adapters with scale 0 (apply them with POST /lora-adapters)")
@@ -143,13 +143,15 @@ def config_from_args(args: argparse.Namespace):
         keys += [line.strip() for line in args.api_key_file.read_text().splitlines() if line.strip()]
     if args.parallel < 1:
         raise ValueError(f"--parallel must be at least 1, got {args.parallel}")
+    where = placement_kwargs(args)
     template = args.chat_template
     if args.chat_template_file is not None:
         template = args.chat_template_file.read_text(encoding="utf-8")
     return ServerConfig(
         model=args.model, host=args.host, port=args.port, ctx_size=args.ctx_size,
         parallel=args.parallel, threads=args.threads, batch_size=args.batch_size,
-        ubatch_size=args.ubatch_size, n_gpu_layers=args.n_gpu_layers, api_keys=keys,
+        ubatch_size=args.ubatch_size, n_gpu_layers=where["n_gpu_layers"], devices=where["devices"],
+        tensor_split=where["tensor_split"], override_tensor=where["override_tensor"], api_keys=keys,
         alias=args.alias, n_predict=args.n_predict, seed=args.seed, temp=args.temp,
         embedding=args.embedding, pooling=args.pooling, metrics=args.metrics, slots=args.slots,
         jinja=args.jinja, chat_template=template, context_shift=args.context_shift,

@@ -284,7 +284,9 @@ class CpuSplit:
         self._work_nodes = list(nodes)
         self.slots = np.where(self.used, slots, 0)
         own = {n.id for n in nodes}
-        consumers_outside = {s.id for t in graph.tensors if t.id not in own for s in t.src}
+        # (by memory root: a view this split holds may be read by another split, which then
+        # reads the memory behind it)
+        consumers_outside = {memory_root(s).id for t in graph.tensors if t.id not in own for s in t.src}
         consumers_outside |= {memory_root(o).id for o in graph.outputs}
         self.exports = [(t, lay.arena_offsets[t.id]) for t in graph.tensors
                         if t.id in lay.arena_offsets and (t.id in consumers_outside or t.flags & Flag.OUTPUT)]

@@ -11,7 +11,7 @@ actor holds, for the lifetime of one `llama.Context`:
   arrays for these layers are never read or written);
 - its local backend (cpu, or cuda on a GPU node), which compiles and runs the splits the
   host sends, with the graph's own fusion marks and the model's repacked weights;
-- per input, staging memory for the activations a hop brings (hops.py): copied into
+- per input, staging memory for the activations a hop's message brings (hops.py): copied into
   arrays that persist across steps, so a compiled split sees the same input memory every run (the CPU
   backend then keeps its pointer table, and nothing depends on how Ray aligned a message).
 """
@@ -26,7 +26,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ggmlpy.ir.serial import load_graph
-from ggmlpy.distributed.hops import cut, join, pack
+from ggmlpy.distributed.hops import RESULT_HEAD, message, read_call_head, unpack
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.tensor import Flag, Tensor
 from ggmlpy.options import Options
@@ -104,16 +104,16 @@ class SplitWorker:
         self.splits[sid] = _Split(compiled, inputs, [by_id[i] for i in export_ids])
         return time.perf_counter() - t0
 
-    def run(self, sid: int, env: Mapping[str, int], n_threads: int, layout: list[tuple[int, int]],
-            *pieces: np.ndarray) -> Any:
-        """Run split `sid` on this hop's activations: `pieces` (hops.py) join into one
-        buffer holding every input back to back, `layout` says whose bytes are where (root
-        id, bytes, in order). Returns the results the host reads back the same way: one
-        buffer of every export in order, as pieces, the first paired with (seconds in
-        native code, seconds in this call)."""
+    def run(self, *pieces: bytes) -> Any:
+        """Run a split on this hop's message (hops.py): its head names the split, the env,
+        the threads and whose bytes are where in the payload (root id, bytes, in order).
+        Returns the results the host reads back the same way: one message, its head the
+        seconds in native code and in this call (RESULT_HEAD), its payload every export
+        in order; as pieces."""
         t0 = time.perf_counter()
+        head, payload = unpack(pieces)
+        sid, env, n_threads, layout = read_call_head(head)
         split = self.splits[sid]
-        payload = join(pieces)
         at = 0
         for rid, nbytes in layout:
             staged = self._stage(rid, payload[at:at + nbytes])
@@ -129,9 +129,8 @@ class SplitWorker:
         split.compiled.run(store, env)
         native = self.backend.native_seconds - before
         results = [self.buffers[t.id].reshape(-1).view(np.uint8)[:tensor_nbytes(t, env)] for t in split.exports]
-        out = cut(pack(results))
-        first = ((native, time.perf_counter() - t0), out[0])
-        return (first, *out[1:]) if len(out) > 1 else first
+        out = message(RESULT_HEAD.pack(native, time.perf_counter() - t0), results)
+        return tuple(out) if len(out) > 1 else out[0]
 
     def _stage(self, rid: int, data: np.ndarray) -> np.ndarray:
         """`data` copied into this input's persistent memory (grown when a run needs more):

@@ -1,53 +1,84 @@
-"""How a hop's activations travel: as direct actor-call arguments and return values, cut
-into pieces small enough for Ray to inline.
+"""How a hop's activations travel: one message of `bytes` pieces, as direct actor-call
+arguments and return values.
 
-Ray sends an argument or return value under `max_direct_call_object_size` (100 KiB by
-default) inside the call's own message; a larger one goes through the object store of the
-node that made it, and the reader pulls it from there: a second transfer, plus a
-node-to-node object push (bench/bench_ray_split.py measured ~15 ms for 256 KiB on this
-machine's loopback cluster, against ~1.3 ms for an inlined call). A decode step's logits
-are n_vocab floats (192 KiB for SmolLM2), so each array is sent as pieces of at most
-PIECE bytes, each its own top-level argument or return value: every piece is inlined,
-up to Ray's per-call inline budget (`task_rpc_inlined_bytes_limit`, 10 MiB); beyond it Ray
-moves the rest through the object store by itself, still correct. Cutting costs one copy
-on the side that joins the pieces (a few microseconds per hundred KiB).
+Measured on a two-node loopback cluster on a 2-vCPU machine (Ray 2.60,
+bench/bench_ray_split.py's hop_cost), round trips of an actor call:
 
-Every call carries one buffer each way: a hop's arrays are packed back to back (`pack`,
-one copy of a few KiB; a call with one argument per array cost ~2 ms to submit here, one
-with a single buffer ~0.5 ms), then cut. Both sides compute the result's size from the
-same tensors and env (`piece_count`), so the host knows how many return values to ask
-for (`num_returns`) before the call.
+- Ray serialises a numpy argument with its own out-of-band machinery, about 1 ms a round
+  trip more than the same bytes as a `bytes` object (4.8 KiB: 2.1–2.3 ms against 1.1–1.3;
+  192 KiB in three pieces: 3.9 against 2.5 ms). Every further argument costs too (four small
+  Python values added 0.4 ms). So a hop is one message: a small header (the call's Python
+  values, pickled) and the arrays' bytes back to back, as `bytes`.
+- Ray sends an argument or return value under `max_direct_call_object_size` (100 KiB) inside
+  the call's own message; a larger one goes through the object store of the node that made
+  it, and the reader pulls it from there (about 13–17 ms here, whatever the size). A message
+  is therefore cut into pieces of at most PIECE bytes, each its own argument or return value,
+  all inlined up to Ray's per-call budget (`task_rpc_inlined_bytes_limit`, 10 MiB); beyond it
+  Ray moves the rest through the object store by itself, still correct.
+
+Building a message copies the arrays once (microseconds for the KiB a decode step moves, tens
+for a row of logits); reading one joins the pieces (a copy only when there are several) and
+views the payload without copying (read-only, as Ray's own buffers are). Both sides compute a
+result's size from the same tensors and env (`message_size`, RESULT_HEAD), so the host knows how many
+return values to ask for (`num_returns`) before the call.
 """
 from __future__ import annotations
 
-from typing import Sequence
+import pickle
+import struct
+from typing import Any, Sequence
 
 import numpy as np
 
 PIECE = 96 << 10  # under Ray's 100 KiB inline limit, with room for the pickle framing
+_HEAD_LENGTH = struct.Struct("<I")
 
 
 def piece_count(nbytes: int) -> int:
-    """How many pieces an array of `nbytes` travels as (at least one, even when empty)."""
+    """How many pieces a message of `nbytes` travels as (at least one, even when empty)."""
     return max(1, -(-int(nbytes) // PIECE))
 
 
-def pack(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """The arrays' bytes back to back in one uint8 array (the array itself when it is one)."""
-    raws = [a.reshape(-1).view(np.uint8) for a in arrays]
-    if len(raws) == 1:
-        return raws[0]
-    return np.concatenate(raws) if raws else np.zeros(0, np.uint8)
+def message_size(head_bytes: int, payload_bytes: int) -> int:
+    """Bytes of the message `message(head, arrays)` makes for a head of `head_bytes` and
+    arrays of `payload_bytes`."""
+    return _HEAD_LENGTH.size + int(head_bytes) + int(payload_bytes)
 
 
-def cut(data: np.ndarray) -> list[np.ndarray]:
-    """`data`'s bytes as piece_count(nbytes) uint8 views (no copy)."""
-    raw = data.reshape(-1).view(np.uint8)
-    return [raw[i * PIECE:(i + 1) * PIECE] for i in range(piece_count(raw.nbytes))]
+def message(head: bytes, arrays: Sequence[np.ndarray]) -> list[bytes]:
+    """`head` (a few bytes of the call's own values), then every array's bytes back to back,
+    as the pieces Ray inlines."""
+    total = message_size(len(head), sum(a.nbytes for a in arrays))
+    buf = bytearray(total)
+    _HEAD_LENGTH.pack_into(buf, 0, len(head))
+    at = _HEAD_LENGTH.size
+    buf[at:at + len(head)] = head
+    at += len(head)
+    view = np.frombuffer(buf, np.uint8)
+    for a in arrays:
+        n = a.nbytes
+        view[at:at + n] = a.reshape(-1).view(np.uint8)
+        at += n
+    if total <= PIECE:
+        return [bytes(buf)]
+    return [bytes(buf[i:i + PIECE]) for i in range(0, total, PIECE)]
 
 
-def join(pieces: Sequence[np.ndarray]) -> np.ndarray:
-    """One uint8 array from pieces: the piece itself when there is one (no copy)."""
-    if len(pieces) == 1:
-        return pieces[0].reshape(-1).view(np.uint8)
-    return np.concatenate([p.reshape(-1).view(np.uint8) for p in pieces])
+def unpack(pieces: Sequence[bytes]) -> tuple[bytes, np.ndarray]:
+    """A message's head and its payload (uint8, read-only, no copy of a one-piece message)."""
+    data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    (n,) = _HEAD_LENGTH.unpack_from(data, 0)
+    start = _HEAD_LENGTH.size
+    return data[start:start + n], np.frombuffer(data, np.uint8, offset=start + n)
+
+
+def call_head(values: Any) -> bytes:
+    """A request's head: the call's small Python values (split id, env, threads, layout)."""
+    return pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def read_call_head(head: bytes) -> Any:
+    return pickle.loads(head)
+
+
+RESULT_HEAD = struct.Struct("<dd")  # (seconds in native code, seconds in the actor's call)

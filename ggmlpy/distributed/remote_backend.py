@@ -24,10 +24,11 @@ with the contract's hooks:
   whose remote part runs on the actor. What reads the cache arrays on the host (state
   save/load, slot files) does not see the remote layers' rows: not supported.
 
-Hops carry activations as direct actor-call arguments and return values, never as
-`ray.put` object refs, and cut into pieces Ray inlines into the call's own messages
-(hops.py, with the measurements): an object ref costs an object-store round trip per
-hop, ten times an inlined call on loopback. Activations between two remote devices pass
+Hops carry activations as one message of `bytes` pieces, direct actor-call arguments and
+return values that Ray inlines into the call's own messages, never as numpy arguments (Ray's
+own serialisation of those cost about 1 ms more per round trip) or `ray.put` object refs (an
+object-store round trip per hop, ten times an inlined call on loopback); hops.py has the
+measurements. Activations between two remote devices pass
 through the host.
 
 Failure: every wait on the actor has a timeout (GGMLPY_RAY_TIMEOUT seconds, default 300),
@@ -46,7 +47,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ggmlpy.ir.serial import dump_graph
-from ggmlpy.distributed.hops import cut, join, pack, piece_count
+from ggmlpy.distributed.hops import RESULT_HEAD, call_head, message, message_size, piece_count, unpack
 from ggmlpy.distributed.ray_target import RayTarget, import_ray, resolve
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.tensor import BOUND, Flag, Tensor, memory_root
@@ -270,12 +271,12 @@ class RemoteSplit:
         inputs = be.take_inputs()
         sizes, n_pieces = self._export_sizes(env)
         layout = [(rid, data.nbytes) for rid, data in inputs.items()]
-        pieces = cut(pack(list(inputs.values())))
+        pieces = message(call_head((self.sid, dict(env), be.n_threads, layout)), list(inputs.values()))
         t0 = time.perf_counter()
-        refs = be.run_method(n_pieces).remote(self.sid, env, be.n_threads, layout, *pieces)
+        refs = be.run_method(n_pieces).remote(*pieces)
         got = be.wait(refs, f"running split {self.sid}")
-        ((native, on_actor), first), rest = (got[0], got[1:]) if n_pieces > 1 else (got, [])
-        data = join([first, *rest])
+        head, data = unpack(got if n_pieces > 1 else [got])
+        native, on_actor = RESULT_HEAD.unpack(head)
         s = be.stats
         s.call_seconds += time.perf_counter() - t0
         s.actor_seconds += on_actor
@@ -298,7 +299,7 @@ class RemoteSplit:
             if len(self._sizes) > 256:
                 self._sizes.clear()
             sizes = [tensor_nbytes(t, env) for t in self.exports]
-            known = self._sizes[key] = (sizes, piece_count(sum(sizes)))
+            known = self._sizes[key] = (sizes, piece_count(message_size(RESULT_HEAD.size, sum(sizes))))
         return known
 
 

@@ -69,9 +69,10 @@ def split_graph(graph: Graph, backend_of: Mapping[int, str], backends: Sequence[
     """Maximal runs of nodes on one backend, in graph order.
 
     Views never start a split: they compute nothing, so a view joins the split of the next
-    computing node (the one that reads it), and trailing views the last split. A split's
-    consumers then always hold the views they read, and the tensor behind a view is exported
-    by the split that computed it."""
+    computing node (usually the one that reads it), and trailing views the last split. A view
+    may still be read by a later split (a weight moved to another device between a product
+    and the rope reading its reshape): the copy is then of the view, and the split that
+    computed the memory behind it exports that memory (by root, as every backend does)."""
     by_name = {b.name: b for b in backends}
     splits: list[Split] = []
     pending: list[Tensor] = []

@@ -11,7 +11,9 @@ machines without one); the host CPU ("cpu") is always there and holds the input 
 
 where `splits` is `tensor_split` (default: each device's free memory; equal for devices
 that cannot say, such as CPU devices) normalised to a cumulative distribution. The KV cache
-of a layer lives with the layer. A weight whose op its device cannot run goes to the CPU
+of a layer lives with the layer. `override_tensor` (llama.cpp's `-ot PATTERN=DEVICE`) then
+sends every weight whose name matches a pattern to that device, whatever its layer: the
+first matching item wins; the KV cache is not affected. A weight whose op its device cannot run goes to the CPU
 (llama.cpp's buffer-type fallback). The model ties its output to the token embeddings when
 it has no output matrix: the embeddings then live on the CPU for the lookup and have a
 second copy on the output device (llama.cpp's TENSOR_DUPLICATED).
@@ -42,9 +44,11 @@ HOST = HOST_MEMORY  # the device of everything not offloaded: host memory
 INPUT_LAYER = frozenset({"token_embd.weight", "position_embd.weight", "token_types.weight",
                          "token_embd_norm.weight", "token_embd_norm.bias"})
 _LAYER_NAME = re.compile(r"^(?:blk\.(\d+)\.|cache_[kv]_l(\d+)$)")
+_CACHE_NAME = re.compile(r"^cache_[kv]_l\d+$")
+_LLAMA_CPP_DEVICE = re.compile(r"^([A-Za-z]+)(\d+)$")  # llama.cpp's buffer type names: CUDA0
 
 __all__ = ["HOST", "INPUT_LAYER", "Placement", "PlacementError", "layer_devices", "layer_of",
-           "make_device_backend", "parse_devices", "probe_node", "split_points"]
+           "make_device_backend", "parse_devices", "parse_overrides", "probe_node", "split_points"]
 
 
 def parse_devices(devices: Sequence[str] | None) -> tuple[str, ...]:
@@ -61,6 +65,46 @@ def parse_devices(devices: Sequence[str] | None) -> tuple[str, ...]:
             raise PlacementError(f"device {name!r} is named twice")
         out.append(name)
     return tuple(out)
+
+
+def parse_overrides(items: Sequence[str] | None, devices: Sequence[str]) -> tuple[tuple[re.Pattern, str], ...]:
+    """llama.cpp's `--override-tensor` items, "PATTERN=DEVICE" each (split at the first "=").
+
+    PATTERN is a regular expression searched anywhere in a weight's name (std::regex_search);
+    DEVICE is "cpu" (the host; llama.cpp's "CPU") or one of the offload `devices` (llama.cpp's
+    "CUDA0" is accepted for "cuda:0"). llama.cpp can name any buffer type here; ggmlpy makes
+    backends only for the named devices, so another device is an error naming the item."""
+    if items is None:
+        return ()
+    if isinstance(items, str):
+        raise PlacementError(f"override_tensor must be a list of PATTERN=DEVICE items, got the string {items!r}")
+    out = []
+    for item in items:
+        pattern, sep, device = str(item).partition("=")
+        if not sep or not pattern or not device:
+            raise PlacementError(f"override_tensor item {item!r}: expected PATTERN=DEVICE")
+        try:
+            compiled = re.compile(pattern)
+        except re.error as e:
+            raise PlacementError(f"override_tensor item {item!r}: bad pattern: {e}") from None
+        out.append((compiled, _override_device(item, device, devices)))
+    return tuple(out)
+
+
+def _override_device(item: str, device: str, devices: Sequence[str]) -> str:
+    if device.lower() == "cpu":
+        return HOST
+    named = _LLAMA_CPP_DEVICE.match(device)
+    name = f"{named.group(1).lower()}:{named.group(2)}" if named else device
+    try:
+        name = normalize_device(name)
+    except PlacementError:
+        pass  # not a device name at all: reported as not one of the devices
+    if name in devices:
+        return name
+    listed = ", ".join(["cpu", *devices])
+    raise PlacementError(f"override_tensor item {item!r}: device {device!r} is not one of this "
+                         f"placement's devices ({listed}); name it in devices as well")
 
 
 def split_points(n_devices: int, tensor_split: Sequence[float] | None = None,
@@ -126,18 +170,20 @@ class Placement:
     output: str = HOST
     tied: frozenset[str] = frozenset()                   # weights also read by the output layer
     moved: dict[str, str] = field(default_factory=dict)  # weight -> why it went to the CPU instead
+    overrides: tuple[tuple[re.Pattern, str], ...] = ()    # (pattern, device): llama.cpp's -ot
+    _forced: dict[str, str | None] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def plan(cls, n_layer: int, devices: Sequence[str] | None = None, n_gpu_layers: int = 0,
              tensor_split: Sequence[float] | None = None, free_memory: Sequence[float | None] | None = None,
-             tied: Iterable[str] = ()) -> "Placement":
+             tied: Iterable[str] = (), override_tensor: Sequence[str] | None = None) -> "Placement":
         devs = parse_devices(devices)
         if not isinstance(n_gpu_layers, (int, np.integer)):
             raise PlacementError(f"n_gpu_layers must be an integer, got {n_gpu_layers!r}")
         splits = split_points(len(devs), tensor_split, free_memory)
         per_layer = layer_devices(n_layer, int(n_gpu_layers), devs, splits)
         return cls(n_layer, int(n_gpu_layers), devs, splits, tuple(per_layer[:-1]), per_layer[-1],
-                   frozenset(tied))
+                   frozenset(tied), overrides=parse_overrides(override_tensor, devs))
 
     @property
     def active(self) -> bool:
@@ -148,6 +194,9 @@ class Placement:
         """The device of a weight or KV cache layer by its name."""
         if name in self.moved:
             return HOST
+        forced = self.forced_device(name)
+        if forced is not None:
+            return forced
         if name in INPUT_LAYER:
             return HOST
         il = layer_of(name)
@@ -158,7 +207,7 @@ class Placement:
     def device_for(self, leaf: Tensor, user: Tensor | None) -> str | None:
         if not self.active:
             return None
-        if leaf.name in self.tied and user is not None and user.op != "get_rows":
+        if self._output_copy(leaf.name) and user is not None and user.op != "get_rows":
             return self.output  # the output layer's copy of a tied embedding
         return self.device_of_name(leaf.name)
 
@@ -166,9 +215,26 @@ class Placement:
         if not self.active:
             return ()
         home = self.device_of_name(leaf.name)
-        if leaf.name in self.tied and self.output != home:
+        if self._output_copy(leaf.name) and self.output != home:
             return (home, self.output)
         return (home,)
+
+    def forced_device(self, name: str) -> str | None:
+        """The device the first matching override names for weight `name` (None: none
+        matches, or `name` is a KV cache layer, which overrides do not move)."""
+        if not self.overrides:
+            return None
+        if name not in self._forced:
+            hit = None
+            if not _CACHE_NAME.match(name):
+                hit = next((device for pattern, device in self.overrides if pattern.search(name)), None)
+            self._forced[name] = hit
+        return self._forced[name]
+
+    def _output_copy(self, name: str) -> bool:
+        """Whether the output layer reads its own copy of tied weight `name` (an override
+        moves both uses, as llama.cpp's duplicated tensor has the same name)."""
+        return name in self.tied and self.forced_device(name) is None
 
     # the buffer-type check --------------------------------------------------------------------
     def check_weights(self, weights: Iterable[tuple[str, GGMLType, tuple[int, ...]]],
@@ -200,7 +266,8 @@ class Placement:
         lines += [f"layer {il:3d} assigned to device {d}" for il, d in enumerate(self.layers)]
         lines.append(f"layer output assigned to device {self.output}")
         lines += [f"{name} (tied output) also on {self.output}" for name in sorted(self.tied)
-                  if self.output != HOST]
+                  if self.output != HOST and self._output_copy(name)]
+        lines += [f"tensors matching {pattern.pattern!r} overridden to {device}" for pattern, device in self.overrides]
         lines += [f"{name}: {why}, on cpu" for name, why in sorted(self.moved.items())]
         return "\n".join(lines)
 

@@ -22,9 +22,11 @@ def device_backend(device: str) -> Backend:
 
 
 def place(model: Model, devices: list[str] | None, n_gpu_layers: int = 0,
-          tensor_split: list[float] | None = None) -> tuple[Placement, list[Backend]]:
+          tensor_split: list[float] | None = None,
+          override_tensor: list[str] | None = None) -> tuple[Placement, list[Backend]]:
     """Model.place's decisions (layers to devices, weights a device cannot run back to the
     CPU) and the backends in the scheduler's priority order: devices, host CPU, reference."""
     placement, probes = model.place_with_probes(devices, n_gpu_layers, tensor_split,
-                                                make_backend=device_backend)
+                                                make_backend=device_backend,
+                                                override_tensor=override_tensor)
     return placement, list(probes.values()) + host_backends("cpu")

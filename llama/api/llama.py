@@ -87,6 +87,7 @@ class Llama:
 
     def __init__(self, model_path: str, *, n_gpu_layers: int = 0,
                  tensor_split: list[float] | None = None, devices: list[str] | None = None,
+                 override_tensor: list[str] | None = None,
                  vocab_only: bool = False, use_mmap: bool = True, use_mlock: bool = False,
                  kv_overrides: dict[str, bool | int | float | str] | None = None,
                  check_tensors: bool = False, seed: int = LLAMA_DEFAULT_SEED, n_ctx: int = 512,
@@ -115,6 +116,7 @@ class Llama:
                                  "check_tensors": False})
         self._model = Model.load(model_path, n_gpu_layers=n_gpu_layers, vocab_only=vocab_only,
                                  devices=devices, tensor_split=tensor_split,
+                                 override_tensor=override_tensor,
                                  progress=progress.loading, **load_options)
         progress.close()
         self.logits_all = logits_all

@@ -16,6 +16,9 @@ class ServerConfig:
     batch_size: int = 2048
     ubatch_size: int = 512
     n_gpu_layers: int = 0
+    devices: list[str] | None = None          # -dev: offload devices (default with -ngl: every GPU)
+    tensor_split: list[float] | None = None   # -ts
+    override_tensor: list[str] | None = None  # -ot PATTERN=DEVICE items
     api_keys: list[str] = field(default_factory=list)
     alias: str | None = None
     n_predict: int = -1           # default max tokens per request; -1: up to the slot's end

@@ -88,7 +88,8 @@ def load_llama(config: ServerConfig):
     flash = {"on": True, "off": False, "auto": None}[config.flash_attn]
     return Llama(config.model, n_ctx=config.ctx_size, n_seq_max=config.parallel,
                  n_batch=config.batch_size, n_ubatch=min(config.ubatch_size, config.batch_size),
-                 n_threads=config.threads, n_gpu_layers=config.n_gpu_layers, flash_attn=flash,
+                 n_threads=config.threads, n_gpu_layers=config.n_gpu_layers, devices=config.devices,
+                 tensor_split=config.tensor_split, override_tensor=config.override_tensor, flash_attn=flash,
                  embedding=config.embedding, pooling_type=config.pooling or -1,
                  chat_format=chat_format, chat_template=chat_template,
                  seed=config.seed if config.seed >= 0 else 0xFFFFFFFF,

@@ -120,6 +120,24 @@ def test_tiny_model_split_across_two_ray_nodes_matches_one_process(cluster, tiny
     close(ctx)
 
 
+def test_output_product_kept_on_the_host_by_override_tensor(cluster, tiny):
+    """`-ot output.weight=cpu`: the device runs its layers and the output norm; the hop back
+    carries the normed hidden state instead of a row of logits, and the host runs the
+    output product. Same logits and greedy tokens as one process."""
+    base, base_greedy, ctx0 = run_model(tiny)
+    close(ctx0)
+    got, greedy, ctx = run_model(tiny, devices=[DEVICE], n_gpu_layers=2, override_tensor=[r"^output\.weight$=cpu"])
+    assert ctx.model.placement.output == DEVICE
+    for cg in ctx.graph_cache.entries.values():
+        assert cg.assignment[cg.graph.outputs[0].id].backend == "cpu"
+    assert np.abs(got - base).max() <= MAX_DELTA
+    assert greedy == base_greedy
+    stats = ctx.backends[0].run_stats()
+    n_embd, n_rows = 64, len(PROMPT) + len(NEXT) + N_GREEDY
+    assert stats["bytes_received"] == n_embd * 4 * n_rows  # one hidden state per row, no logits
+    close(ctx)
+
+
 def test_smollm2_split_across_two_ray_nodes_matches_one_process(cluster, smollm2_path):
     base, base_greedy, ctx0 = run_model(smollm2_path)
     close(ctx0)

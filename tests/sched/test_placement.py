@@ -8,7 +8,7 @@ from ggmlpy.ir.builder import GraphBuilder
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.sched.placement import (
     HOST, Placement, PlacementError, layer_devices, layer_of, make_device_backend, parse_devices,
-    split_points,
+    parse_overrides, split_points,
 )
 
 from .fakes import FakeDevice
@@ -146,6 +146,41 @@ def test_describe_lists_layers_like_llama_cpp():
     assert lines[0] == "layer input assigned to device cpu"
     assert lines[3] == "layer   2 assigned to device cpu:1"
     assert lines[-1] == "layer output assigned to device cpu:1"
+
+
+# llama.cpp's --override-tensor ----------------------------------------------------------------
+def test_overrides_move_matching_weights_first_match_wins():
+    p = Placement.plan(4, ["cpu:1"], 3, override_tensor=[r"ffn_up=CPU", r"blk\.[23]\.ffn_=cpu:1",
+                                                        r"attn_q=cpu1", r"blk\.0\.=cpu:1"])
+    assert p.layers == (C, C, "cpu:1", "cpu:1")
+    assert p.device_of_name("blk.3.ffn_up.weight") == C        # the first item wins over the second
+    assert p.device_of_name("blk.3.ffn_down.weight") == "cpu:1"
+    assert p.device_of_name("blk.1.attn_q.weight") == "cpu:1"  # llama.cpp's CPU1 form of cpu:1
+    assert p.device_of_name("blk.0.attn_norm.weight") == "cpu:1"
+    assert p.device_of_name("blk.1.attn_k.weight") == C        # no item matches: its layer's
+    assert p.device_of_name("cache_k_l0") == C                 # the KV cache is not a weight
+    assert "tensors matching 'ffn_up' overridden to cpu" in p.describe()
+
+
+def test_an_override_of_a_tied_embedding_moves_the_output_copy_too():
+    p = Placement.plan(4, ["cpu:1"], 99, tied=["token_embd.weight"], override_tensor=["token_embd=cpu"])
+    w, output = leaf("token_embd.weight", "mul_mat")
+    assert p.output == "cpu:1" and p.device_for(w, output) == C and p.devices_of(w) == (C,)
+    assert "also on" not in p.describe()
+
+
+@pytest.mark.parametrize("items, message", [
+    (["ffn_up"], "expected PATTERN=DEVICE"),
+    (["=cpu"], "expected PATTERN=DEVICE"),
+    (["ffn_up="], "expected PATTERN=DEVICE"),
+    (["ffn_(up=cpu"], "bad pattern"),
+    (["ffn_up=cuda:0"], "device 'cuda:0' is not one of this placement's devices \\(cpu, cpu:1\\)"),
+    (["ffn_up=gpu"], "device 'gpu' is not one of"),
+    ("ffn_up=cpu", "list of PATTERN=DEVICE items"),
+])
+def test_bad_overrides_name_the_item(items, message):
+    with pytest.raises(PlacementError, match=message):
+        parse_overrides(items, ("cpu:1",))
 
 
 # devices and errors --------------------------------------------------------------------------

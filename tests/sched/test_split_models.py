@@ -101,3 +101,40 @@ def test_tiny_llama_over_three_cpu_devices_by_tensor_split(tiny):
     assert [b.name for b in ctx.backends] == ["cpu:1", "cpu:2", "cpu", "ref"]
     check_split(ctx, {"cpu", "cpu:1", "cpu:2"})
     assert np.abs(got - base).max() <= MAX_DELTA
+
+
+def test_override_tensor_moves_matching_weights_and_their_products(tiny):
+    """llama.cpp's -ot: everything on cpu:1 except the output matrix (its tied embedding
+    copy in the tied model) and layer 1's feed-forward weights, which stay on the host. The
+    products reading them run on the host, the KV cache stays with its layer, and the
+    logits are one backend's."""
+    path, base = tiny
+    got, ctx = logits_of(path, devices=["cpu:1"], n_gpu_layers=99,
+                         override_tensor=[r"^(token_embd|output)\.weight$=CPU", r"blk\.1\.ffn_=cpu"])
+    p = ctx.model.placement
+    assert p.layers == ("cpu:1",) * 3 and p.output == "cpu:1"
+    assert p.device_of_name("output_norm.weight") == "cpu:1"
+    assert p.device_of_name("blk.1.ffn_up.weight") == "cpu" and p.device_of_name("blk.1.attn_q.weight") == "cpu:1"
+    assert p.device_of_name("cache_k_l1") == "cpu:1"
+    assert np.abs(got - base).max() <= MAX_DELTA
+    for cg in ctx.graph_cache.entries.values():
+        a = cg.assignment
+        assert a[cg.graph.outputs[0].id].backend == "cpu"  # the output product, on the host
+        products = {n.src[0].name: a[n.id].backend for n in cg.graph.nodes
+                    if n.op == "mul_mat" and n.src[0].is_leaf}
+        assert products["blk.1.ffn_up.weight"] == "cpu" and products["blk.1.ffn_down.weight"] == "cpu"
+        assert products["blk.1.attn_q.weight"] == "cpu:1" and products["blk.2.ffn_up.weight"] == "cpu:1"
+        for node in cg.graph.nodes:
+            if node.op == "set_rows":
+                assert a[node.id].backend == "cpu:1", node.name
+
+
+@pytest.mark.parametrize("items", [[r"blk\.0\.=cpu"], [r"attn_k\.=cpu"], [r"blk\.1\.attn_(q|k|v)=cpu"]])
+def test_override_tensor_between_a_product_and_its_view_matches_one_backend(tiny, items):
+    """A moved K or Q product is read by the device's rope through a reshape that the
+    scheduler puts in the host's split: the host exports the memory behind the view (this
+    failed with "Kcur-0 has not been computed" before)."""
+    path, base = tiny
+    got, ctx = logits_of(path, devices=["cpu:1"], n_gpu_layers=99, override_tensor=items)
+    assert {s.backend.name for cg in ctx.graph_cache.entries.values() for s in cg.splits} == {"cpu", "cpu:1"}
+    assert np.abs(got - base).max() <= MAX_DELTA

@@ -27,6 +27,26 @@ def test_llama_server_flags_map_to_the_config(tmp_path):
     assert cfg.context_shift and cfg.sse_ping_interval == 5 and cfg.cache_reuse == 256
 
 
+def test_offload_flags_reach_the_model_placement(tmp_path):
+    """-dev, -ngl, -ts and -ot are llama-server's (and `ggmlpy run`'s): the server's model
+    is placed by them (a second CPU device stands in for a GPU)."""
+    from ggmlpy.testing.models import write_tiny_llama
+    from llama.server.state import load_llama
+
+    path = write_tiny_llama(tmp_path / "tiny.gguf", n_layer=3, tied=True)
+    args = build_parser().parse_args(["serve", "-m", str(path), "-c", "256", "-t", "1", "-dev", "cpu:1",
+                                      "-ngl", "99", "-ot", r"token_embd=CPU,blk\.0\.=cpu"])
+    cfg = config_from_args(args)
+    assert (cfg.devices, cfg.n_gpu_layers, cfg.tensor_split) == (["cpu:1"], 99, None)
+    assert cfg.override_tensor == ["token_embd=CPU", r"blk\.0\.=cpu"]
+    llm = load_llama(cfg)
+    p = llm.model.placement
+    assert p.layers == ("cpu:1",) * 3 and p.output == "cpu:1"
+    assert p.device_of_name("blk.0.attn_q.weight") == "cpu" and p.device_of_name("blk.1.attn_q.weight") == "cpu:1"
+    assert "token_embd.weight" in p.tied and "also on" not in p.describe()  # the output product on the host
+    assert llm.tokenize(b"hi") == llm.model.tokenize("hi")
+
+
 def test_unknown_flag_is_an_error_naming_it(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "-m", "m.gguf", "--no-such-flag"])
