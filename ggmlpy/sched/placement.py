@@ -13,8 +13,8 @@ where `splits` is `tensor_split` (default: each device's free memory; equal for 
 that cannot say, such as CPU devices) normalised to a cumulative distribution. The KV cache
 of a layer lives with the layer. `override_tensor` (llama.cpp's `-ot PATTERN=DEVICE`) then
 sends every weight whose name matches a pattern to that device, whatever its layer: the
-first matching item wins; the KV cache is not affected. A weight whose op its device cannot run goes to the CPU
-(llama.cpp's buffer-type fallback). The model ties its output to the token embeddings when
+first matching item wins; the KV cache is not affected. A weight whose op its device
+cannot run goes to the CPU (llama.cpp's buffer-type fallback). The model ties its output to the token embeddings when
 it has no output matrix: the embeddings then live on the CPU for the lookup and have a
 second copy on the output device (llama.cpp's TENSOR_DUPLICATED).
 
