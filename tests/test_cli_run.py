@@ -326,13 +326,14 @@ def test_tokenize_reads_stdin(smollm2, smollm2_path, capsys, monkeypatch):
 
 
 # offloading (-ngl, --devices, --tensor-split) -------------------------------------------------
-@pytest.mark.parametrize("ngl", ["-1", "16"])
-def test_run_offloaded_to_a_second_cpu_device_gives_the_same_greedy_ids(smollm2_path, greedy_ids, ngl):
-    """All layers (-1, as llama-cpp-python's) or the last 15 and the output (16) on cpu:1:
-    the scheduler splits the graph and copies between the two backends, and the tokens stay
+@pytest.mark.parametrize("ngl, more", [("-1", []), ("16", []), ("-1", ["-ot", r"token_embd=cpu,blk\.[0-9]\.ffn_down=CPU"])])
+def test_run_offloaded_to_a_second_cpu_device_gives_the_same_greedy_ids(smollm2_path, greedy_ids, ngl, more):
+    """All layers (-1, as llama-cpp-python's) or the last 15 and the output (16) on cpu:1,
+    or all of them but the output product and ten feed-forward products (-ot): the
+    scheduler splits the graph and copies between the two backends, and the tokens stay
     those of one device."""
     rc, out, err = call("run", "-m", str(smollm2_path), "-p", PROMPT, "-n", str(N_GEN), "--temp", "0",
-                        "-c", str(N_CTX), "--json", "--devices", "cpu:1", "-ngl", ngl)
+                        "-c", str(N_CTX), "--json", "--devices", "cpu:1", "-ngl", ngl, *more)
     assert rc == 0, err
     result = json.loads(out)
     assert result["devices"] == ["cpu:1"] and result["n_gpu_layers"] == int(ngl)
