@@ -99,6 +99,13 @@ def app_builder(args: dict[str, str]) -> Application:
     replicas = int(args.pop("replicas", 1))
     autoscaling = json.loads(args.pop("autoscaling")) if "autoscaling" in args else None
     cpus = float(args.pop("replica_cpus")) if "replica_cpus" in args else None
+    return build_app(config_from_strings(args), num_replicas=replicas, autoscaling=autoscaling,
+                     replica_cpus=cpus)
+
+
+def config_from_strings(args: dict[str, str]) -> ServerConfig:
+    """A ServerConfig from `serve run`'s key=value strings, each read as its field's type
+    (lists comma-separated)."""
     fields = {f.name: f for f in dataclasses.fields(ServerConfig)}
     unknown = sorted(set(args) - set(fields))
     if unknown:
@@ -112,9 +119,10 @@ def app_builder(args: dict[str, str]) -> Application:
             kwargs[name] = int(value)
         elif kind.startswith("float"):
             kwargs[name] = float(value)
+        elif kind.startswith("list[float]"):
+            kwargs[name] = [float(v) for v in value.split(",") if v]
         elif kind.startswith("list"):
             kwargs[name] = [v for v in value.split(",") if v]
         else:
             kwargs[name] = value
-    return build_app(ServerConfig(**kwargs), num_replicas=replicas, autoscaling=autoscaling,
-                     replica_cpus=cpus)
+    return ServerConfig(**kwargs)

@@ -262,3 +262,18 @@ def test_merged_metrics_sum_counters_and_recompute_rates():
     assert float(merged["llamacpp:predicted_tokens_seconds"]) == 400 / 6  # not (100 + 60) / 2
     assert float(merged["llamacpp:kv_cache_usage_ratio"]) == 0.3
     assert merged["ggmlpy:replicas"] == "2"
+
+
+def test_serve_run_arguments_are_read_as_their_fields_types():
+    """`serve run ggmlpy.distributed.serve_app:app_builder key=value ...`: every value
+    arrives as a string; each becomes its ServerConfig field's type."""
+    from ggmlpy.distributed.serve_app import config_from_strings
+
+    cfg = config_from_strings({"model": "m.gguf", "parallel": "2", "temp": "0.5", "metrics": "true",
+                               "devices": "cpu:1", "n_gpu_layers": "99", "tensor_split": "3,1",
+                               "override_tensor": r"token_embd=cpu,blk\.0\.=cpu"})
+    assert (cfg.model, cfg.parallel, cfg.temp, cfg.metrics) == ("m.gguf", 2, 0.5, True)
+    assert (cfg.devices, cfg.n_gpu_layers, cfg.tensor_split) == (["cpu:1"], 99, [3.0, 1.0])
+    assert cfg.override_tensor == ["token_embd=cpu", r"blk\.0\.=cpu"]
+    with pytest.raises(ValueError, match="unknown arguments \\['gpu'\\]"):
+        config_from_strings({"model": "m.gguf", "gpu": "1"})
