@@ -42,8 +42,8 @@ def run_bench(model_name: str, *, threads: int = 2, backend: str | None = None, 
               n_gpu_layers: int = 0, tensor_split: list[float] | None = None,
               override_tensor: list[str] | None = None, batched: tuple[int, ...] = (1, 2, 4, 8)) -> dict:
     """`devices`, `n_gpu_layers`, `tensor_split`, `override_tensor`: offloading, as
-    llama.Model.load takes them (llama-bench's -ngl, -ts and -ot). `batched`: the sequence counts of `tg128_batched` (empty:
-    skipped)."""
+    llama.Model.load takes them (llama-bench's -ngl, -ts and -ot). `batched`: the sequence
+    counts of `tg128_batched` (empty: skipped)."""
     where = {"devices": devices, "n_gpu_layers": n_gpu_layers, "tensor_split": tensor_split,
              "override_tensor": override_tensor}
     t0 = time.perf_counter()

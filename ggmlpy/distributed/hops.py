@@ -17,7 +17,7 @@ bench/bench_ray_split.py's hop_cost), round trips of an actor call:
   Ray moves the rest through the object store by itself, still correct.
 
 Building a message copies the arrays once (microseconds for the KiB a decode step moves, tens
-for a row of logits); reading one joins the pieces (a copy only when there are several) and
+for a row of logits), and once more when it is cut into pieces; reading one joins the pieces (a copy only when there are several) and
 views the payload without copying (read-only, as Ray's own buffers are). Both sides compute a
 result's size from the same tensors and env (`message_size`, RESULT_HEAD), so the host knows how many
 return values to ask for (`num_returns`) before the call.
@@ -48,20 +48,11 @@ def message_size(head_bytes: int, payload_bytes: int) -> int:
 def message(head: bytes, arrays: Sequence[np.ndarray]) -> list[bytes]:
     """`head` (a few bytes of the call's own values), then every array's bytes back to back,
     as the pieces Ray inlines."""
-    total = message_size(len(head), sum(a.nbytes for a in arrays))
-    buf = bytearray(total)
-    _HEAD_LENGTH.pack_into(buf, 0, len(head))
-    at = _HEAD_LENGTH.size
-    buf[at:at + len(head)] = head
-    at += len(head)
-    view = np.frombuffer(buf, np.uint8)
-    for a in arrays:
-        n = a.nbytes
-        view[at:at + n] = a.reshape(-1).view(np.uint8)
-        at += n
-    if total <= PIECE:
-        return [bytes(buf)]
-    return [bytes(buf[i:i + PIECE]) for i in range(0, total, PIECE)]
+    data = b"".join([_HEAD_LENGTH.pack(len(head)), head,
+                     *(memoryview(a.reshape(-1).view(np.uint8)) for a in arrays)])
+    if len(data) <= PIECE:
+        return [data]
+    return [data[i:i + PIECE] for i in range(0, len(data), PIECE)]
 
 
 def unpack(pieces: Sequence[bytes]) -> tuple[bytes, np.ndarray]:

@@ -44,7 +44,6 @@ HOST = HOST_MEMORY  # the device of everything not offloaded: host memory
 INPUT_LAYER = frozenset({"token_embd.weight", "position_embd.weight", "token_types.weight",
                          "token_embd_norm.weight", "token_embd_norm.bias"})
 _LAYER_NAME = re.compile(r"^(?:blk\.(\d+)\.|cache_[kv]_l(\d+)$)")
-_CACHE_NAME = re.compile(r"^cache_[kv]_l\d+$")
 _LLAMA_CPP_DEVICE = re.compile(r"^([A-Za-z]+)(\d+)$")  # llama.cpp's buffer type names: CUDA0
 
 __all__ = ["HOST", "INPUT_LAYER", "Placement", "PlacementError", "layer_devices", "layer_of",
@@ -147,6 +146,11 @@ def layer_devices(n_layer: int, n_gpu_layers: int, devices: Sequence[str],
     return out
 
 
+def _is_cache_name(name: str) -> bool:
+    m = _LAYER_NAME.match(name)
+    return m is not None and m.group(2) is not None
+
+
 def layer_of(name: str) -> int | None:
     """The layer index in a weight name (blk.3.attn_q.weight) or KV cache name (cache_k_l3)."""
     m = _LAYER_NAME.match(name)
@@ -171,7 +175,6 @@ class Placement:
     tied: frozenset[str] = frozenset()                   # weights also read by the output layer
     moved: dict[str, str] = field(default_factory=dict)  # weight -> why it went to the CPU instead
     overrides: tuple[tuple[re.Pattern, str], ...] = ()    # (pattern, device): llama.cpp's -ot
-    _forced: dict[str, str | None] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def plan(cls, n_layer: int, devices: Sequence[str] | None = None, n_gpu_layers: int = 0,
@@ -222,14 +225,9 @@ class Placement:
     def forced_device(self, name: str) -> str | None:
         """The device the first matching override names for weight `name` (None: none
         matches, or `name` is a KV cache layer, which overrides do not move)."""
-        if not self.overrides:
+        if not self.overrides or _is_cache_name(name):
             return None
-        if name not in self._forced:
-            hit = None
-            if not _CACHE_NAME.match(name):
-                hit = next((device for pattern, device in self.overrides if pattern.search(name)), None)
-            self._forced[name] = hit
-        return self._forced[name]
+        return next((device for pattern, device in self.overrides if pattern.search(name)), None)
 
     def _output_copy(self, name: str) -> bool:
         """Whether the output layer reads its own copy of tied weight `name` (an override
