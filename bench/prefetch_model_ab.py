@@ -52,9 +52,10 @@ def parse_variant(text: str) -> tuple[str, dict[GGMLType, int], int | None]:
 def make_context(model: llama.Model, ahead: dict[GGMLType, int], min_tokens: int | None,
                  threads: int) -> llama.Context:
     """A context whose kernels are built with the variant's tables (prefetch_tables)."""
-    with prefetch_tables(ahead, min_tokens):
+    # A fresh cache, so the variant's tables are compiled; removed once the kernels are loaded.
+    with prefetch_tables(ahead, min_tokens), tempfile.TemporaryDirectory(prefix="ggmlpy-pf-") as cache:
         ctx = llama.Context(model, n_ctx=1024, n_threads=threads,
-                            backend_options=Options(cache_dir=tempfile.mkdtemp(prefix="ggmlpy-pf-")))
+                            backend_options=Options(cache_dir=cache))
         assert ctx.decode(llama.Batch.from_tokens(PROMPT)) == 0   # compiles, with these tables
         for _ in range(3):
             assert ctx.decode(llama.Batch.from_tokens([5])) == 0

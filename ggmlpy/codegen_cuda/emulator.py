@@ -64,7 +64,6 @@ class EmuDriver:
         self._mem: dict[int, np.ndarray] = {}
         self._libs: list[Any] = []
         self._capture: list[PreparedLaunch] | None = None
-        self._dir = Path(tempfile.mkdtemp(prefix="ggmlpy-emu-"))
         self.stream = "stream0"
         self.launch_count = 0
 
@@ -105,9 +104,11 @@ class EmuDriver:
             image = self._compile(source)
             if cache is not None:
                 cache.put(parts, image, ".so")
-        path = self._dir / f"{key[:16]}-{len(self._libs)}.so"
-        path.write_bytes(image)
-        lib = ctypes.CDLL(str(path))
+        # The library stays mapped after its file is removed, so nothing is left in /tmp.
+        with tempfile.TemporaryDirectory(prefix="ggmlpy-emu-") as tmp:
+            path = Path(tmp) / f"{key[:16]}.so"
+            path.write_bytes(image)
+            lib = ctypes.CDLL(str(path))
         self._libs.append(lib)
         fns = {}
         for s in specs:
