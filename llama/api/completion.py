@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence as Seq
 
 from llama.api import responses
-from llama.api.logprobs import TokenLogprob, completion_logprobs
+from llama.api.logprobs import CharOffsets, TokenLogprob, completion_logprobs, token_logprob
 from llama.api.sequence import SamplingParams, Sequence, Step
 from llama.api.grammar_args import make_grammar_sampler
 from llama.sampling.dry import DEFAULT_BREAKERS
@@ -113,6 +113,7 @@ class CompletionJob:
     suffix: str | None
     piece_of: Callable[[int], bytes]
     include_usage: bool = False   # stream_options.include_usage: a last chunk with the usage
+    bos: int = -1                 # the vocab's BOS, left out of echoed logprobs
 
     @property
     def wants_prompt_logits(self) -> bool:
@@ -124,15 +125,13 @@ class CompletionJob:
         text = seq.completion_text()
         lp = None
         if self.logprobs is not None:
-            entries = seq.logprobs
-            offset0 = len(self.prompt_text)
-            if self.echo:
-                entries = _prompt_logprobs(self.piece_of, seq, self.logprobs) + entries
-                offset0 = 0
-            lp = completion_logprobs(entries, offset0)
-            if self.echo:  # OpenAI: the first prompt token has no logprob
-                lp["token_logprobs"][0] = None
-                lp["top_logprobs"][0] = None
+            lp = completion_logprobs(seq.logprobs, CharOffsets(len(self.prompt_text)))
+            if self.echo:   # the prompt's tokens first, placed in the text by their pieces
+                prompt_entries = _prompt_logprobs(self.piece_of, seq, self.logprobs, self.bos)
+                prompt_lp = completion_logprobs(prompt_entries, CharOffsets(0))
+                prompt_lp["token_logprobs"][0] = None   # OpenAI: the first prompt token has none
+                prompt_lp["top_logprobs"][0] = None
+                lp = {k: prompt_lp[k] + lp[k] for k in lp}
         if self.echo:
             text = self.prompt_text + text
         if self.suffix:
@@ -150,7 +149,7 @@ class CompletionChunks:
 
     def __init__(self, job: CompletionJob):
         self.job = job
-        self.offset = len(job.prompt_text)  # text offsets count from the prompt's start, as OpenAI's
+        self.offsets = CharOffsets(len(job.prompt_text))  # from the prompt's start, as OpenAI's
 
     def start(self) -> list[dict]:
         job = self.job
@@ -161,8 +160,7 @@ class CompletionChunks:
             return []
         lp = None
         if self.job.logprobs is not None:
-            lp = completion_logprobs(step.logprobs, self.offset)
-        self.offset += len(step.text)
+            lp = completion_logprobs(step.logprobs, self.offsets)
         return [responses.completion(*self.job.meta, step.text, None, lp, None,
                                      with_usage_field=self.job.include_usage)]
 
@@ -237,7 +235,7 @@ def prepare_completion(llm: "Llama", prompt: str | list[int], *, suffix: str | N
     prompt_text = prompt if isinstance(prompt, str) else llm.detokenize(ids).decode("utf-8", "replace")
     meta = (responses.new_id("cmpl"), responses.now(), model or llm.model_path)
     return CompletionJob(seq, meta, prompt_text, bool(echo), logprobs, suffix, llm.piece,
-                         bool((stream_options or {}).get("include_usage")))
+                         bool((stream_options or {}).get("include_usage")), llm.token_bos())
 
 
 def create_completion(llm: "Llama", prompt: str | list[int], *, stream: bool = False,
@@ -255,14 +253,16 @@ def create_completion(llm: "Llama", prompt: str | list[int], *, stream: bool = F
     return job.response()
 
 
-def _prompt_logprobs(piece_of: Callable[[int], bytes], seq: Sequence, n_top: int
-                     ) -> list[TokenLogprob]:
-    """Logprobs of the prompt's tokens after the first, each from the previous row."""
-    from llama.api.logprobs import token_logprob
+def _prompt_logprobs(piece_of: Callable[[int], bytes], seq: Sequence, n_top: int,
+                     bos: int) -> list[TokenLogprob]:
+    """Logprobs of the prompt's tokens, each from the previous row; a leading BOS is left
+    out (its text is not in the prompt; llama-cpp-python's echo drops it too), and the first
+    token has none (its placeholder is replaced by None)."""
     rows = seq.prompt_logits
-    first = TokenLogprob(seq.prompt[0], piece_of(seq.prompt[0]), 0.0, [])
+    start = 1 if len(seq.prompt) > 1 and seq.prompt[0] == bos else 0
+    first = TokenLogprob(seq.prompt[start], piece_of(seq.prompt[start]), 0.0, [])
     return [first] + [token_logprob(rows[i - 1], seq.prompt[i], n_top, piece_of)
-                      for i in range(1, len(seq.prompt))]
+                      for i in range(start + 1, len(seq.prompt))]
 
 
 def _stream(chunks: CompletionChunks, steps: Iterator[Step]) -> Iterator[dict]:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from llama.api.text_stream import complete_utf8_end
+
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """float64 log_softmax of one row (a float32 sum over 262k tokens loses digits)."""
@@ -58,21 +60,42 @@ def _text(piece: bytes) -> str:
     return piece.decode("utf-8", errors="replace")
 
 
-def completion_logprobs(entries: list[TokenLogprob], text_offset0: int) -> dict:
+class CharOffsets:
+    """Where each of a run of consecutive pieces starts, in characters of their joined text
+    as the completion returns it (invalid bytes as U+FFFD), from `start`. A piece that starts
+    inside a character split across pieces starts where that character does, so every
+    offset indexes into the text (llama-cpp-python's offsets, the length of the text before
+    the token). Only the bytes of an unfinished character are kept between pieces."""
+
+    def __init__(self, start: int = 0):
+        self.chars = start
+        self.tail = bytearray()   # bytes not yet counted: at most an unfinished character
+
+    def add(self, piece: bytes) -> int:
+        """The offset where `piece` starts; `piece` then follows it."""
+        cut = complete_utf8_end(self.tail, len(self.tail))
+        self.chars += len(self.tail[:cut].decode("utf-8", errors="replace"))
+        del self.tail[:cut]
+        self.tail += piece
+        return self.chars
+
+
+def completion_logprobs(entries: list[TokenLogprob], offsets: CharOffsets) -> dict:
     """The `text_completion` shape: parallel lists, top alternatives as {token: logprob}
-    (the chosen token always among them, as llama-cpp-python and OpenAI do)."""
-    tokens, offsets, lps, tops = [], [], [], []
-    offset = text_offset0
+    (the chosen token always among them, as llama-cpp-python and OpenAI do). `offsets`
+    places the entries' pieces, which follow the ones it has seen. A token's text is its
+    piece's, the bytes of a character split across tokens left out (llama-cpp-python
+    decodes each token with errors="ignore")."""
+    tokens, text_offsets, lps, tops = [], [], [], []
     for e in entries:
-        text = _text(e.piece)
+        text = e.piece.decode("utf-8", errors="ignore")
         tokens.append(text)
-        offsets.append(offset)
-        offset += len(text)
+        text_offsets.append(offsets.add(e.piece))
         lps.append(e.logprob)
-        top = {_text(p): lp for _, p, lp in e.top}
+        top = {p.decode("utf-8", errors="ignore"): lp for _, p, lp in e.top}
         top[text] = e.logprob
         tops.append(top)
-    return {"tokens": tokens, "text_offset": offsets, "token_logprobs": lps, "top_logprobs": tops}
+    return {"tokens": tokens, "text_offset": text_offsets, "token_logprobs": lps, "top_logprobs": tops}
 
 
 def chat_logprobs(entries: list[TokenLogprob]) -> dict:

@@ -165,8 +165,10 @@ class Sequence:
         if self.is_eog(token):
             return self._finish(token, "stop")
         if self.stopping_criteria:
-            ids = np.array(self.prompt + self.tokens + [token], dtype=np.intc)
-            if any(crit(ids, logits) for crit in self.stopping_criteria):
+            # llama-cpp-python's generate: the criteria see the ids before this token (the
+            # prompt alone at first) and the logits it was picked from; when one says stop,
+            # the new token is dropped
+            if any(crit(self.input_ids(), logits) for crit in self.stopping_criteria):
                 return self._finish(token, "stop")
         self.tokens.append(token)
         if self.n_logprobs is not None:
@@ -200,12 +202,13 @@ class Sequence:
     def _finish(self, token: int, reason: str, text: str = "") -> Step:
         self.finish_reason = reason
         text += self.text.finish()
-        return Step(token, text, self._release_logprobs(), reason)
+        return Step(token, text, self._release_logprobs(finished=True), reason)
 
-    def _release_logprobs(self) -> list[TokenLogprob]:
+    def _release_logprobs(self, finished: bool = False) -> list[TokenLogprob]:
+        """The logprobs of the tokens the released text has now reached (TextStream)."""
         if self.n_logprobs is None:
             return []
-        n = min(self.text.tokens_released(), len(self.logprobs))
+        n = min(self.text.tokens_reached(finished), len(self.logprobs))
         out = self.logprobs[self._released_lp:n]
         self._released_lp = n
         return out

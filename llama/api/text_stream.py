@@ -15,6 +15,8 @@ streamed (llama-server has already sent it; its non-streamed text is the same as
 """
 from __future__ import annotations
 
+import bisect
+
 
 def complete_utf8_end(buf: bytes | bytearray, end: int) -> int:
     """The largest cut <= end that does not split a UTF-8 character still being completed.
@@ -125,17 +127,19 @@ class TextStream:
         """All the text, as a non-streamed completion returns it."""
         return self.buf[:self.text_end].decode("utf-8", errors="replace")
 
-    def tokens_released(self) -> int:
-        """How many tokens the released text has fully covered (all of them once finished
-        or stopped: a token cut by a stop string counts as released)."""
-        if self.released >= self.text_end:
-            return len(self.token_ends)
-        n = 0
-        for end in self.token_ends:
-            if end > self.released:
-                break
-            n += 1
-        return n
+    def tokens_reached(self, finished: bool = False) -> int:
+        """How many tokens the text handed out has reached: a token counts once a byte of it
+        is out, so its logprob goes with the chunk its text starts in (as llama-cpp-python's
+        stream). Once finished: every token, or, when a stop string (or n_indent) cut the
+        text, the tokens that start before the cut (those wholly inside the stop string are
+        not part of the text)."""
+        n = len(self.token_ends)
+        if finished and self.end is None:
+            return n
+        limit = self.text_end if finished else self.released
+        if n == 0 or limit <= 0:
+            return 0
+        return 1 + bisect.bisect_left(self.token_ends, limit, 0, n - 1)   # token i starts at token_ends[i - 1]
 
     def _find_stop(self, start: int) -> int | None:
         hits = [i for i in (self.buf.find(s, start) for s in self.stops) if i >= 0]

@@ -134,14 +134,30 @@ def test_logits_processor_and_stopping_criteria(smol):
     seen = []
 
     def stop_after_three(input_ids, logits):
-        seen.append(len(input_ids))
+        seen.append(list(input_ids))
         return len(seen) >= 3
 
     out = smol(PROMPT, max_tokens=10, temperature=0.7, seed=1, logits_processor=[only_banana],
                stopping_criteria=[stop_after_three])
     assert _text(out) == " banana" * 2 and out["choices"][0]["finish_reason"] == "stop"
-    n_prompt = out["usage"]["prompt_tokens"]
-    assert seen == [n_prompt + 1, n_prompt + 2, n_prompt + 3]
+    # llama-cpp-python's generate: each call sees the ids before the token just picked (the
+    # prompt alone first); the token picked when a criterion says stop is dropped
+    prompt = smol.tokenize(PROMPT.encode(), special=True)
+    assert seen == [prompt, prompt + [forced], prompt + [forced] * 2]
+    assert out["usage"]["completion_tokens"] == 2
+
+
+def test_stopping_criterion_on_the_last_token_keeps_it(smol):
+    """A criterion that looks for a token stops the step after it is generated, with that
+    token in the text (llama-cpp-python: `ids[-1] == period` gives ' Paris.')."""
+    greedy = smol(PROMPT, max_tokens=6, temperature=0)
+    ids = smol.tokenize(PROMPT.encode(), special=True)
+    first = smol.tokenize(_text(greedy).encode(), add_bos=False)[0]
+    out = smol(PROMPT, max_tokens=6, temperature=0,
+               stopping_criteria=[lambda input_ids, logits: len(input_ids) > len(ids) and input_ids[-1] == first])
+    assert out["choices"][0]["finish_reason"] == "stop"
+    assert out["usage"]["completion_tokens"] == 1
+    assert _text(out) == smol.detokenize([first]).decode()
 
 
 def test_context_limits(smol):

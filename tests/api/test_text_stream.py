@@ -73,13 +73,27 @@ def test_invalid_bytes_are_released_as_replacement_characters():
     assert complete_utf8_end(b"\x80\x80", 2) == 2
 
 
-def test_tokens_released_follow_the_released_bytes():
-    s = TextStream(["STOP"])
+def test_tokens_reached_follow_the_released_bytes():
+    """A token counts once a byte of it is out; once a stop string cut the text, only the
+    tokens that start before the cut do (the stop string's own tokens are not text)."""
+    s = TextStream(["s.\n"])
     s.push(b"one ")
-    s.push(b"ST")
-    assert s.tokens_released() == 1
-    s.push(b"OP")
-    assert s.stopped and s.tokens_released() == 3
+    assert s.tokens_reached() == 1
+    s.push(b" Paris")         # " Pari" out, "s" held back: the token is reached
+    assert s.released == 9 and s.tokens_reached() == 2
+    s.push(b".")
+    assert s.tokens_reached() == 2
+    s.push(b"\n")
+    assert s.stopped and s.tokens_reached(finished=True) == 2
+    t = TextStream([])
+    for piece in (b"a", b"", b"\xf0\x9f"):
+        t.push(piece)
+    assert t.tokens_reached() == 1     # the empty piece and the split character's first half wait
+    t.push(b"\x8c\x9f")
+    assert t.tokens_reached() == 4
+    u = TextStream([])
+    u.push(b"\xf0\x9f")
+    assert u.tokens_reached() == 0 and u.finish() == "\ufffd" and u.tokens_reached(finished=True) == 1
 
 
 def _indent_reference(data: bytes, n_indent: int) -> int | None:
