@@ -39,13 +39,22 @@ def prompt_tokens(llm: "Llama", prompt: str | list[int]) -> list[int]:
     return ids
 
 
+class ContextOverflowError(ValueError):
+    """A prompt that leaves no room in the context (llama-cpp-python's ValueError; the
+    server answers it as llama-server's exceed_context_size_error)."""
+
+    def __init__(self, n_prompt: int, n_ctx: int):
+        super().__init__(f"Requested tokens ({n_prompt}) exceed context window of {n_ctx}")
+        self.n_prompt, self.n_ctx = n_prompt, n_ctx
+
+
 def resolve_max_tokens(max_tokens: int | None, n_prompt: int, n_ctx: int,
                        context_shift: bool = False) -> int:
     """llama-cpp-python's rule: None or <= 0 means up to the context's end; never past it,
     unless the context shifts when full (the server's --context-shift), which lets an
     explicit max_tokens run past it."""
     if n_prompt >= n_ctx:
-        raise ValueError(f"Requested tokens ({n_prompt}) exceed context window of {n_ctx}")
+        raise ContextOverflowError(n_prompt, n_ctx)
     room = n_ctx - n_prompt
     if max_tokens is None or max_tokens <= 0:
         return room

@@ -99,6 +99,23 @@ def _l2(v: np.ndarray) -> np.ndarray:
     return v / np.maximum(norm, 1e-12)
 
 
+def normalize(v, embd_normalize: int) -> np.ndarray:
+    """llama.cpp's common_embd_normalize, what llama-server's `embd_normalize` asks for:
+    -1 none, 0 max absolute value scaled to the int16 range, 1 taxicab, 2 Euclidean (its
+    default), p > 2 the p-norm. Sums in float64, as llama.cpp's; a zero vector stays zero."""
+    x = np.asarray(v, dtype=np.float32)
+    if embd_normalize == -1:
+        return x
+    if embd_normalize == 0:
+        total = float(np.abs(x).max(initial=0.0)) / 32760.0
+    elif embd_normalize == 2:
+        total = float(np.sqrt(np.sum(x.astype(np.float64) ** 2)))
+    else:
+        p = float(embd_normalize)
+        total = float(np.sum(np.abs(x.astype(np.float64)) ** p) ** (1.0 / p))
+    return x * np.float32(1.0 / total if total > 0 else 0.0)
+
+
 def create_embedding(llm: "Llama", input, *, model: str | None = None) -> dict:
     """OpenAI's embeddings response (a `list` of `embedding` objects with usage)."""
     data, n_tokens = embed(llm, input, normalize=False, return_count=True)

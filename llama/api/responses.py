@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from base64 import b64encode
+
+import numpy as np
 
 
 def new_id(prefix: str) -> str:
@@ -52,9 +55,16 @@ def usage_chunk(cid: str, created: int, model: str, use: dict,
             "choices": [], "usage": use}
 
 
-def embeddings(vectors: list, model: str, prompt_tokens: int) -> dict:
-    return {"object": "list",
-            "data": [{"object": "embedding", "embedding": v, "index": i} for i, v in enumerate(vectors)],
+def embeddings(vectors: list, model: str, prompt_tokens: int, base64: bool = False) -> dict:
+    """OpenAI's embeddings list; with `base64`, each vector as the base64 of its float32
+    little-endian bytes (OpenAI's encoding_format "base64", which its Python client asks for)."""
+    def item(i: int, v) -> dict:
+        if base64:
+            raw = np.asarray(v, dtype="<f4").tobytes()
+            return {"object": "embedding", "embedding": b64encode(raw).decode("ascii"), "index": i,
+                    "encoding_format": "base64"}
+        return {"object": "embedding", "embedding": np.asarray(v).tolist(), "index": i}
+    return {"object": "list", "data": [item(i, v) for i, v in enumerate(vectors)],
             "model": model, "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
 
 

@@ -85,6 +85,7 @@ class Step:
     text: str
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    n_tokens: int = 0   # the sequence's generated tokens after this step (read later, elsewhere)
 
 
 class Sequence:
@@ -189,7 +190,7 @@ class Sequence:
             reason = "length"
         if reason is not None:
             return self._finish(token, reason, text)
-        return Step(token, text, self._release_logprobs())
+        return Step(token, text, self._release_logprobs(), n_tokens=len(self.tokens))
 
     def _past_time_limit(self, piece: bytes) -> bool:
         return (self.t_max_predict_ms > 0 and b"\n" in piece
@@ -202,7 +203,7 @@ class Sequence:
     def _finish(self, token: int, reason: str, text: str = "") -> Step:
         self.finish_reason = reason
         text += self.text.finish()
-        return Step(token, text, self._release_logprobs(finished=True), reason)
+        return Step(token, text, self._release_logprobs(finished=True), reason, len(self.tokens))
 
     def _release_logprobs(self, finished: bool = False) -> list[TokenLogprob]:
         """The logprobs of the tokens the released text has now reached (TextStream)."""

@@ -38,16 +38,25 @@ def _kind_names(kinds: tuple) -> str:
 
 
 def max_tokens(body: dict, config: ServerConfig) -> int | None:
-    """max_completion_tokens / max_tokens / n_predict; a negative value is refused (only
-    llama-server's n_predict = -1 means "up to the context's end")."""
+    """max_completion_tokens / max_tokens / n_predict; -1 means "up to the context's end"
+    (llama-server's bound for each of them), below that is refused."""
     for name in ("max_completion_tokens", "max_tokens", "n_predict"):
         value = field(body, name, (int,))
         if value is None:
             continue
-        if value < 0 and not (name == "n_predict" and value == -1):
-            raise bad_request(f"'{name}' must not be negative, got {value}")
+        if value < -1:
+            raise bad_request(f"'{name}' must be -1 (no limit) or more, got {value}")
         return None if value == -1 else value
     return None if config.n_predict < 0 else config.n_predict
+
+
+def embd_normalize(body: dict) -> int:
+    """llama-server's embd_normalize (-1 none, 0 max absolute, 1 taxicab, 2 Euclidean, the
+    default, p > 2 the p-norm); applied to pooled embeddings only."""
+    value = field(body, "embd_normalize", (int,), 2)
+    if value < -1:
+        raise bad_request(f"'embd_normalize' must be -1 or more, got {value}")
+    return value
 
 
 def stop_strings(body: dict) -> list[str] | None:
@@ -223,8 +232,11 @@ def completion_kwargs(body: dict, config: ServerConfig, eog_ids: list[int]) -> d
     if schema is not None:
         if kwargs["grammar"] is not None:
             raise bad_request("give either 'grammar' or 'json_schema', not both")
-        from llama.grammar import Grammar
-        kwargs["grammar"] = Grammar.from_response_format({"type": "json_object", "schema": schema})
+        from llama.grammar import Grammar, GrammarError
+        try:
+            kwargs["grammar"] = Grammar.from_response_format({"type": "json_object", "schema": schema})
+        except GrammarError as e:
+            raise bad_request(f"'json_schema': {e}") from None
     return kwargs
 
 

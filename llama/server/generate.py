@@ -27,6 +27,12 @@ async def read_body(request: Request, limit: int, *, array: bool = False) -> Any
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise bad_request(f"the request body is not valid JSON: {e}") from None
+    if b"\\u" in raw:   # an escape may be a lone UTF-16 surrogate, which JSON allows and text cannot hold
+        try:
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise bad_request(f"the request body holds a lone UTF-16 surrogate "
+                              f"(\\u{ord(e.object[e.start]):04x}), which is not text") from None
     if array and isinstance(body, list):
         return body
     if not isinstance(body, dict):

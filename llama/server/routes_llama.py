@@ -10,7 +10,9 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from llama.api.completion import prepare_completion
+from llama.api.embedding import normalize
 from llama.api.sequence import Step
+from llama.pooling import PoolingType
 from llama.server import fields, slot_files
 from llama.server import infill as infill_api
 from llama.server.bridge import run_call
@@ -50,9 +52,9 @@ class LlamaCompletion:
     def feed(self, step: Step) -> list[dict]:
         if not step.text and step.finish_reason is None:
             return []
-        tokens = [step.token] if step.token >= 0 and self.options.return_tokens else []
+        tokens = [step.token] if step.token >= 0 else []   # always, as llama-server's partial results
         chunk = {"index": 0, "content": step.text, "tokens": tokens, "stop": False,
-                 "id_slot": self.task.slot, "tokens_predicted": len(self.job.seq.tokens),
+                 "id_slot": self.task.slot, "tokens_predicted": step.n_tokens,
                  "tokens_evaluated": len(self.job.seq.prompt)}
         if self.options.timings_per_token:
             chunk["timings"] = self.timings()
@@ -102,7 +104,7 @@ class LlamaCompletion:
                   "tokens_predicted": len(seq.tokens), "tokens_evaluated": len(seq.prompt),
                   "generation_settings": self.settings,
                   "prompt": self.prompt_text, "has_new_line": "\n" in seq.completion_text(),
-                  "truncated": task.n_shifts > 0, "stop_type": stop_type, "stopping_word": "",
+                  "truncated": task.n_shifts > 0, "stop_type": stop_type, "stopping_word": seq.text.stop_word or "",
                   "tokens_cached": task.n_cached, "timings": self.timings()}
         if self.options.n_probs > 0 and not streamed:   # a stream sent them with its chunks
             answer["completion_probabilities"] = self.probabilities(seq.logprobs)
@@ -183,7 +185,7 @@ def register(app: FastAPI, state: ServerState) -> None:
             return {"tokens": ids}
         out = []
         for t in ids:
-            piece = llm.piece(t)
+            piece = llm.model.vocab.token_to_piece(t, special=True)   # control tokens' text too
             try:
                 out.append({"id": t, "piece": piece.decode("utf-8")})
             except UnicodeDecodeError:
@@ -224,10 +226,13 @@ def register(app: FastAPI, state: ServerState) -> None:
             raise APIError(501, "This server does not support embeddings. Start it with "
                            "`--embeddings`", type="not_supported_error")
         inputs = embedding_input(body.get("content", body.get("input")))
+        embd_normalize = fields.embd_normalize(body)
         vectors = await run_call(request, sched, lambda: llm.embed(inputs))
         if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
             vectors = [vectors]
-        return [{"index": i, "embedding": v if v and isinstance(v[0], list) else [v]}
+        if llm.ctx.pooling_type == PoolingType.NONE:   # per-token rows, never normalised (llama-server)
+            return [{"index": i, "embedding": v} for i, v in enumerate(vectors)]
+        return [{"index": i, "embedding": [normalize(v, embd_normalize).tolist()]}
                 for i, v in enumerate(vectors)]
 
     @app.get("/props")

@@ -9,12 +9,14 @@ from fastapi import FastAPI, Request
 
 from llama.api import responses
 from llama.api.chat_completion import prepare_chat
-from llama.api.completion import prepare_completion
+from llama.api.completion import ContextOverflowError, prepare_completion
+from llama.api.embedding import normalize
+from llama.pooling import PoolingType
 from llama.server import fields
 from llama.server import anthropic_api
 from llama.server import responses_api as responses_api_
 from llama.server.bridge import run_call
-from llama.server.errors import APIError, bad_request
+from llama.server.errors import APIError, bad_request, context_overflow
 from llama.server.generate import read_body, serve, serve_choices
 from llama.server.state import ServerState
 
@@ -40,7 +42,9 @@ def prepare(fn, llm, kwargs: dict, state: ServerState):
     try:
         return fn(llm, **kwargs, model=state.config.model_name, n_ctx=state.n_ctx_slot,
                   context_shift=state.config.context_shift)
-    except (ValueError, TypeError) as e:  # template, grammar, prompt too long ...
+    except ContextOverflowError as e:
+        raise context_overflow(e.n_prompt, e.n_ctx) from None
+    except (ValueError, TypeError) as e:  # template, grammar ...
         raise bad_request(str(e)) from None
 
 
@@ -134,9 +138,20 @@ def register(app: FastAPI, state: ServerState) -> None:
         if not cfg.embedding:
             raise APIError(501, "This server does not support embeddings. Start it with "
                            "`--embeddings`", type="not_supported_error")
+        if llm.ctx.pooling_type == PoolingType.NONE:
+            raise bad_request("Pooling type 'none' is not OAI compatible. Please use a different "
+                              "pooling type")
         inputs = embedding_input(body.get("input", body.get("content")))
-        return await run_call(request, sched,
-                              lambda: llm.create_embedding(inputs, model=cfg.model_name))
+        embd_normalize = fields.embd_normalize(body)
+        encoding = fields.field(body, "encoding_format", (str,), "float")
+        if encoding not in ("float", "base64"):
+            raise bad_request("'encoding_format' must be \"float\" or \"base64\"")
+        vectors, n_tokens = await run_call(request, sched, lambda: llm.embed(inputs, return_count=True))
+        if isinstance(inputs, str) or isinstance(inputs[0], int):
+            vectors = [vectors]
+        vectors = [normalize(v, embd_normalize) for v in vectors]
+        model = body.get("model") if isinstance(body.get("model"), str) else cfg.model_name
+        return responses.embeddings(vectors, model, n_tokens, base64=encoding == "base64")
 
     async def models(request: Request):
         meta = {}

@@ -113,11 +113,15 @@ class Scheduler:
 
     def cancel(self, task: Task | CallTask) -> None:
         """The client is gone: a queued task leaves the queue now, a running one frees its
-        slot at the start of the next step."""
+        slot at the start of the next step. Whoever still waits on the task's events gets a
+        last one, an error (nginx's 499), so no request handler waits forever."""
         with self._cond:
+            if task.cancelled:
+                return
             task.cancelled = True
             if task in self._pending:
                 self._pending.remove(task)
+            task.sink("error", APIError(499, "the client closed the request"))
             self._cond.notify()
 
     def stop(self, timeout: float = 10.0) -> None:

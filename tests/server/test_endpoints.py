@@ -296,10 +296,58 @@ def test_errors_have_openai_shape(server, body, status):
 
 
 def test_prompt_longer_than_the_slot_is_400(server):
+    """llama-server's exceed_context_size_error, with the counts its WebUI shows."""
     long = "word " * 700  # > 512 cells of one slot
     with server.client() as c:
-        r = c.post("/v1/completions", json={"prompt": long, "max_tokens": 4})
-    assert r.status_code == 400 and "context" in r.json()["error"]["message"]
+        n_prompt = len(c.post("/tokenize", json={"content": long}).json()["tokens"])
+        for route, body in (("/v1/completions", {"prompt": long, "max_tokens": 4}),
+                            ("/v1/chat/completions", {"messages": [{"role": "user", "content": long}]}),
+                            ("/completion", {"prompt": long, "n_predict": 4, "stream": True})):
+            r = c.post(route, json=body)
+            err = r.json()["error"]
+            assert r.status_code == 400 and err["type"] == "exceed_context_size_error"
+            assert err["n_ctx"] == 512 and "exceeds the available context size" in err["message"]
+            if route != "/v1/chat/completions":
+                assert err["n_prompt_tokens"] == n_prompt
+
+
+def test_llama_server_request_edges(server):
+    """max_tokens -1 is "no limit" (llama-server's bound), a schema llguidance refuses is a
+    400 on the completion routes too, a lone UTF-16 surrogate is refused before any work."""
+    with server.client() as c:
+        for route, body in (("/v1/completions", {"prompt": "Hi", "max_tokens": -1, "stop": ["."]}),
+                            ("/v1/chat/completions", {"messages": MSGS, "max_tokens": -1, "stop": ["."]}),
+                            ("/completion", {"prompt": "Hi", "max_tokens": -1, "stop": ["."]})):
+            assert c.post(route, json=dict(body, temperature=0)).status_code == 200, route
+        assert c.post("/completion", json={"prompt": "Hi", "max_tokens": -2}).status_code == 400
+        for route in ("/completion", "/v1/completions"):
+            for schema in ({"type": "nonsense"}, {"type": "array", "uniqueItems": True}):
+                r = c.post(route, json={"prompt": "hi", "max_tokens": 2, "json_schema": schema})
+                assert r.status_code == 400 and "json_schema" in r.json()["error"]["message"], r.text
+        raw = b'{"prompt": "abc\\ud800 def", "n_predict": 2}'
+        r = c.post("/completion", content=raw, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"]
+        pair = b'{"prompt": "\\ud83c\\udf1f", "n_predict": 1}'   # a valid pair is text
+        assert c.post("/completion", content=pair, headers={"Content-Type": "application/json"}).status_code == 200
+
+
+def test_llama_server_completion_fields(server):
+    """stopping_word names the stop string; every streamed chunk carries its token id and
+    the count of tokens so far; /tokenize's pieces show control tokens' text."""
+    with server.client() as c:
+        body = {"prompt": "The capital of France is", "n_predict": 24, "temperature": 0}
+        full = c.post("/completion", json=dict(body, return_tokens=True)).json()
+        stop = full["content"][len(full["content"]) // 2:][:2]
+        cut = c.post("/completion", json=dict(body, stop=[stop])).json()
+        assert cut["stop_type"] == "word" and cut["stopping_word"] == stop
+        lines = [json.loads(line[6:]) for line in c.post("/completion", json=dict(body, stream=True)).text.splitlines()
+                 if line.startswith("data: ")]
+        partial = [chunk for chunk in lines if not chunk["stop"]]
+        counts = [chunk["tokens_predicted"] for chunk in partial]
+        assert counts == sorted(set(counts)) and len(partial) > 10
+        assert [chunk["tokens"] for chunk in partial] == [[full["tokens"][n - 1]] for n in counts]
+        pieces = c.post("/tokenize", json={"content": "<|im_start|>Hi", "with_pieces": True}).json()["tokens"]
+        assert pieces[0]["piece"] == "<|im_start|>"
 
 
 def test_max_tokens_capped_by_the_slot_context(server):

@@ -1,6 +1,7 @@
 """What the main server fixture does not cover: the embeddings endpoints (against the
 Llama API), slot files (save, erase, restore), CORS on request only, and SIGTERM on a real
 `ggmlpy serve` process."""
+import base64
 import os
 import signal
 import subprocess
@@ -20,18 +21,47 @@ TEXTS = ["The capital of France is Paris.", "Cats sleep a lot"]
 
 
 def test_embeddings_endpoints_match_the_api(smollm2_path):
+    """Pooled embeddings as llama-server gives them: normalised by `embd_normalize` (2,
+    Euclidean, by default), as floats or as OpenAI's base64 (which the official client asks
+    for when numpy is installed, and decodes)."""
     ref = Llama(str(smollm2_path), n_ctx=256, embedding=True, pooling_type="mean", verbose=False)
-    expected = ref.embed(TEXTS)
+    raw = [np.asarray(v, dtype=np.float64) for v in ref.embed(TEXTS)]
+    unit = [v / np.linalg.norm(v) for v in raw]
     with running(smollm2_path, parallel=2, ctx_size=1024, embedding=True, pooling="mean") as s:
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", timeout=60, max_retries=0)
-        out = client.embeddings.create(model=s.config.model_name, input=TEXTS)
-        assert [d.index for d in out.data] == [0, 1]
-        for d, vec in zip(out.data, expected):
-            np.testing.assert_allclose(d.embedding, vec, rtol=1e-4, atol=1e-4)
+        for encoding in ({}, {"encoding_format": "float"}, {"encoding_format": "base64"}):
+            # none given: the client asks for base64 itself and decodes it
+            out = client.embeddings.create(model=s.config.model_name, input=TEXTS, **encoding)
+            assert [d.index for d in out.data] == [0, 1]
+            for d, vec in zip(out.data, unit):
+                got = d.embedding
+                if isinstance(got, str):
+                    got = np.frombuffer(base64.b64decode(got), dtype="<f4")
+                np.testing.assert_allclose(got, vec, rtol=1e-4, atol=1e-5)
         n_tokens = sum(len(ref.tokenize(t.encode())) for t in TEXTS)
         assert out.usage.prompt_tokens == n_tokens
         native = httpx.post(s.url + "/embedding", json={"content": TEXTS[0]}, timeout=60).json()
-        np.testing.assert_allclose(native[0]["embedding"][0], expected[0], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(native[0]["embedding"][0], unit[0], rtol=1e-4, atol=1e-5)
+        expected = {-1: raw[0], 0: raw[0] * 32760 / np.abs(raw[0]).max(),
+                    1: raw[0] / np.abs(raw[0]).sum(), 3: raw[0] / (np.abs(raw[0]) ** 3).sum() ** (1 / 3)}
+        for norm, vec in expected.items():
+            got = httpx.post(s.url + "/embedding", json={"content": TEXTS[0], "embd_normalize": norm},
+                             timeout=60).json()[0]["embedding"][0]
+            np.testing.assert_allclose(got, vec, rtol=1e-4, atol=1e-4 * np.abs(vec).max())
+        bad = httpx.post(s.url + "/v1/embeddings", json={"input": "x", "encoding_format": "hex"}, timeout=60)
+        assert bad.status_code == 400 and "encoding_format" in bad.json()["error"]["message"]
+
+
+def test_embeddings_without_pooling(smollm2_path):
+    """Pooling none: /embedding gives every token's row, unnormalised; the OpenAI route
+    refuses, as llama-server ("not OAI compatible")."""
+    ref = Llama(str(smollm2_path), n_ctx=256, embedding=True, verbose=False)
+    rows = ref.embed(TEXTS[1])
+    with running(smollm2_path, parallel=1, ctx_size=512, embedding=True) as s:
+        r = httpx.post(s.url + "/v1/embeddings", json={"input": TEXTS[1]}, timeout=60)
+        assert r.status_code == 400 and "not OAI compatible" in r.json()["error"]["message"]
+        native = httpx.post(s.url + "/embedding", json={"content": TEXTS[1]}, timeout=60).json()
+        np.testing.assert_allclose(native[0]["embedding"], rows, rtol=1e-4, atol=1e-4)
 
 
 def test_slot_files_save_erase_restore(smollm2_path, tmp_path):

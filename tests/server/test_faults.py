@@ -56,15 +56,29 @@ def test_dropped_request_of_n_choices_frees_every_slot(server, stream):
         assert c.post("/completion", json={"prompt": "Hi", "n_predict": 2}).status_code == 200
 
 
-def test_dropped_non_streaming_request_frees_its_slot(server):
+def _wait_no_request_running(server, timeout: float = 5) -> None:
+    """uvicorn keeps a task per request being answered: none may be left waiting once the
+    clients are gone (a handler that waited forever also held up every shutdown)."""
+    deadline = time.monotonic() + timeout
+    while server.server.server_state.tasks and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not server.server.server_state.tasks
+
+
+@pytest.mark.parametrize("body", [{"prompt": "Count:", "n_predict": 400},
+                                  {"prompt": "Count:", "max_tokens": 400, "n": 2}],
+                         ids=["completion", "n_choices"])
+def test_dropped_non_streaming_request_frees_its_slot_and_its_handler(server, body):
+    route = "/completion" if "n_predict" in body else "/v1/completions"
     with server.client() as c:
         _wait_idle(c)
-        with pytest.raises(httpx.ReadTimeout):
-            # ignore_eos: a sampled end of text must not finish it within the timeout
-            httpx.post(server.url + "/completion",
-                       json={"prompt": "Count:", "n_predict": 400, "ignore_eos": True},
-                       headers=c.headers, timeout=1.0)
+        for _ in range(2):
+            with pytest.raises(httpx.ReadTimeout):
+                # ignore_eos: a sampled end of text must not finish it within the timeout
+                httpx.post(server.url + route, json=dict(body, ignore_eos=True),
+                           headers=c.headers, timeout=1.0)
         _wait_idle(c, 5)
+    _wait_no_request_running(server)
 
 
 def test_hostile_mix_leaves_the_server_healthy(server):
