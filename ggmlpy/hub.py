@@ -17,6 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+class ModelNotFoundError(FileNotFoundError, ValueError):
+    """No such model file or name. Also a ValueError: llama-cpp-python raises one for a
+    missing model path, and programs catch that."""
+
+
 @dataclass(frozen=True)
 class WheelPart:
     package: str
@@ -76,7 +81,7 @@ def resolve_model(name_or_path: str | os.PathLike | None = None, download: bool 
         return path
     if name not in KNOWN_MODELS:
         known = ", ".join(sorted(KNOWN_MODELS))
-        raise FileNotFoundError(f"{name}: no such file, and not a known model name ({known})")
+        raise ModelNotFoundError(f"{name}: no such file, and not a known model name ({known})")
     model = KNOWN_MODELS[name]
     target = models_dir() / model.filename
     if target.exists():

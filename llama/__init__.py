@@ -16,11 +16,13 @@ from llama.context import Context
 from llama.model import LoadCancelled, Model
 
 __all__ = ["Batch", "BatchError", "Context", "Llama", "LlamaGrammar", "LlamaState", "LoadCancelled",
-           "Model"]
+           "Model", "LLAMA_DEFAULT_SEED", "LlamaTokenizer", "LogitsProcessorList", "MinTokensLogitsProcessor",
+           "StoppingCriteriaList"]
+_COMPAT = ("LlamaTokenizer", "LogitsProcessorList", "MinTokensLogitsProcessor", "StoppingCriteriaList")
 
 
 def __getattr__(name: str):
-    """`Llama` and `LlamaGrammar` load on first use: the runtime alone (the CLI's run, the
+    """`Llama`, `LlamaGrammar` and llama-cpp-python's helper classes load on first use: the runtime alone (the CLI's run, the
     tests of the compiler) does not pay for jinja2 and llguidance."""
     if name in ("Llama", "LlamaState"):
         from llama.api import llama as api
@@ -28,4 +30,10 @@ def __getattr__(name: str):
     if name == "LlamaGrammar":
         from llama.grammar import LlamaGrammar
         return LlamaGrammar
+    if name in _COMPAT:   # llama-cpp-python's names (llama.api.compat)
+        from llama.api import compat
+        return getattr(compat, name)
+    if name == "LLAMA_DEFAULT_SEED":
+        from llama.sampling.pick import LLAMA_DEFAULT_SEED
+        return LLAMA_DEFAULT_SEED
     raise AttributeError(f"module 'llama' has no attribute {name!r}")

@@ -27,10 +27,13 @@ from typing import Any, Iterator, Sequence as Seq
 import numpy as np
 
 from llama.api import chat_completion as chat_api
+from llama.api import compat
 from llama.api import completion as completion_api
 from llama.api import embedding as embedding_api
 from llama.api.engine import Engine
+from llama.api.grammar_args import make_grammar_sampler
 from llama.api.progress import LoadProgress
+from llama.api.sequence import Sequence
 from llama.context import Context
 from llama.model import Model
 from llama.sampling.dry import Breakers, VocabText, model_breakers, vocab_text
@@ -51,7 +54,7 @@ _UNSUPPORTED_DEFAULTS: dict[str, Any] = {
     "yarn_orig_ctx": 0, "offload_kqv": True, "op_offload": None,
     "no_perf": False, "last_n_tokens_size": 64, "chat_handler": None, "draft_model": None,
     "tokenizer": None, "spm_infill": False, "clip_model_path": None,
-    "embd_normalize": None, "mul_mat_q": True,
+    "embd_normalize": None, "mul_mat_q": True, "attention_type": -1,
 }
 
 
@@ -207,6 +210,17 @@ class Llama:
         nl = self._model.vocab.linefeed_id
         return -1 if nl is None else nl
 
+    def tokenizer(self) -> compat.LlamaTokenizer:
+        return compat.LlamaTokenizer(self)
+
+    def pooling_type(self) -> int:
+        """The context's pooling as llama.cpp's enum value (0 none, 1 mean, 2 cls, 3 last,
+        4 rank)."""
+        return int(self.ctx.pooling_type)
+
+    logits_to_logprobs = staticmethod(compat.logits_to_logprobs)
+    longest_token_prefix = staticmethod(compat.longest_token_prefix)
+
     @property
     def n_tokens(self) -> int:
         return self.engine.n_past(0) if self.engine else 0
@@ -268,18 +282,57 @@ class Llama:
         (seeded by the constructor's `seed`, random by default)."""
         return int(seed) if seed is not None and seed >= 0 else self._rng.randrange(2**32 - 1)
 
+    def generate(self, tokens: Seq[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                 typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0,
+                 reset: bool = True, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                 tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_tau: float = 5.0,
+                 mirostat_eta: float = 0.1, penalize_nl: bool = True, logits_processor=None,
+                 stopping_criteria=None, grammar=None, seed: int | None = None) -> Iterator[int]:
+        """llama-cpp-python's token generator: every token picked, end-of-generation ones
+        included (the caller decides when to stop, as its create_completion does), until a
+        stopping criterion says stop or the context is full. `reset=True` decodes `tokens`
+        from the start (reusing the cached prefix); False appends them to what the cache
+        holds. `tfs_z` and `penalize_nl` are accepted and ignored (llama.cpp dropped both);
+        tokens sent into the generator are not supported."""
+        prompt = list(tokens) if reset else self.engine.cached[0] + list(tokens)
+        room = self.n_ctx() - len(prompt)
+        if not prompt or room <= 0:
+            raise ValueError(f"generate() needs between 1 and {self.n_ctx() - 1} tokens to start "
+                             f"from, got {len(prompt)}")
+        params = completion_api.sampling_params(
+            self, temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, typical_p=typical_p,
+            repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty, seed=seed, mirostat_mode=mirostat_mode,
+            mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, n_ctx=self.n_ctx())
+        seq = Sequence(prompt, n_vocab=self.n_vocab(), is_eog=lambda _: False, piece_of=self.piece,
+                       params=params, max_tokens=room,
+                       grammar=make_grammar_sampler(self._model.vocab, grammar),
+                       logits_processors=list(logits_processor or []),
+                       stopping_criteria=list(stopping_criteria or []))
+        n_yielded = 0
+        for step in completion_api.run_sequence(self, seq):
+            if step.n_tokens > n_yielded:   # the step kept its token (a stopping criterion drops it)
+                n_yielded = step.n_tokens
+                sent = yield step.token
+                if sent is not None:
+                    raise NotImplementedError("generate() does not take tokens sent into it")
+
     # the three front ends -----------------------------------------------------------------------
-    def create_completion(self, prompt: str | list[int], **kwargs: Any) -> dict | Iterator[dict]:
+    def create_completion(self, prompt: str | list[int], *args: Any, **kwargs: Any) -> dict | Iterator[dict]:
         """OpenAI's `text_completion` (or an iterator of chunks with stream=True); see
-        `llama.api.completion.create_completion` for the arguments."""
+        `llama.api.completion.create_completion` for the arguments, which may also come in
+        llama-cpp-python's positional order (`compat.COMPLETION_ARGS`)."""
+        kwargs = compat.by_name("create_completion", compat.COMPLETION_ARGS, args, kwargs)
         return completion_api.create_completion(self, prompt, **kwargs)
 
-    def __call__(self, prompt: str | list[int], **kwargs: Any) -> dict | Iterator[dict]:
-        return self.create_completion(prompt, **kwargs)
+    def __call__(self, prompt: str | list[int], *args: Any, **kwargs: Any) -> dict | Iterator[dict]:
+        return self.create_completion(prompt, *args, **kwargs)
 
-    def create_chat_completion(self, messages: list[dict], **kwargs: Any) -> dict | Iterator[dict]:
+    def create_chat_completion(self, messages: list[dict], *args: Any, **kwargs: Any) -> dict | Iterator[dict]:
         """OpenAI's `chat.completion` (or `chat.completion.chunk`s with stream=True); see
-        `llama.api.chat_completion.create_chat_completion`."""
+        `llama.api.chat_completion.create_chat_completion` (positional arguments in
+        llama-cpp-python's order, `compat.CHAT_ARGS`)."""
+        kwargs = compat.by_name("create_chat_completion", compat.CHAT_ARGS, args, kwargs)
         return chat_api.create_chat_completion(self, messages, **kwargs)
 
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
