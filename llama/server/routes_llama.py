@@ -23,6 +23,7 @@ from llama.server.routes_openai import embedding_input, not_embedding, prepare
 from llama.server.scheduler import Task
 from llama.server.slots import base_cells, shared_cells
 from llama.server.state import ServerState, safe_slot_file
+from llama.server.timings import timings
 
 
 FLOAT_LOWEST = -3.4028234663852886e38   # what llama-server sends for log(0)
@@ -86,13 +87,7 @@ class LlamaCompletion:
         return [final]
 
     def timings(self) -> dict:
-        seq, task = self.job.seq, self.task
-        prompt_ms = (task.t_first - task.t_start) * 1000 if task.t_first else 0.0
-        predicted_ms = (time.perf_counter() - task.t_first) * 1000 if task.t_first else 0.0
-        n = len(seq.tokens)
-        return {"prompt_n": len(seq.prompt) - task.n_cached, "prompt_ms": prompt_ms,
-                "predicted_n": n, "predicted_ms": predicted_ms,
-                "predicted_per_second": n / predicted_ms * 1000 if predicted_ms else 0.0}
+        return timings(self.task)
 
     def response(self, streamed: bool = False) -> dict:
         seq, task = self.job.seq, self.task

@@ -19,6 +19,7 @@ from llama.server.bridge import run_call
 from llama.server.errors import APIError, bad_request, context_overflow
 from llama.server.generate import read_body, serve, serve_choices
 from llama.server.state import ServerState
+from llama.server.timings import TimedChunks, with_timings
 
 
 def check_model(body: dict, state: ServerState) -> None:
@@ -95,8 +96,8 @@ def register(app: FastAPI, state: ServerState) -> None:
                                        slot=slot_options, shift=shift,
                                        ping_every=ping_every, progress=progress)
         job = jobs[0]
-        return await serve(request, sched, job.seq, response=lambda t: job.response(),
-                           chunks=lambda t: job.chunks(), stream=stream,
+        return await serve(request, sched, job.seq, response=lambda t: with_timings(job.response(), t),
+                           chunks=lambda t: TimedChunks(job.chunks(), t), stream=stream,
                            slot=slot_options, done_marker=True,
                            shift=shift, ping_every=ping_every, progress=progress)
 

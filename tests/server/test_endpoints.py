@@ -409,3 +409,29 @@ def test_embeddings_not_served_without_the_flag(server):
     with server.client() as c:
         r = c.post("/v1/embeddings", json={"input": "hello"})
     assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
+
+
+TIMINGS = {"cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second",
+           "predicted_n", "predicted_ms", "predicted_per_token_ms", "predicted_per_second"}
+
+
+def test_timings_and_cached_tokens(server):
+    """llama-server's nine timings on /completion and on the OpenAI answers (the last chunk
+    of a stream), and the prompt tokens its cache served in the usage."""
+    body = {"messages": MSGS, "max_tokens": 6, "temperature": 0, "id_slot": 1}
+    with server.client() as c:
+        first = c.post("/v1/chat/completions", json=body).json()
+        again = c.post("/v1/chat/completions", json=body).json()
+        for answer in (first, again):
+            t = answer["timings"]
+            assert set(t) == TIMINGS and t["predicted_n"] == answer["usage"]["completion_tokens"]
+            assert t["prompt_n"] + t["cache_n"] == answer["usage"]["prompt_tokens"]
+            assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == t["cache_n"]
+        assert again["timings"]["cache_n"] == again["usage"]["prompt_tokens"] - 1   # its last token again
+        lines = [json.loads(line[6:]) for line in c.post("/v1/chat/completions", json=dict(
+            body, stream=True, stream_options={"include_usage": True})).text.splitlines()
+            if line.startswith("data: ") and line != "data: [DONE]"]
+        assert [("timings" in chunk) for chunk in lines] == [False] * (len(lines) - 1) + [True]
+        assert lines[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] == lines[-1]["timings"]["cache_n"]
+        native = c.post("/completion", json={"prompt": "Hi", "n_predict": 3}).json()
+        assert set(native["timings"]) == TIMINGS and native["timings"]["predicted_n"] == 3
