@@ -80,6 +80,9 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
         if msg["role"] not in ("system", "developer", "user", "assistant", "tool", "function"):
             raise ValueError(f"messages[{i}].role {msg['role']!r} is not one of system, user, "
                              "assistant, tool")
+        if "content" not in msg and msg["role"] != "assistant":   # llama-server's rule
+            raise ValueError(f"messages[{i}] ({msg['role']}) has no 'content': all non-assistant "
+                             "messages must contain 'content'")
         content = msg.get("content")
         if isinstance(content, list):
             texts = []

@@ -160,6 +160,8 @@ def test_bad_requests_are_named(smol):
         smol.create_chat_completion([{"role": "user", "content": [{"type": "image_url"}]}])
     with pytest.raises(ValueError, match="role"):
         smol.create_chat_completion([{"role": "wizard", "content": "hi"}])
+    with pytest.raises(ValueError, match=r"messages\[1\] \(user\) has no 'content'"):
+        smol.create_chat_completion([{"role": "system", "content": "Be brief."}, {"role": "user"}])
     with pytest.raises(ValueError, match="not among the tools"):
         smol.create_chat_completion(HELLO, tools=[WEATHER],
                                     tool_choice={"type": "function", "function": {"name": "nope"}})
