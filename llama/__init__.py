@@ -17,7 +17,7 @@ from llama.model import LoadCancelled, Model
 
 __all__ = ["Batch", "BatchError", "Context", "Llama", "LlamaGrammar", "LlamaState", "LoadCancelled",
            "Model", "LLAMA_DEFAULT_SEED", "LlamaTokenizer", "LogitsProcessorList", "MinTokensLogitsProcessor",
-           "StoppingCriteriaList"]
+           "StoppingCriteriaList", "LlamaCache", "LlamaRAMCache"]
 _COMPAT = ("LlamaTokenizer", "LogitsProcessorList", "MinTokensLogitsProcessor", "StoppingCriteriaList")
 
 
@@ -33,6 +33,9 @@ def __getattr__(name: str):
     if name in _COMPAT:   # llama-cpp-python's names (llama.api.compat)
         from llama.api import compat
         return getattr(compat, name)
+    if name in ("LlamaCache", "LlamaRAMCache"):
+        from llama.api import state_cache
+        return getattr(state_cache, name)
     if name == "LLAMA_DEFAULT_SEED":
         from llama.sampling.pick import LLAMA_DEFAULT_SEED
         return LLAMA_DEFAULT_SEED

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence as Seq
 
-from llama.api import responses
+from llama.api import responses, state_cache
 from llama.api.logprobs import CharOffsets, TokenLogprob, completion_logprobs, token_logprob
 from llama.api.sequence import SamplingParams, Sequence, Step
 from llama.api.grammar_args import make_grammar_sampler
@@ -73,12 +73,16 @@ def make_sequence(llm: "Llama", ids: list[int], *, max_tokens: int, stop, logpro
                     stopping_criteria=list(stopping_criteria or []))
 
 
-def run_sequence(llm: "Llama", seq: Sequence, *, logits_all_prompt: bool = False
-                 ) -> Iterator[Step]:
+def run_sequence(llm: "Llama", seq: Sequence, *, logits_all_prompt: bool = False,
+                 use_cache: bool = True) -> Iterator[Step]:
     """Decode the sequence's prompt, then step it to the end (seq 0 of the Llama's engine).
+    `use_cache`: consult and fill the Llama's state cache (`set_cache`), as
+    llama-cpp-python's completions do (its `generate` does not).
 
     A newer call on the same Llama invalidates this one: the cache then holds another
     sequence, so a stream that is resumed afterwards raises instead of going astray."""
+    if use_cache:
+        state_cache.load_best(llm, seq.prompt)
     llm._generation += 1
     generation = llm._generation
     engine = llm.engine
@@ -102,6 +106,8 @@ def run_sequence(llm: "Llama", seq: Sequence, *, logits_all_prompt: bool = False
             break
         logits = engine.decode_step([(0, step.token)])[0]
         llm.scores = logits
+    if use_cache:
+        state_cache.store(llm)
     if llm.verbose:
         t2 = time.perf_counter()
         n = len(seq.tokens)

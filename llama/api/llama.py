@@ -27,7 +27,7 @@ from typing import Any, Iterator, Sequence as Seq
 import numpy as np
 
 from llama.api import chat_completion as chat_api
-from llama.api import compat
+from llama.api import compat, state_cache
 from llama.api import completion as completion_api
 from llama.api import embedding as embedding_api
 from llama.api.engine import Engine
@@ -83,6 +83,14 @@ class LlamaState:
     def llama_state_size(self) -> int:
         return sum(a.nbytes for a in self.arrays.values())
 
+    @property
+    def input_ids(self) -> np.ndarray:   # llama-cpp-python's name for the tokens
+        return np.array(self.tokens, dtype=np.intc)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
 
 class Llama:
     """See the module docstring. `model_path` may be a file or a known model name
@@ -103,6 +111,8 @@ class Llama:
                  type_k: int | str | None = None, type_v: int | str | None = None,
                  swa_full: bool | None = None, lora_path: str | None = None,
                  lora_scale: float = 1.0, **kwargs: Any):
+        # the constructor's arguments, which are what a pickled Llama carries (__getstate__)
+        self._init_args = {**{k: v for k, v in locals().items() if k not in ("self", "kwargs")}, **kwargs}
         for name, value in kwargs.items():
             if name not in _UNSUPPORTED_DEFAULTS:
                 raise TypeError(f"Llama() got an unexpected keyword argument {name!r}")
@@ -130,6 +140,7 @@ class Llama:
         self._ctx: Context | None = None
         self.engine: Engine | None = None
         self.scores: np.ndarray | None = None  # the last decode's logits (llama-cpp-python's _scores[-1])
+        self.cache: state_cache.LlamaRAMCache | None = None   # set_cache's
         self._generation = 0
         self._dry_text: VocabText | None = None
         self._dry_breakers: dict[tuple[str, ...], Breakers] = {}
@@ -225,6 +236,15 @@ class Llama:
     def n_tokens(self) -> int:
         return self.engine.n_past(0) if self.engine else 0
 
+    @n_tokens.setter
+    def n_tokens(self, n: int) -> None:
+        """Rewind to the first `n` cached tokens (llama-cpp-python's `llm.n_tokens = n`
+        before an `eval`): the cells past them are dropped."""
+        if not 0 <= n <= self.n_tokens:
+            raise ValueError(f"n_tokens can rewind to 0..{self.n_tokens}, not {n}")
+        self._generation += 1
+        self.engine.forget(0, n)
+
     @property
     def input_ids(self) -> np.ndarray:
         return np.array(self.engine.cached[0] if self.engine else [], dtype=np.intc)
@@ -274,6 +294,10 @@ class Llama:
         self._generation += 1
         self.engine.forget(0)
 
+    def set_cache(self, cache: state_cache.LlamaRAMCache | None) -> None:
+        """Keep completions' states in `cache` (llama-cpp-python's; `llama.api.state_cache`)."""
+        self.cache = cache
+
     def set_seed(self, seed: int) -> None:
         self._rng = random.Random(seed)
 
@@ -310,7 +334,7 @@ class Llama:
                        logits_processors=list(logits_processor or []),
                        stopping_criteria=list(stopping_criteria or []))
         n_yielded = 0
-        for step in completion_api.run_sequence(self, seq):
+        for step in completion_api.run_sequence(self, seq, use_cache=False):
             if step.n_tokens > n_yielded:   # the step kept its token (a stopping criterion drops it)
                 n_yielded = step.n_tokens
                 sent = yield step.token
@@ -370,6 +394,14 @@ class Llama:
 
     def close(self) -> None:
         self._model.close()
+
+    def __getstate__(self) -> dict:
+        """llama-cpp-python's pickling: the constructor's arguments, so the model is loaded
+        again where the object is unpickled (its KV cache and state cache do not travel)."""
+        return dict(self._init_args)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
 
     def __enter__(self) -> "Llama":
         return self

@@ -102,3 +102,58 @@ def test_attention_type_default_is_accepted(smollm2_path):
     assert llm.n_vocab() == 49152
     with pytest.raises(ValueError, match="attention_type"):
         Llama(str(smollm2_path), vocab_only=True, attention_type=1, verbose=False)
+
+
+def test_n_tokens_rewinds_before_eval(smol):
+    """llama-cpp-python's idiom: `llm.n_tokens = k; llm.eval(rest)` continues from the first
+    k tokens, with the logits a fresh decode of those tokens gives."""
+    ids = smol.tokenize(b"The capital of France is Paris. The capital of Italy is")
+    smol.reset()
+    smol.eval(ids)
+    direct = smol.scores.copy()
+    smol.eval(smol.tokenize(b" Rome", add_bos=False))
+    smol.n_tokens = len(ids) - 2
+    assert smol.n_tokens == len(ids) - 2 and list(smol.input_ids) == ids[:-2]
+    smol.eval(ids[-2:])
+    np.testing.assert_allclose(smol.scores, direct, atol=1e-3)
+    with pytest.raises(ValueError, match="rewind"):
+        smol.n_tokens = len(ids) + 5
+
+
+def test_ram_cache_restores_an_earlier_conversation(smol):
+    """With set_cache, a prompt that continues a conversation older than the last one starts
+    from its stored state: only the new tokens are decoded, and the text is the same."""
+    from llama import LlamaCache, LlamaRAMCache
+    assert LlamaCache is LlamaRAMCache
+    a = "The capital of France is Paris. The capital of Germany is"
+    b = "Once upon a time, in a land far away, there lived a"
+    plain = [_text(smol(p, max_tokens=4, temperature=0)) for p in (a, b, a + " Berlin. The capital of Spain is")]
+    smol.set_cache(LlamaRAMCache(capacity_bytes=1 << 30))
+    try:
+        smol.reset()
+        first = _text(smol(a, max_tokens=4, temperature=0))
+        _text(smol(b, max_tokens=4, temperature=0))
+        assert len(smol.cache.states) == 2
+        new = smol.tokenize((a + " Berlin. The capital of Spain is").encode())
+        stored_a = next(k for k in smol.cache.states if compat.longest_token_prefix(k, new) > 10)
+        n_shared = compat.longest_token_prefix(stored_a, new)
+        assert n_shared > len(smol.tokenize(a.encode())) - 1
+        before = smol.engine.n_prompt_decoded
+        third = _text(smol(a + " Berlin. The capital of Spain is", max_tokens=4, temperature=0))
+        assert smol.engine.n_prompt_decoded - before == len(new) - n_shared
+        assert [first, third] == [plain[0], plain[2]]
+        state = smol.cache[smol.tokenize(a.encode())]
+        assert state.n_tokens == len(state.input_ids) > 0
+        small = LlamaRAMCache(capacity_bytes=state.llama_state_size)   # room for one state
+        small[[1, 2]], small[[3, 4]] = state, state
+        assert list(small.states) == [(3, 4)] and [1, 2, 9] not in small
+    finally:
+        smol.set_cache(None)
+
+
+def test_a_llama_pickles_as_its_arguments(smollm2_path):
+    import pickle
+    llm = Llama(str(smollm2_path), n_ctx=256, n_threads=1, verbose=False, seed=7)
+    copy = pickle.loads(pickle.dumps(llm))
+    assert copy.n_ctx() == 256 and copy._init_args == llm._init_args
+    assert _text(copy(PROMPT, max_tokens=4, temperature=0)) == _text(llm(PROMPT, max_tokens=4, temperature=0))
