@@ -45,10 +45,15 @@ def run(args: argparse.Namespace) -> int:
     from llama.api.llama import Llama
     from llama.chat import ChatTemplateError
 
+    from llama.chat.builtin import BUILTIN_FORMATS, builtin_source
+
     template = args.chat_template_file.read_text(encoding="utf-8") if args.chat_template_file else None
+    chat_format = args.chat_format
+    if template is None and chat_format in BUILTIN_FORMATS:   # llama.cpp's names, as llama-cli's
+        template, chat_format = builtin_source(chat_format), None
     where = placement_kwargs(args)
     llm = Llama(args.model, n_ctx=args.n_ctx, n_threads=args.threads, backend=args.backend,
-                chat_format=args.chat_format, chat_template=template, verbose=False,
+                chat_format=chat_format, chat_template=template, verbose=False,
                 seed=args.seed, **where)
     interactive = sys.stdin.isatty()
     history: list[dict] = [{"role": "system", "content": args.system}] if args.system else []

@@ -19,6 +19,7 @@ from llama.api.completion import make_sequence, resolve_max_tokens, run_sequence
 from llama.api.logprobs import chat_logprobs
 from llama.api.sequence import Sequence, Step
 from llama.chat import ChatTemplate, select_template
+from llama.chat.named_formats import FormatTemplate
 from llama.chat.tool_calls import (ToolCallStream, detect_tool_format, generic_tools_instruction,
                                    parse_tool_calls, tool_call_grammar)
 from llama.model import Model
@@ -38,7 +39,7 @@ class ChatSetup:
         self._template: ChatTemplate | None = None
 
     @property
-    def template(self) -> ChatTemplate:
+    def template(self) -> ChatTemplate | FormatTemplate:
         if self._template is None:
             vocab = self.model.vocab
             bos, eos = vocab.special.bos, vocab.special.eos
@@ -256,6 +257,8 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
                              frequency_penalty=frequency_penalty, logit_bias=logit_bias, seed=seed,
                              mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
                              mirostat_eta=mirostat_eta, n_ctx=n_ctx or llm.n_ctx(), **server_sampling)
+    if setup.template.stop:   # a named format's own (llama-cpp-python adds them to the request's)
+        stop = ([stop] if isinstance(stop, str) else list(stop or [])) + list(setup.template.stop)
     seq = make_sequence(llm, ids, max_tokens=n_max, stop=stop,
                         logprobs=int(top_logprobs or 0) if logprobs else None, params=params,
                         grammar=constraint, logits_processor=logits_processor)

@@ -1,8 +1,12 @@
 """Which chat template a model uses: the rule the Llama class applies.
 
-In order: an explicit `chat_template` source; else `chat_format`, a built-in name or the
-name of one of the file's named templates (`tokenizer.chat_template.<name>`, e.g.
-`tool_use`); else the file's `tokenizer.chat_template`; else chatml, llama.cpp's default.
+In order: an explicit `chat_template` source; else `chat_format`: one of llama-cpp-python's
+format names (`llama-2`, `chatml`, `zephyr`, ...: its prompts, named_formats.py, since the
+keyword is its), else one of llama.cpp's built-in names (`llama2`, `mistral-v7`, ...; the
+server and the CLI pass llama.cpp's names as template sources instead, so their `zephyr` is
+llama.cpp's), else the name of one of the file's named templates
+(`tokenizer.chat_template.<name>`, e.g. `tool_use`); else the file's
+`tokenizer.chat_template`; else chatml, llama.cpp's default.
 
 A file's template is always rendered by jinja, even when `detect_format` recognises it as
 a built-in (llama.cpp's `--jinja` behaviour): the model author's template is the
@@ -15,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from llama.chat.builtin import BUILTIN_FORMATS, builtin_source
+from llama.chat.named_formats import FORMATS, HANDLERS_NOT_PROVIDED, FormatTemplate
 from llama.chat.template import ChatTemplate
 
 TEMPLATE_KEY = "tokenizer.chat_template"
@@ -29,7 +34,8 @@ def named_templates(metadata: Mapping[str, Any]) -> dict[str, str]:
 
 
 def select_template(metadata: Mapping[str, Any], *, chat_format: str | None = None,
-                    chat_template: str | None = None, bos_token: str = "", eos_token: str = "") -> ChatTemplate:
+                    chat_template: str | None = None, bos_token: str = "",
+                    eos_token: str = "") -> ChatTemplate | FormatTemplate:
     """The ChatTemplate for a model with GGUF `metadata` (parsed now; a template that does
     not parse raises ChatTemplateError here, one that misbehaves raises it when rendered)."""
     tokens = {"bos_token": bos_token, "eos_token": eos_token}
@@ -37,11 +43,17 @@ def select_template(metadata: Mapping[str, Any], *, chat_format: str | None = No
         return ChatTemplate(chat_template, name="chat_template argument", **tokens)
     if chat_format is not None:
         named = named_templates(metadata)
+        if chat_format in FORMATS:
+            return FormatTemplate(chat_format)
+        if chat_format in HANDLERS_NOT_PROVIDED:
+            raise ValueError(f"chat_format {chat_format!r} is a llama-cpp-python chat handler with "
+                             "tool-calling logic of its own, which ggmlpy does not have; pass tools "
+                             "with the model's own template instead")
         if chat_format in BUILTIN_FORMATS:
             return ChatTemplate(builtin_source(chat_format), name=f"chat format {chat_format!r}", **tokens)
         if chat_format in named:
             return ChatTemplate(named[chat_format], name=f"{TEMPLATE_KEY}.{chat_format}", **tokens)
-        known = list(BUILTIN_FORMATS) + [f"{name} (from the file)" for name in sorted(named)]
+        known = list(FORMATS) + list(BUILTIN_FORMATS) + [f"{name} (from the file)" for name in sorted(named)]
         raise ValueError(f"unknown chat_format {chat_format!r}; known: {', '.join(known)}")
     source = metadata.get(TEMPLATE_KEY)
     if isinstance(source, str):

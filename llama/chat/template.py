@@ -29,6 +29,8 @@ class ChatTemplate:
     fixed one for reproducible prompts.
     """
 
+    stop: tuple[str, ...] = ()   # a jinja template adds no stop strings (named_formats' do)
+
     def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "", name: str | None = None,
                  clock: Clock = datetime.now) -> None:
         self.source = source

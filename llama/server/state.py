@@ -78,20 +78,18 @@ class ServerState:
 
 def load_llama(config: ServerConfig):
     from llama.api.llama import Llama
-    chat_format, chat_template = None, None
-    if config.chat_template is not None:
-        from llama.chat.builtin import BUILTIN_FORMATS
-        if config.chat_template in BUILTIN_FORMATS:
-            chat_format = config.chat_template
-        else:
-            chat_template = config.chat_template
+    chat_template = config.chat_template
+    if chat_template is not None:
+        from llama.chat.builtin import BUILTIN_FORMATS, builtin_source
+        if chat_template in BUILTIN_FORMATS:   # llama-server's names are llama.cpp's templates
+            chat_template = builtin_source(chat_template)
     flash = {"on": True, "off": False, "auto": None}[config.flash_attn]
     return Llama(config.model, n_ctx=config.ctx_size, n_seq_max=config.parallel,
                  n_batch=config.batch_size, n_ubatch=min(config.ubatch_size, config.batch_size),
                  n_threads=config.threads, n_gpu_layers=config.n_gpu_layers, devices=config.devices,
                  tensor_split=config.tensor_split, override_tensor=config.override_tensor, flash_attn=flash,
                  embedding=config.embedding, pooling_type=config.pooling or -1,
-                 chat_format=chat_format, chat_template=chat_template,
+                 chat_template=chat_template,
                  seed=config.seed if config.seed >= 0 else 0xFFFFFFFF,
                  type_k=config.cache_type_k, type_v=config.cache_type_v,
                  swa_full=config.swa_full, backend=config.backend, verbose=False)

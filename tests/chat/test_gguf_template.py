@@ -60,7 +60,11 @@ def test_selection_order_with_a_real_file(tmp_path: Path) -> None:
     assert chosen.name == "tokenizer.chat_template"
     assert chosen.render(case["messages"]) == case["expected"]
     assert select_template(metadata, chat_format="tool_use").source == hermes
-    assert select_template(metadata, chat_format="gemma").source == builtin_template("gemma").source
+    assert select_template(metadata, chat_format="llama3").source == builtin_template("llama3").source
+    # a name llama-cpp-python has means its format (the keyword is its), llama.cpp's otherwise
+    assert repr(select_template(metadata, chat_format="gemma")) == "FormatTemplate('gemma')"
+    with pytest.raises(ValueError, match="functionary-v2.*chat handler"):
+        select_template(metadata, chat_format="functionary-v2")
     assert select_template(metadata, chat_template="{{ 'x' }}", chat_format="gemma").render([]) == "x"
     with pytest.raises(ValueError, match="unknown chat_format 'nope'.*chatml.*tool_use \\(from the file\\)"):
         select_template(metadata, chat_format="nope")
