@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from llama.api.engine import common_prefix
+
 if TYPE_CHECKING:
     from llama.api.llama import Llama
 
@@ -109,9 +111,5 @@ def logits_to_logprobs(logits, axis: int = -1) -> np.ndarray:
 
 
 def longest_token_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    """How many leading tokens `a` and `b` share (the engine's common_prefix)."""
+    return common_prefix(a, b)

@@ -10,6 +10,8 @@ still holds the positions the next token attends to (llama-server's rule).
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
 from llama.batch import Batch
@@ -25,7 +27,7 @@ class DecodeError(RuntimeError):
         self.rc = rc
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
     for x, y in zip(a, b):
         if x != y:
