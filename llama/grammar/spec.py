@@ -13,6 +13,12 @@ uniqueItems, not, lookaround in a pattern) is an error unless `lenient=True`. As
 llguidance does, declared properties are written in the schema's order, and characters are
 written as themselves rather than as "\\u" escapes.
 
+Objects: an object schema that lists `properties` and says nothing of
+`additionalProperties` admits no other keys, as llama.cpp's schema converter (which
+llama-server and llama-cpp-python use) reads it, where JSON Schema itself would allow any
+(`closed_objects`; an explicit `additionalProperties` or `patternProperties` is kept as
+written, and the members of an `allOf` are left open so that they can be merged).
+
 Whitespace: by default JSON is written compactly in `json.dumps` style (", " and ": ", no
 newlines), which keeps small models from padding with whitespace until max_tokens runs out.
 `whitespace_flexible=True` allows any JSON whitespace, as llguidance does by default. A
@@ -35,6 +41,35 @@ GrammarKind = Literal["json_schema", "gbnf", "regex", "lark"]
 _COMPACT_JSON: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ",
                                  "key_separator": ": "}
 ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
+# where a schema holds further schemas: one schema, a list of them, or a map of them
+_SUBSCHEMA = {"items": "one", "additionalProperties": "one", "contains": "one", "not": "one",
+              "prefixItems": "list", "anyOf": "list", "oneOf": "list",
+              "properties": "map", "patternProperties": "map", "$defs": "map", "definitions": "map"}
+
+
+def closed_objects(schema: Any, *, close: bool = True) -> Any:
+    """`schema` with `"additionalProperties": false` on every object schema that lists
+    properties and leaves extra keys unsaid (llama.cpp's reading); a new structure, the
+    input is not changed. `close=False` for an `allOf` member, which is merged with others."""
+    if not isinstance(schema, Mapping):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        kind = _SUBSCHEMA.get(key)
+        if key == "allOf" and isinstance(value, list):
+            out[key] = [closed_objects(v, close=False) for v in value]
+        elif kind == "one":
+            out[key] = closed_objects(value)
+        elif kind == "list" and isinstance(value, list):
+            out[key] = [closed_objects(v) for v in value]
+        elif kind == "map" and isinstance(value, Mapping):
+            out[key] = {k: closed_objects(v) for k, v in value.items()}
+        else:
+            out[key] = value
+    if (close and isinstance(out.get("properties"), Mapping)
+            and "additionalProperties" not in out and "patternProperties" not in out):
+        out["additionalProperties"] = False
+    return out
 
 
 @dataclass(frozen=True)
@@ -62,7 +97,7 @@ class Grammar:
                 raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
         if not isinstance(schema, Mapping):
             raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
-        source = json.dumps(schema)
+        source = json.dumps(closed_objects(schema))
         options: dict[str, Any] = {} if whitespace_flexible else dict(_COMPACT_JSON)
         if lenient:
             options["lenient"] = True

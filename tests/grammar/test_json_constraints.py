@@ -103,3 +103,27 @@ def test_whitespace_is_compact_unless_flexible(index):
     assert not index.walk(GrammarSampler(index.vocab, Grammar.from_json_schema(schema)), pretty)
     flexible = Grammar.from_json_schema(schema, whitespace_flexible=True)
     assert index.walk(GrammarSampler(index.vocab, flexible), pretty)
+
+
+def test_listed_properties_close_an_object_as_llama_cpp_reads_it(index):
+    """llama.cpp's converter (llama-server's, llama-cpp-python's) admits no keys beyond the
+    listed properties unless `additionalProperties` says so; JSON Schema would admit any.
+    Nested objects too; an explicit `true`, a schema without properties and allOf members
+    stay open."""
+    schema = {"type": "object", "properties": {"name": {"type": "string"},
+                                               "pet": {"type": "object", "properties": {"kind": {"type": "string"}}}},
+              "required": ["name"]}
+    closed = Grammar.from_json_schema(schema)
+
+    def ok(grammar, doc) -> bool:
+        return index.walk(GrammarSampler(index.vocab, grammar, prefetch=False), json.dumps(doc))
+    assert ok(closed, {"name": "Bo", "pet": {"kind": "cat"}})
+    assert not ok(closed, {"name": "Bo", "country": "FR"})
+    assert not ok(closed, {"name": "Bo", "pet": {"kind": "cat", "age": 3}})
+    assert ok(Grammar.from_json_schema({**schema, "additionalProperties": True}), {"name": "Bo", "x": 1})
+    assert ok(Grammar.from_json_schema({"type": "object"}), {"any": [1]})
+    merged = {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
+                        {"type": "object", "properties": {"b": {"type": "integer"}}}]}
+    jsonschema.validate({"a": 1, "b": 2}, merged)
+    assert ok(Grammar.from_json_schema(merged), {"a": 1, "b": 2})
+    assert "additionalProperties" not in schema   # the caller's schema is not changed
