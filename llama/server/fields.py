@@ -207,6 +207,17 @@ def chat_kwargs(body: dict, config: ServerConfig, eog_ids: list[int]) -> dict:
     return kwargs
 
 
+def prompts(body: dict) -> list:
+    """OpenAI's several prompts in one completion request (an array of strings, or of
+    token-id arrays): each one's request body; one body when the prompt is a single one
+    (`completion_kwargs` checks its shape)."""
+    prompt = body.get("prompt")
+    several = (isinstance(prompt, list) and len(prompt) > 1
+               and (all(isinstance(p, str) for p in prompt)
+                    or all(isinstance(p, list) for p in prompt)))
+    return [{**body, "prompt": p} for p in prompt] if several else [body]
+
+
 def completion_kwargs(body: dict, config: ServerConfig, eog_ids: list[int]) -> dict:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):

@@ -107,16 +107,21 @@ async def _stream(scheduler, task: Task, ev: Events, chunks, done_marker: bool,
 
 async def serve_choices(request: Request, scheduler, jobs: list, *, stream: bool,
                         slot: SlotOptions, shift: tuple[int, int] = (0, 0),
-                        ping_every: float | None = None, progress: Progress | None = None) -> Response:
-    """OpenAI's `n` > 1: one task per choice (each a slot of its own, the first taking
-    `id_slot`), answered as one response whose choices are indexed 0..n-1, with the usage
-    of one prompt and every choice's tokens. `jobs`: llama.api's OpenAI jobs (builders)."""
+                        ping_every: float | None = None, progress: Progress | None = None,
+                        per_prompt: int | None = None) -> Response:
+    """OpenAI's `n` > 1 and its several prompts in one request: one task per choice (each a
+    slot of its own, the first taking `id_slot`), answered as one response whose choices
+    are indexed in order (prompt k's choice j is k * n + j), with the usage of each prompt
+    once and every choice's tokens. `jobs`: llama.api's OpenAI jobs (builders), `per_prompt`
+    of them for each prompt in turn (all of them by default: one prompt)."""
+    per_prompt = per_prompt or len(jobs)
     evs = [Events() for _ in jobs]
     tasks = [_task(job.seq, ev, slot, slot.id_slot if i == 0 else -1, shift,
                    stream and progress is not None)
              for i, (job, ev) in enumerate(zip(jobs, evs))]
-    for task in tasks[1:]:
-        task.parent = tasks[0]   # they start from its prompt cells once it has decoded them
+    for i, task in enumerate(tasks):
+        if i % per_prompt:   # they start from their prompt's first task's cells once it has decoded them
+            task.parent = tasks[i - i % per_prompt]
     try:
         for task in tasks:
             submit(scheduler, task)
@@ -129,31 +134,32 @@ async def serve_choices(request: Request, scheduler, jobs: list, *, stream: bool
             for ev in evs:
                 async for _ in events(ev):
                     pass
-        return JSONResponse(merge_choices([job.response() for job in jobs]))
+        return JSONResponse(merge_choices([job.response() for job in jobs], per_prompt))
     return StreamingResponse(_stream_choices(scheduler, tasks, evs, [job.chunks() for job in jobs],
-                                             ping_every, progress),
+                                             ping_every, progress, per_prompt),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-def merge_choices(answers: list[dict]) -> dict:
-    """n answers to one prompt -> one: the first's envelope, choice i from answer i, the
-    prompt's tokens counted once."""
+def merge_choices(answers: list[dict], per_prompt: int) -> dict:
+    """The answers of one request -> one: the first's envelope, choice i from answer i, each
+    prompt's tokens (`per_prompt` answers share one) counted once."""
     out = dict(answers[0])
     out["choices"] = [{**c, "index": i} for i, a in enumerate(answers) for c in a["choices"]]
-    out["usage"] = _summed_usage([a["usage"] for a in answers])
+    out["usage"] = _summed_usage([a["usage"] for a in answers], per_prompt)
     return out
 
 
-def _summed_usage(usages: list[dict]) -> dict:
+def _summed_usage(usages: list[dict], per_prompt: int) -> dict:
+    prompt = sum(u["prompt_tokens"] for u in usages[::per_prompt])
     completion = sum(u["completion_tokens"] for u in usages)
-    return {**usages[0], "completion_tokens": completion,
-            "total_tokens": usages[0]["prompt_tokens"] + completion}
+    return {**usages[0], "prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
 
 
 async def _stream_choices(scheduler, tasks: list[Task], evs: list[Events], builders: list,
-                          ping_every: float | None = None, progress: Progress | None = None
-                          ) -> AsyncIterator[str]:
+                          ping_every: float | None = None, progress: Progress | None = None,
+                          per_prompt: int = 1) -> AsyncIterator[str]:
     """The choices' chunks as they come (each under the first choice's id, with its own
     index), one usage chunk at the end when asked for, then [DONE]."""
     merged: asyncio.Queue = asyncio.Queue()
@@ -195,11 +201,13 @@ async def _stream_choices(scheduler, tasks: list[Task], evs: list[Events], build
                 remaining -= 1
             for c in builders[i].end() if kind == "done" else builders[i].feed(payload):
                 if c.get("usage") and not c.get("choices"):   # the stream's usage chunk
-                    usages.append(c)
+                    usages.append({"index": i, "chunk": c})
                 else:
                     yield chunk_of(i, c)
         if usages:
-            yield chunk_of(0, {**usages[0], "usage": _summed_usage([u["usage"] for u in usages])})
+            usages.sort(key=lambda u: u["index"])
+            yield chunk_of(0, {**usages[0]["chunk"], "usage": _summed_usage([u["chunk"]["usage"] for u in usages],
+                                                                          per_prompt)})
         yield "data: [DONE]\n\n"
     except APIError as e:  # the status is sent already: the error goes as an event
         yield sse(e.body())

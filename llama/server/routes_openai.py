@@ -64,16 +64,18 @@ def register(app: FastAPI, state: ServerState) -> None:
         llm, sched = state.ready()
         not_embedding(state)
         check_model(body, state)
-        kwargs = request_kwargs(body, cfg, state.eog_ids)
+        bodies = fields.prompts(body) if request_kwargs is fields.completion_kwargs else [body]
         slot_options = fields.slot_options(body, cfg, state.lora_scales)
         n = fields.n_choices(body, cfg.parallel)
         stream = fields.field(body, "stream", (bool,), False)
         jobs = []
-        for i in range(n):   # choice i draws with seed + i (a random seed each without one)
-            seed = None if kwargs["seed"] is None else (kwargs["seed"] + i) % 2**32
-            jobs.append(prepare(prepare_job, llm, dict(kwargs, seed=seed), state))
-            jobs[-1].seq.t_max_predict_ms = fields.time_limit_ms(body)
-            jobs[-1].seq.n_indent = fields.n_indent(body)
+        for one in bodies:   # each prompt's n choices
+            kwargs = request_kwargs(one, cfg, state.eog_ids)
+            for i in range(n):   # choice i draws with seed + i (a random seed each without one)
+                seed = None if kwargs["seed"] is None else (kwargs["seed"] + i) % 2**32
+                jobs.append(prepare(prepare_job, llm, dict(kwargs, seed=seed), state))
+                jobs[-1].seq.t_max_predict_ms = fields.time_limit_ms(body)
+                jobs[-1].seq.n_indent = fields.n_indent(body)
         shift, ping_every = fields.shift_options(body), fields.ping_interval(body, cfg)
         progress = None
         if fields.field(body, "return_progress", (bool,), False):
@@ -91,10 +93,10 @@ def register(app: FastAPI, state: ServerState) -> None:
             return await serve(request, sched, job.seq, response=lambda t: answer(t).response(),
                                chunks=answer, stream=stream, slot=slot_options, done_marker=False,
                                shift=shift, ping_every=ping_every)
-        if n > 1:
+        if len(jobs) > 1:
             return await serve_choices(request, sched, jobs, stream=stream,
                                        slot=slot_options, shift=shift,
-                                       ping_every=ping_every, progress=progress)
+                                       ping_every=ping_every, progress=progress, per_prompt=n)
         job = jobs[0]
         return await serve(request, sched, job.seq, response=lambda t: with_timings(job.response(), t),
                            chunks=lambda t: TimedChunks(job.chunks(), t), stream=stream,

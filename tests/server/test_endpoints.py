@@ -228,6 +228,34 @@ def test_n_choices(oai, server):
         assert c.get("/health").status_code == 200
 
 
+def test_several_prompts_in_one_completion_request(oai):
+    """OpenAI's array of prompts: prompt k's choice j is choice k * n + j, each what the
+    prompt alone gives, each prompt counted once in the usage; streamed the same."""
+    prompts = ["The capital of France is", "Once upon a time", "1, 2, 3,"]
+    fresh = {"cache_prompt": False}
+    alone = [oai.completions.create(model="smol", prompt=p, max_tokens=6, temperature=0, extra_body=fresh)
+             for p in prompts]
+    together = oai.completions.create(model="smol", prompt=prompts, max_tokens=6, temperature=0, extra_body=fresh)
+    assert [c.index for c in together.choices] == [0, 1, 2]
+    assert [c.text for c in together.choices] == [a.choices[0].text for a in alone]
+    assert together.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert together.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    twice = oai.completions.create(model="smol", prompt=prompts[:2], max_tokens=6, temperature=0, n=2,
+                                   extra_body=fresh)
+    assert [c.text for c in twice.choices] == [alone[0].choices[0].text] * 2 + [alone[1].choices[0].text] * 2
+    assert twice.usage.prompt_tokens == alone[0].usage.prompt_tokens + alone[1].usage.prompt_tokens
+    texts, usage = ["", "", ""], []
+    for chunk in oai.completions.create(model="smol", prompt=prompts, max_tokens=6, temperature=0, stream=True,
+                                        stream_options={"include_usage": True}, extra_body=fresh):
+        usage += [chunk.usage] if chunk.usage is not None else []
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts == [c.text for c in together.choices]
+    assert len(usage) == 1 and usage[0].prompt_tokens == together.usage.prompt_tokens
+    tokens = oai.completions.create(model="smol", prompt=[[1, 2, 3], [4, 5]], max_tokens=2, temperature=0)
+    assert len(tokens.choices) == 2 and tokens.usage.prompt_tokens == 5
+
+
 def test_json_schema_output_validates(oai):
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
                                                "age": {"type": "integer"}},
