@@ -43,13 +43,22 @@ def kernel_flavour() -> str:
 
 
 @contextlib.contextmanager
-def prefetch_tables(ahead: Mapping[GGMLType, int], min_tokens: int | None) -> Iterator[None]:
+def prefetch_tables(ahead: Mapping[GGMLType, int], min_tokens: int | None,
+                    far: Mapping[GGMLType, int] | None = None) -> Iterator[None]:
     """qrepacked's prefetch tables changed while kernels are built inside (bytes ahead per
     type, 0 for none; the smallest prefetching tile of the kernels' flavour, None: as it
-    is), restored afterwards. The tables are not part of plan keys: give each setting an
+    is; `far`: the streaming prefetch's distances for the kernels' flavour, 0 for none,
+    a type left out as it is), restored afterwards. The tables are not part of plan keys: give each setting an
     object cache of its own."""
     saved_ahead, saved_min = dict(qrepacked.PREFETCH_AHEAD), dict(qrepacked.PREFETCH_MIN_TOKENS)
+    saved_far = {f: dict(table) for f, table in qrepacked.PREFETCH_FAR.items()}
     try:
+        far_table = qrepacked.PREFETCH_FAR.setdefault(kernel_flavour(), {})
+        for t, n in (far or {}).items():   # the far prefetch of the kernels' flavour
+            if n:
+                far_table[t] = n
+            else:
+                far_table.pop(t, None)
         for t, n in ahead.items():
             if n:
                 qrepacked.PREFETCH_AHEAD[t] = n
@@ -61,6 +70,8 @@ def prefetch_tables(ahead: Mapping[GGMLType, int], min_tokens: int | None) -> It
     finally:
         qrepacked.PREFETCH_AHEAD.clear()
         qrepacked.PREFETCH_AHEAD.update(saved_ahead)
+        qrepacked.PREFETCH_FAR.clear()
+        qrepacked.PREFETCH_FAR.update(saved_far)
         qrepacked.PREFETCH_MIN_TOKENS.clear()
         qrepacked.PREFETCH_MIN_TOKENS.update(saved_min)
 
@@ -92,7 +103,9 @@ def main() -> None:
     ap.add_argument("-k", type=int, default=2048)
     ap.add_argument("-m", type=int, default=4096, help="rows (4096 x 2048 Q4_1: 5.2 MB a copy)")
     ap.add_argument("--chain-mb", type=float, default=48.0, help="weight copies per graph, in MB (> L3)")
-    ap.add_argument("--ahead", default="0,2048,4096,8192", help="prefetch distances in bytes (0: none)")
+    ap.add_argument("--ahead", default="0,2048,4096,8192",
+                    help="prefetch distances in bytes (0: none); NEAR+FAR adds the streaming prefetch "
+                         "FAR bytes ahead (NEAR alone: none)")
     ap.add_argument("--tokens", default="1,4")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=8)
@@ -103,7 +116,7 @@ def main() -> None:
                          "flavour's own, qrepacked.PREFETCH_MIN_TOKENS)")
     args = ap.parse_args()
     t = GGMLType[args.type]
-    aheads = [int(a) for a in args.ahead.split(",")]
+    aheads = args.ahead.split(",")
     tokens = [int(n) for n in args.tokens.split(",")]
     rng = np.random.default_rng(0)
     weight = np.ascontiguousarray(quantize(rng.standard_normal((args.m, args.k)).astype(np.float32), t))
@@ -116,7 +129,8 @@ def main() -> None:
     for ahead in aheads:
         # a cache of its own per distance: plan keys do not see the tables
         backend = CpuBackend(n_threads=args.threads, options=Options(cache_dir=tempfile.mkdtemp()))
-        with prefetch_tables({t: ahead}, args.min_tokens):   # read when the kernels' IR is built
+        near, _, far = ahead.partition("+")
+        with prefetch_tables({t: int(near)}, args.min_tokens, {t: int(far or 0)}):   # read when the IR is built
             for n in tokens:
                 graph = chain_graph(t, args.k, args.m, n, copies)
                 store = TensorStore({"x": xs[n], **{f"w{i}": weight.copy() for i in range(copies)}})

@@ -11,7 +11,7 @@ variant alike. bench/prefetch_ab.py does the same for one product alone.
     python bench/prefetch_model_ab.py -v base: -v one-token-off:min=2
 
 A variant is NAME:SETTINGS, SETTINGS a comma-separated list of TYPE=BYTES (0: no prefetch
-for that type) and min=N (the smallest prefetching tile), empty for the tables as they are.
+for that type), far.TYPE=BYTES (the streaming prefetch, qrepacked.PREFETCH_FAR) and min=N (the smallest prefetching tile), empty for the tables as they are.
 Prints JSON: per variant the median and best tokens/s and the ratio of its median to the
 first variant's.
 """
@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import llama
@@ -35,25 +36,33 @@ from prefetch_ab import kernel_flavour, prefetch_tables  # noqa: E402  (the same
 PROMPT = list(range(100, 108))
 
 
-def parse_variant(text: str) -> tuple[str, dict[GGMLType, int], int | None]:
-    """NAME:TYPE=BYTES,...,min=N -> (name, prefetch distances to set, smallest tile or None)."""
+@dataclass
+class Variant:
+    name: str
+    ahead: dict[GGMLType, int] = field(default_factory=dict)   # the prefetch distances to set
+    far: dict[GGMLType, int] = field(default_factory=dict)     # the streaming prefetch's
+    min_tokens: int | None = None                              # the smallest prefetching tile
+
+
+def parse_variant(text: str) -> Variant:
+    """NAME:TYPE=BYTES,...,far.TYPE=BYTES,...,min=N -> a Variant."""
     name, _, settings = text.partition(":")
-    ahead: dict[GGMLType, int] = {}
-    min_tokens = None
+    variant = Variant(name)
     for item in filter(None, settings.split(",")):
         key, _, value = item.partition("=")
         if key == "min":
-            min_tokens = int(value)
+            variant.min_tokens = int(value)
+        elif key.startswith("far."):
+            variant.far[GGMLType[key.removeprefix("far.")]] = int(value)
         else:
-            ahead[GGMLType[key]] = int(value)
-    return name, ahead, min_tokens
+            variant.ahead[GGMLType[key]] = int(value)
+    return variant
 
 
-def make_context(model: llama.Model, ahead: dict[GGMLType, int], min_tokens: int | None,
-                 threads: int) -> llama.Context:
+def make_context(model: llama.Model, variant: Variant, threads: int) -> llama.Context:
     """A context whose kernels are built with the variant's tables (prefetch_tables)."""
     # A fresh cache, so the variant's tables are compiled; removed once the kernels are loaded.
-    with prefetch_tables(ahead, min_tokens), tempfile.TemporaryDirectory(prefix="ggmlpy-pf-") as cache:
+    with prefetch_tables(variant.ahead, variant.min_tokens, variant.far), tempfile.TemporaryDirectory(prefix="ggmlpy-pf-") as cache:
         ctx = llama.Context(model, n_ctx=1024, n_threads=threads,
                             backend_options=Options(cache_dir=cache))
         assert ctx.decode(llama.Batch.from_tokens(PROMPT)) == 0   # compiles, with these tables
@@ -81,13 +90,13 @@ def main() -> None:
     args = ap.parse_args()
     model = llama.Model.load(args.model)
     variants = [parse_variant(v) for v in args.variant]
-    ctxs = {name: make_context(model, ahead, min_tokens, args.threads) for name, ahead, min_tokens in variants}
+    ctxs = {v.name: make_context(model, v, args.threads) for v in variants}
     times: dict[str, list[float]] = {name: [] for name in ctxs}
     for rnd in range(args.rounds):
         order = list(ctxs) if rnd % 2 == 0 else list(reversed(ctxs))
         for name in order:
             times[name].append(burst(ctxs[name], args.steps))
-    first = statistics.median(times[variants[0][0]])
+    first = statistics.median(times[variants[0].name])
     print(json.dumps({
         "model": args.model, "flavour": kernel_flavour(), "threads": args.threads, "rounds": args.rounds,
         "variants": [{"name": name, "tok_s_median": round(1 / statistics.median(t), 1),

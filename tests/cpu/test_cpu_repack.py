@@ -11,6 +11,8 @@
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -330,6 +332,7 @@ def test_prefetch_changes_no_result(tmp_path, monkeypatch, n):
     results, irs = [], []
     for ahead in (0, 4096):
         monkeypatch.setitem(qrepacked.PREFETCH_AHEAD, G.Q4_1, ahead)
+        monkeypatch.setitem(qrepacked.PREFETCH_FAR, flavour(), {G.Q4_1: 2 * ahead})   # and the streaming one
         monkeypatch.setitem(qrepacked.PREFETCH_MIN_TOKENS, flavour(), 1)
         # a cache per setting: plan keys follow the generator's source, not this table
         backend = CpuBackend(n_threads=2, options=Options(cache_dir=str(tmp_path / str(ahead))))
@@ -339,7 +342,7 @@ def test_prefetch_changes_no_result(tmp_path, monkeypatch, n):
         irs.append("".join(unit.build_ir() for unit in builder.units()))
     np.testing.assert_array_equal(results[0], results[1])
     assert "llvm.prefetch" not in irs[0]
-    assert "llvm.prefetch" in irs[1]
+    assert "i32 0, i32 3, i32 1)" in irs[1] and "i32 0, i32 0, i32 1)" in irs[1]
 
 
 def test_one_token_tiles_prefetch_without_vnni():
@@ -351,16 +354,22 @@ def test_one_token_tiles_prefetch_without_vnni():
     from ggmlpy.codegen_cpu.program import ProgramBuilder
     from ggmlpy.testing.ops import build_case_graph
 
-    def prefetch_sites(t: GGMLType, qdot: str) -> int:
+    def prefetch_sites(t: GGMLType, qdot: str, locality: int) -> int:
         graph, _ = build_case_graph("mul_mat", _weight_case(t, 576, 48, 1))
         builder = ProgramBuilder(graph, graph.nodes, {"n_tokens": 1}, set(), False, qdot)
-        return "".join(unit.build_ir() for unit in builder.units()).count('call void @"llvm.prefetch')
+        ir = "".join(unit.build_ir() for unit in builder.units())
+        pattern = r'call void @"llvm\.prefetch\.p0"\(ptr %[^,]+, i32 0, i32 ' + str(locality) + r', i32 1\)'
+        return len(re.findall(pattern, ir))
 
+    flavours = ("vnni512", "vnni256", "avx2", "generic")
     for t in (G.Q4_1, G.Q8_0):
-        sites = {qdot: prefetch_sites(t, qdot) for qdot in ("vnni512", "vnni256", "avx2", "generic")}
+        sites = {qdot: prefetch_sites(t, qdot, 3) for qdot in flavours}
         assert sites["vnni512"] > 0 and sites["vnni512"] == sites["vnni256"], (t.name, sites)
         per_loop = sites["vnni512"] // 2                      # the tiles of 4 and 2 tokens
         assert sites["avx2"] == sites["generic"] == 3 * per_loop, (t.name, sites)
+        # the streaming prefetch further ahead: Q8_0 on AVX2 only (measured there)
+        far = {qdot: prefetch_sites(t, qdot, 0) for qdot in flavours}
+        assert far == {**dict.fromkeys(flavours, 0), "avx2": 3 * per_loop if t == G.Q8_0 else 0}, (t.name, far)
 
 
 @pytest.mark.parametrize("t", TYPES + KTYPES, ids=lambda t: t.name)

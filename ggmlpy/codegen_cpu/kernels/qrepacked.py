@@ -49,6 +49,14 @@ PREFETCH_AHEAD: dict[GGMLType, int] = {GGMLType.Q4_1: 4096, GGMLType.Q5_0: 4096,
 # 12.0 -> 18.2 GB/s with it, Q5_0 9.9 -> 16.1, Q8_0 13.7 -> 18.3; SmolLM2 tg +19-26%,
 # Gemma 3 +16-29%; the plain IR flavour there +7%; each an in-process A/B).
 PREFETCH_MIN_TOKENS: dict[str, int] = {"vnni512": 2, "vnni256": 2, "avx2": 1, "generic": 1}
+# A second, streaming prefetch (prefetchnta) further ahead, per dot flavour and type, for the
+# same tiles: it starts the DRAM read early, the one above then brings the line to L1 in
+# time. Measured on the Zen 1 AVX2 host only (session 20): Q8_0 one-token products 16.4 ->
+# 18.2-19.7 GB/s (bench/prefetch_ab.py --type Q8_0 -k 640 -m 8192 --ahead 4096,4096+8192),
+# Gemma 3's decode +2.3-4.8% and SmolLM2's +1.7-6% (bench/prefetch_model_ab.py -v
+# before:far.Q8_0=0 -v after:, in-process A/B, several runs); Q4_1 and Q5_0 gained 11-15%
+# alone but nothing clear in a model.
+PREFETCH_FAR: dict[str, dict[GGMLType, int]] = {"avx2": {GGMLType.Q8_0: 8192}}
 
 
 class RepackedMatmul:
@@ -106,9 +114,11 @@ class RepackedMatmul:
             accs = [kb.var(vec(F32, 16), zeros(F32, 16), "racc") for _ in toks]
             with kb.loop(i64(0), i64(self.n_steps), "rs") as s:
                 wp = kb.byte_ptr(gbase, b.mul(s, i64(self.step_bytes)))
-                ahead = PREFETCH_AHEAD.get(self.t, 0) if n_t >= PREFETCH_MIN_TOKENS[kb.qdot] else 0
-                for line in range(0, self.step_bytes if ahead else 0, 64):
-                    prefetch(kb, kb.byte_ptr(wp, i64(ahead + line)))
+                if n_t >= PREFETCH_MIN_TOKENS[kb.qdot]:
+                    far = PREFETCH_FAR.get(kb.qdot, {}).get(self.t, 0)
+                    for distance, locality in ((far, 0), (PREFETCH_AHEAD.get(self.t, 0), 3)):
+                        for line in range(0, self.step_bytes if distance else 0, 64):
+                            prefetch(kb, kb.byte_ptr(wp, i64(distance + line)), locality)
                 aps = [kb.byte_ptr(arow, b.mul(s, i64(self.fmt.step_bytes))) for arow in arows]
                 self._step(wp, aps, accs)
             results.append([b.load(acc) for acc in accs])

@@ -163,13 +163,14 @@ def intrinsic(kb: KernelBuilder, name: str, ret: ir.Type, args: Sequence[ir.Valu
     return kb.b.call(fn, list(args))
 
 
-def prefetch(kb: KernelBuilder, ptr: ir.Value) -> None:
-    """Ask for the cache line at ptr (read, keep in every level): prefetches never fault."""
+def prefetch(kb: KernelBuilder, ptr: ir.Value, locality: int = 3) -> None:
+    """Ask for the cache line at ptr (read; locality 3: keep in every level, 0: streaming,
+    prefetchnta): prefetches never fault."""
     i32 = ir.IntType(32)
     fn = kb.module.globals.get("llvm.prefetch.p0")
     if fn is None:
         fn = ir.Function(kb.module, ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]), "llvm.prefetch.p0")
-    kb.b.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+    kb.b.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, locality), ir.Constant(i32, 1)])
 
 
 def vabs(kb: KernelBuilder, v: ir.Value) -> ir.Value:
