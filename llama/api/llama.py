@@ -34,6 +34,7 @@ from llama.api.engine import Engine
 from llama.api.grammar_args import make_grammar_sampler
 from llama.api.progress import LoadProgress
 from llama.api.sequence import Sequence
+from llama.chat.select import DEFAULT_FORMAT, TEMPLATE_KEY
 from llama.context import Context
 from llama.model import Model
 from llama.sampling.dry import Breakers, VocabText, model_breakers, vocab_text
@@ -134,7 +135,11 @@ class Llama:
         progress.close()
         self.logits_all = logits_all
         self.embedding = embedding
-        self.chat_format = chat_format
+        # the format in use, named as llama-cpp-python names it: the one asked for, else its
+        # name for the file's own template, else the fallback (chatml here, llama-2 there)
+        has_template = isinstance(self._model.gguf.metadata.get(TEMPLATE_KEY), str)
+        self.chat_format = chat_format or (None if chat_template is not None else
+                                           "chat_template.default" if has_template else DEFAULT_FORMAT)
         self._chat = chat_api.ChatSetup(self._model, chat_format=chat_format,
                                         chat_template=chat_template)
         self._ctx: Context | None = None

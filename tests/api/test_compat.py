@@ -81,6 +81,7 @@ def test_tokenizer_and_static_helpers(smol):
     assert tok.encode(text) == smol.tokenize(text.encode(), special=True)
     assert tok.decode(tok.encode(text, add_bos=False)) == "Héllo  wörld"
     assert smol.pooling_type() == 0
+    assert smol.chat_format == "chat_template.default"   # llama-cpp-python's name for the file's template
     rng = np.random.default_rng(0)
     logits = rng.standard_normal((3, 50)).astype(np.float32) * 4
     lp = Llama.logits_to_logprobs(logits)
