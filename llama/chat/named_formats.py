@@ -54,10 +54,11 @@ def _llama2(system: str, turns: list, sep: str, sep2: str) -> str:
     return out
 
 
-def _add_colon_single(system: str, turns: list, sep: str, sep2: str) -> str:
+def _add_colon_single(system: str, turns: list, sep: str, sep2: str, open_turn: str = ":") -> str:
+    """`open_turn` follows the label of a turn without text (the reply's): ":" or ": "."""
     out = system + sep
     for role, text in turns:
-        out += f"{role}: {text}{sep}" if text else f"{role}:"
+        out += f"{role}: {text}{sep}" if text else role + open_turn
     return out
 
 
@@ -77,10 +78,7 @@ def _no_colon_single(system: str, turns: list, sep: str, sep2: str) -> str:
 
 
 def _add_colon_space_single(system: str, turns: list, sep: str, sep2: str) -> str:
-    out = system + sep
-    for role, text in turns:
-        out += f"{role}: {text}{sep}" if text else f"{role}: "
-    return out
+    return _add_colon_single(system, turns, sep, sep2, open_turn=": ")
 
 
 def _chatml(system: str, turns: list, sep: str, sep2: str) -> str:
