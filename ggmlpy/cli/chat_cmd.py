@@ -44,7 +44,6 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from llama.api.llama import Llama
     from llama.chat import ChatTemplateError
-
     from llama.chat.builtin import BUILTIN_FORMATS, builtin_source
 
     template = args.chat_template_file.read_text(encoding="utf-8") if args.chat_template_file else None

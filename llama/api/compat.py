@@ -4,7 +4,7 @@ and the positional order of its front ends' arguments. Programs import these nam
 `llama_cpp`; here they come from `llama` (`from llama import LogitsProcessorList`)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -12,9 +12,6 @@ from llama.api.engine import common_prefix
 
 if TYPE_CHECKING:
     from llama.api.llama import Llama
-
-LogitsProcessor = Callable[[np.ndarray, np.ndarray], np.ndarray]
-StoppingCriteria = Callable[[np.ndarray, np.ndarray], bool]
 
 # llama-cpp-python 0.3.36's parameters after the first, in order: a positional call such as
 # `llm(prompt, 16)` means what it means there

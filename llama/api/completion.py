@@ -63,10 +63,13 @@ def resolve_max_tokens(max_tokens: int | None, n_prompt: int, n_ctx: int,
 
 def make_sequence(llm: "Llama", ids: list[int], *, max_tokens: int, stop, logprobs: int | None,
                   params: SamplingParams, grammar: Any = None, logits_processor=None,
-                  stopping_criteria=None) -> Sequence:
+                  stopping_criteria=None, ends_at_eog: bool = True) -> Sequence:
+    """`ends_at_eog=False`: an end-of-generation token is a token like any other
+    (llama-cpp-python's `generate`, whose caller decides when to stop)."""
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     vocab = llm.model.vocab
-    return Sequence(ids, n_vocab=llm.n_vocab(), is_eog=vocab.is_eog, piece_of=llm.piece,
+    is_eog = vocab.is_eog if ends_at_eog else (lambda _: False)
+    return Sequence(ids, n_vocab=llm.n_vocab(), is_eog=is_eog, piece_of=llm.piece,
                     params=params, max_tokens=max_tokens, stop=stops, logprobs=logprobs,
                     grammar=make_grammar_sampler(vocab, grammar),
                     logits_processors=list(logits_processor or []),

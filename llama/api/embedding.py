@@ -116,9 +116,15 @@ def normalize(v, embd_normalize: int) -> np.ndarray:
     return x * np.float32(1.0 / total if total > 0 else 0.0)
 
 
+def embed_each(llm: "Llama", input) -> tuple[list, int]:
+    """`embed`'s vectors as a list with one entry per input, whether `input` is one input
+    or several, and the token count."""
+    data, n_tokens = embed(llm, input, normalize=False, return_count=True)
+    _, single = _inputs(input)
+    return ([data] if single else data), n_tokens
+
+
 def create_embedding(llm: "Llama", input, *, model: str | None = None) -> dict:
     """OpenAI's embeddings response (a `list` of `embedding` objects with usage)."""
-    data, n_tokens = embed(llm, input, normalize=False, return_count=True)
-    items, single = _inputs(input)
-    vectors = [data] if single else data
+    vectors, n_tokens = embed_each(llm, input)
     return responses.embeddings(vectors, model or llm.model_path, n_tokens)

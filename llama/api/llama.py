@@ -31,9 +31,7 @@ from llama.api import compat, state_cache
 from llama.api import completion as completion_api
 from llama.api import embedding as embedding_api
 from llama.api.engine import Engine
-from llama.api.grammar_args import make_grammar_sampler
 from llama.api.progress import LoadProgress
-from llama.api.sequence import Sequence
 from llama.chat.select import DEFAULT_FORMAT, TEMPLATE_KEY
 from llama.context import Context
 from llama.model import Model
@@ -333,11 +331,10 @@ class Llama:
             repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
             frequency_penalty=frequency_penalty, seed=seed, mirostat_mode=mirostat_mode,
             mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta, n_ctx=self.n_ctx())
-        seq = Sequence(prompt, n_vocab=self.n_vocab(), is_eog=lambda _: False, piece_of=self.piece,
-                       params=params, max_tokens=room,
-                       grammar=make_grammar_sampler(self._model.vocab, grammar),
-                       logits_processors=list(logits_processor or []),
-                       stopping_criteria=list(stopping_criteria or []))
+        seq = completion_api.make_sequence(self, prompt, max_tokens=room, stop=None, logprobs=None,
+                                           params=params, grammar=grammar,
+                                           logits_processor=logits_processor,
+                                           stopping_criteria=stopping_criteria, ends_at_eog=False)
         n_yielded = 0
         for step in completion_api.run_sequence(self, seq, use_cache=False):
             if step.n_tokens > n_yielded:   # the step kept its token (a stopping criterion drops it)

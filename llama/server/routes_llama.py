@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from llama.api.completion import prepare_completion
-from llama.api.embedding import normalize
+from llama.api.embedding import embed_each, normalize
 from llama.api.sequence import Step
 from llama.pooling import PoolingType
 from llama.server import fields, slot_files
@@ -222,9 +222,7 @@ def register(app: FastAPI, state: ServerState) -> None:
                            "`--embeddings`", type="not_supported_error")
         inputs = embedding_input(body.get("content", body.get("input")))
         embd_normalize = fields.embd_normalize(body)
-        vectors = await run_call(request, sched, lambda: llm.embed(inputs))
-        if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
-            vectors = [vectors]
+        vectors, _ = await run_call(request, sched, lambda: embed_each(llm, inputs))
         if llm.ctx.pooling_type == PoolingType.NONE:   # per-token rows, never normalised (llama-server)
             return [{"index": i, "embedding": v} for i, v in enumerate(vectors)]
         return [{"index": i, "embedding": [normalize(v, embd_normalize).tolist()]}

@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from llama.api import responses
 from llama.api.chat_completion import prepare_chat
 from llama.api.completion import ContextOverflowError, prepare_completion
-from llama.api.embedding import normalize
+from llama.api.embedding import embed_each, normalize
 from llama.pooling import PoolingType
 from llama.server import fields
 from llama.server import anthropic_api
@@ -149,9 +149,7 @@ def register(app: FastAPI, state: ServerState) -> None:
         encoding = fields.field(body, "encoding_format", (str,), "float")
         if encoding not in ("float", "base64"):
             raise bad_request("'encoding_format' must be \"float\" or \"base64\"")
-        vectors, n_tokens = await run_call(request, sched, lambda: llm.embed(inputs, return_count=True))
-        if isinstance(inputs, str) or isinstance(inputs[0], int):
-            vectors = [vectors]
+        vectors, n_tokens = await run_call(request, sched, lambda: embed_each(llm, inputs))
         vectors = [normalize(v, embd_normalize) for v in vectors]
         model = body.get("model") if isinstance(body.get("model"), str) else cfg.model_name
         return responses.embeddings(vectors, model, n_tokens, base64=encoding == "base64")
