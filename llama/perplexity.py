@@ -1,5 +1,5 @@
 """Perplexity as llama.cpp's `llama-perplexity` computes it (the protocol of
-../shared/golden/*/ppl.json): fixed-size chunks, BOS prepended when the model adds one, and
+tests/golden/*/ppl.json): fixed-size chunks, BOS prepended when the model adds one, and
 only the second half of every chunk scored, so each scored token has context behind it."""
 from __future__ import annotations
 

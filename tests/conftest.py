@@ -13,8 +13,7 @@ import pytest
 from ggmlpy.hub import resolve_model
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("GGMLPY_SHARED", REPO.parent / "shared"))
-GOLDEN = SHARED / "golden"
+GOLDEN = REPO / "tests" / "golden"  # llama.cpp's reference outputs (tests/golden/README.md)
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +28,4 @@ def gemma3_path() -> Path:
 
 @pytest.fixture(scope="session")
 def golden_dir() -> Path:
-    if not GOLDEN.is_dir():
-        pytest.fail(f"golden reference data not found at {GOLDEN} (set GGMLPY_SHARED)")
     return GOLDEN

@@ -1,4 +1,4 @@
-"""Comparisons against ../shared/golden (llama.cpp's outputs) with the bars of its README.
+"""Comparisons against tests/golden (llama.cpp's outputs) with the bars of its README.
 
 Backend-agnostic: the CPU and CUDA backends and other models reuse these checks.
 """

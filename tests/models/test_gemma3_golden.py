@@ -1,4 +1,4 @@
-"""Gemma 3 270M Q4_K_M against llama.cpp's outputs (../shared/golden/gemma3-270m-q4_k_m), on the
+"""Gemma 3 270M Q4_K_M against llama.cpp's outputs (tests/golden/gemma3-270m-q4_k_m), on the
 reference and the CPU backend, with the bars of the golden README.
 
 The reference backend turns every weight into float32 once per context (the 262,144 x 640

@@ -1,4 +1,4 @@
-"""SmolLM2-135M Q4_1 against llama.cpp's outputs (../shared/golden/smollm2-135m-q4_1), on the
+"""SmolLM2-135M Q4_1 against llama.cpp's outputs (tests/golden/smollm2-135m-q4_1), on the
 reference and the CPU backend, with the bars of the golden README."""
 from __future__ import annotations
 
