@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA backend's checks on a GPU machine, as one script:
 #   env     the GPU, driver, nvcc and Python packages seen
-#   tests   tests/cuda on the GPU: every op case against the reference backend, the fused
+#   tests   tests/ggmlpy/codegen_cuda on the GPU: every op case against the reference backend, the fused
 #           kernels on whole graphs, a tiny llama model placed on the GPU
 #   golden  SmolLM2-135M Q4_1 against tests/golden with every layer on the GPU (logits,
 #           greedy, perplexity) and with a partial offload
@@ -21,7 +21,7 @@
 #   export GGMLPY_CACHE=$PWD/.device/cache; M=<SmolLM2 gguf>
 #   python bench/bench_cuda.py --model $M --prebuild -n 8
 #   for r in 0 1 2; do GGMLPY_CUDA_MATVEC_ROWS=$r python bench/bench_cuda.py --synthetic smollm2 --prebuild -n 8; done
-#   GGMLPY_CUDA_PREBUILD=1 python -m pytest -q tests/cuda -k "not emu"   (fails by design: it only compiles)
+#   GGMLPY_CUDA_PREBUILD=1 python -m pytest -q tests/ggmlpy/codegen_cuda -k "not emu"   (fails by design: it only compiles)
 # (bench/cuda_prebuild.sh runs these three steps.)
 # One GPU session with the model in two halves (each call carries at most 64 MiB):
 #   run 1, carry .device/cache .device/parts1:  env variants tests summary
@@ -89,14 +89,14 @@ for s in ${*:-env tests golden bench summary}; do
         echo "prebuilt kernel cache entries: $(find "$GGMLPY_CACHE" -name '*.cubin' | wc -l)"
         ;;
     tests)
-        stage "tests/cuda on the GPU"
-        timeout -k 5 100 $PYTEST -k "not emu and not smollm2" --durations=5 tests/cuda \
+        stage "tests/ggmlpy/codegen_cuda on the GPU"
+        timeout -k 5 100 $PYTEST -k "not emu and not smollm2" --durations=5 tests/ggmlpy/codegen_cuda \
             2>&1 | tee "$LOGS/tests.log" | tail -25
         ;;
     golden)
         stage "SmolLM2 golden bars, all layers on the GPU and partially offloaded"
         if assemble_model; then
-            timeout -k 5 140 $PYTEST -s -k smollm2 tests/cuda/test_llama.py 2>&1 | tee "$LOGS/golden.log" \
+            timeout -k 5 140 $PYTEST -s -k smollm2 tests/ggmlpy/codegen_cuda/test_llama.py 2>&1 | tee "$LOGS/golden.log" \
                 | grep -E "smollm2 |passed|failed|skipped|Error|assert" | tail -30
         else
             echo "skipped: the model file is not here"

@@ -17,5 +17,5 @@ GGMLPY_CUDA_ATTN_THREADS=256 python bench/bench_cuda.py --synthetic smollm2 --pr
 GGMLPY_CUDA_FUSE_OPROJ=1 python bench/bench_cuda.py --synthetic smollm2 --prebuild -n 8 > /dev/null
 GGMLPY_CUDA_FUSE_OPROJ=1 python bench/bench_cuda.py --model "$M" --prebuild -n 8 > /dev/null
 # the GPU tests' kernels (the run itself fails by design: the dry-run driver only compiles)
-GGMLPY_CUDA_PREBUILD=1 python -m pytest -q -p no:cacheprovider tests/cuda -k "not emu" > /dev/null 2>&1 || true
+GGMLPY_CUDA_PREBUILD=1 python -m pytest -q -p no:cacheprovider tests/ggmlpy/codegen_cuda -k "not emu" > /dev/null 2>&1 || true
 echo "$(find "$GGMLPY_CACHE" -name '*.cubin' | wc -l) kernel modules in $GGMLPY_CACHE"

@@ -17,7 +17,7 @@ softmax (the attention weights times V) gets the parameter zero_tail, which lets
 skip the keys whose weights are all 0 (the masked ones; kernels/matmul.py, _float_axpy).
 
 Each fused kernel computes the same f32 operations in the same order as the nodes it
-replaces, so results are bit-identical (tests/cpu/test_cpu_fusion.py). The other groups
+replaces, so results are bit-identical (tests/ggmlpy/codegen_cpu/test_cpu_fusion.py). The other groups
 (scale_softmax, elementwise chains: of the supported models only Gemma 2's soft-capping has
 them) still run node by node.
 """

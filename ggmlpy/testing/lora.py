@@ -70,7 +70,7 @@ def write_lora(model_path: str | Path, path: str | Path, *, rank: int = 8, alpha
 
 
 def merged(tensors: dict[str, np.ndarray], adapter_path: str | Path, scale: float) -> dict[str, np.ndarray]:
-    """`tensors` (numpy layout: [n_out, n_in] matrices, float64, as tests/models/oracles reads
+    """`tensors` (numpy layout: [n_out, n_in] matrices, float64, as tests/llama/models/oracles reads
     them) with the adapter merged in at `scale`, from the adapter file read by the `gguf`
     package: W + scale·alpha/r·B·A, and for the token embedding E + scale·alpha/r·(B·A)ᵀ (a
     tied output then gets `output.weight`, the embedding as it was: llama.cpp adapts the

@@ -6,7 +6,7 @@ joins them in one of a few styles, ending with the assistant's label; some add s
 to the request. Each `NamedFormat` below says which; `render` joins the turns the way
 llama-cpp-python 0.3.36's `llama_chat_format.py` does, quirks included (`intel` prints its
 system line's placeholder as it is, `snoozy` drops its system template), so that a program
-moving from `llama_cpp` gets the same prompt (tests/chat/expected/_llama_cpp_python_formats.json
+moving from `llama_cpp` gets the same prompt (tests/llama/chat/expected/_llama_cpp_python_formats.json
 holds that library's own renderings).
 
 Its handlers with tool-calling logic of their own (`functionary*`,

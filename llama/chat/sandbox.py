@@ -87,7 +87,7 @@ class StrictSandbox(ImmutableSandboxedEnvironment):
     inherits that. Here the access itself raises SecurityError, so a template that reaches
     for interpreter internals fails with ChatTemplateError instead of rendering a silently
     different prompt. No legitimate template reads such attributes (the 70 real templates
-    in tests/chat render identically either way).
+    in tests/llama/chat render identically either way).
     """
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:

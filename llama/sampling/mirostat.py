@@ -14,7 +14,7 @@ The pick is `llama_sample_dist`: libstdc++'s `std::discrete_distribution` over t
 probabilities (each widened to double, divided by their double sum, partial sums in double
 with the last set to 1, one `generate_canonical<double, 53>` draw, the first partial sum
 reaching it); a single candidate is picked without a draw. Over the same logits, seed and
-parameters the picks are llama.cpp's (tests/test_sampling_llama_cpp.py holds picks produced
+parameters the picks are llama.cpp's (tests/llama/sampling/test_sampling_llama_cpp.py holds picks produced
 by the library itself).
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ behaviour, and llama.cpp has three ways, which this module reproduces:
 * "unicode": the GPT-2 and LLaMA-3 regexes have hand-written matchers in llama.cpp whose
   character classes come from tables generated with Python's `regex` module (`\\s`, `\\p{L}`,
   `\\p{N}`). Running the same regex with `regex` on the original text gives the same pieces
-  (tests/test_vocab_bpe.py checks this against a transcription of those matchers); only
+  (tests/llama/vocab/test_vocab_bpe.py checks this against a transcription of those matchers); only
   characters whose category differs between the two Unicode versions could split otherwise.
 * "collapsed": any other regex that uses `\\p{..}` runs in `std::regex` on a copy of the text
   where every non-ASCII character is replaced by one placeholder byte per category (letter,

@@ -1,4 +1,4 @@
-"""llama-server's /infill answers on the tiny FIM model, for tests/server/test_infill.py.
+"""llama-server's /infill answers on the tiny FIM model, for tests/llama/server/test_infill.py.
 
 Writes the test's model (ggmlpy.testing.models.write_tiny_llama(fim=True), seeded), starts
 llama-server (built from the source llama-cpp-python 0.3.36 vendors, outside the repo) on it
@@ -8,7 +8,7 @@ of prompt tokens and the greedy tokens. Not a test and not a dependency; rerun i
 reference changes, into the test's vectors:
 
     python -m tests.tools.infill_vectors /path/to/llama.cpp/build/bin/llama-server \\
-        > tests/server/data/infill_llama_cpp.json
+        > tests/llama/server/data/infill_llama_cpp.json
 """
 from __future__ import annotations
 

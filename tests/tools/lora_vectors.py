@@ -1,4 +1,4 @@
-"""llama.cpp's answers with a LoRA adapter, for tests/models/test_lora.py's vectors.
+"""llama.cpp's answers with a LoRA adapter, for tests/llama/models/test_lora.py's vectors.
 
 Writes the test's adapter for SmolLM2 (ggmlpy.testing.lora.write_lora with ADAPTER's
 settings: random, seeded), starts llama-server (built from the source llama-cpp-python
@@ -9,7 +9,7 @@ with them, so the test can tell a changed adapter from a wrong answer. Not a tes
 a dependency; rerun it when the reference changes:
 
     python -m tests.tools.lora_vectors /path/to/llama.cpp/build/bin/llama-server \\
-        > tests/models/data/lora_llama_cpp.json
+        > tests/llama/models/data/lora_llama_cpp.json
 """
 from __future__ import annotations
 

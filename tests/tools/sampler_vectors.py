@@ -1,4 +1,4 @@
-"""Sampler picks from llama.cpp's own library, for tests/test_sampling_llama_cpp.py's vectors.
+"""Sampler picks from llama.cpp's own library, for tests/llama/sampling/test_sampling_llama_cpp.py's vectors.
 
 Loads libllama (built from the source llama-cpp-python 0.3.36 vendors, outside the repo)
 through ctypes and runs llama_sampler_init_temp + llama_sampler_init_mirostat(_v2), and
@@ -42,7 +42,7 @@ ZIPF_CASES = [
 
 
 def int_row(n: int) -> np.ndarray:
-    """tests/test_sampling.py's int_row: distinct logits from integer arithmetic only."""
+    """tests/llama/sampling/test_sampling.py's int_row: distinct logits from integer arithmetic only."""
     i = np.arange(n, dtype=np.int64)
     return (((i * 2654435761) % 2**24 - 2**23) / 2**20).astype(np.float32)
 

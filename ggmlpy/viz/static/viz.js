@@ -760,7 +760,7 @@
   const tParsed = performance.now();
   showTab("graph");
   const tReady = performance.now();
-  // for tests and benchmarks (tests/viz): what is drawn, and how long the start took
+  // for tests and benchmarks (tests/ggmlpy/viz): what is drawn, and how long the start took
   window.ggmlpyViz = {
     timing: { parse_ms: tParsed - t0, first_render_ms: tReady - tParsed, ready_ms: tReady },
     activate, reveal, showTab, showStage, search,

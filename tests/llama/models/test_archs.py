@@ -1,0 +1,236 @@
+"""Every registered architecture on a tiny random-weight GGUF, as llama.cpp's
+tests/test-llama-archs:
+
+1. every available backend gives the reference backend's logits (NMSE <= 1e-4, f32
+   weights), for a prompt decoded as one batch, then token by token through the KV cache;
+2. the reference backend gives the logits of an independent numpy forward pass written
+   from the family's published description (tests/llama/models/oracles, HF modeling semantics);
+3. the tiny files really exercise what (2) checks: switching one feature off in the
+   oracle (the window, a soft-cap, the biases, the RoPE style ...) moves its logits far
+   from ours, so (2) would catch a model file that left the feature out;
+4. decoding token by token equals decoding the prompt at once (the windowed layers'
+   cache included: the prompt is three times longer than the window).
+"""
+from __future__ import annotations
+
+from contextlib import closing
+
+import numpy as np
+import pytest
+
+import llama
+from ggmlpy.testing.ops import normalized_error
+from ggmlpy.sched.registry import available_backends
+from ggmlpy.testing.models_archs import DEFAULTS, write_tiny_model
+from llama.arch import ARCHS, get_arch
+from llama.hparams import HParamsError
+from llama.weights import TensorLoadError
+from tests.llama.models import oracles
+
+get_arch("llama")  # imports llama.models: registers every architecture
+REGISTERED = sorted(ARCHS)
+
+# variant -> (architecture, tiny-model settings beyond the arch's defaults)
+VARIANTS = {arch: (arch, {}) for arch in REGISTERED}
+VARIANTS.update({
+    "llama-tied": ("llama", {"tied": True}),
+    "mistral-no-window": ("mistral", {"n_swa": 0}),
+    "phi3-split-qkv": ("phi3", {"fused_qkv": False}),
+})
+TOKENS = [5, 17, 200, 33, 41, 9, 8, 7, 100, 101, 102, 103]  # windows are 4 positions
+N_PROMPT = 7          # then the remaining tokens one at a time
+MAX_NMSE_BACKEND = 1e-4
+MAX_NMSE_ORACLE = 1e-6
+MIN_NMSE_CONTROL = 1e-4
+OTHER_BACKENDS = [b for b in available_backends() if b != "ref"]
+
+# (arch, feature, oracle config overrides that switch the feature off)
+CONTROLS = [
+    ("llama", "Q/K permuted for adjacent-pair RoPE", dict(rope_style="pairs")),
+    ("mistral", "sliding window", dict(sliding_window=0)),
+    ("qwen2", "q/k/v biases", dict(forward_kw={"use_bias": False})),
+    ("qwen2", "NeoX RoPE", dict(rope_style="pairs")),
+    ("qwen3", "q/k RMS norms", dict(forward_kw={"use_qk_norm": False})),
+    ("qwen3", "NeoX RoPE", dict(rope_style="pairs")),
+    ("phi3", "partial rotary", dict(rotary_dim=16)),
+    ("phi3", "NeoX RoPE", dict(rope_style="pairs")),
+    ("gemma", "query scale 1/sqrt(head_dim)", dict(query_scale=16 ** -0.5)),
+    ("gemma", "NeoX RoPE", dict(rope_style="pairs")),
+    ("gemma2", "sliding window", dict(sliding_window=0)),
+    ("gemma2", "even layers slide", dict(sliding_layers=[il % 2 == 1 for il in range(4)])),
+    ("gemma2", "attention soft-cap", dict(attn_softcap=0.0)),
+    ("gemma2", "final soft-cap", dict(final_softcap=0.0)),
+    ("gemma3", "sliding window", dict(sliding_window=0)),
+    ("gemma3", "global 6th layer", dict(sliding_layers=[True] * 6)),
+    ("gemma3", "local RoPE base", dict(rope_local_theta=None)),
+]
+
+
+class TinyModels:
+    """Files, loaded models and reference logits, each made once per test module."""
+
+    def __init__(self, root):
+        self.root = root
+        self.paths, self.models, self._ref = {}, {}, {}
+
+    def path(self, variant: str):
+        if variant not in self.paths:
+            arch, settings = VARIANTS[variant]
+            self.paths[variant] = write_tiny_model(arch, self.root / f"{variant}.gguf", **settings)
+        return self.paths[variant]
+
+    def model(self, variant: str) -> llama.Model:
+        if variant not in self.models:
+            self.models[variant] = llama.Model.load(self.path(variant))
+        return self.models[variant]
+
+    def ref_logits(self, variant: str) -> np.ndarray:
+        if variant not in self._ref:
+            self._ref[variant] = batch_logits(self.model(variant), "ref")
+        return self._ref[variant]
+
+    def close(self) -> None:
+        for m in self.models.values():
+            m.close()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    models = TinyModels(tmp_path_factory.mktemp("archs"))
+    yield models
+    models.close()
+
+
+def make_ctx(model: llama.Model, backend: str) -> llama.Context:
+    try:
+        return llama.Context(model, n_ctx=256, n_batch=32, n_ubatch=32, backend=backend)
+    except RuntimeError as e:  # a registered backend whose device this machine lacks
+        if backend in ("ref", "cpu"):
+            raise
+        pytest.skip(f"backend {backend} is not usable here: {e}")
+
+
+def batch_logits(model: llama.Model, backend: str) -> np.ndarray:
+    ctx = make_ctx(model, backend)
+    assert ctx.decode(llama.Batch.from_tokens(TOKENS, logits_all=True)) == 0
+    return ctx.get_logits().copy()
+
+
+def incremental_logits(model: llama.Model, backend: str) -> np.ndarray:
+    """The prompt's first N_PROMPT tokens as one batch, then one token per decode."""
+    ctx = make_ctx(model, backend)
+    assert ctx.decode(llama.Batch.from_tokens(TOKENS[:N_PROMPT], logits_all=True)) == 0
+    rows = [ctx.get_logits().copy()]
+    for tok in TOKENS[N_PROMPT:]:
+        assert ctx.decode(llama.Batch.from_tokens([tok])) == 0
+        rows.append(ctx.get_logits_ith(-1)[None].copy())
+    return np.concatenate(rows)
+
+
+def test_every_registered_architecture_has_a_writer_and_an_oracle():
+    assert set(REGISTERED) <= set(DEFAULTS), "tiny writer missing (ggmlpy/testing/models_archs.py)"
+    assert set(REGISTERED) <= set(oracles.ORACLES), "numpy oracle missing (tests/llama/models/oracles)"
+    assert {"llama", "gemma3", "qwen2", "qwen3", "phi3", "mistral", "gemma", "gemma2"} <= set(REGISTERED)
+
+
+def backend_cases() -> list:
+    return [pytest.param(arch, backend, id=f"{arch}-{backend}")
+            for arch in REGISTERED for backend in OTHER_BACKENDS]
+
+
+@pytest.mark.parametrize("arch, backend", backend_cases())
+def test_backend_matches_reference(tiny, arch, backend):
+    ours = incremental_logits(tiny.model(arch), backend)
+    ref = tiny.ref_logits(arch)
+    assert ours.shape == (len(TOKENS), tiny.model(arch).n_vocab)
+    assert normalized_error(ours, ref) <= MAX_NMSE_BACKEND
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_reference_backend_matches_numpy_oracle(tiny, variant):
+    expected = oracles.run(tiny.path(variant), TOKENS)
+    assert normalized_error(tiny.ref_logits(variant), expected) <= MAX_NMSE_ORACLE
+
+
+@pytest.mark.parametrize("arch, feature, overrides", CONTROLS, ids=[f"{a}-{f}" for a, f, _ in CONTROLS])
+def test_tiny_model_exercises_feature(tiny, arch, feature, overrides):
+    without = oracles.run(tiny.path(arch), TOKENS, **overrides)
+    assert normalized_error(tiny.ref_logits(arch), without) > MIN_NMSE_CONTROL, \
+        f"{arch}: the oracle without {feature} still matches, so the test cannot see it"
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_token_by_token_equals_batch(tiny, variant):
+    ours = incremental_logits(tiny.model(variant), "ref")
+    assert normalized_error(ours, tiny.ref_logits(variant)) <= MAX_NMSE_ORACLE
+
+
+# hyperparameters as llama.cpp reads them ------------------------------------------------------
+@pytest.mark.parametrize("variant, rope_type, n_swa, swa_layers", [
+    ("llama", 0, 0, [False, False]),
+    ("mistral", 0, 4, [True, True]),
+    ("mistral-no-window", 0, 0, [False, False]),
+    ("qwen2", 2, 0, [False, False]),
+    ("qwen3", 2, 0, [False, False]),
+    ("phi3", 2, 0, [False, False]),
+    ("gemma", 2, 0, [False, False]),
+    ("gemma2", 2, 4, [True, False, True, False]),
+    ("gemma3", 2, 4, [True] * 5 + [False]),
+])
+def test_hparams(tiny, variant, rope_type, n_swa, swa_layers):
+    hp = tiny.model(variant).hparams
+    assert hp.rope_type == rope_type
+    assert hp.n_swa == n_swa
+    assert [hp.is_swa(il) for il in range(hp.n_layer)] == swa_layers
+
+
+def test_hparams_head_sizes_and_caps(tiny):
+    qwen3, phi3, gemma2 = (tiny.model(v).hparams for v in ("qwen3", "phi3", "gemma2"))
+    assert (qwen3.n_embd_head_k, qwen3.n_rot) == (32, 32)
+    assert (phi3.n_embd_head_k, phi3.n_rot) == (16, 12)
+    assert (gemma2.f_attn_logit_softcapping, gemma2.f_final_logit_softcapping) == (3.0, 10.0)
+    assert gemma2.rope_freq_base_swa == gemma2.rope_freq_base == 10000.0
+    assert gemma2.f_attention_scale == pytest.approx(0.25)
+
+
+def test_mistral_window_pattern_makes_every_nth_layer_global(tmp_path):
+    path = write_tiny_model("mistral", tmp_path / "m.gguf", n_layer=4,
+                            extra_keys={"attention.sliding_window_pattern": 2})
+    with closing(llama.Model.load(path)) as m:
+        assert m.hparams.swa_layers == [True, False, True, False]
+
+
+def test_gemma2_softcaps_default_to_llama_cpp_values(tmp_path):
+    path = write_tiny_model("gemma2", tmp_path / "g2.gguf", attn_softcap=0.0, final_softcap=0.0)
+    with closing(llama.Model.load(path)) as m:
+        assert (m.hparams.f_attn_logit_softcapping, m.hparams.f_final_logit_softcapping) == (50.0, 30.0)
+
+
+# errors ---------------------------------------------------------------------------------------
+def test_qwen2_without_q_bias_is_rejected(tmp_path):
+    path = write_tiny_model("qwen2", tmp_path / "q.gguf", omit=("blk.1.attn_q.bias",))
+    with pytest.raises(TensorLoadError, match=r"blk\.1\.attn_q\.bias"):
+        llama.Model.load(path)
+
+
+def test_phi3_without_any_qkv_projection_is_rejected(tmp_path):
+    path = write_tiny_model("phi3", tmp_path / "p.gguf", fused_qkv=False, omit=("blk.0.attn_k.weight",))
+    with closing(llama.Model.load(path)) as m:
+        with pytest.raises(TensorLoadError, match=r"blk\.0\.attn_qkv\.weight"):
+            llama.Context(m, n_ctx=256, backend="ref")
+
+
+def test_gemma2_zero_softcap_is_rejected(tmp_path):
+    path = write_tiny_model("gemma2", tmp_path / "g.gguf", attn_softcap=0.0,
+                            extra_keys={"attn_logit_softcapping": 0.0})
+    with pytest.raises(HParamsError, match="soft-capping"):
+        llama.Model.load(path)
+
+
+def test_tiny_writer_rejects_bad_settings(tmp_path):
+    with pytest.raises(ValueError, match="tied"):  # llama.cpp's gemma has no output matrix
+        write_tiny_model("gemma", tmp_path / "g.gguf", tied=False)
+    with pytest.raises(ValueError, match="no tiny model writer"):
+        write_tiny_model("gpt2", tmp_path / "x.gguf")
+    with pytest.raises(TypeError, match="n_layers"):
+        write_tiny_model("llama", tmp_path / "x.gguf", n_layers=3)
