@@ -297,7 +297,6 @@ def main(argv: list[str] | None = None) -> int:
         if not ok:
             print(json.dumps({"error": f"no CUDA device: {device}"}))
             return 1
-        cg.register()
     if args.synthetic:
         from ggmlpy.testing.models import write_tiny_llama
 

@@ -19,27 +19,25 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
 from ggmlpy.disk_cache import DiskCache, cache_dir as disk_cache_dir
+from ggmlpy.codegen_cuda.bound import host_bytes
 from ggmlpy.codegen_cuda.driver import DEFAULT_MAX_SHARED, PreparedLaunch, get_driver
 from ggmlpy.codegen_cuda.fusion import LowerOptions
 from ggmlpy.codegen_cuda.kernels import KernelSpec
 from ggmlpy.codegen_cuda.lower_matmul import MatMulOptions, supports_mul_mat
 from ggmlpy.codegen_cuda.lower_simple import supports_simple
+from ggmlpy.codegen_cuda.runtime import CudaSplit
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import OPS, Kind
 from ggmlpy.ir.tensor import Flag, Tensor
 from ggmlpy.options import Options
 from ggmlpy.sched.backend import Backend
-from ggmlpy.sched.store import BindingError
 
 log = logging.getLogger("ggmlpy.codegen_cuda")
-
-if TYPE_CHECKING:
-    from ggmlpy.codegen_cuda.runtime import CudaSplit
 
 
 @dataclass
@@ -129,9 +127,7 @@ class CudaBackend(Backend):
             return supports_mul_mat(node)
         return supports_simple(node)
 
-    def compile(self, graph: Graph, nodes: list[Tensor]) -> "CudaSplit":
-        from ggmlpy.codegen_cuda.runtime import CudaSplit
-
+    def compile(self, graph: Graph, nodes: list[Tensor]) -> CudaSplit:
         return CudaSplit(self, graph, nodes)
 
     def share_model_cache(self, cache: dict) -> None:
@@ -211,13 +207,13 @@ class CudaBackend(Backend):
         if leaf.flags & Flag.WEIGHT:  # trusted by name (see the module docstring)
             entry = self.weights.get(leaf.name)
             if entry is None:
-                entry = self.weights.upload(leaf.name, _bytes_of(host, leaf.name))
+                entry = self.weights.upload(leaf.name, host_bytes(host, leaf.name))
                 self.stats.bytes_uploaded += entry.nbytes
             return entry.ptr
         entry = self.resident.get(leaf.name)
         if entry is not None and entry.host is host:
             return entry.ptr
-        raw = _bytes_of(host, leaf.name)
+        raw = host_bytes(host, leaf.name)
         if entry is not None:
             self.free(entry.ptr)
         ptr = self.alloc(raw.nbytes)
@@ -230,7 +226,7 @@ class CudaBackend(Backend):
         """Copy every device-resident cache back into its host array (for inspection)."""
         for name, entry in self.resident.items():
             if name in bindings and entry.host is bindings[name]:
-                raw = _bytes_of(entry.host, name)
+                raw = host_bytes(entry.host, name)
                 self.driver.dtoh(raw, entry.ptr, entry.nbytes)
         self.driver.synchronize()
 
@@ -247,23 +243,3 @@ class CudaBackend(Backend):
         except Exception:
             pass
 
-
-def _bytes_of(host: np.ndarray, name: str) -> np.ndarray:
-    if not isinstance(host, np.ndarray) or not host.flags.c_contiguous:
-        raise BindingError(f"data bound for {name!r} must be a C-contiguous numpy array")
-    return host.reshape(-1).view(np.uint8)
-
-
-def _lookup(bindings: Mapping[str, np.ndarray], name: str) -> Any:
-    """bindings[name], without ChainMap's exception per missed map."""
-    maps = getattr(bindings, "maps", None)
-    if maps is not None:
-        for m in maps:
-            v = m.get(name)
-            if v is not None:
-                return v
-        raise BindingError(f"no data bound for {name!r}")
-    try:
-        return bindings[name]
-    except KeyError:
-        raise BindingError(f"no data bound for {name!r}") from None

@@ -25,7 +25,7 @@ import numpy as np
 
 from ggmlpy.codegen_cuda.driver import Module, PreparedLaunch
 from ggmlpy.codegen_cuda.kernels import KernelSpec, module_source
-from ggmlpy.codegen_cuda.nvcc import CompileError
+from ggmlpy.codegen_cuda.nvcc import CompileError, numbered_errors
 from ggmlpy.codegen_cuda.render import render
 from ggmlpy.disk_cache import DiskCache, cache_key
 
@@ -125,8 +125,7 @@ class EmuDriver:
             cmd = [self.cxx, *CXX_FLAGS, str(src), "-o", str(out)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
-                from ggmlpy.codegen_cuda.nvcc import _numbered_errors
-                raise CompileError(f"emulator build failed:\n{_numbered_errors(proc.stderr, source)}")
+                raise CompileError(f"emulator build failed:\n{numbered_errors(proc.stderr, source)}")
             return out.read_bytes()
 
     def set_max_shared(self, fn: Any, nbytes: int) -> None:

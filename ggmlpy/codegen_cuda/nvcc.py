@@ -69,14 +69,14 @@ def compile_cuda(source: str, arch: str, kind: str = "cubin", cache: DiskCache |
         log.info("compiling a CUDA module (%d bytes of source) for %s", len(source), arch)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
         if proc.returncode != 0:
-            raise CompileError(f"nvcc failed ({' '.join(cmd)}):\n{_numbered_errors(proc.stderr, source)}")
+            raise CompileError(f"nvcc failed ({' '.join(cmd)}):\n{numbered_errors(proc.stderr, source)}")
         data = out.read_bytes()
     if cache is not None:
         cache.put(parts, data, "." + kind)
     return data
 
 
-def _numbered_errors(stderr: str, source: str, context: int = 2) -> str:
+def numbered_errors(stderr: str, source: str, context: int = 2) -> str:
     """The compiler's messages, each followed by the offending source lines (the source is
     generated, so the file it names is gone by the time anyone reads the error)."""
     lines = source.splitlines()

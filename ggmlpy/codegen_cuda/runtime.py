@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from ggmlpy.codegen_cuda.backend import _bytes_of, _lookup
+from ggmlpy.codegen_cuda.bound import bound_array, host_bytes
 from ggmlpy.codegen_cuda.driver import PreparedLaunch
 from ggmlpy.codegen_cuda.fusion import SINGLE_TOKEN_SYMBOLS, lower_split
 from ggmlpy.codegen_cuda.lower_attention import AttentionStep
@@ -180,7 +180,7 @@ class CudaSplit:
             be.stats.launches += len(plan.launches)
         for root, ptr, n, bound in plan.outputs:
             if bound:
-                host = _bytes_of(_lookup(store.bindings, root.name), root.name)
+                host = host_bytes(bound_array(store.bindings, root.name), root.name)
                 if host.nbytes < n:
                     raise BindingError(f"{root.name!r} has {host.nbytes} bytes bound, the graph writes {n}")
             else:
@@ -210,14 +210,14 @@ class CudaSplit:
         old copy."""
         be = self.backend
         if self._weight_ptrs is None:
-            self._weight_ptrs = {w.id: be.bind_resident(w, _lookup(store.bindings, w.name))
+            self._weight_ptrs = {w.id: be.bind_resident(w, bound_array(store.bindings, w.name))
                                  for w in self.weight_leaves}
         if not self.cache_leaves or self._caches_unchanged(store.bindings):
             return
         changed = False
         hosts = []
         for leaf in self.cache_leaves:
-            host = _lookup(store.bindings, leaf.name)
+            host = bound_array(store.bindings, leaf.name)
             hosts.append(host)
             entry = be.resident.get(leaf.name)
             ptr = entry.ptr if entry is not None and entry.host is host else be.bind_resident(leaf, host)
@@ -269,7 +269,7 @@ class CudaSplit:
             if not n:
                 continue
             if is_input:
-                host = _bytes_of(_lookup(store.bindings, root.name), root.name)
+                host = host_bytes(bound_array(store.bindings, root.name), root.name)
             else:  # computed by another split
                 host = store.buffer(root)
             if host.nbytes < n:

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ggmlpy.sched.registry import PlacementError
+from ggmlpy.sched.backend_entry import PlacementError
 
 DEVICE_PATTERN = r"ray:[A-Za-z0-9_.\-]+(?:/(?:cpu|cuda))?"
 DEVICE_USAGE = "ray:<node id | node IP | resource>[/cuda]"

@@ -54,8 +54,8 @@ from ggmlpy.ir.tensor import BOUND, Flag, Tensor, memory_root
 from ggmlpy.options import Options
 from ggmlpy.passes.buffers import tensor_nbytes
 from ggmlpy.sched.backend import Backend
+from ggmlpy.sched.backend_entry import PlacementError
 from ggmlpy.sched.copies import Copy
-from ggmlpy.sched.registry import PlacementError
 from ggmlpy.sched.store import TensorStore
 
 DEFAULT_TIMEOUT_S = 300.0

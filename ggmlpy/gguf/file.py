@@ -11,7 +11,7 @@ from ggmlpy.gguf.constants import (
 )
 from ggmlpy.gguf.errors import GGUFError
 from ggmlpy.gguf.memlock import MemoryLock
-from ggmlpy.gguf.reader import GGUFField, TensorInfo, _Part
+from ggmlpy.gguf.reader import GGUFField, GGUFPart, TensorInfo
 
 _INTEGER_TYPES = {GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
                   GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64}
@@ -23,7 +23,7 @@ def split_path(prefix: str | os.PathLike, split_no: int, split_count: int) -> Pa
     return Path(f"{prefix}-{split_no + 1:05d}-of-{split_count:05d}.gguf")
 
 
-def _split_int(part: _Part, key: str, default: int | None) -> int | None:
+def _split_int(part: GGUFPart, key: str, default: int | None) -> int | None:
     """An integer split key; any other type is a malformed file, not a Python TypeError."""
     f = part.fields.get(key)
     if f is None:
@@ -47,11 +47,11 @@ class GGUFFile:
 
     def __init__(self, path: str | os.PathLike, use_mmap: bool = True):
         self.path = Path(path)
-        self._parts: list[_Part] = []
+        self._parts: list[GGUFPart] = []
         self._use_mmap = use_mmap
         self._lock = MemoryLock()
         try:
-            first = _Part(self.path, 0, use_mmap)
+            first = GGUFPart(self.path, 0, use_mmap)
             self._parts.append(first)
             self._open_other_parts(first)
         except BaseException:
@@ -70,7 +70,7 @@ class GGUFFile:
                                     path=str(part.path))
                 self.tensors[name] = info
 
-    def _open_other_parts(self, first: _Part) -> None:
+    def _open_other_parts(self, first: GGUFPart) -> None:
         count = _split_int(first, KEY_SPLIT_COUNT, 1)
         if count < 0:
             raise GGUFError(f"{KEY_SPLIT_COUNT} is {count}", path=str(self.path),
@@ -91,7 +91,7 @@ class GGUFFile:
             if not part_path.exists():
                 raise GGUFError(f"split part {i + 1} of {count} is missing: {part_path}",
                                 path=str(self.path))
-            part = _Part(part_path, i, self._use_mmap)
+            part = GGUFPart(part_path, i, self._use_mmap)
             self._parts.append(part)
             got_no = _split_int(part, KEY_SPLIT_NO, None)
             got_count = _split_int(part, KEY_SPLIT_COUNT, None)

@@ -200,7 +200,7 @@ def _read_all(f, size: int, path: Path) -> np.ndarray:
     return buf
 
 
-class _Part:
+class GGUFPart:
     """One parsed file: header, metadata and tensor infos, over its memory map or, without
     one, over its bytes read into memory (`mapped` says which)."""
 
