@@ -15,7 +15,7 @@ from ggmlpy.sched.backend_entry import BackendEntry
 from ggmlpy.sched.registry import (BACKEND_MODULES, PlacementError, available_backends, backend_entries,
                                    create_backend, create_device)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BACKEND_PACKAGES = ("ggmlpy.codegen_cpu", "ggmlpy.codegen_cuda", "ggmlpy.distributed", "ggmlpy.sched.ref_backend")
 # runtime users of the registry inside a backend package (a function-level import, not at import
 # time): the Ray actor makes its node's own backend by name
