@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ggmlpy.ir.ops import Kind
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.passes.common import op_kind
-from ggmlpy.ir.ops import Kind
 from ggmlpy.passes.fusion import ChainRule, FusionRule, MatchContext
 from ggmlpy.passes.rewrite import Bindings, Pat
 
