@@ -25,6 +25,7 @@ import numpy as np
 from ggmlpy.codegen_cpu.backend import CpuBackend
 from ggmlpy.ir.builder import GraphBuilder
 from ggmlpy.ir.types import GGMLType
+from ggmlpy.codegen_cpu.fusion import CPU_RULES
 from ggmlpy.passes.pipeline import run_pipeline
 from ggmlpy.sched.store import TensorStore
 
@@ -84,7 +85,7 @@ def measure(n_tok: int, visible: int, layout: str, flush_mb: int, threads: int, 
     per_seq = -(-visible // BLOCK) * BLOCK
     n_kv = -(-(per_seq * (1 if layout == "shared" else n_tok)) // 256) * 256
     graph, caches = build(n_tok, n_kv)
-    optimized = run_pipeline(graph, "cpu").graph
+    optimized = run_pipeline(graph, "cpu", rules=CPU_RULES).graph
     backend = CpuBackend(n_threads=threads, worst_env={"n_tokens": n_tok, "n_kv": n_kv, "n_outputs": n_tok})
     split = backend.compile(optimized, optimized.nodes)
     rng = np.random.default_rng(0)

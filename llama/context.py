@@ -25,7 +25,7 @@ import numpy as np
 from ggmlpy.disk_cache import cache_dir
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.options import Options
-from ggmlpy.passes.pipeline import context_passes
+from ggmlpy.passes.pipeline import context_passes, context_rules
 from ggmlpy.passes.stored import StoredPipeline
 from ggmlpy.sched.cache import GraphCache
 from ggmlpy.sched.registry import host_backends
@@ -125,6 +125,7 @@ class Context:
             be.set_model_file(model.path)
         # every backend's passes, so each split gets its own backend's (passes/pipeline.py)
         self.passes = context_passes(self.backends)
+        self.fusion_rules = context_rules(self.backends)  # what the fusion pass marks with
         # the passes' results on disk, beside the compiled code (passes/stored.py)
         self.stored_pipeline = StoredPipeline(cache_dir("graphs", backend_options.cache_dir))
         self.graph_cache = GraphCache()
@@ -185,7 +186,7 @@ class Context:
         sig = built.graph.signature()
 
         def compile_graph() -> CompiledGraph:
-            optimized = self.stored_pipeline.optimise(built.graph, sig, self.passes)
+            optimized = self.stored_pipeline.optimise(built.graph, sig, self.passes, self.fusion_rules)
             return CompiledGraph(optimized, self.backends, self.model.placement)
 
         return self.graph_cache.get_or_compile(sig, compile_graph)

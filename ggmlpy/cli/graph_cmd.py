@@ -22,6 +22,7 @@ from ggmlpy.cli.placement_args import add_placement_args, placement_kwargs
 from ggmlpy.cli.run_cmd import DEFAULT_N_CTX, add_model_arg
 from ggmlpy.ir import dump
 from ggmlpy.ir.graph import Graph
+from ggmlpy.codegen_cpu.fusion import CPU_RULES
 from ggmlpy.passes.fusion import FUSION_HINT, describe_groups
 from ggmlpy.passes.pipeline import PIPELINES, pass_names, pipeline_for, run_pipeline
 from ggmlpy.sched.registry import host_backends
@@ -121,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         seen: list[Graph] = []  # the graph at the dump point (later passes still run)
         result = run_pipeline(graph, backend=args.pipeline, env={
             "n_tokens": args.ubatch, "n_kv": n_ctx, "n_outputs": args.ubatch, "n_kv_swa": n_ctx},
-            dump_after=args.dump_after, dump=lambda text: None,
+            dump_after=args.dump_after, dump=lambda text: None, rules=CPU_RULES,
             render=lambda g: seen.append(g) or "")
         graph = seen[0]
         title += f", after pass {args.dump_after} ({len(graph.nodes)} nodes)"

@@ -32,6 +32,8 @@ from ggmlpy.ir.ops import OPS, Kind
 from ggmlpy.ir.symbolic import evaluate
 from ggmlpy.ir.tensor import Flag, Tensor, memory_root
 from ggmlpy.passes.buffers import tensor_nbytes
+from ggmlpy.codegen_cpu.fusion import CPU_RULES, split_groups
+from ggmlpy.passes.fusion import ResolvedGroup, Rule
 from ggmlpy.passes.pipeline import PIPELINES
 from ggmlpy.sched.backend import Backend
 from ggmlpy.sched.store import TensorStore
@@ -127,6 +129,14 @@ class CpuBackend(Backend):
     def pipeline(self) -> tuple[str, ...]:
         """Every pass: view folding, and the fusion groups its kernels run as one (fusion.py)."""
         return PIPELINES["cpu"]
+
+    def fusion_rules(self) -> tuple[Rule, ...]:
+        """The CPU rule set (fusion.py), which the "fusion" pass marks over the graph."""
+        return CPU_RULES
+
+    def split_groups(self, graph: Graph, nodes: list[Tensor]) -> tuple[list[Tensor], list[ResolvedGroup]]:
+        """The marked groups of this split that a CPU kernel runs as one (fusion.py)."""
+        return split_groups(graph, nodes)
 
     def cache_stats(self) -> dict[str, int]:
         return {"object_cache_hits": self.object_cache.hits, "object_cache_misses": self.object_cache.misses}

@@ -26,7 +26,7 @@ import numpy as np
 from ggmlpy.disk_cache import DiskCache, cache_dir as disk_cache_dir
 from ggmlpy.codegen_cuda.bound import host_bytes
 from ggmlpy.codegen_cuda.driver import DEFAULT_MAX_SHARED, PreparedLaunch, get_driver
-from ggmlpy.codegen_cuda.fusion import LowerOptions
+from ggmlpy.codegen_cuda.fusion import LowerOptions, split_groups
 from ggmlpy.codegen_cuda.kernels import KernelSpec
 from ggmlpy.codegen_cuda.lower_matmul import MatMulOptions, supports_mul_mat
 from ggmlpy.codegen_cuda.lower_simple import supports_simple
@@ -35,6 +35,7 @@ from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import OPS, Kind
 from ggmlpy.ir.tensor import Flag, Tensor
 from ggmlpy.options import Options
+from ggmlpy.passes.fusion import ResolvedGroup
 from ggmlpy.sched.backend import Backend
 
 log = logging.getLogger("ggmlpy.codegen_cuda")
@@ -129,6 +130,11 @@ class CudaBackend(Backend):
 
     def compile(self, graph: Graph, nodes: list[Tensor]) -> CudaSplit:
         return CudaSplit(self, graph, nodes)
+
+    def split_groups(self, graph: Graph, nodes: list[Tensor]) -> tuple[list[Tensor], list[ResolvedGroup]]:
+        """The split's nodes in launch order and the groups its rules form (fusion.py, as
+        lower_split does when compiling)."""
+        return split_groups(graph, nodes, self.options)
 
     def share_model_cache(self, cache: dict) -> None:
         """Keep uploaded weights with the model (Model.backend_cache), one copy per driver,

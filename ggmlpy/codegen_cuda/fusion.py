@@ -2,11 +2,12 @@
 
 The CUDA backend marks its own splits after scheduling (docs/backends.md section 4): the
 fusion engine (passes/fusion.py, `group_nodes`) groups a split's nodes with the CUDA rule
-set (passes/fusion_cuda.py, chosen by LowerOptions) and orders them so that each group is
-consecutive. Each group then becomes one Step through STEPS, a table keyed by the group's
-pattern (as codegen_cpu/fusion.py turns the CPU's groups into fused nodes); every other
-node is lowered alone through the lowering registry (lowering.py), views excepted (they
-launch nothing). Why per split rather than a graph pass: the rules depend on this backend's
+set (fusion_rules.py: the named patterns of passes/patterns.py with this backend's kernel
+predicates, chosen by LowerOptions) and orders them so that each group is consecutive
+(CudaBackend.split_groups gives the same). Each group then becomes one Step through STEPS, a
+table keyed by the group's kind (passes/patterns.FUSED_KINDS; as codegen_cpu/fusion.py turns
+the CPU's groups into fused nodes); every other node is lowered alone through the lowering
+registry (lowering.py), views excepted (they launch nothing). Why per split rather than a graph pass: the rules depend on this backend's
 options (fuse_oproj, fuse_rope, the matrix-vector kernel's column limit) and on the split's
 boundary (a value another split reads must be materialised), both known only here; and the
 CPU's groups over the same nodes, marked by the "fusion" pass, never conflict with these.
@@ -16,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ggmlpy.codegen_cuda.fusion_rules import SINGLE_TOKEN_SYMBOLS, CudaFusionOptions, cuda_rules
 from ggmlpy.codegen_cuda.lower_attention import FEW_BLOCKS_THREADS, AttentionStep, OutProjection
 from ggmlpy.codegen_cuda.lower_elementwise import ElementwiseStep
 from ggmlpy.codegen_cuda.lower_matmul import MatMulOptions, MatMulStep, PreNorm, RopeEpilogue, RowStore
@@ -27,7 +29,7 @@ from ggmlpy.ir.ops import OPS, Kind
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.passes.common import consumers
 from ggmlpy.passes.fusion import ResolvedGroup, group_nodes, resolve_groups
-from ggmlpy.passes.fusion_cuda import GLUS, NORMS, SINGLE_TOKEN_SYMBOLS, CudaFusionOptions, cuda_rules
+from ggmlpy.passes.patterns import GLUS, NORMS
 
 __all__ = ["LowerOptions", "SINGLE_TOKEN_SYMBOLS", "STEPS", "lower_split", "split_groups"]
 

@@ -1,7 +1,7 @@
 """mul_mat lowering: a warp-per-row matrix-vector kernel for few columns (decode) and a
 tensor-core tiled kernel for many (prompts), chosen per run from the actual column count.
 
-Fused forms (grouped by the rules of passes/fusion_cuda.py): several products sharing `b`
+Fused forms (grouped by the rules of fusion_rules.py): several products sharing `b`
 in one launch (Q, K, V), `act(gate . x) * (up . x)` for a GLU feed-forward, `+ residual` as
 an epilogue, the norm (and its weight) that produced `b` as a prologue, one product's result
 stored straight into KV cache rows (the set_rows of V), and ropes in the epilogue.

@@ -53,6 +53,7 @@ from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.tensor import BOUND, Flag, Tensor, memory_root
 from ggmlpy.options import Options
 from ggmlpy.passes.buffers import tensor_nbytes
+from ggmlpy.passes.fusion import Rule
 from ggmlpy.sched.backend import Backend
 from ggmlpy.sched.backend_entry import PlacementError
 from ggmlpy.sched.copies import Copy
@@ -126,6 +127,10 @@ class RemoteBackend(Backend):
     def pipeline(self) -> tuple[str, ...]:
         """The node's backend's passes (the CPU's fusion marks travel with the graph)."""
         return self.oracle.pipeline()
+
+    def fusion_rules(self) -> tuple[Rule, ...]:
+        """The node's backend's fusion rules (the marks it runs fused travel with the graph)."""
+        return self.oracle.fusion_rules()
 
     def set_limits(self, worst_env: Mapping[str, int]) -> None:
         self.limits = {k: int(v) for k, v in worst_env.items()}

@@ -5,7 +5,8 @@ Representation (what a code generator reads)
 The graph keeps every node; the pass adds `graph.hints["fusion_groups"]`, a tuple of
 `FusionGroup(pattern, nodes, inputs, outputs)` in graph order, each field a tuple of
 positions in `graph.tensors`:
-  - `pattern`: the rule that formed the group (the emitter to use: "rms_norm_mul", ...);
+  - `pattern`: the kind of group, a key of patterns.FUSED_KINDS ("norm_mul", ...): the
+    rule that formed it, and the emitter a backend uses;
   - `nodes`: the ops the kernel computes, in order; they are consecutive among
     `graph.nodes` (the pass reorders the graph, keeping every dependency, so that they are);
   - `inputs`: the tensors the group reads from outside (weights, activations, views);
@@ -18,18 +19,24 @@ runs the graph as it is, node by node; positions are id-free, so the groups are 
 graph's signature. Any later pass that changes the tensor list drops the annotation
 (common.new_graph), so fusion runs last among the rewriting passes.
 
-Rules are data (FUSION_RULES): a pattern per group root and the bound names that are
-members. A member that is not a root must have no reader outside its group. A node joins at
-most one group (earlier rules win), and a group is refused when running it as one step
-would need a value it produces (a cycle through other nodes).
-
-The same engine groups one split's nodes (`group_nodes`): the CUDA backend marks its own
-splits after scheduling with its rule set (passes/fusion_cuda.py, docs/backends.md section 4).
+Rules are data: a pattern per group root and the bound names that are members, named once
+in passes/patterns.py; a backend composes its rule set from those patterns and its kernel
+predicates (`FusionRule.where`) in its own package and hands it to the engine: the CPU's to
+the graph pass (`mark_fusion_groups(graph, rules)`, pipeline.py takes the rules of the
+backends that run the pass: Backend.fusion_rules), the CUDA's to `group_nodes` over each of
+its splits after scheduling (codegen_cuda/fusion.py, docs/backends.md section 4). A member
+that is not a root must have no reader outside its group. A node joins at most one group
+(earlier rules win), and a group is refused when running it as one step would need a value
+it produces (a cycle through other nodes). Each backend receives the groups it runs fused
+through one hook, Backend.split_groups.
 """
 from __future__ import annotations
 
+import hashlib
 import heapq
-from dataclasses import dataclass, field
+import inspect
+import sys
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Callable, Iterator, Mapping, Protocol, Sequence
 
 from ggmlpy.ir.graph import Graph
@@ -95,6 +102,20 @@ class MatchContext:
         return all(t.id in self.position and t.id not in self.claimed for t in ts)
 
 
+Predicate = Callable[[Bindings, "MatchContext"], bool]  # (bindings of a match, its context)
+
+
+@dataclass(frozen=True)
+class Both:
+    """Two predicates, both of which must hold (FusionRule.where)."""
+
+    first: Predicate
+    second: Predicate
+
+    def __call__(self, b: Bindings, ctx: "MatchContext") -> bool:
+        return self.first(b, ctx) and self.second(b, ctx)
+
+
 @dataclass(frozen=True)
 class FusionRule:
     """Groups whose roots match `roots` (several roots: sibling ops fused side by side, bound
@@ -103,9 +124,13 @@ class FusionRule:
     name: str
     roots: tuple[Pat, ...]
     members: tuple[str, ...]
-    check: Callable[[Bindings], bool] | None = None
+    check: Predicate | None = None
     doc: str = ""
     views_and_writes: bool = False  # members may be views and writes (see _acceptable)
+
+    def where(self, check: Predicate) -> "FusionRule":
+        """This pattern with one more condition: a backend's kernel predicate."""
+        return replace(self, check=check if self.check is None else Both(self.check, check))
 
     def candidates(self, ctx: MatchContext) -> Iterator[Candidate]:
         per_root = [[(t, b) for t in ctx.tensors if not t.is_leaf and (b := match(p, t)) is not None]
@@ -116,7 +141,7 @@ class FusionRule:
                 bound = _merge(bound, b)
                 if bound is None:
                     break
-            if bound is None or (self.check is not None and not self.check(bound)):
+            if bound is None or (self.check is not None and not self.check(bound, ctx)):
                 continue
             members = sorted({bound[n].id: bound[n] for n in self.members}.values(),
                              key=lambda t: ctx.position[t.id])
@@ -183,78 +208,10 @@ def _merge(a: Bindings | None, b: Bindings) -> Bindings | None:
     return out
 
 
-# rule conditions ------------------------------------------------------------------------------
-def _is_row(t: Tensor) -> bool:
-    return all(d == 1 for d in t.ne[1:])
-
-
-def _no_bias(t: Tensor) -> bool:
-    return t.params.get("b", 0.0) == 0.0
-
-
-def _epilogue_shape(b: Bindings) -> bool:
-    """The add's result has the matmul's shape (the residual is read, not the product)."""
-    return b["mm"].ne == b["add"].ne
-
-
-def projection_input(t: Tensor, max_steps: int = 8) -> Tensor | None:
-    """The activation x of the projection mul_mat(w, x) that t derives from through views
-    and row/elementwise ops on its first source (q and k norms included), if any."""
-    for _ in range(max_steps):
-        if t.op == "mul_mat":
-            return t.src[1]
-        if op_kind(t) not in (Kind.VIEW, Kind.ROW, Kind.ELEMENTWISE) or not t.src:
-            return None
-        t = t.src[0]
-    return None
-
-
-def _rope_pair(b: Bindings) -> bool:
-    """Two ropes with the same parameters, positions and frequency factors, applied to
-    projections of the same activation: the q and the k of one attention layer."""
-    a, c = b["rope_a"], b["rope_b"]
-    if a.params != c.params or len(a.src) != len(c.src):
-        return False
-    if any(x is not y for x, y in zip(a.src[2:], c.src[2:])):
-        return False
-    xa = projection_input(a.src[0])
-    return xa is not None and xa is projection_input(c.src[0])
-
-
-_ROPE = Pat("rope", extra_src=True, src=(Pat(), Pat(name="pos")))
-
-FUSION_RULES: tuple[FusionRule | ChainRule, ...] = (
-    FusionRule("swiglu_ffn",
-               (Pat(("swiglu", "geglu"), name="glu", src=(
-                   Pat("mul_mat", name="gate", src=(Pat(name="w_gate"), Pat(name="x"))),
-                   Pat("mul_mat", name="up", src=(Pat(name="w_up"), Pat(name="x"))))),),
-               ("gate", "up", "glu"), doc="act(x @ W_gate) * (x @ W_up): both matmuls read x once"),
-    FusionRule("rms_norm_mul",
-               (Pat("mul", name="mul", src=(Pat(("rms_norm", "norm"), name="norm"),
-                                           Pat(name="weight", where=_is_row))),),
-               ("norm", "mul"), doc="normalise a row and scale it by a weight row"),
-    FusionRule("rope_qk",
-               (Pat("rope", name="rope_a", extra_src=True, src=_ROPE.src),
-                Pat("rope", name="rope_b", extra_src=True, src=_ROPE.src)),
-               ("rope_a", "rope_b"), check=_rope_pair, doc="rotate q and k with one cos/sin table"),
-    FusionRule("scale_softmax",
-               (Pat("soft_max", name="softmax", extra_src=True,
-                    src=(Pat("scale", name="scale", where=_no_bias),)),),
-               ("scale", "softmax"), doc="a plain scale folds into the softmax's scale"),
-    FusionRule("matmul_softmax",
-               (Pat("soft_max", name="softmax", extra_src=True, src=(Pat("mul_mat", name="kq"),)),),
-               ("kq", "softmax"), doc="attention scores k.q, masked, scaled and normalised"),
-    FusionRule("matmul_epilogue",
-               (Pat("add", name="add", commutative=True,
-                    src=(Pat("mul_mat", name="mm"), Pat(name="residual"))),),
-               ("mm", "add"), check=_epilogue_shape, doc="the residual add after a matmul"),
-    ChainRule("elementwise_chain", doc="elementwise ops, each the only reader of the previous"),
-)
-
-
 # the pass -------------------------------------------------------------------------------------
 class Rule(Protocol):
-    """What the engine asks of a rule (FusionRule, ChainRule, the CUDA rules of fusion_cuda.py):
+    """What the engine asks of a rule (FusionRule, ChainRule, the CUDA rules of
+    codegen_cuda/fusion_rules.py):
     its name (the groups' pattern), whether members may be views and writes, and candidate
     groups (members in order, and the roots: members whose values may be read outside),
     preferred ones first; the engine takes each that is still acceptable when yielded."""
@@ -265,9 +222,9 @@ class Rule(Protocol):
     def candidates(self, ctx: MatchContext) -> Iterator[Candidate]: ...
 
 
-def mark_fusion_groups(graph: Graph, rules: Sequence[Rule] = FUSION_RULES) -> Graph:
-    """graph (same tensors, reordered so that each group is consecutive) with its fusion
-    groups in hints["fusion_groups"]; an earlier annotation is replaced."""
+def mark_fusion_groups(graph: Graph, rules: Sequence[Rule]) -> Graph:
+    """graph (same tensors, reordered so that each group is consecutive) with the fusion
+    groups `rules` form in hints["fusion_groups"]; an earlier annotation is replaced."""
     tensors = list(graph.tensors)
     order, groups = group_nodes(tensors, consumers(tensors), rules, graph.hints)
     hints = dict(graph.hints)
@@ -298,6 +255,34 @@ def group_nodes(tensors: list[Tensor], users: dict[int, list[Tensor]], rules: Se
     if not groups:
         return list(tensors), groups
     return _contiguous_order(tensors, groups, group_of, preds, position), groups
+
+
+def rules_key(rules: Sequence[Rule]) -> str:
+    """A key part for results of `rules` (stored optimised graphs, passes/stored.py): their
+    names, and the source of every module their code comes from (the rules' classes and
+    predicates, a backend's included), so an edit to any of them changes the key."""
+    modules: set[str] = set()
+
+    def visit(x: object) -> None:
+        if isinstance(x, (tuple, list)):
+            for y in x:
+                visit(y)
+        elif is_dataclass(x) and not isinstance(x, type):
+            modules.add(type(x).__module__)
+            for f in fields(x):
+                visit(getattr(x, f.name))
+        elif callable(x) and getattr(x, "__module__", None):
+            modules.add(x.__module__)
+
+    visit(tuple(rules))
+    digest = hashlib.sha256("+".join(r.name for r in rules).encode())
+    for name in sorted(modules):
+        path = inspect.getsourcefile(sys.modules[name])
+        digest.update(name.encode())
+        if path is not None:
+            with open(path, "rb") as f:
+                digest.update(f.read())
+    return digest.hexdigest()
 
 
 def _acceptable(members: list[Tensor], roots: list[Tensor], ctx: MatchContext, views_and_writes: bool = False) -> bool:

@@ -32,7 +32,7 @@ from ggmlpy.passes.buffers import WORST_CASE, BufferPlan, plan_buffers
 from ggmlpy.passes.common import FUSION_HINT, PassError, check_graph
 from ggmlpy.passes.cse import eliminate_common_subexpressions
 from ggmlpy.passes.dce import eliminate_dead_code
-from ggmlpy.passes.fusion import describe_groups, mark_fusion_groups
+from ggmlpy.passes.fusion import Rule, describe_groups, mark_fusion_groups
 from ggmlpy.passes.views import fold_views
 from ggmlpy.sched.backend import REFERENCE_PIPELINE, Backend
 
@@ -42,15 +42,25 @@ log = logging.getLogger("ggmlpy.passes")
 @dataclass(frozen=True)
 class Pass:
     name: str
-    run: Callable[[Graph], Graph]
+    run: Callable[..., Graph]
     doc: str = ""
+    takes_rules: bool = False  # run(graph, rules): the backends' fusion rules
+
+    def apply(self, graph: Graph, rules: Sequence[Rule] | None) -> Graph:
+        """run(graph), with the fusion rules when the pass takes them (then they must be given)."""
+        if not self.takes_rules:
+            return self.run(graph)
+        if rules is None:
+            raise ValueError(f"pass {self.name!r} needs the backends' fusion rules "
+                             "(rules=backend.fusion_rules(), or context_rules(backends))")
+        return self.run(graph, tuple(rules))
 
 
 PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("dce", eliminate_dead_code, "drop what no output and no write needs"),
     Pass("cse", eliminate_common_subexpressions, "merge nodes that compute the same thing"),
     Pass("views", fold_views, "fold view chains into one strided view; drop needless conts"),
-    Pass("fusion", mark_fusion_groups, "mark groups of nodes one kernel computes"),
+    Pass("fusion", mark_fusion_groups, "mark groups of nodes one kernel computes", takes_rules=True),
 )}
 BUFFERS = "buffers"  # the planning step: it must come last, and leaves the graph as it is
 
@@ -99,6 +109,17 @@ def context_passes(backends: Sequence[Backend]) -> tuple[str, ...]:
     return tuple(n for n in (*PASSES, BUFFERS) if n in wanted)
 
 
+def context_rules(backends: Sequence[Backend]) -> tuple[Rule, ...]:
+    """The fusion rules the "fusion" pass of a context with these backends marks with: the
+    rules of every backend whose pipeline runs the pass, in backend order, each rule once
+    (two CPU backends hand the same set)."""
+    out: list[Rule] = []
+    for be in backends:
+        if "fusion" in be.pipeline():
+            out += [r for r in be.fusion_rules() if r not in out]
+    return tuple(out)
+
+
 def pipeline_name(names: Sequence[str]) -> str:
     """A label for a pass list: the pipeline it equals ("cpu", "ref"), else the names."""
     for label, known in PIPELINES.items():
@@ -125,7 +146,7 @@ def render_text(graph: Graph, plan: BufferPlan | None = None) -> str:
 def run_pipeline(graph: Graph, backend: str = "cpu", dump_after: str | None = None,
                  dump: Callable[[str], object] | None = None, env: Mapping[str, int] | None = None,
                  render: Callable[[Graph], str] | None = None,
-                 passes: Sequence[str] | None = None) -> PipelineResult:
+                 passes: Sequence[str] | None = None, rules: Sequence[Rule] | None = None) -> PipelineResult:
     """Run the backend's passes over graph (which is left untouched).
 
     passes: the pass names to run instead of PIPELINES[backend] (a Context passes
@@ -134,7 +155,8 @@ def run_pipeline(graph: Graph, backend: str = "cpu", dump_after: str | None = No
     dump_after: a pass name of this pipeline; the graph after it goes to `dump` (default:
     stdout) as `render(graph)` (default: render_text, which also lists fusion groups and the
     buffer plan). env: the worst-case symbol values the buffer plan is sized for (default
-    buffers.WORST_CASE)."""
+    buffers.WORST_CASE). rules: the fusion rules of the "fusion" pass (Backend.fusion_rules,
+    context_rules); required when the pipeline runs it."""
     names = tuple(passes) if passes is not None else pipeline_for(backend)
     if dump_after is not None and dump_after not in names:
         raise ValueError(f"--dump-after {dump_after!r}: backend {backend!r} runs the passes "
@@ -149,7 +171,7 @@ def run_pipeline(graph: Graph, backend: str = "cpu", dump_after: str | None = No
         if name == BUFFERS:
             result.plan = plan_buffers(graph, WORST_CASE if env is None else env)
         else:
-            graph = _run_pass(PASSES[name], graph)
+            graph = _run_pass(PASSES[name], graph, rules)
         seconds = time.perf_counter() - start
         result.steps.append(StepRecord(name, before, len(graph.nodes), seconds))
         log.debug("pass %s: %d -> %d nodes in %.1f ms", name, before, len(graph.nodes), seconds * 1e3)
@@ -160,8 +182,8 @@ def run_pipeline(graph: Graph, backend: str = "cpu", dump_after: str | None = No
     return result
 
 
-def _run_pass(p: Pass, graph: Graph) -> Graph:
-    out = p.run(graph)
+def _run_pass(p: Pass, graph: Graph, rules: Sequence[Rule] | None) -> Graph:
+    out = p.apply(graph, rules)
     check_graph(out)
     if len(out.outputs) != len(graph.outputs):
         raise PassError(f"pass {p.name} changed the number of outputs")

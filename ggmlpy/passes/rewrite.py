@@ -12,7 +12,7 @@ point at every node, and never mutates its input (common.rebuild).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import Kind
@@ -41,24 +41,33 @@ class Pat:
 
 def match(pat: Pat, t: Tensor, bound: Bindings | None = None) -> Bindings | None:
     """The bindings of pat matched at t (extending `bound`), or None when it does not match."""
+    return next(matches(pat, t, bound), None)
+
+
+def matches(pat: Pat, t: Tensor, bound: Bindings | None = None) -> Iterator[Bindings]:
+    """Every way pat matches at t, in order: one for each order of t's sources that matches
+    (two at most: a commutative pattern's sources as they are, then swapped), each with the
+    first bindings of its sub-patterns. A rule whose condition needs the other order of a
+    commutative pattern (the residual of `add(mul_mat, mul_mat)`) takes the next one."""
     bound = dict(bound or {})
     if pat.op is not None and t.op not in ((pat.op,) if isinstance(pat.op, str) else pat.op):
-        return None
+        return
     if pat.kind is not None:
         kinds = (pat.kind,) if isinstance(pat.kind, Kind) else pat.kind
         if op_kind(t) not in kinds:
-            return None
+            return
     if pat.name is not None:
         if pat.name in bound and bound[pat.name] is not t:
-            return None
+            return
         bound[pat.name] = t
     if pat.where is not None and not pat.where(t):
-        return None
+        return
     if pat.src is None:
-        return bound
+        yield bound
+        return
     n = len(pat.src)
     if len(t.src) < n or (len(t.src) > n and not pat.extra_src):
-        return None
+        return
     orders = [t.src[:n]]
     if pat.commutative:
         orders.append((t.src[1], t.src[0]))
@@ -69,8 +78,7 @@ def match(pat: Pat, t: Tensor, bound: Bindings | None = None) -> Bindings | None
             if result is None:
                 break
         if result is not None:
-            return result
-    return None
+            yield result
 
 
 Build = Callable[[Tensor, Bindings], "Tensor | None"]

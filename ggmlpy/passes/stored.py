@@ -9,8 +9,9 @@ result is stored per signature, pass list and source version, next to the compil
     <cache root>/graphs/<key>.pickle (+ .json)   the optimised graph (ggmlpy/ir/serial.py)
 
 The key's parts are the input graph's signature, the pass names, a hash of the code the
-passes run (ggmlpy/passes and ggmlpy/ir, like the CPU code generator's own hash) and
-Python's version. An entry is checked like every cache entry (ggmlpy/disk_cache.py: format,
+passes run (ggmlpy/passes and ggmlpy/ir, like the CPU code generator's own hash), the
+fusion rules the backends handed the fusion pass (fusion.rules_key: their names and the
+source of their modules) and Python's version. An entry is checked like every cache entry (ggmlpy/disk_cache.py: format,
 parts, sha256); one that does not load or breaks an IR invariant (check_graph) is removed
 and the passes run again. A loaded graph takes fresh tensor ids, so it never shares an id
 with a tensor of this process. Buffer planning is not stored: a context's backends plan
@@ -34,6 +35,7 @@ from ggmlpy.disk_cache import DiskCache, source_digest
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.serial import dump_graph, load_graph
 from ggmlpy.passes.common import PassError, check_graph
+from ggmlpy.passes.fusion import Rule, rules_key
 from ggmlpy.passes.pipeline import BUFFERS, pipeline_name, run_pipeline
 
 log = logging.getLogger("ggmlpy.cache")
@@ -56,28 +58,31 @@ class StoredPipeline:
     def __init__(self, directory: str | Path):
         self.disk = DiskCache("graphs", directory)
 
-    def optimise(self, graph: Graph, signature: str, passes: Sequence[str]) -> Graph:
+    def optimise(self, graph: Graph, signature: str, passes: Sequence[str],
+                 rules: Sequence[Rule] | None = None) -> Graph:
         """`graph` after `passes` (less "buffers"), from the disk when stored, else computed
-        and stored. `signature`: graph.signature(), which the caller already has."""
+        and stored. `signature`: graph.signature(), which the caller already has; `rules`:
+        the fusion pass's rules (pipeline.context_rules), needed when `passes` name it."""
         names = tuple(p for p in passes if p != BUFFERS)
-        parts = self.key_parts(signature, names)
+        parts = self.key_parts(signature, names, rules)
         blob = self.disk.get(parts, SUFFIX)
         if blob is not None:
             loaded = self._load(blob)
             if loaded is not None:
                 return loaded
             self.disk.discard(parts, SUFFIX, "the stored graph does not load or breaks an IR invariant")
-        optimised = run_pipeline(graph, backend=pipeline_name(names), passes=names).graph
+        optimised = run_pipeline(graph, backend=pipeline_name(names), passes=names, rules=rules).graph
         self.disk.put(parts, dump_graph(optimised), SUFFIX)
         return optimised
 
     @staticmethod
-    def key_parts(signature: str, passes: Sequence[str]) -> dict[str, str]:
+    def key_parts(signature: str, passes: Sequence[str], rules: Sequence[Rule] | None = None) -> dict[str, str]:
         """The disk cache's key parts for the graph of `signature` after `passes` (less
-        "buffers", which is not stored)."""
+        "buffers", which is not stored) with the fusion `rules`."""
         names = [p for p in passes if p != BUFFERS]
         return {"what": "optimised graph", "signature": signature, "passes": "+".join(names),
-                "source": passes_version(), "python": "%d.%d" % sys.version_info[:2]}
+                "source": passes_version(), "python": "%d.%d" % sys.version_info[:2],
+                "fusion_rules": rules_key(rules) if rules is not None and "fusion" in names else ""}
 
     @staticmethod
     def _load(blob: bytes) -> Graph | None:

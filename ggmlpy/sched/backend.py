@@ -11,6 +11,8 @@ directly: no backend is probed with hasattr. docs/backends.md walks through addi
     supports_op(node)    required            scheduler (assignment and fallbacks), placement
     compile(graph, ns)   required            CompiledGraph, once per split
     pipeline()           ("dce", "cse")      Context: the passes this backend's nodes need
+    fusion_rules()       ()                  Context, pipeline: the rules the "fusion" pass marks
+    split_groups(g, ns)  (ns, [])            compile, viz, tests: the groups run as one kernel
     offload_op(node)     False               scheduler: take an op whose weight is on the host
     copy_in(c, st, env)  nothing             run_copies: move a split's input into its memory
     set_limits(env)      nothing             Context: largest symbol values (arena sizes)
@@ -35,6 +37,7 @@ from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.tensor import Tensor
 
 if TYPE_CHECKING:
+    from ggmlpy.passes.fusion import ResolvedGroup, Rule
     from ggmlpy.sched.copies import Copy
 
 Bindings = Mapping[str, np.ndarray]  # leaf name -> data (weights, KV cache layers, inputs)
@@ -94,6 +97,21 @@ class Backend(ABC):
         backend's splits need, in order. The default is the reference pipeline: passes that
         change no result and need no lowering. See passes.pipeline.context_passes."""
         return REFERENCE_PIPELINE
+
+    def fusion_rules(self) -> "tuple[Rule, ...]":
+        """Optional. The fusion rules (passes/fusion.py) the graph pass "fusion" marks groups
+        with when this backend's pipeline runs it: its rule set, composed of the named
+        patterns of passes/patterns.py and its kernel predicates. Default: none (a backend
+        that groups its own splits, as CUDA does, applies its rules in split_groups)."""
+        return ()
+
+    def split_groups(self, graph: Graph, nodes: list[Tensor]) -> "tuple[list[Tensor], list[ResolvedGroup]]":
+        """Optional. How this backend runs the split `nodes` of `graph`: the nodes in the order
+        they run (each group consecutive) and the fusion groups it computes with one kernel
+        each (their `pattern`: a kind of passes/patterns.FUSED_KINDS). The one way a backend
+        receives its groups, whether marked by the "fusion" pass (CPU) or formed here from
+        the split (CUDA). Default: the nodes as they are, no groups."""
+        return list(nodes), []
 
     def offload_op(self, node: Tensor) -> bool:
         """Whether to take `node` although its weight lives in host memory (ggml's op

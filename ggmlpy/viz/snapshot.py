@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ggmlpy.ir.graph import Graph
 from ggmlpy.passes.buffers import BufferPlan, plan_buffers
-from ggmlpy.passes.pipeline import context_passes, pipeline_name
+from ggmlpy.passes.pipeline import context_passes, context_rules, pipeline_name
 from ggmlpy.sched.backend import Backend
 from ggmlpy.sched.scheduler import Schedule, schedule
 from ggmlpy.viz.kernels import KernelMap, generate_kernels
@@ -65,7 +65,7 @@ def take_snapshot(model: "Model", graph: Graph, n_tokens: int, n_ctx: int, backe
     generated code (it is most of the time and size for a large model)."""
     env = worst_env(n_tokens, n_ctx)
     pipeline = pipeline_of(backends)
-    stages = replay_pipeline(graph, context_passes(backends), env)
+    stages = replay_pipeline(graph, context_passes(backends), env, context_rules(backends))
     final = stages[-1].graph
     notes = []
     plan = stages[-1].plan

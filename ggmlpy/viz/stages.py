@@ -21,6 +21,7 @@ from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.passes.buffers import BufferPlan, plan_buffers
 from ggmlpy.passes.common import check_graph, consumers
+from ggmlpy.passes.fusion import Rule
 from ggmlpy.passes.pipeline import BUFFERS, PASSES, StepRecord, pipeline_for
 
 BUILT = "built"  # the name of stage 0: the graph as the model file built it
@@ -40,9 +41,10 @@ class Stage:
     plan: BufferPlan | None = None             # the buffers step's plan
 
 
-def replay_pipeline(graph: Graph, pipeline: str | Sequence[str], env: Mapping[str, int]) -> list[Stage]:
+def replay_pipeline(graph: Graph, pipeline: str | Sequence[str], env: Mapping[str, int],
+                    rules: Sequence[Rule] | None = None) -> list[Stage]:
     """Stage 0 (graph) and one stage per step of `pipeline` (a name, "cpu", "ref", or the
-    pass names), in order."""
+    pass names), in order; `rules`: the fusion pass's (pipeline.context_rules)."""
     stages = [Stage(BUILT, graph, doc="the graph as the model file built it")]
     for name in (pipeline_for(pipeline) if isinstance(pipeline, str) else pipeline):
         before = stages[-1].graph
@@ -51,7 +53,7 @@ def replay_pipeline(graph: Graph, pipeline: str | Sequence[str], env: Mapping[st
         if name == BUFFERS:
             plan, after, doc = plan_buffers(before, env), before, "plan arena offsets (ggml-alloc)"
         else:
-            after, doc = PASSES[name].run(before), PASSES[name].doc
+            after, doc = PASSES[name].apply(before, rules), PASSES[name].doc
             check_graph(after)
         record = StepRecord(name, len(before.nodes), len(after.nodes), time.perf_counter() - start)
         added, removed = diff(before, after)

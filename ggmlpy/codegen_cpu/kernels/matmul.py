@@ -78,7 +78,7 @@ def _activation_bytes(w: Tensor, x: Tensor, env: dict) -> int:
 
 
 def _epilogue_supported(node: Tensor) -> bool:
-    """mul_mat_add (the matmul_epilogue fusion group, codegen_cpu/fusion.py): W x + r with
+    """mul_mat_add (the residual_product fusion group, codegen_cpu/fusion.py): W x + r with
     repacked weights, r a contiguous f32 tensor of the result's shape."""
     a, x, r = node.src
     return (repack.is_repacked(a) and x.type == GGMLType.F32 and x.is_contiguous and node.is_contiguous
@@ -94,7 +94,7 @@ def _mul_mat_add(kb: KernelBuilder, node: Tensor) -> None:
 
 
 def _glu_supported(node: Tensor) -> bool:
-    """mul_mat_glu (the swiglu_ffn fusion group, codegen_cpu/fusion.py): act(W_gate x) *
+    """mul_mat_glu (the glu_product fusion group, codegen_cpu/fusion.py): act(W_gate x) *
     (W_up x) with both weights repacked, of one type and shape."""
     w_gate, w_up, x = node.src
     return (repack.is_repacked(w_gate) and repack.is_repacked(w_up) and w_gate.type == w_up.type

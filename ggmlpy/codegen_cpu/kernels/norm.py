@@ -39,7 +39,7 @@ def weighted_supported(node: Tensor) -> bool:
             and all(n == 1 for n in w.ne[1:]))
 
 
-# rms_norm_mul / norm_mul: the normalised row times a weight row, the rms_norm_mul fusion
+# rms_norm_mul / norm_mul: the normalised row times a weight row, the norm_mul fusion
 # group of the passes run as one kernel (same values as the two nodes: (x * scale) * w)
 @lowering("rms_norm", "norm", supports=_f32_rows)
 @lowering("rms_norm_mul", "norm_mul", supports=weighted_supported)

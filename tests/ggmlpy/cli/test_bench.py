@@ -115,6 +115,7 @@ def test_bench_attention_masks_and_result():
     assert (ba.mask_rows(4, 256, 100, "shared") == 0).sum(axis=1).tolist() == [100] * 4
 
     from ggmlpy.codegen_cpu.backend import CpuBackend
+    from ggmlpy.codegen_cpu.fusion import CPU_RULES
     from ggmlpy.passes.pipeline import run_pipeline
     from ggmlpy.sched.store import TensorStore
 
@@ -123,7 +124,7 @@ def test_bench_attention_masks_and_result():
         graph, caches = ba.build(2, 256)
     finally:
         ba.LAYERS = layers
-    opt = run_pipeline(graph, "cpu").graph
+    opt = run_pipeline(graph, "cpu", rules=CPU_RULES).graph
     split = CpuBackend(n_threads=2, worst_env={"n_tokens": 2, "n_kv": 256, "n_outputs": 2}).compile(opt, opt.nodes)
     rng = np.random.default_rng(3)
     q = rng.standard_normal((2, 9, 64)).astype(np.float32)

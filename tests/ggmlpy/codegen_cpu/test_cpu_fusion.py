@@ -1,7 +1,7 @@
 """Fusion groups the CPU backend runs as one kernel (codegen_cpu/fusion.py).
 
 - SmolLM2 with and without CPU fusion: bit-identical logits, and the fused ops really
-  replace the groups (fewer nodes, each rms_norm_mul / matmul_epilogue group one kernel);
+  replace the groups (fewer nodes, each norm_mul / residual_product group one kernel);
 - the fused kernels against the reference backend on small graphs (odd widths, decode and
   prefill token counts);
 - the buffer plan with only the CPU's groups fused passes the independent liveness check.
@@ -91,7 +91,8 @@ def _graph_epilogue(t, k, m, n):
 def _compare(graph, out, inputs):
     results = []
     for backend in (CpuBackend(n_threads=2), RefBackend()):
-        g = run_pipeline(graph, backend.name, env={"n_tokens": 512, "n_kv": 512, "n_outputs": 512}).graph
+        g = run_pipeline(graph, backend.name, env={"n_tokens": 512, "n_kv": 512, "n_outputs": 512},
+                         rules=backend.fusion_rules()).graph
         store = TensorStore({k: np.array(v, copy=True) for k, v in inputs.items()})
         compiled = backend.compile(g, g.nodes)
         compiled.run(store, {})
@@ -175,7 +176,7 @@ def test_attention_softmax_row_is_compiled_once():
     """The softmax row is one helper function the attention kernel calls from every row of
     every tile shape (not a copy inlined per row: that was three quarters of its IR)."""
     graph, _ = _graph_attention_scores(64, 3, 9, 37, 7)
-    optimised = run_pipeline(graph, "cpu").graph
+    optimised = run_pipeline(graph, "cpu", rules=fusion.CPU_RULES).graph
     builder = ProgramBuilder(optimised, optimised.nodes, {"n_tokens": 7, "n_kv": 37, "n_outputs": 7}, set())
     builder.plan_key()
     unit = next(u for u in builder.units() if u.name.endswith("_mul_mat_soft_max"))
@@ -390,7 +391,7 @@ def test_plan_with_the_cpu_groups_fused_has_no_overlap(smollm2_path):
     ctx = llama.Context(model, n_ctx=256, backend="ref")
     graph = ctx.build_graph(GraphParams("multi", False, ctx.n_ctx)).graph
     worst = {"n_tokens": 64, "n_kv": 256, "n_outputs": 64}
-    g = run_pipeline(graph, "cpu", env=worst).graph
+    g = run_pipeline(graph, "cpu", env=worst, rules=fusion.CPU_RULES).graph
     cpu = fusion.CpuFusion(g, g.nodes)
     assert cpu.group_keys
     plan = plan_buffers(g, worst, fused=cpu.runs_fused)

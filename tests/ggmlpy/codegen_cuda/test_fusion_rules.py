@@ -1,4 +1,4 @@
-"""The CUDA fusion rules (ggmlpy/passes/fusion_cuda.py) as the backend applies them to a split
+"""The CUDA fusion rules (ggmlpy/codegen_cuda/fusion_rules.py) as the backend applies them to a split
 (codegen_cuda/fusion.py): each pattern forms the group it should on a small graph, the
 knobs of LowerOptions choose the rules, a split's boundary keeps values others read out of
 group interiors, and the step order keeps every dependency with each group consecutive.
@@ -16,7 +16,7 @@ from ggmlpy.ir.ops import OPS, Kind
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.passes.common import deps, memory_order_edges
-from ggmlpy.passes.fusion_cuda import CudaFusionOptions, cuda_rules
+from ggmlpy.codegen_cuda.fusion_rules import CudaFusionOptions, cuda_rules
 
 from .cases import attention_graph, chain_graph, ffn_graph, qkv_graph
 
@@ -159,7 +159,7 @@ def test_cpu_and_cuda_splits_each_fuse_their_own_groups(tmp_path):
     own with the CUDA rules, and neither uses a node of the other's split."""
     from ggmlpy.codegen_cpu.fusion import CpuFusion
     from ggmlpy.passes.fusion import fusion_groups
-    from ggmlpy.passes.pipeline import context_passes, run_pipeline
+    from ggmlpy.passes.pipeline import context_passes, context_rules, run_pipeline
     from ggmlpy.sched.scheduler import schedule
     from ggmlpy.testing.models import write_tiny_llama
     from ggmlpy.viz.placement import place
@@ -169,7 +169,7 @@ def test_cpu_and_cuda_splits_each_fuse_their_own_groups(tmp_path):
     model = Model.load(write_tiny_llama(tmp_path / "tiny.gguf", n_layer=2))
     graph, _ = build_graph(model, 1, 256)
     placement, backends = place(model, ["cuda:0"], n_gpu_layers=2)
-    g = run_pipeline(graph, passes=context_passes(backends)).graph
+    g = run_pipeline(graph, passes=context_passes(backends), rules=context_rules(backends)).graph
     splits = schedule(g, backends, placement).splits
     kinds = {s.backend.name for s in splits}
     assert {"cpu", "cuda"} <= kinds, kinds

@@ -1,6 +1,6 @@
 """Launches per decode token of the real models with every layer on the device, on the
 dry-run driver (nothing runs; the plans are what a GPU would launch): fusion must not add
-any. Measured before the CUDA patterns became rules of passes/fusion_cuda.py: 151
+any. Measured before the CUDA patterns became fusion rules: 151
 (SmolLM2-135M, 5 per layer and the output product) and 254 (Gemma 3 270M). The same
 figure as `python bench/bench_cuda.py --model M --dry` reports (launches_per_token)."""
 from __future__ import annotations

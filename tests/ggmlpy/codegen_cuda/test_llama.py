@@ -193,7 +193,7 @@ def test_contexts_of_a_model_share_its_device_weights(device_backends, tmp_path)
 
 
 def test_fused_steps_match_a_launch_per_node(device, tmp_path, monkeypatch):
-    """The fusion rules (passes/fusion_cuda.py) change how the work is launched, not what is
+    """The fusion rules (codegen_cuda/fusion_rules.py) change how the work is launched, not what is
     computed: fused and unfused (fuse=False) logits agree to rounding (the fused kernels
     keep interior values in float32 registers; some unfused ones store them first)."""
     kind, driver = device

@@ -11,6 +11,7 @@ import pytest
 from ggmlpy.ir import N_KV, GGMLType, GraphBuilder
 from ggmlpy.passes.arena import Arena
 from ggmlpy.passes.buffers import PlanError, plan_buffers
+from ggmlpy.codegen_cpu.fusion import CPU_RULES
 from ggmlpy.passes.fusion import mark_fusion_groups
 from ggmlpy.passes.pipeline import run_pipeline
 from tests.ggmlpy.passes.helpers import (
@@ -132,7 +133,7 @@ def test_fused_interior_tensors_get_no_memory():
     b = GraphBuilder()
     x, w = start(b)
     normed = b.mul(b.rms_norm(b.mul_mat(w, x), 1e-5), b.weight("g", F32, (8,)))
-    g = mark_fusion_groups(b.build([b.mul_mat(w, normed)]))
+    g = mark_fusion_groups(b.build([b.mul_mat(w, normed)]), CPU_RULES)
     fused = plan_buffers(g, {})
     plain = plan_buffers(g, {}, fused=False)
     norm = normed.src[0]
@@ -174,7 +175,7 @@ def test_alignment_and_symbols():
 @pytest.mark.parametrize("seed", range(25))
 def test_random_graphs_never_overlap_and_run_in_one_arena(seed):
     g, data = random_graph(np.random.default_rng(seed), n_ops=24)
-    result = run_pipeline(g, "cpu", env={})
+    result = run_pipeline(g, "cpu", env={}, rules=CPU_RULES)
     plan = result.plan
     check_plan(result.graph, plan)
     assert plan.peak_bytes <= plan.arena_size <= plan.no_reuse_bytes
@@ -188,7 +189,7 @@ def test_random_graphs_never_overlap_and_run_in_one_arena(seed):
 def test_smollm2_plan_has_no_overlap_and_saves_memory(smollm2):
     g = smollm2.graph(512)
     worst = {"n_tokens": 512, "n_kv": 4096, "n_outputs": 512}
-    result = run_pipeline(g, "cpu", env=worst)
+    result = run_pipeline(g, "cpu", env=worst, rules=CPU_RULES)
     for plan, fused in ((result.plan, True), (plan_buffers(result.graph, worst, fused=False), False)):
         check_plan(result.graph, plan, fused=fused)
         assert plan.peak_bytes < plan.no_reuse_bytes / 10
@@ -198,7 +199,7 @@ def test_smollm2_plan_has_no_overlap_and_saves_memory(smollm2):
 
 
 def test_smollm2_runs_in_an_arena_planned_for_a_bigger_ubatch(smollm2):
-    result = run_pipeline(smollm2.graph(7), "cpu", env=llama_env(16, 64))
+    result = run_pipeline(smollm2.graph(7), "cpu", env=llama_env(16, 64), rules=CPU_RULES)
     env = llama_env(7, 32)
     want = [smollm2.logits(7)]
     data = llama_bindings(smollm2.model, smollm2.ctx, 7)

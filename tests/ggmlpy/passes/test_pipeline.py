@@ -7,6 +7,7 @@ import pytest
 
 from ggmlpy.ir import GGMLType, GraphBuilder
 from ggmlpy.passes.common import FUSION_HINT
+from ggmlpy.codegen_cpu.fusion import CPU_RULES
 from ggmlpy.passes.pipeline import PASSES, PIPELINES, pass_names, run_pipeline
 from tests.ggmlpy.passes.helpers import leaf_roles, llama_bindings, llama_env, run_graph, snapshot
 
@@ -28,7 +29,7 @@ def small_graph():
 def test_dump_after_a_pass_shows_the_graph_at_that_point():
     g = small_graph()
     seen: list[str] = []
-    result = run_pipeline(g, "cpu", dump_after="cse", dump=seen.append, env={})
+    result = run_pipeline(g, "cpu", dump_after="cse", dump=seen.append, env={}, rules=CPU_RULES)
     assert len(seen) == 1
     text = seen[0]
     assert text.startswith("# after cse (cpu pipeline)\n")
@@ -37,13 +38,13 @@ def test_dump_after_a_pass_shows_the_graph_at_that_point():
     assert [(s.nodes_before, s.nodes_after) for s in result.steps] == [(6, 6), (6, 5), (5, 3), (3, 3), (3, 3)]
 
     seen.clear()
-    run_pipeline(g, "cpu", dump_after="fusion", dump=seen.append, env={})
-    assert "fusion groups: 1" in seen[0] and "elementwise_chain" in seen[0]
+    run_pipeline(g, "cpu", dump_after="fusion", dump=seen.append, env={}, rules=CPU_RULES)
+    assert "fusion groups: 1" in seen[0] and "map_chain" in seen[0]
     seen.clear()
-    run_pipeline(g, "cpu", dump_after="buffers", dump=seen.append, env={})
+    run_pipeline(g, "cpu", dump_after="buffers", dump=seen.append, env={}, rules=CPU_RULES)
     assert "buffer plan" in seen[0] and "arena" in seen[0]
     seen.clear()
-    run_pipeline(g, "cpu", dump_after="views", dump=seen.append, render=lambda gr: f"{len(gr.nodes)} nodes\n")
+    run_pipeline(g, "cpu", dump_after="views", dump=seen.append, rules=CPU_RULES, render=lambda gr: f"{len(gr.nodes)} nodes\n")
     assert seen == ["# after views (cpu pipeline)\n3 nodes\n"]
 
 
@@ -69,7 +70,7 @@ def test_pipelines_keep_the_logits(model, n_tokens, request):
     env = llama_env(n_tokens)
     want = [setup.logits(n_tokens)]
     for backend in ("ref", "cpu"):
-        result = run_pipeline(g, backend, env=env)
+        result = run_pipeline(g, backend, env=env, rules=CPU_RULES)
         assert snapshot(g) == before and g.signature() == signature
         out = result.graph
         assert leaf_roles(out) == {n: f for n, f in roles.items() if n in leaf_roles(out)}
@@ -95,7 +96,7 @@ def test_the_k_shift_graph_writes_the_same_cache_after_every_pipeline(tiny_llama
     want = {k: v.copy() for k, v in caches.items()}
     run_graph(g, {**shift, **want}, {}, tiny_llama.backend)
     for backend in ("ref", "cpu"):
-        result = run_pipeline(g, backend, env={})
+        result = run_pipeline(g, backend, env={}, rules=CPU_RULES)
         assert sum(t.op == "cpy" for t in result.graph.nodes) == tiny_llama.model.hparams.n_layer
         got = {k: v.copy() for k, v in caches.items()}
         run_graph(result.graph, {**shift, **got}, {}, tiny_llama.backend)

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 
 import llama
+from ggmlpy.codegen_cpu.fusion import CPU_RULES
 from ggmlpy.ir.serial import dump_graph, load_graph
 from ggmlpy.ir.symbolic import SymExpr
 from ggmlpy.options import Options
@@ -23,15 +24,15 @@ CPU_PASSES = PIPELINES["cpu"]
 
 
 def _parts(graph, names):
-    return StoredPipeline.key_parts(graph.signature(), names)
+    return StoredPipeline.key_parts(graph.signature(), names, CPU_RULES)
 
 
 def test_a_stored_graph_is_the_computed_graph(tiny_llama, tmp_path):
     graph = tiny_llama.graph(5)
-    computed = run_pipeline(graph, passes=CPU_PASSES[:-1]).graph
-    first = StoredPipeline(tmp_path).optimise(graph, graph.signature(), CPU_PASSES)
+    computed = run_pipeline(graph, passes=CPU_PASSES[:-1], rules=CPU_RULES).graph
+    first = StoredPipeline(tmp_path).optimise(graph, graph.signature(), CPU_PASSES, CPU_RULES)
     second_store = StoredPipeline(tmp_path)
-    second = second_store.optimise(graph, graph.signature(), CPU_PASSES)
+    second = second_store.optimise(graph, graph.signature(), CPU_PASSES, CPU_RULES)
     assert (second_store.disk.hits, second_store.disk.misses) == (1, 0)
     assert computed.signature() == first.signature() == second.signature()
     # fresh ids: none is shared with a tensor this process made before
@@ -48,9 +49,9 @@ def test_a_stored_graph_is_the_computed_graph(tiny_llama, tmp_path):
 def test_key_names_signature_and_passes(tiny_llama, tmp_path):
     store = StoredPipeline(tmp_path)
     one, many = tiny_llama.graph(1), tiny_llama.graph(5)
-    store.optimise(one, one.signature(), CPU_PASSES)
-    store.optimise(many, many.signature(), CPU_PASSES)
-    store.optimise(many, many.signature(), ("dce", "cse"))
+    store.optimise(one, one.signature(), CPU_PASSES, CPU_RULES)
+    store.optimise(many, many.signature(), CPU_PASSES, CPU_RULES)
+    store.optimise(many, many.signature(), ("dce", "cse"), CPU_RULES)
     store.optimise(many, many.signature(), ("dce", "cse", "buffers"))   # buffers are not stored
     assert (store.disk.misses, store.disk.hits) == (3, 1)
     assert len(list(tmp_path.glob("*.pickle"))) == 3
@@ -61,23 +62,23 @@ def test_an_entry_that_does_not_load_is_removed_and_recomputed(tiny_llama, tmp_p
     store = StoredPipeline(tmp_path)
     names = CPU_PASSES[:-1]
     store.disk.put(_parts(graph, names), pickle.dumps(5), ".pickle")   # checksummed, not a graph
-    out = store.optimise(graph, graph.signature(), CPU_PASSES)
+    out = store.optimise(graph, graph.signature(), CPU_PASSES, CPU_RULES)
     assert (store.disk.hits, store.disk.misses, store.disk.discards) == (0, 1, 1)
-    assert out.signature() == run_pipeline(graph, passes=names).graph.signature()
+    assert out.signature() == run_pipeline(graph, passes=names, rules=CPU_RULES).graph.signature()
     again = StoredPipeline(tmp_path)
-    assert again.optimise(graph, graph.signature(), CPU_PASSES).signature() == out.signature()
+    assert again.optimise(graph, graph.signature(), CPU_PASSES, CPU_RULES).signature() == out.signature()
     assert again.disk.hits == 1   # the recomputed graph was stored in its place
 
 
 def test_a_graph_breaking_an_invariant_is_not_used(tiny_llama, tmp_path):
     graph = tiny_llama.graph(5)
     names = CPU_PASSES[:-1]
-    optimised = run_pipeline(graph, passes=names).graph
+    optimised = run_pipeline(graph, passes=names, rules=CPU_RULES).graph
     broken, _ = load_graph(dump_graph(optimised))
     broken.tensors.reverse()   # every user now before its sources
     store = StoredPipeline(tmp_path)
     store.disk.put(_parts(graph, names), dump_graph(broken), ".pickle")
-    out = store.optimise(graph, graph.signature(), CPU_PASSES)
+    out = store.optimise(graph, graph.signature(), CPU_PASSES, CPU_RULES)
     assert store.disk.discards == 1 and out.signature() == optimised.signature()
 
 

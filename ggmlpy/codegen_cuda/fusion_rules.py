@@ -1,7 +1,9 @@
 """The CUDA backend's fusion rules: which nodes of a split one CUDA kernel computes.
 
 These are rules of the fusion engine (passes/fusion.py: candidates, `group_nodes`), in
-priority order (a node joins at most one group, earlier rules win):
+priority order (a node joins at most one group, earlier rules win), built on the named
+patterns of passes/patterns.py (group kinds: FUSED_KINDS) with this backend's kernel
+predicates:
 
   attention         mul_mat(K, Q) -> soft_max -> mul_mat(V, .) [-> permute -> cont]; with
                     `fuse_oproj`, also add(mul_mat(wo, cont), residual) for one token
@@ -22,7 +24,10 @@ with its extensions first and the bare product after it, so the engine falls bac
 bare one when the whole would not run as one step.
 
 The conditions that depend on the CUDA kernels (the matrix-vector kernel's eligibility,
-dq8 weight types, head sizes) are the kernels' own predicates, imported from codegen_cuda.
+dq8 weight types, head sizes) are the kernels' own predicates. The attention, product and
+norm rules match their named patterns (ATTENTION, GLU_PRODUCT, RESIDUAL_PRODUCT, NORM_MUL);
+what a tree of sources cannot say (products sharing x, a product's epilogues, a rope's cache
+store and its partner) the rules find with the engine's MatchContext around them.
 
 Attention is a rule here, not an op the model builds (llama.cpp chooses its fused flash
 attention, GGML_OP_FLASH_ATTN_EXT, at graph-build time): the graph keeps the plain chain
@@ -37,7 +42,7 @@ the write-order edges and the cycle check decide that).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Iterator, Literal
 
@@ -49,13 +54,14 @@ from ggmlpy.ir.ops.common import can_repeat
 from ggmlpy.ir.symbolic import SymExpr
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import GGMLType
-from ggmlpy.passes.fusion import Candidate, ChainRule, FusionRule, MatchContext, Rule
-from ggmlpy.passes.rewrite import Bindings, Pat
+from ggmlpy.passes.fusion import Candidate, MatchContext, Rule
+from ggmlpy.passes.patterns import (
+    ATTENTION, FUSED_KINDS, GLU_PRODUCT, MAP_CHAIN, NORM_MUL, NORMS, RESIDUAL_PRODUCT,
+)
+from ggmlpy.passes.rewrite import Bindings, match, matches
 
 MAX_GROUP = 3  # products sharing x in one matrix-vector launch
 SINGLE_TOKEN_SYMBOLS = {"n_tokens": 1, "n_outputs": 1}
-NORMS = ("rms_norm", "norm")
-GLUS = ("swiglu", "geglu")
 
 
 @dataclass(frozen=True)
@@ -92,30 +98,12 @@ def vector_only(mm: Tensor, ctx: MatchContext, opts: CudaFusionOptions) -> bool:
 
 # attention ------------------------------------------------------------------------------------
 def match_attention(kqv: Tensor, ctx: MatchContext) -> list[Tensor] | None:
-    """[kq, sm, kqv] (+ [perm, cont]) when `kqv` ends an attention chain the kernel handles
-    (lower_attention.py: f16/f32 K and V views, heads sharing K/V heads, head sizes)."""
-    if kqv.op != "mul_mat":
+    """[kq, sm, kqv] (+ [perm, cont]) when `kqv` ends an attention chain (the ATTENTION
+    pattern) the kernel handles (attention_supported)."""
+    b = match(ATTENTION.roots[0], kqv)
+    if b is None or not attention_supported(b, ctx):
         return None
-    v, sm = kqv.src
-    if sm.op != "soft_max" or ctx.only_consumer(sm) is not kqv:
-        return None
-    kq = sm.src[0]
-    if kq.op != "mul_mat" or ctx.only_consumer(kq) is not sm:
-        return None
-    k, q = kq.src
-    float_kv = (GGMLType.F32, GGMLType.F16)
-    if k.type not in float_kv or v.type not in float_kv or q.type != GGMLType.F32:
-        return None
-    if any(t.ne[3] != 1 for t in (k, q, v, kq)):
-        return None
-    hk, hv = static_int(q.ne[0]), static_int(v.ne[1])
-    n_head, k_heads, v_heads = static_int(q.ne[2]), static_int(k.ne[2]), static_int(v.ne[2])
-    if hk is None or hv is None or n_head is None or k_heads is None or v_heads is None:
-        return None
-    if hv > 32 * MAX_DPL or hk > 1024 or n_head % k_heads or n_head % v_heads or sm.ne[2] != q.ne[2]:
-        return None
-    if len(sm.src) > 1 and (sm.src[1].type not in float_kv or sm.src[1].ne[3] != 1):
-        return None
+    kq, sm = b["kq"], b["sm"]
     out = [kq, sm, kqv]
     perm = ctx.only_consumer(kqv)
     if perm is not None and perm.op == "permute":
@@ -125,16 +113,40 @@ def match_attention(kqv: Tensor, ctx: MatchContext) -> list[Tensor] | None:
     return out
 
 
+def attention_supported(b: Bindings, ctx: MatchContext) -> bool:
+    """lower_attention.py's conditions: the softmax and the scores read only by the next
+    step, f16/f32 K and V views, heads sharing K/V heads, head sizes."""
+    kq, sm, kqv, k, q, v = (b[n] for n in ("kq", "sm", "kqv", "k", "q", "v"))
+    if ctx.only_consumer(sm) is not kqv or ctx.only_consumer(kq) is not sm:
+        return False
+    float_kv = (GGMLType.F32, GGMLType.F16)
+    if k.type not in float_kv or v.type not in float_kv or q.type != GGMLType.F32:
+        return False
+    if any(t.ne[3] != 1 for t in (k, q, v, kq)):
+        return False
+    hk, hv = static_int(q.ne[0]), static_int(v.ne[1])
+    n_head, k_heads, v_heads = static_int(q.ne[2]), static_int(k.ne[2]), static_int(v.ne[2])
+    if hk is None or hv is None or n_head is None or k_heads is None or v_heads is None:
+        return False
+    if hv > 32 * MAX_DPL or hk > 1024 or n_head % k_heads or n_head % v_heads or sm.ne[2] != q.ne[2]:
+        return False
+    return not (len(sm.src) > 1 and (sm.src[1].type not in float_kv or sm.src[1].ne[3] != 1))
+
+
 def residual_of(add: Tensor, ctx: MatchContext) -> tuple[Tensor, Tensor] | None:
-    """(mm, residual) when add = mm + residual (either order, the first that fits) can be
-    the product's epilogue: mm read by nothing else, residual f32 of mm's shape."""
-    if add.op != "add":
-        return None
-    for mm, other in ((add.src[0], add.src[1]), (add.src[1], add.src[0])):
-        if mm.op == "mul_mat" and other is not mm and ctx.free(mm) and ctx.only_consumer(mm) is add \
-                and same_shape(mm, other) and other.type == GGMLType.F32:
-            return mm, other
+    """(mm, residual) when add = mm + residual (RESIDUAL_PRODUCT, either order, the first
+    that fits) can be the product's epilogue (residual_supported)."""
+    for b in matches(RESIDUAL_PRODUCT.roots[0], add):
+        if residual_supported(b, ctx):
+            return b["mm"], b["residual"]
     return None
+
+
+def residual_supported(b: Bindings, ctx: MatchContext) -> bool:
+    """mm read by nothing but the add, the residual f32 of mm's shape."""
+    mm, other, add = b["mm"], b["residual"], b["add"]
+    return other is not mm and ctx.free(mm) and ctx.only_consumer(mm) is add \
+        and same_shape(mm, other) and other.type == GGMLType.F32
 
 
 def out_projection(attention: list[Tensor], ctx: MatchContext) -> list[Tensor] | None:
@@ -170,10 +182,10 @@ class AttentionRule:
     """The attention chain as one kernel (lower_attention.py), with the output projection
     and residual add when `oproj` (and the kernel can: out_projection)."""
 
-    name: str = "attention"
+    name: str = ATTENTION.name
     oproj: bool = False
     views_and_writes: bool = True
-    doc: str = "softmax(K.Q) V per (token, head), written in the final cont's layout"
+    doc: str = ATTENTION.doc
 
     def candidates(self, ctx: MatchContext) -> Iterator[Candidate]:
         for node in ctx.tensors:
@@ -294,6 +306,16 @@ def rope_epilogues(mats: list[Tensor], skip: int, ctx: MatchContext) -> list[lis
     return found
 
 
+def glu_supported(b: Bindings, ctx: MatchContext) -> bool:
+    """Two distinct products read by nothing but the glu, with weights of one type and
+    layout (the kernel walks both with one plan)."""
+    gate, up, glu = b["gate"], b["up"], b["glu"]
+    if gate is up or not ctx.free(gate, up) or any(ctx.only_consumer(t) is not glu for t in (gate, up)):
+        return False
+    ga, ua = gate.src[0], up.src[0]
+    return ga.type == ua.type and tuple(ga.ne) == tuple(ua.ne) and tuple(ga.nb) == tuple(ua.nb)
+
+
 @dataclass(frozen=True)
 class ProductRule:
     """Products in one launch (lower_matmul.MatMulStep): `form` says which (glu, residual,
@@ -325,18 +347,9 @@ class ProductRule:
         """(products, [glu or add], on the matrix-vector kernel) in graph order."""
         if self.form == "glu":
             for node in ctx.tensors:
-                if node.op not in GLUS or not ctx.free(node):
-                    continue
-                gate, up = node.src
-                if gate.op != "mul_mat" or up.op != "mul_mat" or gate is up or not ctx.free(gate, up):
-                    continue
-                if gate.src[1] is not up.src[1] or any(ctx.only_consumer(t) is not node for t in (gate, up)):
-                    continue
-                ga, ua = gate.src[0], up.src[0]
-                if ga.type != ua.type or tuple(ga.ne) != tuple(ua.ne) or tuple(ga.nb) != tuple(ua.nb):
-                    continue
-                if vector_only(gate, ctx, self.opts):
-                    yield [gate, up], [node], True
+                b = match(GLU_PRODUCT.roots[0], node) if ctx.free(node) else None
+                if b is not None and glu_supported(b, ctx) and vector_only(b["gate"], ctx, self.opts):
+                    yield [b["gate"], b["up"]], [node], True
         elif self.form == "residual":
             for node in ctx.tensors:
                 found = residual_of(node, ctx) if ctx.free(node) else None
@@ -382,7 +395,7 @@ class RopeRule:
 
     name: str = "rope"
     views_and_writes: bool = True
-    doc: str = "rope(q, pos), rope(k, pos) -> set_rows(k cache): one launch"
+    doc: str = FUSED_KINDS["rope"].computes
 
     def candidates(self, ctx: MatchContext) -> Iterator[Candidate]:
         parts = [[node] + (rope_store(node, ctx) or []) for node in ctx.tensors
@@ -408,7 +421,7 @@ class RopeRule:
                     yield part, [part[-1]]
 
 
-def _norm_weight(b: Bindings) -> bool:
+def _norm_weight(b: Bindings, ctx: MatchContext) -> bool:
     norm, w = b["norm"], b["weight"]
     return norm is not w and can_repeat(w.ne, norm.ne) and w.type == GGMLType.F32
 
@@ -422,12 +435,10 @@ def cuda_rules(opts: CudaFusionOptions = CudaFusionOptions()) -> tuple[Rule, ...
     """The rule set the CUDA backend marks its splits with, for these knobs."""
     return (
         AttentionRule(oproj=opts.fuse_oproj),
-        ProductRule("glu_product", "glu", opts, doc="act(x @ W_gate) * (x @ W_up): one launch"),
-        ProductRule("residual_product", "residual", opts, doc="W x + residual: the add in the epilogue"),
-        ProductRule("shared_x_product", "shared_x", opts, doc="Q, K, V: products of one x in one launch"),
+        ProductRule("glu_product", "glu", opts, doc=GLU_PRODUCT.doc),
+        ProductRule("residual_product", "residual", opts, doc=RESIDUAL_PRODUCT.doc),
+        ProductRule("shared_x_product", "shared_x", opts, doc=FUSED_KINDS["shared_x_product"].computes),
         RopeRule(),
-        FusionRule("norm_mul", (Pat("mul", name="mul", src=(Pat(NORMS, name="norm"), Pat(name="weight"))),),
-                   ("norm", "mul"), check=_norm_weight, doc="normalise rows and scale them by a weight"),
-        ChainRule("map_chain", ops=MAP_OPS, exclude=(), link=_f32_link,
-                  doc="map ops each read only by the next, float32 in between: one kernel"),
+        NORM_MUL.where(_norm_weight),
+        replace(MAP_CHAIN, ops=MAP_OPS, exclude=(), link=_f32_link),
     )
