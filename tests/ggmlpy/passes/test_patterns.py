@@ -19,7 +19,7 @@ from ggmlpy.passes.patterns import FUSED_KINDS, NORM_MUL, fused_op_kinds
 from ggmlpy.passes.pipeline import context_rules, run_pipeline
 from ggmlpy.sched.ref_backend import RefBackend
 
-PASSES_DIR = Path(__file__).resolve().parents[2] / "ggmlpy" / "passes"
+PASSES_DIR = Path(__file__).resolve().parents[3] / "ggmlpy" / "passes"
 
 
 def test_every_rule_and_step_names_a_fused_kind():
