@@ -10,7 +10,7 @@ import json
 import pytest
 
 import llama.model
-import ggmlpy.sched.placement as placement
+import llama.placement as placement
 from ggmlpy.bench import run_bench
 from ggmlpy.codegen_cuda.backend import CudaBackend
 from ggmlpy.codegen_cuda.driver import DryRunDriver
