@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from api_measure import CHAT, FOLLOW_UP, measure, timed_chat  # noqa: E402
 
-from ggmlpy.bench import run_bench  # noqa: E402
+from ggmlpy.cli.bench_run import run_bench  # noqa: E402
 from ggmlpy.hub import resolve_model  # noqa: E402
 from llama import Llama  # noqa: E402
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import llama  # noqa: E402
 import llama.model  # noqa: E402
-import ggmlpy.sched.placement as placement  # noqa: E402
+import llama.placement as placement  # noqa: E402
 from ggmlpy.hub import resolve_model  # noqa: E402
 from ggmlpy.ir.types import GGMLType  # noqa: E402
 

@@ -2,6 +2,6 @@
 
 Usage: python bench/bench_llama.py [-m MODEL] [-t THREADS] [--backend NAME]
 """
-from ggmlpy.bench import main
+from ggmlpy.cli.bench_run import main
 
 raise SystemExit(main())

@@ -19,7 +19,7 @@ import numpy as np
 
 from ggmlpy.gguf import GGUFFile
 from ggmlpy.hub import resolve_model
-from ggmlpy.sched.placement import Placement, make_device_backend, parse_devices
+from llama.placement import Placement, make_device_backend, parse_devices
 from llama.adapter import LoraAdapter, load_lora
 from llama.arch import Architecture, get_arch
 from ggmlpy.quants.validate import can_validate, validate_tensor

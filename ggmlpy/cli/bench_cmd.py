@@ -1,4 +1,4 @@
-"""`ggmlpy bench`: pp512 / tg128 tokens per second, start-up times, memory (see ggmlpy.bench)."""
+"""`ggmlpy bench`: pp512 / tg128 tokens per second, start-up times, memory (see ggmlpy.cli.bench_run)."""
 from __future__ import annotations
 
 import argparse
@@ -35,7 +35,7 @@ def _counts(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ggmlpy.bench import run_bench
+    from ggmlpy.cli.bench_run import run_bench
 
     if args.threads < 1 or args.reps < 1 or args.n_prompt < 1 or args.n_gen < 1:
         raise ValueError("threads, reps, n-prompt and n-gen must be positive")

@@ -107,7 +107,7 @@ RAY_FLAGS = ("replicas", "autoscaling_min", "autoscaling_max", "autoscaling_conf
 
 
 def ray_options_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The `--ray` settings for ggmlpy.distributed.serve_run.main, or None without --ray."""
+    """The `--ray` settings for llama.server.ray_serve.run.main, or None without --ray."""
     if not args.ray:
         given = [f"--{name.replace('_', '-')}" for name in RAY_FLAGS if getattr(args, name) is not None]
         if given:
@@ -194,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_ray(args: argparse.Namespace) -> int:
     config, options = config_from_args(args), ray_options_from_args(args)
-    from ggmlpy.distributed import serve_run  # imports no Ray
+    from llama.server.ray_serve import run as serve_run  # imports no Ray
     if options["address"] is None:
         serve_run.keep_ray_on_loopback()  # read when Ray is imported: before the import
     try:

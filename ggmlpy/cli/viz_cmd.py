@@ -105,23 +105,23 @@ def _title(model_name: str, n_tokens: int, n_ctx: int, where: dict[str, Any]) ->
 
 def _static(args: argparse.Namespace, n_tokens: int):
     """The snapshot of the graph as built and scheduled, nothing run."""
-    from ggmlpy.viz.placement import place
-    from ggmlpy.viz.snapshot import build_graph, take_snapshot
+    from ggmlpy.cli.viz_model import build_graph, place
+    from ggmlpy.viz.snapshot import take_snapshot
     from llama.model import Model
 
     model = Model.load(args.model)
     where = placement_kwargs(args)
     graph, n_ctx = build_graph(model, n_tokens, args.n_ctx)
     placement, backends = place(model, **where)
-    return take_snapshot(model, graph, n_tokens, n_ctx, backends, placement, code=not args.no_code,
+    return take_snapshot(model.path.name, graph, n_tokens, n_ctx, backends, placement, code=not args.no_code,
                          title=_title(model.path.name, n_tokens, n_ctx, where))
 
 
 def _profiled(args: argparse.Namespace, n_tokens: int):
     """The snapshot of a Context's own graph after a profiled run: the context's backends are
     made with profiling on (backend_options), the rest of the environment's settings kept."""
+    from ggmlpy.cli.viz_model import profile_context
     from ggmlpy.options import Options
-    from ggmlpy.viz.profile import profile_context
     from ggmlpy.viz.snapshot import take_snapshot
     from llama.context import Context
     from llama.model import Model
@@ -133,7 +133,7 @@ def _profiled(args: argparse.Namespace, n_tokens: int):
     if n_tokens > 1 and n_tokens != ctx.n_ubatch:
         raise ValueError(f"--ubatch {n_tokens} exceeds the context size {ctx.n_ctx}")
     graph, prof = profile_context(ctx, n_tokens, args.steps)
-    snap = take_snapshot(model, graph, n_tokens, ctx.n_ctx, ctx.backends,
+    snap = take_snapshot(model.path.name, graph, n_tokens, ctx.n_ctx, ctx.backends,
                          model.placement, code=not args.no_code,
                          title=_title(model.path.name, n_tokens, ctx.n_ctx, where) + ", profiled")
     if snap.graph.signature() != prof.signature:

@@ -54,7 +54,7 @@ class SchedulerError(RuntimeError):
 
 
 class LeafPlacement(Protocol):
-    """Where weights and KV cache layers live (ggmlpy.sched.placement.Placement is one)."""
+    """Where weights and KV cache layers live (llama.placement.Placement is one)."""
 
     def device_for(self, leaf: Tensor, user: Tensor | None) -> str | None:
         """The device (a backend buffer type) holding `leaf` as `user` reads it; None: not placed."""

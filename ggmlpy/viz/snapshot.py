@@ -3,18 +3,19 @@
 The steps are a Context's (llama/context.py `_compile`): the graph as the model file builds
 it, the primary backend's pass pipeline (replayed pass by pass, stages.py), the scheduler over
 the optimised graph (assignment with causes, splits, copies), the buffer plan, and each
-split's generated code (kernels.py). Nothing is compiled or run.
+split's generated code (kernels.py). Nothing is compiled or run. The graph, the backends and
+the placement are handed in (ggmlpy/cli/viz_model.py builds them from a model).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ggmlpy.ir.graph import Graph
 from ggmlpy.passes.buffers import BufferPlan, plan_buffers
 from ggmlpy.passes.pipeline import context_passes, context_rules, pipeline_name
 from ggmlpy.sched.backend import Backend
-from ggmlpy.sched.scheduler import Schedule, schedule
+from ggmlpy.sched.scheduler import LeafPlacement, Schedule, schedule
 from ggmlpy.viz.kernels import KernelMap, generate_kernels
 from ggmlpy.viz.layers import tensor_layers
 from ggmlpy.viz.lifetimes import Lifetimes, lifetimes
@@ -22,7 +23,6 @@ from ggmlpy.viz.stages import Stage, replay_pipeline
 
 if TYPE_CHECKING:
     from ggmlpy.viz.profile import Profile
-    from llama.model import Model
 
 
 @dataclass
@@ -58,11 +58,12 @@ def worst_env(n_tokens: int, n_ctx: int) -> dict[str, int]:
     return {"n_tokens": n_tokens, "n_kv": n_ctx, "n_outputs": n_tokens, "n_kv_swa": n_ctx}
 
 
-def take_snapshot(model: "Model", graph: Graph, n_tokens: int, n_ctx: int, backends: list[Backend],
-                  placement: Any, code: bool = True, title: str = "") -> Snapshot:
-    """The snapshot of `graph` (one ubatch of n_tokens) scheduled over `backends` (priority
-    order) with `placement` (where weights and KV cache layers live). `code=False` skips the
-    generated code (it is most of the time and size for a large model)."""
+def take_snapshot(model_name: str, graph: Graph, n_tokens: int, n_ctx: int, backends: list[Backend],
+                  placement: LeafPlacement | None, code: bool = True, title: str = "") -> Snapshot:
+    """The snapshot of `graph` (one ubatch of n_tokens of the model file `model_name`)
+    scheduled over `backends` (priority order) with `placement` (where weights and KV cache
+    layers live). `code=False` skips the generated code (it is most of the time and size for
+    a large model)."""
     env = worst_env(n_tokens, n_ctx)
     pipeline = pipeline_of(backends)
     stages = replay_pipeline(graph, context_passes(backends), env, context_rules(backends))
@@ -79,13 +80,6 @@ def take_snapshot(model: "Model", graph: Graph, n_tokens: int, n_ctx: int, backe
     for st in stages:
         for tid, layer in tensor_layers(st.graph).items():
             layers.setdefault(tid, layer)
-    return Snapshot(title or model.path.name, model.path.name, n_tokens, n_ctx, env, pipeline, stages,
+    return Snapshot(title or model_name, model_name, n_tokens, n_ctx, env, pipeline, stages,
                     sched, plan, lifetimes(final, plan), kernels, layers, notes=notes)
 
-
-def build_graph(model: "Model", n_tokens: int, n_ctx: int) -> tuple[Graph, int]:
-    """The graph decode builds for a ubatch of n_tokens (as `ggmlpy graph`), and n_ctx as
-    the Context rounds it."""
-    from ggmlpy.cli.graph_cmd import build_ubatch_graph
-
-    return build_ubatch_graph(model, n_tokens, n_ctx)

@@ -52,7 +52,7 @@ def create_app(config: ServerConfig, *, load_in_background: bool = True) -> Fast
 def install_guards(app: FastAPI, config: ServerConfig) -> None:
     """The middleware and error handlers every front of the server shares: API keys, the
     body limit, CORS, errors in OpenAI's shape. `create_app` installs them, and so does
-    the Ray Serve ingress (ggmlpy.distributed.serve_app), so both answer alike."""
+    the Ray Serve ingress (llama.server.ray_serve.app), so both answer alike."""
     app.add_middleware(Guard, config=config)
 
     if config.cors_origins:

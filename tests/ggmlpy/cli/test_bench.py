@@ -1,4 +1,4 @@
-"""`ggmlpy.bench.run_bench` with an offload device: the JSON stays strict (no NaN where a
+"""`ggmlpy.cli.bench_run.run_bench` with an offload device: the JSON stays strict (no NaN where a
 backend does not time its native code) and reports the device backend's graph statistics.
 The CUDA backend runs on the dry-run driver (compiles nothing, launches nothing), so this
 checks the bookkeeping of a CUDA generation without a GPU: one captured graph for every
@@ -10,8 +10,8 @@ import json
 import pytest
 
 import llama.model
-import ggmlpy.sched.placement as placement
-from ggmlpy.bench import run_bench
+import llama.placement as placement
+from ggmlpy.cli.bench_run import run_bench
 from ggmlpy.codegen_cuda.backend import CudaBackend
 from ggmlpy.codegen_cuda.driver import DryRunDriver
 from ggmlpy.options import Options

@@ -162,8 +162,7 @@ def test_cpu_and_cuda_splits_each_fuse_their_own_groups(tmp_path):
     from ggmlpy.passes.pipeline import context_passes, context_rules, run_pipeline
     from ggmlpy.sched.scheduler import schedule
     from ggmlpy.testing.models import write_tiny_llama
-    from ggmlpy.viz.placement import place
-    from ggmlpy.viz.snapshot import build_graph
+    from ggmlpy.cli.viz_model import build_graph, place
     from llama.model import Model
 
     model = Model.load(write_tiny_llama(tmp_path / "tiny.gguf", n_layer=2))

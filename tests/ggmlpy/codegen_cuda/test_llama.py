@@ -11,7 +11,7 @@ import pytest
 
 import llama
 import llama.model
-import ggmlpy.sched.placement as placement
+import llama.placement as placement
 from ggmlpy.codegen_cuda.backend import CudaBackend
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.options import Options

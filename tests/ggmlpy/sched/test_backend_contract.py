@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import llama
-from ggmlpy.bench import device_stats
+from ggmlpy.cli.bench_run import device_stats
 from ggmlpy.options import Options
 from ggmlpy.passes.pipeline import PIPELINES, context_passes
 from ggmlpy.sched.backend import REFERENCE_PIPELINE, Backend

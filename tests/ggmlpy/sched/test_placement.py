@@ -6,7 +6,7 @@ import pytest
 
 from ggmlpy.ir.builder import GraphBuilder
 from ggmlpy.ir.types import GGMLType
-from ggmlpy.sched.placement import (
+from llama.placement import (
     HOST, Placement, PlacementError, layer_devices, layer_of, make_device_backend, parse_devices,
     parse_overrides, split_points,
 )

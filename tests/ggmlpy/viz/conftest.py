@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from ggmlpy.cli.viz_model import build_graph, place
 from ggmlpy.viz.data import page_data
-from ggmlpy.viz.placement import place
-from ggmlpy.viz.snapshot import Snapshot, build_graph, take_snapshot
+from ggmlpy.viz.snapshot import Snapshot, take_snapshot
 from llama.model import Model
 
 N_TOKENS = 512
@@ -20,7 +20,7 @@ def snapshot_of(model: Model, devices: list[str] | None, n_gpu_layers: int, code
                 n_tokens: int = N_TOKENS) -> Snapshot:
     graph, n_ctx = build_graph(model, n_tokens, N_CTX)
     placement, backends = place(model, devices, n_gpu_layers)
-    return take_snapshot(model, graph, n_tokens, n_ctx, backends, placement, code=code)
+    return take_snapshot(model.path.name, graph, n_tokens, n_ctx, backends, placement, code=code)
 
 
 @pytest.fixture(scope="session")

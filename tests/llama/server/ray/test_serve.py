@@ -10,7 +10,7 @@ import time
 import pytest
 
 # read when Ray is imported: a cluster started here has 127.0.0.1 as its address, and
-# every Ray server then listens on loopback only (ggmlpy/distributed/serve_run.py)
+# every Ray server then listens on loopback only (llama/server/ray_serve/run.py)
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 ray = pytest.importorskip("ray", reason="Ray Serve tests need the extra: pip install 'ggmlpy[ray]'")
 serve = pytest.importorskip("ray.serve", reason="Ray Serve tests need the extra: "
@@ -19,7 +19,7 @@ serve = pytest.importorskip("ray.serve", reason="Ray Serve tests need the extra:
 import httpx  # noqa: E402
 import openai  # noqa: E402
 
-from ggmlpy.distributed.serve_app import ENGINE, build_app  # noqa: E402
+from llama.server.ray_serve.app import ENGINE, build_app  # noqa: E402
 from llama.server import ServerConfig  # noqa: E402
 from tests.llama.server.conftest import RunningServer, free_port  # noqa: E402
 
@@ -244,7 +244,7 @@ def _serving_again(oai: openai.OpenAI, within_s: float = 60) -> list[str]:
 
 
 def test_merged_metrics_sum_counters_and_recompute_rates():
-    from ggmlpy.distributed.serve_metrics import merge_metrics
+    from llama.server.ray_serve.metrics import merge_metrics
 
     def text(tokens: float, seconds: float, usage: float) -> str:
         return ("# TYPE llamacpp:tokens_predicted counter\n"
@@ -265,9 +265,9 @@ def test_merged_metrics_sum_counters_and_recompute_rates():
 
 
 def test_serve_run_arguments_are_read_as_their_fields_types():
-    """`serve run ggmlpy.distributed.serve_app:app_builder key=value ...`: every value
+    """`serve run llama.server.ray_serve.app:app_builder key=value ...`: every value
     arrives as a string; each becomes its ServerConfig field's type."""
-    from ggmlpy.distributed.serve_app import config_from_strings
+    from llama.server.ray_serve.app import config_from_strings
 
     cfg = config_from_strings({"model": "m.gguf", "parallel": "2", "temp": "0.5", "metrics": "true",
                                "devices": "cpu:1", "n_gpu_layers": "99", "tensor_split": "3,1",

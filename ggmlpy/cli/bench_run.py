@@ -1,4 +1,6 @@
 """Benchmarks in llama-bench's conventions, printed as JSON by `ggmlpy bench` and bench/.
+They run the runtime (llama.Model, llama.Context), so they live with the command line,
+which stands above both the compiler library and the runtime.
 
 pp512: one 512-token prompt decoded as one batch (tokens/s); tg128: 128 tokens decoded one
 at a time after a one-token start. Each is the median of several runs after a warm-up. Cold

@@ -1,6 +1,6 @@
 """The ingress: one HTTP front for every engine replica (Ray Serve).
 
-Every request but four is relayed whole to an engine replica (serve_engine.py), whose
+Every request but four is relayed whole to an engine replica (engine.py), whose
 app is `ggmlpy serve`'s own: same endpoints, validation, errors and SSE chunks. The
 ingress adds the guards `ggmlpy serve` has (API keys, body limit, CORS: the same
 `install_guards`) and answers what spans the replicas:
@@ -31,7 +31,7 @@ from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.responses import Response, StreamingResponse
 
-from ggmlpy.distributed.serve_metrics import merge_metrics
+from llama.server.ray_serve.metrics import merge_metrics
 from llama.server.app import install_guards
 from llama.server.config import ServerConfig
 from llama.server.errors import APIError, bad_request

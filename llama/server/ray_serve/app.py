@@ -2,13 +2,13 @@
 
     from ray import serve
     from llama.server import ServerConfig
-    from ggmlpy.distributed.serve_app import build_app
+    from llama.server.ray_serve.app import build_app
 
     serve.start(http_options={"host": "127.0.0.1", "port": 8000})
     serve.run(build_app(ServerConfig(model="smollm2-135m", parallel=4), num_replicas=2),
               name="ggmlpy", route_prefix="/")
 
-or `serve run ggmlpy.distributed.serve_app:app_builder model=smollm2-135m replicas=2`,
+or `serve run llama.server.ray_serve.app:app_builder model=smollm2-135m replicas=2`,
 or `ggmlpy serve --ray --replicas 2 -m smollm2-135m`. Two deployments: `GgmlpyIngress`
 (one replica, no CPU reserved: it only relays) and `GgmlpyEngine` (each replica a whole
 `ggmlpy serve`: model, scheduler, `parallel` slots), routed by prefix affinity.
@@ -25,9 +25,9 @@ from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
-from ggmlpy.distributed.serve_engine import EngineReplica
-from ggmlpy.distributed.serve_ingress import create_ingress_app
-from ggmlpy.distributed.serve_router import PrefixAffinityRouter
+from llama.server.ray_serve.engine import EngineReplica
+from llama.server.ray_serve.ingress import create_ingress_app
+from llama.server.ray_serve.router import PrefixAffinityRouter
 from llama.server.config import ServerConfig
 
 ENGINE, INGRESS = "GgmlpyEngine", "GgmlpyIngress"
@@ -42,7 +42,7 @@ QUIET = {"enable_access_log": False}  # a log line per request and per internal 
 
 @serve.ingress()
 class Ingress:
-    """The HTTP front (serve_ingress.py); its FastAPI app is built on the replica."""
+    """The HTTP front (ingress.py); its FastAPI app is built on the replica."""
 
     def __init__(self, engine: DeploymentHandle, config: ServerConfig):
         self.engine, self.config = engine, config
@@ -93,7 +93,7 @@ def build_app(config: ServerConfig, *, num_replicas: int = 1,
 
 
 def app_builder(args: dict[str, str]) -> Application:
-    """For `serve run ggmlpy.distributed.serve_app:app_builder model=... replicas=2`:
+    """For `serve run llama.server.ray_serve.app:app_builder model=... replicas=2`:
     ServerConfig's fields by name, plus `replicas`, `autoscaling` (JSON), `replica_cpus`."""
     args = dict(args)
     replicas = int(args.pop("replicas", 1))

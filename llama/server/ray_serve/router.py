@@ -18,7 +18,7 @@ yields to load: a replica whose `slots` are all taken gets no request for its pr
 (it would wait for a whole generation to save a prefill); two choices pick instead. The ingress also pins calls to one replica (`replica=ID`) to gather /metrics and /slots.
 
 The router lives in the caller's process (the ingress replica), where it registers
-itself in `serve_ingress.ROUTERS`. Serve ships this class by value (cloudpickle), module
+itself in `ingress.ROUTERS`. Serve ships this class by value (cloudpickle), module
 globals included, so the registry cannot be a global of this module.
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ class PrefixAffinityRouter(RequestRouter):
         self._routed: dict[str, int] = {}  # requests routed and not completed, per replica
         self._history: dict[str, deque[str]] = {}
         self._history_len = history
-        from ggmlpy.distributed.serve_ingress import ROUTERS
+        from llama.server.ray_serve.ingress import ROUTERS
         ROUTERS[(self._deployment_id.app_name, self._deployment_id.name)] = self
 
     def replica_ids(self) -> list[str]:

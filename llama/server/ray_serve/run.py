@@ -37,7 +37,7 @@ def main(config, *, replicas: int, autoscaling: dict | None, address: str | None
     import ray
     from ray import serve
 
-    from ggmlpy.distributed.serve_app import REPLICA_ENV, build_app
+    from llama.server.ray_serve.app import REPLICA_ENV, build_app
 
     app = build_app(config, num_replicas=replicas, autoscaling=autoscaling,
                     replica_cpus=replica_cpus)  # bad settings fail before Ray starts

@@ -41,7 +41,7 @@ class EngineReplica:
                    replica: str | None = None) -> AsyncIterator[list[dict]]:
         """Run one HTTP request through the app; yield its ASGI messages in batches.
 
-        `affinity` and `replica` are for the router (serve_router.py), not used here.
+        `affinity` and `replica` are for the router (router.py), not used here.
         Messages already queued are sent together: one Ray streaming item per batch."""
         out: asyncio.Queue[dict | None] = asyncio.Queue()
         gone = asyncio.Event()
