@@ -19,7 +19,7 @@ import sys
 from ggmlpy.hub import KNOWN_MODELS, resolve_model
 
 MiB = 1 << 20
-TARGETS = {"open_ms": 50.0, "rss_growth_mib": 10.0}  # issue 2's targets for either real model
+TARGETS = {"open_ms": 50.0, "rss_growth_mib": 10.0}  # the loader's targets for either real model
 
 PROBE = r"""
 import json, sys, time

@@ -4,7 +4,7 @@ round's figures from both, and per model the medians and the ratios (ggmlpy / ll
 
 Usage: python bench/bench_vs_llama.py --llama-bench PATH [-m MODEL ...] [-t 2] [--rounds 2]
 
-llama-bench is built outside the repo from llama.cpp's source (DESIGN.md's peers:
+llama-bench is built outside the repo from llama.cpp's source (built as
 `cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF && cmake --build build --target llama-bench`).
 The batched and roofline figures are ggmlpy's only (llama-bench has no batched decode).
 """

@@ -1,4 +1,4 @@
-"""`Context`: KV cache, graphs and logits for one model; `decode` as llama_decode (SPEC 7-14).
+"""`Context`: KV cache, graphs and logits for one model; `decode` as llama_decode (docs/architecture.md, steps 7-14).
 
 decode(batch): validate and fill the batch, split it into ubatches, find a KV slot for every
 ubatch before any runs, then per ubatch: apply the slot, reuse the previous graph when its

@@ -1,4 +1,4 @@
-"""The generation loop (SPEC steps 9-16): tokenize, decode the prompt, then sample, stop on
+"""The generation loop (docs/architecture.md, steps 9-16): tokenize, decode the prompt, then sample, stop on
 an end-of-generation token, turn tokens into text and feed them back.
 
 `generate()` runs to the end and returns a `Generation`; `stream()` yields text as it is

@@ -1,6 +1,6 @@
 """Graph inputs, as llama.cpp's llm_graph_input_*: each owns some input leaves, fills them for
 a ubatch (`set_input`) and says whether a graph built earlier can serve new params
-(`can_reuse`). Together they decide graph reuse (SPEC step 13)."""
+(`can_reuse`). Together they decide graph reuse (docs/architecture.md, step 13)."""
 from __future__ import annotations
 
 import abc

@@ -27,7 +27,7 @@ from llama.hparams import HParams
 from llama.kv_cache import KVCache
 from llama.kv_cells import KVCellsState, KVCellsUndo, SlotInfo, SWAType
 
-SWA_PAD = 256  # llama.cpp always pads the SWA cache to 256 cells (its issue 17037)
+SWA_PAD = 256  # llama.cpp always pads the SWA cache to 256 cells (llama.cpp issue 17037)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""`Model.load`: GGUF -> architecture -> hparams -> vocab -> checked weights (SPEC steps 2-6).
+"""`Model.load`: GGUF -> architecture -> hparams -> vocab -> checked weights (docs/architecture.md, steps 2-6).
 
 Weights stay in the file's memory map (zero copy), or with use_mmap=False in the file's bytes
 read into memory; use_mlock locks them in RAM, kv_overrides retype metadata before anything
@@ -51,7 +51,7 @@ class Model:
         self.layers = layers
         self.n_gpu_layers = n_gpu_layers
         self.load_ms = load_ms
-        # where weights and KV cache layers live (SPEC step 6); inactive without devices
+        # where weights and KV cache layers live (docs/architecture.md, step 6); inactive without devices
         self.placement = placement or Placement.plan(hparams.n_layer)
         # what backends derive from the weights once per model (the CPU backend's repacked
         # weights), shared by every context
@@ -114,7 +114,7 @@ class Model:
               tensor_split: list[float] | None = None, *,
               make_backend: Callable[[str], Any] | None = None,
               override_tensor: list[str] | None = None) -> Placement:
-        """Where this model's layers, weights and KV cache would live (SPEC step 6): layers to
+        """Where this model's layers, weights and KV cache would live (docs/architecture.md, step 6): layers to
         devices, then llama.cpp's check that each device can run its weights' ops. Without an
         output matrix the output reads the token embeddings, which then also live on the
         output device (TENSOR_DUPLICATED). `make_backend(device)` makes the backend that
@@ -175,7 +175,7 @@ class Model:
     def size_bytes(self) -> int:
         return sum(info.nbytes for info in self.gguf.tensors.values())
 
-    # vocab shortcuts (the public API of SPEC steps 9 and 16) ----------------------------------
+    # vocab shortcuts (the public API of docs/architecture.md, steps 9 and 16) ----------------------------------
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
 

@@ -1,4 +1,4 @@
-"""Where a model's weights and KV cache live: llama.cpp's load_tensors placement (SPEC step 6).
+"""Where a model's weights and KV cache live: llama.cpp's load_tensors placement (docs/architecture.md, step 6).
 
 It knows llama.cpp's tensor names (`blk.N.`, `token_embd.weight`, `cache_k_lN`) and its
 n_gpu_layers / tensor_split / override_tensor rules; the scheduler sees only a LeafPlacement

@@ -1,5 +1,5 @@
 """The CPU backend: LLVM code generation for the host, one native entry function per split,
-run by a pool of native-spinning threads (DESIGN.md decision 7)."""
+run by a pool of native-spinning threads (docs/architecture.md, decision 7)."""
 from __future__ import annotations
 
 import concurrent.futures

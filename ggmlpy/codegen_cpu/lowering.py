@@ -1,4 +1,4 @@
-"""The CPU backend's lowering table: op name -> kernel emitter (DESIGN.md decision 2: backends
+"""The CPU backend's lowering table: op name -> kernel emitter (docs/architecture.md, decision 2: backends
 register lowerings by op name; a coverage test lists ops without one).
 
 An emitter fills a `KernelBuilder` for one node. `kernel_key(node)` is what makes two nodes

@@ -1,4 +1,4 @@
-"""CUDA code generation (DESIGN.md decision 8): jinja2 templates rendered per kernel variant,
+"""CUDA code generation (docs/architecture.md, decision 8): jinja2 templates rendered per kernel variant,
 compiled by nvcc (cached on disk), launched through one small driver module.
 
 Importing this package registers nothing: the registry finds the "cuda" backend and the

@@ -83,7 +83,7 @@ class Stats:
 
 
 class CudaBackend(Backend):
-    """DESIGN.md decision 8. `driver` defaults to the GPU (driver.get_driver()); tests pass
+    """docs/architecture.md, decision 8. `driver` defaults to the GPU (driver.get_driver()); tests pass
     the host emulator or a compile-only driver."""
 
     name = "cuda"

@@ -1,4 +1,4 @@
-"""The only module that imports a CUDA binding (DESIGN.md decision 8).
+"""The only module that imports a CUDA binding (docs/architecture.md, decision 8).
 
 `get_driver()` returns a process-wide driver over the first GPU: pycuda when installed,
 else NVIDIA's cuda-python (`cuda.bindings.driver`). Both expose the same small surface the

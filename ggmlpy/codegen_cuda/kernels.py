@@ -2,7 +2,7 @@
 
 A `KernelSpec` is a template (the kernel family), the compile-time choices that specialise
 it (types, fused epilogue, mode) and the fields of its parameter struct. Its name is a hash
-of all three, so the 30 identical layers of a model share one kernel (DESIGN.md decision
+of all three, so the 30 identical layers of a model share one kernel (docs/architecture.md, decision
 7's deduplication), and a module is the set of distinct specs its graph needs.
 
 Every runtime value (sizes, strides, pointers, scalars) travels in one struct passed by

@@ -1,5 +1,5 @@
 """The CUDA backend's lowering table: op name -> step builder, as the CPU's
-(codegen_cpu/lowering.py; DESIGN.md decision 2: backends register lowerings by op name, a
+(codegen_cpu/lowering.py; docs/architecture.md, decision 2: backends register lowerings by op name, a
 coverage test lists the ops without one).
 
 A lowering turns one node into the `Step` that launches it when no fusion took the node

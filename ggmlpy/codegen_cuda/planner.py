@@ -1,6 +1,6 @@
 """Device memory for one run: which tensors own memory and where it lies.
 
-Following ggml-alloc in a simple form (DESIGN.md decision 5): tensors computed by the split
+Following ggml-alloc in a simple form (docs/architecture.md, decision 5): tensors computed by the split
 get an offset in one arena; a buffer is free once the last step touching it (through any
 view) has run, and a later buffer may take its place (best fit, 256-byte aligned, by the
 allocator passes/arena.py that the graph-level planner uses too). Views

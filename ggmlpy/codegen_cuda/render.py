@@ -1,4 +1,4 @@
-"""Rendering CUDA C from `templates/cuda/*.cu.j2` (DESIGN.md decision 8).
+"""Rendering CUDA C from `templates/cuda/*.cu.j2` (docs/architecture.md, decision 8).
 
 The templates are installed as the package `ggmlpy.templates`; a source checkout that runs
 without installing (PYTHONPATH=.) finds them in the repository's `templates/` folder. The

@@ -1,7 +1,7 @@
 """Symbolic dimensions: integer polynomials over named symbols.
 
 A ubatch's token count, the number of KV cells read and the number of outputs are symbols
-(decision 3 of DESIGN.md), so one graph (and one compiled kernel set) serves every size.
+(docs/architecture.md, decision 3), so one graph (and one compiled kernel set) serves every size.
 Shapes, byte strides and view offsets are built from them with + and *; nothing in the IR
 needs division. A `Dim` is a plain int or a `SymExpr`; both hash and compare by value so
 signatures stay stable.
@@ -139,7 +139,7 @@ def dim_str(x: Dim) -> str:
     return str(x) if isinstance(x, int) else repr(x)
 
 
-# The symbols the llama runtime uses (DESIGN.md decision 3).
+# The symbols the llama runtime uses (docs/architecture.md, decision 3).
 N_TOKENS = SymExpr.symbol("n_tokens")
 N_KV = SymExpr.symbol("n_kv")
 N_OUTPUTS = SymExpr.symbol("n_outputs")

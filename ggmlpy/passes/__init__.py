@@ -1,4 +1,4 @@
-"""Graph passes (DESIGN.md decisions 4 and 5): small pure functions Graph -> Graph, run as a
+"""Graph passes (docs/architecture.md, decisions 4 and 5): small pure functions Graph -> Graph, run as a
 declared pipeline per backend (pipeline.py), each dumpable after it runs."""
 from ggmlpy.passes.buffers import BufferPlan, plan_buffers
 from ggmlpy.passes.cse import eliminate_common_subexpressions

@@ -1,4 +1,4 @@
-"""The block allocator behind every buffer plan (DESIGN.md decision 5).
+"""The block allocator behind every buffer plan (docs/architecture.md, decision 5).
 
 Both planners, the graph-level one (passes/buffers.py) and the CUDA backend's
 (codegen_cuda/planner.py), walk a schedule, take a block when a tensor is first needed and

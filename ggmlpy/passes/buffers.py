@@ -1,4 +1,4 @@
-"""Buffer planning as ggml-alloc does it (DESIGN.md decision 5): one arena per graph, every
+"""Buffer planning as ggml-alloc does it (docs/architecture.md, decision 5): one arena per graph, every
 computed tensor at an offset in it, blocks reused once their last reader has run.
 
   - Liveness comes from the graph order. A tensor lives from the step that computes it to

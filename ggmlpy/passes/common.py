@@ -1,7 +1,7 @@
 """What every pass shares: copying tensors, rebuilding a graph around replacements, and the
 dependency facts (consumers, memory roots, write ordering) passes must respect.
 
-Passes never mutate their input graph (DESIGN.md decision 4). A tensor that changes, or
+Passes never mutate their input graph (docs/architecture.md, decision 4). A tensor that changes, or
 whose sources changed, is copied with a fresh id; an unchanged tensor is shared between
 the input and the output graph, so a pass over a graph it does not touch costs no copies.
 """

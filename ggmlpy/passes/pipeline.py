@@ -5,7 +5,7 @@
     result.graph   # what the backend compiles
     result.plan    # the BufferPlan, when the pipeline ends with "buffers"
 
-Every pass is a pure function Graph -> Graph (DESIGN.md decision 4); "buffers" is the one
+Every pass is a pure function Graph -> Graph (docs/architecture.md, decision 4); "buffers" is the one
 step that reads the graph and returns a plan instead. The reference backend runs the graph
 nearly as built (it is the oracle), the CPU backend gets every pass. `dump_after="fusion"`
 renders the graph right after that pass (`ggmlpy graph --dump-after PASS` calls this).

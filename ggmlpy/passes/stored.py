@@ -2,7 +2,7 @@
 
 A context runs its passes (dce, cse, view folding, fusion marks) over each graph it
 compiles: about 0.3 s of Python for SmolLM2's two graphs on a 2 GHz core, a fifth of a warm
-start there. The passes are pure functions of the graph (DESIGN.md decision 4) and a graph's
+start there. The passes are pure functions of the graph (docs/architecture.md, decision 4) and a graph's
 signature names everything they read (ops, types, shapes, strides, params, roles), so their
 result is stored per signature, pass list and source version, next to the compiled code:
 

@@ -1,4 +1,4 @@
-"""In-memory cache of compiled graphs by topology signature (DESIGN.md decision 3)."""
+"""In-memory cache of compiled graphs by topology signature (docs/architecture.md, decision 3)."""
 from __future__ import annotations
 
 import logging

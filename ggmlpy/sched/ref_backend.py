@@ -1,5 +1,5 @@
 """The numpy reference backend: every op through its OpDef reference. The oracle in tests and
-the scheduler's last fallback, never the production path (DESIGN.md decision 9)."""
+the scheduler's last fallback, never the production path (docs/architecture.md, decision 9)."""
 from __future__ import annotations
 
 from typing import Callable, Mapping

@@ -5,7 +5,7 @@ backend package (`BACKEND = BackendEntry(...)`, see sched/backend_entry.py), imp
 first time a backend or device is looked up. Importing the registry, or a backend package,
 registers nothing. The declarations give two views:
 - backends: a name ("cpu", "cuda", "ref") -> factory, in priority order, those usable here;
-  a Context's `backend=` picks one, `None` the best available (DESIGN.md decision 9: the
+  a Context's `backend=` picks one, `None` the best available (docs/architecture.md, decision 9: the
   numpy reference backend runs only when asked for, or when nothing better is available);
 - devices: a name pattern ("cpu:N", "cuda:N") -> factory of a fresh backend computing in that
   device's memory; `Model.load(devices=[...])` names them. This is the one place that knows
@@ -68,7 +68,7 @@ def create_backend(name: str | None = None, options: Options | None = None) -> B
     return entry.make(options)
 
 
-FALLBACK = "ref"  # the last resort of every context: it runs every op (DESIGN.md decision 9)
+FALLBACK = "ref"  # the last resort of every context: it runs every op (docs/architecture.md, decision 9)
 
 
 def host_backends(name: str | None = None, options: Options | None = None) -> list[Backend]:

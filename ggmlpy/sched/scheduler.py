@@ -1,6 +1,6 @@
 """Assign graph nodes to backends, cut the graph into per-backend splits, compile each.
 
-Follows ggml_backend_sched (DESIGN.md decision 6). Backends come in priority order: offload
+Follows ggml_backend_sched (docs/architecture.md, decision 6). Backends come in priority order: offload
 devices first (cuda:0, or a second CPU "cpu:1"), then the host CPU, then the numpy reference
 backend as the last fallback. Every tensor gets a backend and a printable cause, decided by
 ggml's passes in order:

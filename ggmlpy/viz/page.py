@@ -1,5 +1,5 @@
 """The HTML page: one file with the data, the layout library, the style and the code inline,
-so it opens from file:// with no server and no network (DESIGN.md: viz is offline).
+so it opens from file:// with no server and no network (docs/architecture.md: the visualiser is offline).
 
 The static parts live in ggmlpy/viz/static (installed with the package): page.html with
 placeholders, viz.css, viz.js, and dagre.min.js (@dagrejs/dagre, MIT, licence beside it).

@@ -1,5 +1,5 @@
 """The `grammar=` argument of the API, in whatever form it comes, as the sampler that is
-the chain's first stage (DESIGN.md decision 12)."""
+the chain's first stage (docs/architecture.md, decision 12)."""
 from __future__ import annotations
 
 from typing import Any

@@ -4,7 +4,7 @@ A `Sequence` knows nothing about decoding. Whoever owns the context (the `Llama`
 one caller, the server's engine for many slots) decodes, hands each sequence its logits
 row, and feeds back the token the sequence picked. That split is what lets the server run
 one decode for every slot while each keeps its own sampler chain, grammar and stop strings
-(DESIGN.md decision 11).
+(docs/architecture.md, decision 11).
 
 Per step, in llama.cpp's order: logits processors (llama-cpp-python's hook) -> the sampler
 chain, whose first stage is the grammar when there is one -> accept -> end checks

@@ -2,7 +2,7 @@
 
 Like llama.cpp's grammar sampler (`llama_sampler_init_llg`), `apply` sets the logits of
 forbidden tokens to -inf and `accept` advances the matcher. It runs first in the chain
-(DESIGN decision 12), so every later stage (penalties, top-k, temperature, dist or greedy)
+(docs/architecture.md, decision 12), so every later stage (penalties, top-k, temperature, dist or greedy)
 only ever sees tokens the grammar allows; this is llama.cpp's `grammar_first` order, without
 its sample-then-check shortcut.
 

@@ -1,4 +1,4 @@
-"""`create_app(config)`: the FastAPI app. It only translates (DESIGN.md decision 11):
+"""`create_app(config)`: the FastAPI app. It only translates (docs/architecture.md, decision 11):
 bodies become `prepare_chat`/`prepare_completion` jobs for the scheduler, events become
 OpenAI's (or llama-server's) responses. Security as llama-server: API keys compared in
 constant time with `/health` and `/v1/models` public, a request body limit, CORS only for

@@ -51,7 +51,7 @@ PREFETCH_AHEAD: dict[GGMLType, int] = {GGMLType.Q4_1: 4096, GGMLType.Q5_0: 4096,
 PREFETCH_MIN_TOKENS: dict[str, int] = {"vnni512": 2, "vnni256": 2, "avx2": 1, "generic": 1}
 # A second, streaming prefetch (prefetchnta) further ahead, per dot flavour and type, for the
 # same tiles: it starts the DRAM read early, the one above then brings the line to L1 in
-# time. Measured on the Zen 1 AVX2 host only (session 20): Q8_0 one-token products 16.4 ->
+# time. Measured on the Zen 1 AVX2 host only: Q8_0 one-token products 16.4 ->
 # 18.2-19.7 GB/s (bench/prefetch_ab.py --type Q8_0 -k 640 -m 8192 --ahead 4096,4096+8192),
 # Gemma 3's decode +2.3-4.8% and SmolLM2's +1.7-6% (bench/prefetch_model_ab.py -v
 # before:far.Q8_0=0 -v after:, in-process A/B, several runs); Q4_1 and Q5_0 gained 11-15%

@@ -4,7 +4,7 @@ Each elementwise op is one expression tree (`FORMULAS`) over its operands `x0`, 
 parameters and float32 constants. Every backend renders the same tree from its own table
 of primitives (tinygrad's `code_for_op`): the numpy reference (`NUMPY` below), LLVM IR
 through codegen_cpu's KernelBuilder, CUDA C expression strings in codegen_cuda. So an op's
-meaning lives in one place and the backends cannot drift apart (DESIGN.md decision 2).
+meaning lives in one place and the backends cannot drift apart (docs/architecture.md, decision 2).
 
 Primitives (all float32; a backend that lacks one does not lower the ops using it):
   add sub mul div       IEEE arithmetic in the order written

@@ -1,4 +1,4 @@
-"""The op registry: one `OpDef` per op is the single source of truth (DESIGN.md decision 2).
+"""The op registry: one `OpDef` per op is the single source of truth (docs/architecture.md, decision 2).
 
 An op module defines its shape/type rule, numpy reference, fusion kind, builder functions
 (the ggml-like API) and test cases in one place and registers them here; backends register

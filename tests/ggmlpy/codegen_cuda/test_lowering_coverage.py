@@ -1,4 +1,4 @@
-"""Every computing op of the registry has a CUDA lowering, or is listed here (DESIGN.md
+"""Every computing op of the registry has a CUDA lowering, or is listed here (docs/architecture.md,
 decision 2): adding a lowering or losing one fails the test until the list says so."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Placement (SPEC step 6): layers to devices by n_gpu_layers and tensor_split, checked
+"""Placement (docs/architecture.md, step 6): layers to devices by n_gpu_layers and tensor_split, checked
 against hand-computed maps; leaf devices for the scheduler; bad arguments."""
 from __future__ import annotations
 
