@@ -104,7 +104,7 @@ class GraphInput(abc.ABC):
         return True
 
 
-def _fill(bufs: InputBuffers | None, name: str, dtype: type, values) -> np.ndarray:
+def fill_input(bufs: InputBuffers | None, name: str, dtype: type, values) -> np.ndarray:
     """`values` as a contiguous array of dtype, in bufs' array for `name` when given."""
     if type(values) is not np.ndarray:
         values = np.asarray(values)
@@ -119,7 +119,7 @@ class InpTokens(GraphInput):
     names = ("inp_tokens",)
 
     def set_input(self, ub, state, bufs=None):
-        return {"inp_tokens": _fill(bufs, "inp_tokens", np.int32, ub.tokens)}
+        return {"inp_tokens": fill_input(bufs, "inp_tokens", np.int32, ub.tokens)}
 
     def can_reuse(self, params):
         return not params.use_embd
@@ -129,7 +129,7 @@ class InpEmbd(GraphInput):
     names = ("inp_embd",)
 
     def set_input(self, ub, state, bufs=None):
-        return {"inp_embd": _fill(bufs, "inp_embd", np.float32, ub.embd)}
+        return {"inp_embd": fill_input(bufs, "inp_embd", np.float32, ub.embd)}
 
     def can_reuse(self, params):
         return params.use_embd
@@ -139,7 +139,7 @@ class InpPos(GraphInput):
     names = ("inp_pos",)
 
     def set_input(self, ub, state, bufs=None):
-        return {"inp_pos": _fill(bufs, "inp_pos", np.int32, ub.pos)}
+        return {"inp_pos": fill_input(bufs, "inp_pos", np.int32, ub.pos)}
 
 
 class InpOutIds(GraphInput):
@@ -148,7 +148,7 @@ class InpOutIds(GraphInput):
     names = ("inp_out_ids",)
 
     def set_input(self, ub, state, bufs=None):
-        return {"inp_out_ids": _fill(bufs, "inp_out_ids", np.int32, ub.output.nonzero()[0])}
+        return {"inp_out_ids": fill_input(bufs, "inp_out_ids", np.int32, ub.output.nonzero()[0])}
 
 
 @dataclass
@@ -173,7 +173,7 @@ class InpAttnKV(GraphInput):
     def set_input(self, ub, state, bufs=None):
         cells, n_tokens = state.cells, ub.n_tokens
         out = {
-            "inp_k_idxs": _fill(bufs, "inp_k_idxs", np.int64, state.slot.idxs),
+            "inp_k_idxs": fill_input(bufs, "inp_k_idxs", np.int64, state.slot.idxs),
             "inp_kq_mask": cells.kq_mask(
                 ub, state.n_kv, causal=self.causal, swa_type=SWAType.NONE,
                 out=None if bufs is None else bufs.take("inp_kq_mask", np.float32, (n_tokens, state.n_kv))),
@@ -182,7 +182,7 @@ class InpAttnKV(GraphInput):
             swa = state.swa
             if swa is None:
                 raise ValueError("the graph was built for a separate SWA cache, but the memory has none")
-            out["inp_k_idxs_swa"] = _fill(bufs, "inp_k_idxs_swa", np.int64, swa.slot.idxs)
+            out["inp_k_idxs_swa"] = fill_input(bufs, "inp_k_idxs_swa", np.int64, swa.slot.idxs)
             # the SWA cache's cells know their own window (swa_type None)
             out["inp_kq_mask_swa"] = swa.cells.kq_mask(
                 ub, swa.n_kv, causal=self.causal,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from llama.adapter import LoraAdapter
-from llama.graph_inputs import GraphInput, _fill
+from llama.graph_inputs import GraphInput, fill_input
 
 if TYPE_CHECKING:
     from llama.batch import UBatch
@@ -89,11 +89,11 @@ class InpLoraScale(GraphInput):
 
     def set_input(self, ub, state, bufs=None):
         values = self.scales.token_scales(self.adapter, ub)
-        out = {token_leaf(self.adapter.id): _fill(bufs, token_leaf(self.adapter.id), np.float32,
+        out = {token_leaf(self.adapter.id): fill_input(bufs, token_leaf(self.adapter.id), np.float32,
                                                   values.reshape(ub.n_tokens, 1))}
         if self.outputs:
             rows = values[ub.output].reshape(-1, 1)
-            out[output_leaf(self.adapter.id)] = _fill(bufs, output_leaf(self.adapter.id), np.float32, rows)
+            out[output_leaf(self.adapter.id)] = fill_input(bufs, output_leaf(self.adapter.id), np.float32, rows)
         return out
 
     def can_reuse(self, params):
