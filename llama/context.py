@@ -313,12 +313,13 @@ class Context:
         return DECODE_OK
 
     def _clear_outputs(self) -> None:
+        """No rows until a decode computes some (get_logits: empty; _rows fills zeros)."""
         self._output_ids = _NO_OUTPUTS
         self._n_outputs = 0
         self._logits = None
         self._embd_seq = {}
 
-        def _split(self, batch: Batch) -> tuple[list[UBatch], np.ndarray] | int:
+    def _split(self, batch: Batch) -> tuple[list[UBatch], np.ndarray] | int:
         """Validate the batch and split it into ubatches: (ubatches, output flags in batch
         order), or decode's return code for an invalid batch."""
         try:
