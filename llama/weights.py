@@ -38,7 +38,7 @@ def check_tensor_types(tensors: Mapping[str, TensorInfo]) -> None:
         return
     first = bad[0]
     others = sorted({info.type.name for info in bad})
-    more = f"; {len(bad) - 1} more tensors of types {', '.join(others)}" if len(bad) > 1 else ""
+    more = f"; {len(bad) - 1} more tensors of such types ({', '.join(others)})" if len(bad) > 1 else ""
     raise UnsupportedTensorType(
         f"tensor {first.name!r} has type {first.type.name}, which this engine cannot compute{more} "
         f"(supported types: {', '.join(t.name for t in sorted(supported))})")
