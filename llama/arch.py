@@ -16,7 +16,12 @@ if TYPE_CHECKING:
     from llama.weights import TensorTable
 
 
-class UnknownArchitecture(ValueError):
+class UnsupportedModel(ValueError):
+    """A well-formed GGUF this engine cannot run, refused when the model is loaded rather
+    than at its first decode: an unknown architecture, a tensor type it cannot compute."""
+
+
+class UnknownArchitecture(UnsupportedModel):
     pass
 
 

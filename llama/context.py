@@ -28,6 +28,7 @@ from ggmlpy.options import Options
 from ggmlpy.passes.pipeline import context_passes, context_rules
 from ggmlpy.passes.stored import StoredPipeline
 from ggmlpy.sched.cache import GraphCache
+from ggmlpy.sched.fallbacks import FallbackReport
 from ggmlpy.sched.registry import host_backends
 from ggmlpy.sched.scheduler import CompiledGraph
 from ggmlpy.sched.store import TensorStore
@@ -62,6 +63,8 @@ def _pad(n: int, to: int) -> int:
 
 _FIRST_OUTPUT = np.zeros(1, np.int64)  # output ids of a one-token batch (read-only)
 _FIRST_OUTPUT.flags.writeable = False
+_NO_OUTPUTS = np.zeros(0, np.int64)  # output ids after a decode that ran nothing (read-only)
+_NO_OUTPUTS.flags.writeable = False
 
 
 def _is_batch_order(idxs: np.ndarray, n_tokens: int) -> bool:
@@ -126,6 +129,8 @@ class Context:
         # every backend's passes, so each split gets its own backend's (passes/pipeline.py)
         self.passes = context_passes(self.backends)
         self.fusion_rules = context_rules(self.backends)  # what the fusion pass marks with
+        # nodes the first backends cannot run, told once (one line) rather than per node
+        self.fallbacks = FallbackReport(self.backends)
         # the passes' results on disk, beside the compiled code (passes/stored.py)
         self.stored_pipeline = StoredPipeline(cache_dir("graphs", backend_options.cache_dir))
         self.graph_cache = GraphCache()
@@ -187,7 +192,9 @@ class Context:
 
         def compile_graph() -> CompiledGraph:
             optimized = self.stored_pipeline.optimise(built.graph, sig, self.passes, self.fusion_rules)
-            return CompiledGraph(optimized, self.backends, self.model.placement)
+            compiled = CompiledGraph(optimized, self.backends, self.model.placement)
+            self.fallbacks.note(compiled)
+            return compiled
 
         return self.graph_cache.get_or_compile(sig, compile_graph)
 
@@ -201,9 +208,13 @@ class Context:
 
     def _reserve(self) -> None:
         """Build and compile the prompt-sized and the one-token graph up front, as llama.cpp
-        reserves its worst-case compute buffers when a context is created."""
+        reserves its worst-case compute buffers when a context is created. A node no backend
+        can run is refused here (SchedulerError naming it, its op, its inputs' types and the
+        backends tried), not at the first decode; nodes that fall back to a slower backend
+        are told in one warning."""
         t0 = time.perf_counter()
         self._reserve_graphs()
+        self.fallbacks.flush()
         self.compile_ms = (time.perf_counter() - t0) * 1000
 
     def _reserve_graphs(self, loras: tuple[int, ...] = ()) -> None:
@@ -222,6 +233,7 @@ class Context:
             ids = tuple(a.id for a, s in self.lora_scales.context.items() if s != 0.0)
         t0 = time.perf_counter()
         self._reserve_graphs(tuple(sorted(ids)))
+        self.fallbacks.flush()
         self.compile_ms += (time.perf_counter() - t0) * 1000
 
     def _graph_for(self, params: GraphParams) -> tuple[BuiltGraph, CompiledGraph]:
@@ -240,12 +252,18 @@ class Context:
         if entry is None:
             built = self.build_graph(params)
             entry = self._built[params] = (built, self._compile(built))
+            self.fallbacks.flush()
         self._prev, self._prev_compiled = entry
         return entry
 
     # decode -----------------------------------------------------------------------------------
     def decode(self, batch: Batch) -> int:
-        """0 ok, 1 no KV slot (nothing written), 2 aborted, -1 invalid batch, < -1 fatal."""
+        """0 ok, 1 no KV slot (nothing written), 2 aborted, -1 invalid batch, < -1 fatal.
+
+        Whatever the outcome, the last decode's rows are gone: after a refused batch there
+        are no outputs (get_logits is empty, get_logits_ith raises), after a failed or
+        aborted ubatch the rows it did not compute read as zeros, never the previous step's."""
+        self._clear_outputs()
         ub = generation_ubatch(batch, self.n_vocab, self.n_seq_max, self.memory,
                                min(self.n_batch, self.n_ubatch), output_all=self.embeddings)
         if ub is not None:  # a generation step: one ubatch in batch order, nothing to split
@@ -273,7 +291,6 @@ class Context:
         self._output_ids = output_ids
         self._n_outputs = n_outputs
         self._logits = None if in_order else np.zeros((n_outputs, self._row_width), np.float32)
-        self._embd_seq = {}
 
         self._apply_k_shift()
         for ub, slot in zip(ubatches, slots):
@@ -295,6 +312,13 @@ class Context:
             pos, seq_ids = batch_layout(ubatches, len(output_ids))
             self._embd_seq = pool(self._logits, pos, seq_ids, self.pooling_type)
         return DECODE_OK
+
+    def _clear_outputs(self) -> None:
+        """No rows until a decode computes some (get_logits: empty; _rows fills zeros)."""
+        self._output_ids = _NO_OUTPUTS
+        self._n_outputs = 0
+        self._logits = None
+        self._embd_seq = {}
 
     def _split(self, batch: Batch) -> tuple[list[UBatch], np.ndarray] | int:
         """Validate the batch and split it into ubatches: (ubatches, output flags in batch
@@ -391,6 +415,7 @@ class Context:
             return
         built = build_k_shift(self.model, self.kv_layout)
         compiled = self._compile(built)
+        self.fallbacks.flush()
         store = TensorStore(ChainMap(self.memory.k_shift_inputs(), self.memory.bindings(), self._weights))
         compiled.run(store, {})
         self.memory.reset_shift()

@@ -26,7 +26,7 @@ from ggmlpy.quants.validate import can_validate, validate_tensor
 from llama.hparams import HParams, MetadataReader, load_common
 from llama.kv_overrides import KVOverrideValue, apply_kv_overrides
 from llama.vocab import Vocab
-from llama.weights import TensorTable, WeightRef
+from llama.weights import TensorTable, WeightRef, check_tensor_types
 
 ProgressCallback = Callable[[float], "bool | None"]
 log = logging.getLogger("llama.model")
@@ -77,7 +77,11 @@ class Model:
         too); use_mlock locks the weights in RAM (a refusal is a warning, not an error);
         kv_overrides replaces or adds metadata values (bool/int/float/str, matching the
         key's type) before hparams and vocab are read; check_tensors raises
-        TensorDataError for a NaN/Inf weight or quantisation scale, naming the tensor."""
+        TensorDataError for a NaN/Inf weight or quantisation scale, naming the tensor.
+
+        A file the engine cannot run is refused here, naming what it lacks (UnsupportedModel:
+        an unknown architecture, or UnsupportedTensorType for a tensor type it cannot
+        compute), never at the first decode."""
         t0 = time.perf_counter()
         resolved = resolve_model(path, download=download)
         gguf = GGUFFile(resolved, use_mmap=use_mmap)
@@ -97,6 +101,7 @@ class Model:
                 table = TensorTable()
                 arch.tensors(hp, table)
                 w, layers = table.resolve(gguf.tensors)
+                check_tensor_types(gguf.tensors)
                 _load_tensor_data(gguf, progress, check_tensors)
                 if use_mlock:
                     gguf.mlock()

@@ -13,11 +13,35 @@ from typing import Mapping
 
 from ggmlpy.gguf import TensorInfo
 from ggmlpy.ir.types import GGMLType
+from ggmlpy.quants import dequantizable_types
+from llama.arch import UnsupportedModel
 from llama.hparams import HParams
 
 
 class TensorLoadError(ValueError):
     """A tensor is missing, misshapen, or unexpected."""
+
+
+class UnsupportedTensorType(UnsupportedModel):
+    """A tensor's type is one the engine cannot compute (no dequantisation for it)."""
+
+
+def check_tensor_types(tensors: Mapping[str, TensorInfo]) -> None:
+    """Refuse a file with a tensor of a type the engine cannot compute, naming the tensor.
+
+    Every backend falls back to the reference backend, which computes any type the quants
+    package dequantises; a type outside that set (IQ4_NL, say, from llama-quantize) would
+    otherwise load and fail deep inside the first decode."""
+    supported = frozenset(dequantizable_types())
+    bad = [info for info in tensors.values() if info.type not in supported]
+    if not bad:
+        return
+    first = bad[0]
+    others = sorted({info.type.name for info in bad})
+    more = f"; {len(bad) - 1} more tensors of such types ({', '.join(others)})" if len(bad) > 1 else ""
+    raise UnsupportedTensorType(
+        f"tensor {first.name!r} has type {first.type.name}, which this engine cannot compute{more} "
+        f"(supported types: {', '.join(t.name for t in sorted(supported))})")
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,18 @@ _PLAIN = {
 }
 
 
+# every type `dequantize` decodes: the types a model's weights may have, since whatever no
+# compiled backend runs the reference backend computes from these float32 values
+DEQUANTIZABLE: frozenset[GGMLType] = frozenset(DECODERS) | frozenset(_PLAIN) | {GGMLType.BF16}
+
+
+def dequantizable_types() -> tuple[GGMLType, ...]:
+    """Every type `dequantize` decodes, in ggml id order (the engine can compute these)."""
+    return tuple(sorted(DEQUANTIZABLE))
+
+
 def _check_supported(t: GGMLType) -> None:
-    if t not in DECODERS and t not in _PLAIN and t != GGMLType.BF16:
+    if t not in DEQUANTIZABLE:
         raise NotImplementedError(f"dequantization of {t.name} is not implemented")
 
 

@@ -11,9 +11,12 @@ from ggmlpy.ir.ops import OPS, Kind
 from ggmlpy.ir.symbolic import evaluate, evaluate_params
 from ggmlpy.ir.tensor import Flag, Tensor
 from ggmlpy.ir.types import GGMLType, is_quantized
-from ggmlpy.quants import dequantize, dequantize_rows
+from ggmlpy.quants import dequantizable_types, dequantize, dequantize_rows
 from ggmlpy.sched.backend import Backend
 from ggmlpy.sched.store import TensorStore
+
+
+_READABLE = frozenset(dequantizable_types())  # the types as_float turns into numbers
 
 
 class RefBackend(Backend):
@@ -31,8 +34,13 @@ class RefBackend(Backend):
         }
 
     def supports_op(self, node: Tensor) -> bool:
+        """Ops with a reference (or a write, or views) whose inputs `as_float` can read: a
+        type the quants package cannot decode is refused here, so the scheduler names the
+        node when the graph is compiled instead of failing at its first run."""
         op = OPS.get(node.op)
-        return op is not None and (op.kind == Kind.VIEW or op.reference is not None or op.write is not None)
+        if op is None or not (op.kind == Kind.VIEW or op.reference is not None or op.write is not None):
+            return False
+        return op.kind == Kind.VIEW or all(s.type in _READABLE for s in node.src)
 
     def compile(self, graph: Graph, nodes: list[Tensor]) -> "RefSplit":
         return RefSplit(self, nodes)

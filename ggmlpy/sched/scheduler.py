@@ -21,7 +21,8 @@ ggml's passes in order:
    with the tensor they view (`4.vsrc`).
 
 A node that lands behind a backend that could not run it is a fallback: its cause says which
-backend refused it, and `CompiledGraph.fallbacks` lists it. Splits and copies: copies.py.
+backend refused it, and `CompiledGraph.fallbacks` lists it (fallbacks.py tells a user about
+them in one line). Splits and copies: copies.py.
 """
 from __future__ import annotations
 
@@ -299,8 +300,9 @@ class _Assigner:
         for node in self.computing:
             if node.id not in self.be:
                 tried = ", ".join(b.name for b in self.backends)
+                inputs = ", ".join(f"{self.label(s)} {s.type.name}" for s in node.src)
                 raise SchedulerError(f"no backend can run {self.label(node)} ({node.op} {node.type.name} "
-                                     f"{node.shape_str()}); tried {tried}")
+                                     f"{node.shape_str()}); tried {tried}; its inputs: {inputs}")
         readers = self.first_readers()
         for t in self.graph.leafs:
             if t.id not in self.be:
@@ -338,7 +340,7 @@ class _Assigner:
             cause = self.cause[t.id]
             if fallback:
                 cause += f" (fallback: {', '.join(refused)} cannot run {t.op})"
-                log.warning("node %s (%s) falls back to backend %s", self.label(t), t.op, name)
+                log.debug("node %s (%s) falls back to backend %s", self.label(t), t.op, name)
             out[t.id] = Assignment(name, cause, fallback)
         return out
 

@@ -90,6 +90,7 @@ def run_sequence(llm: "Llama", seq: Sequence, *, logits_all_prompt: bool = False
     generation = llm._generation
     engine = llm.engine
     t0 = time.perf_counter()
+    llm.scores = None  # until a decode succeeds: a failed one leaves no stale logits
     logits = engine.prefill(0, seq.prompt, logits_all=logits_all_prompt)
     if logits_all_prompt:
         seq.prompt_logits = logits
@@ -107,6 +108,7 @@ def run_sequence(llm: "Llama", seq: Sequence, *, logits_all_prompt: bool = False
         if engine.n_past(0) >= n_ctx:
             yield seq.stop_for_context()
             break
+        llm.scores = None
         logits = engine.decode_step([(0, step.token)])[0]
         llm.scores = logits
     if use_cache:

@@ -284,9 +284,10 @@ class Llama:
     # low-level evaluation (llama-cpp-python's eval) -------------------------------------------
     def eval(self, tokens: Seq[int]) -> None:
         """Append `tokens` to the cached sequence and decode them; `scores` is then the
-        logits of the last one."""
+        logits of the last one (None after a decode that failed, never the previous ones)."""
         self._generation += 1
         tokens = list(tokens)
+        self.scores = None
         if len(tokens) == 1 and self.engine.n_past(0) > 0:  # a generation step: the fast path
             self.scores = self.engine.decode_step([(0, tokens[0])])[0]
         else:

@@ -1,0 +1,147 @@
+"""What cannot run is refused when the model or the context is made, never at the first
+decode; what runs on a slower backend is told once; a failed decode leaves no stale logits."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+import llama
+import llama.model
+from ggmlpy.gguf import GGUFFile, GGUFWriter
+from ggmlpy.ir.types import GGMLType, block_size, type_size
+from ggmlpy.quants import dequantizable_types
+from ggmlpy.sched.scheduler import SchedulerError
+from ggmlpy.testing.models import write_tiny_llama
+from llama.api.engine import DecodeError
+from llama.arch import UnsupportedModel
+from llama.batch import Batch
+from llama.weights import UnsupportedTensorType
+
+RETYPED = "blk.0.attn_q.weight"
+
+
+def write_with_raw_type(src, dst, name: str, t: GGMLType):
+    """Copy a float32 GGUF with tensor `name` replaced by random bytes of type `t` (a type
+    ggmlpy cannot decode, as llama-quantize writes it: blocks of the right size)."""
+    with GGUFFile(src) as f:
+        w = GGUFWriter()
+        for key, field in f.fields.items():
+            w.add_key_value(key, field.value, field.type, field.element_type)
+        for tname, info in f.tensors.items():
+            if tname == name:
+                n_bytes = int(np.prod(info.ne)) // block_size(t) * type_size(t)
+                raw = np.random.default_rng(0).integers(0, 256, n_bytes, dtype=np.uint8)
+                w.add_tensor(tname, raw, type=t, ne=tuple(info.ne))
+            else:
+                w.add_tensor(tname, np.array(info.data).view(np.float32).reshape(tuple(reversed(info.ne))))
+    return w.write(dst)
+
+
+@pytest.fixture(scope="module")
+def iq4_nl_path(tmp_path_factory):
+    d = tmp_path_factory.mktemp("unsupported")
+    return write_with_raw_type(write_tiny_llama(d / "f32.gguf"), d / "iq4_nl.gguf", RETYPED, GGMLType.IQ4_NL)
+
+
+def test_block_sizes_agree_with_the_gguf_package():
+    assert (block_size(GGMLType.IQ4_NL), type_size(GGMLType.IQ4_NL)) == \
+        GGML_QUANT_SIZES[GGMLQuantizationType.IQ4_NL]
+
+
+def test_model_load_refuses_a_type_it_cannot_compute(iq4_nl_path):
+    with pytest.raises(UnsupportedTensorType) as err:
+        llama.Model.load(iq4_nl_path)
+    msg = str(err.value)
+    assert f"tensor {RETYPED!r} has type IQ4_NL" in msg
+    # the supported types come from the quants package's decoders
+    supported = msg.split("supported types: ")[1].rstrip(")").split(", ")
+    assert supported == [t.name for t in dequantizable_types()]
+    assert "Q5_1" in supported and "IQ4_NL" not in supported
+    assert isinstance(err.value, UnsupportedModel) and isinstance(err.value, ValueError)
+    assert llama.Model.load(iq4_nl_path, vocab_only=True).w is None  # no weights, nothing to compute
+
+
+def test_llama_class_refuses_it_too(iq4_nl_path):
+    with pytest.raises(UnsupportedTensorType, match=rf"{RETYPED}.*IQ4_NL"):
+        llama.Llama(str(iq4_nl_path), n_ctx=256, verbose=False)
+
+
+@pytest.mark.parametrize("backend", ["ref", "cpu"])
+def test_context_refuses_a_node_no_backend_runs(iq4_nl_path, monkeypatch, backend):
+    """Past the load check (skipped here), the context's scheduler asks every backend,
+    the reference one included, and names the node it cannot place."""
+    monkeypatch.setattr(llama.model, "check_tensor_types", lambda tensors: None)
+    model = llama.Model.load(iq4_nl_path)
+    tried = "cpu, ref" if backend == "cpu" else "ref"
+    with pytest.raises(SchedulerError, match=rf"Qcur-0 \(mul_mat F32 .*tried {tried}; its inputs: "
+                                             rf"{RETYPED} IQ4_NL"):
+        llama.Context(model, n_ctx=256, backend=backend)
+
+
+@pytest.mark.parametrize("wtype", [GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q5_1])
+def test_fallback_to_the_reference_backend_is_told_once(tmp_path, caplog, wtype):
+    path = write_tiny_llama(tmp_path / f"{wtype.name}.gguf", weight_type=wtype, n_embd=256, n_ff=512)
+    model = llama.Model.load(path)
+    prompt = [1, 2, 3, 4, 5]
+    with caplog.at_level(logging.DEBUG, logger="ggmlpy.sched"):
+        ctx = llama.Context(model, n_ctx=256, backend="cpu")
+        assert ctx.decode(Batch.from_tokens(prompt)) == 0
+        assert ctx.decode(Batch.from_tokens([6])) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    # 7 matmuls per layer and the output, in the prompt graph and the one-token graph
+    n = 2 * (7 * 2 + 1)
+    assert warnings == [f"{n} nodes in 2 graphs fall back to a slower backend; "
+                        f"ref runs what cpu cannot: mul_mat({wtype.name}, F32) x{n}"]
+    ref = llama.Context(model, n_ctx=256, backend="ref")
+    assert ref.decode(Batch.from_tokens(prompt)) == 0 and ref.decode(Batch.from_tokens([6])) == 0
+    np.testing.assert_allclose(ctx.get_logits(), ref.get_logits(), atol=2e-3, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return llama.Model.load(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf"))
+
+
+def test_a_refused_batch_leaves_no_logits(tiny_model):
+    ctx = llama.Context(tiny_model, n_ctx=256, backend="ref")
+    assert ctx.decode(Batch.from_tokens([1, 2, 3])) == 0
+    assert ctx.get_logits().shape == (1, tiny_model.n_vocab)
+    assert ctx.decode(Batch.from_tokens([tiny_model.n_vocab + 5])) == -1  # a token outside the vocab
+    assert ctx.get_logits().shape == (0, tiny_model.n_vocab)
+    with pytest.raises(IndexError):
+        ctx.get_logits_ith(-1)
+
+
+def test_no_kv_slot_leaves_no_logits(tiny_model):
+    ctx = llama.Context(tiny_model, n_ctx=256, n_batch=256, n_ubatch=256, backend="ref")
+    assert ctx.decode(Batch.from_tokens(list(range(1, 251)))) == 0
+    assert ctx.decode(Batch.from_tokens(list(range(1, 11)))) == 1  # 260 tokens > 256 cells
+    with pytest.raises(IndexError):
+        ctx.get_logits_ith(-1)
+
+
+def test_a_failed_compute_leaves_no_stale_logits(tiny_model, monkeypatch):
+    ctx = llama.Context(tiny_model, n_ctx=256, backend="ref")
+    assert ctx.decode(Batch.from_tokens([1, 2, 3])) == 0
+    assert np.any(ctx.get_logits_ith(-1) != 0)
+
+    def failing(ub, slot):
+        raise NotImplementedError("dequantization of IQ4_NL is not implemented")
+
+    monkeypatch.setattr(ctx, "_process_ubatch", failing)
+    assert ctx.decode(Batch.from_tokens([4, 5])) < -1
+    assert not np.any(ctx.get_logits())  # zeros for the rows never computed, not step one's
+    assert ctx.memory.seq_pos_max(0) == 2  # and the cache is as it was
+
+
+def test_llama_scores_are_cleared_by_a_failed_eval(tiny_model, monkeypatch):
+    llm = llama.Llama(str(tiny_model.path), n_ctx=256, backend="ref", verbose=False)
+    llm.eval([1, 2, 3])
+    assert llm.scores is not None
+    monkeypatch.setattr(llm.engine.ctx, "_process_ubatch", lambda ub, slot: 1 / 0)
+    with pytest.raises(DecodeError):
+        llm.eval([4])
+    assert llm.scores is None
