@@ -11,13 +11,14 @@ and llama-cpp-python's high-level `Llama` over them.
     llm = Llama("smollm2-135m")
     llm.create_chat_completion([{"role": "user", "content": "Hi"}])
 """
+from llama.arch import UnsupportedModel
 from llama.batch import Batch, BatchError
 from llama.context import Context
 from llama.model import LoadCancelled, Model
 
 __all__ = ["Batch", "BatchError", "Context", "Llama", "LlamaGrammar", "LlamaState", "LoadCancelled",
            "Model", "LLAMA_DEFAULT_SEED", "LlamaTokenizer", "LogitsProcessorList", "MinTokensLogitsProcessor",
-           "StoppingCriteriaList", "LlamaCache", "LlamaRAMCache"]
+           "StoppingCriteriaList", "LlamaCache", "LlamaRAMCache", "UnsupportedModel"]
 _COMPAT = ("LlamaTokenizer", "LogitsProcessorList", "MinTokensLogitsProcessor", "StoppingCriteriaList")
 
 
