@@ -27,8 +27,9 @@ def tensors(hp: HParams, t: TensorTable) -> None:
 
 
 def build_llama(g: LlmGraph, rope_freqs: WeightRef | None, output_b: WeightRef | None) -> Tensor:
-    """LLaMA's graph. Qwen 2 and 3 build this graph too: their q/k/v biases and q/k norms
-    are tensors of the layer, which build_qkv_rope uses where the layer has them."""
+    """LLaMA's graph, with the frequency factors `rope_freqs` and the logits' bias
+    `output_b` where given. Qwen 2 and 3 build this graph too: their q/k/v biases and q/k
+    norms are tensors of the layer, which build_qkv_rope uses where the layer has them."""
     hp, m = g.hp, g.model
     inp_l = g.build_inp_embd(m.w.tok_embd)
     inp = g.build_layer_inputs()

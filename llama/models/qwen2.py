@@ -5,7 +5,8 @@ load_tensors: the q/k/v biases are required (they are what sets Qwen 2 apart), a
 attention-output bias is used when present, the output projection is tied to the
 embedding when `output.weight` is absent, and an optional `output.bias` is added to the
 logits. Qwen's rotary embedding rotates the two halves of a head (NeoX), so the converter
-does not permute Q and K as it does for LLaMA.
+does not permute Q and K as it does for LLaMA. The graph is LLaMA's (build_llama), which
+adds the layers' biases and the output bias.
 """
 from __future__ import annotations
 

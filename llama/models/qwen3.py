@@ -4,6 +4,7 @@ projection biases.
 Mirrors llama.cpp's src/models/qwen3.cpp. The head size comes from
 `qwen3.attention.key_length` and need not be n_embd / n_head (Qwen3-0.6B: 16 heads of 128
 in a 1024-wide model), so the Q projection and the attention output have their own widths.
+The graph is LLaMA's (build_llama), which applies the layers' q/k norms.
 """
 from __future__ import annotations
 
