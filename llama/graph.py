@@ -135,6 +135,20 @@ class LlmGraph:
         self.inputs.append(InpOutIds())
         return self.b.input("inp_out_ids", GGMLType.I32, (N_OUTPUTS,))
 
+    def build_layer_inputs(self) -> "LayerInputs":
+        """inp_pos, the attention's KV input and inp_out_ids, in that order: what every
+        decoder layer reads besides the residual stream."""
+        return LayerInputs(self.build_inp_pos(), self.build_attn_inp_kv(), self.build_inp_out_ids())
+
+    def build_inp_embd_scaled(self, tok_embd: WeightRef, scale_input_embd: bool = False) -> Tensor:
+        """The token embeddings times sqrt(n_embd), as every Gemma scales them. Embeddings
+        given as input (e.g. of images) are used as they are unless scale_input_embd
+        (Gemma 2 scales them too, as llama.cpp's gemma2-iswa does)."""
+        cur = self.build_inp_embd(tok_embd)
+        if self.params.use_embd and not scale_input_embd:
+            return cur
+        return self.cb(self.b.scale(cur, math.sqrt(self.hp.n_embd)), "inp_scaled")
+
     def build_attn_inp_kv(self) -> "AttnInput":
         """Write indices and masks. With a separate SWA cache (iSWA) its layers get their own
         indices and a mask over `n_kv_swa` cells; with one cache for all layers the SWA
@@ -275,6 +289,46 @@ class LlmGraph:
             return cur, residual
         return self.b.get_rows(cur, inp_out_ids), self.b.get_rows(residual, inp_out_ids)
 
+    def build_attn_block(self, inp: "LayerInputs", layer: SimpleNamespace, x: Tensor, rope: dict,
+                         kq_scale: float, il: int, freq_factors: Tensor | None = None,
+                         q_scale: float | None = None, softcap: float = 0.0,
+                         post_norm: WeightRef | None = None, name: str = "ffn_inp") -> Tensor:
+        """The attention half of a pre-norm decoder layer: attn_norm, Q/K/V with RoPE (Q then
+        scaled by q_scale where given), attention with the layer's output bias, in the last
+        layer only the output rows, the output RMS-normalised again with post_norm (Gemma 2
+        and 3), and the residual add, named `name`."""
+        cur = self.cb(self.build_norm(x, layer.attn_norm, None, NormType.RMS, il), "attn_norm", il)
+        q, k, v = self.build_qkv_rope(layer, cur, inp.pos, rope, il, freq_factors)
+        if q_scale is not None:
+            q = self.cb(self.b.scale(q, q_scale), "Qcur_scaled", il)
+        cur = self.build_attn(inp.attn, layer.wo, layer.bo, q, k, v, kq_scale, il, softcap=softcap)
+        cur, x = self.select_out_rows(cur, x, inp.out_ids, il)
+        if post_norm is not None:
+            cur = self.cb(self.build_norm(cur, post_norm, None, NormType.RMS, il), "attn_post_norm", il)
+        return self.cb(self.b.add(cur, x), name, il)
+
+    def build_ffn_block(self, layer: SimpleNamespace, x: Tensor, act: FfnOp, il: int,
+                        post_norm: WeightRef | None = None) -> Tensor:
+        """The FFN half of a pre-norm decoder layer: ffn_norm, the gated FFN of the layer's
+        ffn_gate/up/down, the output RMS-normalised again with post_norm (Gemma 2 and 3),
+        and the residual add (`l_out`)."""
+        cur = self.cb(self.build_norm(x, layer.ffn_norm, None, NormType.RMS, il), "ffn_norm", il)
+        cur = self.build_ffn(cur, layer.ffn_up, None, layer.ffn_gate, None, layer.ffn_down, None, act, il)
+        if post_norm is not None:
+            cur = self.cb(self.build_norm(cur, post_norm, None, NormType.RMS, il), "ffn_post_norm", il)
+        return self.cb(self.b.add(cur, x), "l_out", il)
+
+    def build_output(self, x: Tensor, output_norm: WeightRef, output: WeightRef,
+                     output_b: WeightRef | None = None) -> Tensor:
+        """The logits: the final RMS norm (`result_norm`, also t_embd), then the output
+        projection and its bias."""
+        cur = self.cb(self.build_norm(x, output_norm, None, NormType.RMS), "result_norm")
+        return self.build_lora_mm(output, cur, output_b)
+
+    def build_softcap(self, t: Tensor, cap: float) -> Tensor:
+        """tanh(t / cap) * cap: Gemma's soft-capping of the final logits."""
+        return self.b.scale(self.b.tanh(self.b.scale(t, 1.0 / cap)), cap)
+
     def build_attn(self, inp: "AttnInput", wo: WeightRef, wo_b: WeightRef | None, q_cur: Tensor,
                    k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int,
                    softcap: float = 0.0) -> Tensor:
@@ -338,3 +392,12 @@ class AttnInput:
     mask: Tensor
     mask_swa: Tensor | None = None
     k_idxs_swa: Tensor | None = None  # only with a separate SWA cache
+
+
+@dataclass
+class LayerInputs:
+    """The inputs every decoder layer reads (LlmGraph.build_layer_inputs)."""
+
+    pos: Tensor
+    attn: AttnInput
+    out_ids: Tensor | None

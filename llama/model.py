@@ -11,6 +11,7 @@ import copy
 import logging
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -36,27 +37,28 @@ class LoadCancelled(RuntimeError):
     """The progress callback returned False (llama.cpp's status -2)."""
 
 
+@dataclass(eq=False, repr=False)
 class Model:
     """A loaded model: hparams, vocab and weights (views into the GGUF memory map)."""
 
-    def __init__(self, path: Path, gguf: GGUFFile, arch: Architecture, hparams: HParams, vocab: Vocab,
-                 w: SimpleNamespace | None, layers: list[SimpleNamespace], n_gpu_layers: int,
-                 load_ms: float, placement: Placement | None = None):
-        self.path = path
-        self.gguf = gguf
-        self.arch = arch
-        self.hparams = hparams
-        self.vocab = vocab
-        self.w = w
-        self.layers = layers
-        self.n_gpu_layers = n_gpu_layers
-        self.load_ms = load_ms
-        # where weights and KV cache layers live (docs/architecture.md, step 6); inactive without devices
-        self.placement = placement or Placement.plan(hparams.n_layer)
-        # what backends derive from the weights once per model (the CPU backend's repacked
-        # weights), shared by every context
-        self.backend_cache: dict = {}
-        self.loras: list[LoraAdapter] = []  # adapters loaded for this model, by id
+    path: Path
+    gguf: GGUFFile
+    arch: Architecture
+    hparams: HParams
+    vocab: Vocab
+    w: SimpleNamespace | None
+    layers: list[SimpleNamespace]
+    n_gpu_layers: int
+    load_ms: float
+    # where weights and KV cache layers live (docs/architecture.md, step 6); inactive without devices
+    placement: Placement | None = None
+    # what backends derive from the weights once per model (the CPU backend's repacked
+    # weights), shared by every context
+    backend_cache: dict = field(default_factory=dict, init=False)
+    loras: list[LoraAdapter] = field(default_factory=list, init=False)  # loaded adapters, by id
+
+    def __post_init__(self) -> None:
+        self.placement = self.placement or Placement.plan(self.hparams.n_layer)
 
     @classmethod
     def load(cls, path: str | os.PathLike, n_gpu_layers: int = 0, vocab_only: bool = False,

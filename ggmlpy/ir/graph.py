@@ -3,11 +3,37 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from ggmlpy.ir.symbolic import dim_str
 from ggmlpy.ir.tensor import BOUND_BITS, Flag, Tensor
 from ggmlpy.ir.types import GGMLType
+
+
+def tensor_deps(t: Tensor) -> list[Tensor]:
+    """What t needs before it exists: its sources and, for views, its memory owner."""
+    return list(t.src) + ([t.view_src] if t.view_src is not None else [])
+
+
+def append_post_order(root: Tensor, seen: set[int], order: list[Tensor],
+                      deps: Callable[[Tensor], list[Tensor]] = tensor_deps) -> None:
+    """Append to `order` root and what it needs (`deps`) that is not in `seen` yet,
+    dependencies first, marking each seen: a depth-first post-order with sources in order
+    (as ggml_build_forward), on an explicit stack so deep graphs do not hit the recursion
+    limit."""
+    stack: list[tuple[Tensor, bool]] = [(root, False)]
+    while stack:
+        t, expanded = stack.pop()
+        if t.id in seen:
+            continue
+        if expanded:
+            seen.add(t.id)
+            order.append(t)
+            continue
+        stack.append((t, True))
+        for s in reversed(deps(t)):
+            if s.id not in seen:
+                stack.append((s, False))
 
 
 def topological_order(outputs: Iterable[Tensor]) -> list[Tensor]:
@@ -15,20 +41,7 @@ def topological_order(outputs: Iterable[Tensor]) -> list[Tensor]:
     order: list[Tensor] = []
     seen: set[int] = set()
     for out in outputs:
-        stack: list[tuple[Tensor, bool]] = [(out, False)]
-        while stack:
-            t, expanded = stack.pop()
-            if t.id in seen:
-                continue
-            if expanded:
-                seen.add(t.id)
-                order.append(t)
-                continue
-            stack.append((t, True))
-            deps = list(t.src) + ([t.view_src] if t.view_src is not None else [])
-            for s in reversed(deps):
-                if s.id not in seen:
-                    stack.append((s, False))
+        append_post_order(out, seen, order)
     return order
 
 

@@ -79,15 +79,25 @@ def _nibble_planes(blk: np.ndarray) -> np.ndarray:
     return _nibbles(_plane_major(blk["qs"], 1)).reshape(2, len(blk), 16)
 
 
-def q4_0(blk: np.ndarray, out: np.ndarray) -> None:
-    q = _nibble_planes(blk).view(np.int8)
-    q -= 8
+def _fill_offset(blk: np.ndarray, out: np.ndarray, q: np.ndarray, offset: int) -> None:
+    """d * (q - offset): Q4_0 and Q5_0, whose unsigned quants stand for signed ones."""
+    q = q.view(np.int8)
+    q -= offset
     _fill(out, q, _f32(blk["d"]), 1)
 
 
-def q4_1(blk: np.ndarray, out: np.ndarray) -> None:
-    grouped = _fill(out, _nibble_planes(blk), _f32(blk["d"]), 1)
+def _fill_min(blk: np.ndarray, out: np.ndarray, q: np.ndarray) -> None:
+    """d * q + m: Q4_1 and Q5_1, whose blocks carry their minimum."""
+    grouped = _fill(out, q, _f32(blk["d"]), 1)
     grouped += _f32(blk["m"]).reshape(-1, 1, 1)
+
+
+def q4_0(blk: np.ndarray, out: np.ndarray) -> None:
+    _fill_offset(blk, out, _nibble_planes(blk), 8)
+
+
+def q4_1(blk: np.ndarray, out: np.ndarray) -> None:
+    _fill_min(blk, out, _nibble_planes(blk))
 
 
 # byte -> its eight bits, each moved to bit 4 of its own byte (little-endian bit order),
@@ -105,14 +115,11 @@ def _q5_planes(blk: np.ndarray) -> np.ndarray:
 
 
 def q5_0(blk: np.ndarray, out: np.ndarray) -> None:
-    q = _q5_planes(blk).view(np.int8)
-    q -= 16
-    _fill(out, q, _f32(blk["d"]), 1)
+    _fill_offset(blk, out, _q5_planes(blk), 16)
 
 
 def q5_1(blk: np.ndarray, out: np.ndarray) -> None:
-    grouped = _fill(out, _q5_planes(blk), _f32(blk["d"]), 1)
-    grouped += _f32(blk["m"]).reshape(-1, 1, 1)
+    _fill_min(blk, out, _q5_planes(blk))
 
 
 def q8_0(blk: np.ndarray, out: np.ndarray) -> None:

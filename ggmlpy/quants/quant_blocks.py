@@ -49,45 +49,40 @@ def _range(x: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return mn, d, safe_inverse(d)
 
 
-def q4_0(x: np.ndarray) -> np.ndarray:
-    d, inv = _symmetric(x, -8)
-    q = _truncate(x * inv[:, None] + F32(8.5), 15)
-    blk = _new(GGMLType.Q4_0, len(x))
+def _legacy_block(t: GGMLType, d: np.ndarray, q: np.ndarray, mn: np.ndarray | None = None) -> np.ndarray:
+    """The Q4_0/Q4_1/Q5_0/Q5_1 blocks of scales d, quants q and (the _1 types) minimums mn:
+    the low nibbles in qs, the 5-bit types' fifth bits in qh."""
+    blk = _new(t, len(d))
     blk["d"] = to_f16(d)
+    if mn is not None:
+        blk["m"] = to_f16(mn)
+    if t in (GGMLType.Q5_0, GGMLType.Q5_1):
+        blk["qh"] = _fifth_bits(q)
     blk["qs"] = _pack_nibbles(q)
     return blk
+
+
+def q4_0(x: np.ndarray) -> np.ndarray:
+    d, inv = _symmetric(x, -8)
+    return _legacy_block(GGMLType.Q4_0, d, _truncate(x * inv[:, None] + F32(8.5), 15))
 
 
 def q4_1(x: np.ndarray) -> np.ndarray:
     mn, d, inv = _range(x, 15)
     q = _truncate((x - mn[:, None]) * inv[:, None] + F32(0.5), 15)
-    blk = _new(GGMLType.Q4_1, len(x))
-    blk["d"] = to_f16(d)
-    blk["m"] = to_f16(mn)
-    blk["qs"] = _pack_nibbles(q)
-    return blk
+    return _legacy_block(GGMLType.Q4_1, d, q, mn)
 
 
 def q5_0(x: np.ndarray) -> np.ndarray:
     d, inv = _symmetric(x, -16)
-    q = _truncate(x * inv[:, None] + F32(16.5), 31)
-    blk = _new(GGMLType.Q5_0, len(x))
-    blk["d"] = to_f16(d)
-    blk["qh"] = _fifth_bits(q)
-    blk["qs"] = _pack_nibbles(q)
-    return blk
+    return _legacy_block(GGMLType.Q5_0, d, _truncate(x * inv[:, None] + F32(16.5), 31))
 
 
 def q5_1(x: np.ndarray) -> np.ndarray:
     mn, d, inv = _range(x, 31)
     # C: (uint8_t)(x0 + 0.5f) without a clamp; the value never exceeds 31.5
     q = ((x - mn[:, None]) * inv[:, None] + F32(0.5)).astype(np.uint8)
-    blk = _new(GGMLType.Q5_1, len(x))
-    blk["d"] = to_f16(d)
-    blk["m"] = to_f16(mn)
-    blk["qh"] = _fifth_bits(q)
-    blk["qs"] = _pack_nibbles(q)
-    return blk
+    return _legacy_block(GGMLType.Q5_1, d, q, mn)
 
 
 def _q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

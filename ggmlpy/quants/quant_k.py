@@ -8,6 +8,8 @@ whose decoded scale is exactly zero keeps the levels of the search, as in ggml.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ggmlpy.ir.types import GGMLType
@@ -133,11 +135,20 @@ def q2_k(x: np.ndarray) -> np.ndarray:
     return blk
 
 
+def _scales16(x: np.ndarray, make: Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]],
+              nmax: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Q3_K's and Q6_K's sub-block scales: `make` (make_q3_quants, make_qx_quants) over each
+    block's 16 sub-blocks of 16, as [n, 16], the search behind them, and their first
+    absmax per block (signed) with its magnitude."""
+    scales, search = make(_sub_blocks(x, 16), nmax)
+    scales = scales.reshape(len(x), 16)
+    max_scale, max_abs = first_absmax(scales, axis=1)
+    return scales, search, max_scale, max_abs
+
+
 def q3_k(x: np.ndarray) -> np.ndarray:
     n = len(x)
-    scales, search = make_q3_quants(_sub_blocks(x, 16), 4)
-    scales = scales.reshape(n, 16)
-    max_scale, _ = first_absmax(scales, axis=1)
+    scales, search, max_scale, _ = _scales16(x, make_q3_quants, 4)
     nonzero = max_scale != 0
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         iscale = (F32(-32) / max_scale).astype(F32)
@@ -160,9 +171,7 @@ def q3_k(x: np.ndarray) -> np.ndarray:
 
 def q6_k(x: np.ndarray) -> np.ndarray:
     n = len(x)
-    scales, search = make_qx_quants(_sub_blocks(x, 16), 32)
-    scales = scales.reshape(n, 16)
-    max_scale, max_abs = first_absmax(scales, axis=1)
+    scales, search, max_scale, max_abs = _scales16(x, make_qx_quants, 32)
     zero = max_abs < GROUP_MAX_EPS
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         iscale = (F32(-128) / max_scale).astype(F32)

@@ -7,6 +7,7 @@ end-of-text control token), so the tokenizer path is the real one too.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -31,6 +32,19 @@ def _byte_symbols() -> list[str]:
 
 FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|fim_repo|>",
               "<|file_sep|>")  # Qwen2.5-Coder's names; the last six ids with fim=True
+
+
+def add_random_matrix(add: Callable[..., None], rng: np.random.Generator, name: str, n_in: int,
+                      n_out: int, weight_type: GGMLType) -> None:
+    """A random [n_out, n_in] matrix (ggml ne = (n_in, n_out)) scaled by 1/sqrt(n_in) to keep
+    activations O(1), given to `add` (GGUFWriter.add_tensor's arguments) as weight_type."""
+    data = (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+    if weight_type == GGMLType.F32:
+        add(name, data)
+    elif weight_type == GGMLType.F16:
+        add(name, data.astype(np.float16))
+    else:
+        add(name, quantize(data, weight_type), type=weight_type, ne=(n_in, n_out))
 
 
 def add_tiny_bpe_vocab(w: GGUFWriter, n_vocab: int, fim: bool = False) -> None:
@@ -81,13 +95,7 @@ def write_tiny_llama(path: str | Path, *, n_layer: int = 2, n_embd: int = 64, n_
     add_tiny_bpe_vocab(w, n_vocab, fim=fim)
 
     def mat(name: str, n_in: int, n_out: int) -> None:
-        data = (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
-        if weight_type == GGMLType.F32:
-            w.add_tensor(name, data)
-        elif weight_type == GGMLType.F16:
-            w.add_tensor(name, data.astype(np.float16))
-        else:
-            w.add_tensor(name, quantize(data, weight_type), type=weight_type, ne=(n_in, n_out))
+        add_random_matrix(w.add_tensor, rng, name, n_in, n_out, weight_type)
 
     def vec(name: str, n: int) -> None:
         w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))

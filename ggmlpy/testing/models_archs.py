@@ -19,8 +19,7 @@ import numpy as np
 
 from ggmlpy.gguf.writer import GGUFWriter
 from ggmlpy.ir.types import GGMLType
-from ggmlpy.quants import quantize
-from ggmlpy.testing.models import add_tiny_bpe_vocab
+from ggmlpy.testing.models import add_random_matrix, add_tiny_bpe_vocab
 
 
 @dataclass
@@ -97,14 +96,7 @@ class _Tiny:
 
     def mat(self, name: str, n_in: int, n_out: int) -> None:
         """A [n_out, n_in] matrix (ggml ne = (n_in, n_out)) scaled to keep activations O(1)."""
-        data = (self.rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
-        wt = self.cfg.weight_type
-        if wt == GGMLType.F32:
-            self.add(name, data)
-        elif wt == GGMLType.F16:
-            self.add(name, data.astype(np.float16))
-        else:
-            self.add(name, quantize(data, wt), type=wt, ne=(n_in, n_out))
+        add_random_matrix(self.add, self.rng, name, n_in, n_out, self.cfg.weight_type)
 
     def norm(self, name: str, n: int) -> None:
         self.add(name, (1.0 + 0.1 * self.rng.standard_normal(n)).astype(np.float32))

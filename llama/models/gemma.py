@@ -16,8 +16,9 @@ import math
 from ggmlpy.ir import Tensor
 from ggmlpy.ir.ops.rope import ROPE_TYPE_NEOX
 from llama.arch import Architecture, register
-from llama.graph import FfnOp, LlmGraph, NormType
+from llama.graph import FfnOp, LlmGraph
 from llama.hparams import HParams, MetadataReader, require_rms_eps
+from llama.models.decoder_tensors import add_decoder_layer, add_embd_output
 from llama.weights import TensorTable
 
 
@@ -27,41 +28,23 @@ def load_hparams(r: MetadataReader, hp: HParams) -> None:
 
 
 def tensors(hp: HParams, t: TensorTable) -> None:
-    n_embd, n_vocab = hp.n_embd, hp.n_vocab
-    t.add("tok_embd", "token_embd.weight", (n_embd, n_vocab))  # also the output projection
-    t.add("output_norm", "output_norm.weight", (n_embd,))
+    add_embd_output(hp, t, output=False)  # tok_embd is also the output projection
     for il in range(hp.n_layer):
-        t.add_layer(il, "attn_norm", "attn_norm.weight", (n_embd,))
-        t.add_attention(il, hp)
-        t.add_layer(il, "ffn_norm", "ffn_norm.weight", (n_embd,))
-        t.add_gated_ffn(il, n_embd, hp.n_ff[il])
+        add_decoder_layer(hp, t, il)
 
 
 def build(g: LlmGraph) -> Tensor:
-    b, hp, m = g.b, g.hp, g.model
-    inp_l = g.build_inp_embd(m.w.tok_embd)
-    if not g.params.use_embd:  # raw embeddings (e.g. of images) are used as they are
-        inp_l = g.cb(b.scale(inp_l, math.sqrt(hp.n_embd)), "inp_scaled")
-    inp_pos = g.build_inp_pos()
-    inp_attn = g.build_attn_inp_kv()
-    inp_out_ids = g.build_inp_out_ids()
+    hp, m = g.hp, g.model
+    inp_l = g.build_inp_embd_scaled(m.w.tok_embd)
+    inp = g.build_layer_inputs()
     rope = hp.rope_args()
+    q_scale = 1.0 / math.sqrt(hp.n_embd_head_k)
 
     for il, layer in enumerate(m.layers):
-        cur = g.cb(g.build_norm(inp_l, layer.attn_norm, None, NormType.RMS, il), "attn_norm", il)
-        q, k, v = g.build_qkv_rope(layer, cur, inp_pos, rope, il)
-        q = g.cb(b.scale(q, 1.0 / math.sqrt(hp.n_embd_head_k)), "Qcur_scaled", il)
+        sa_out = g.build_attn_block(inp, layer, inp_l, rope, 1.0, il, q_scale=q_scale, name="sa_out")
+        inp_l = g.build_ffn_block(layer, sa_out, FfnOp.GELU, il)
 
-        cur = g.build_attn(inp_attn, layer.wo, None, q, k, v, 1.0, il)
-        cur, inp_l = g.select_out_rows(cur, inp_l, inp_out_ids, il)
-        sa_out = g.cb(b.add(cur, inp_l), "sa_out", il)
-
-        cur = g.cb(g.build_norm(sa_out, layer.ffn_norm, None, NormType.RMS, il), "ffn_norm", il)
-        cur = g.build_ffn(cur, layer.ffn_up, None, layer.ffn_gate, None, layer.ffn_down, None, FfnOp.GELU, il)
-        inp_l = g.cb(b.add(cur, sa_out), "l_out", il)
-
-    cur = g.cb(g.build_norm(inp_l, m.w.output_norm, None, NormType.RMS), "result_norm")
-    return g.build_lora_mm(m.w.tok_embd, cur)
+    return g.build_output(inp_l, m.w.output_norm, m.w.tok_embd)
 
 
 register(Architecture("gemma", load_hparams, tensors, build))

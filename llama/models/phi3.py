@@ -26,6 +26,7 @@ from llama.graph import LlmGraph, NormType
 from llama.hparams import HParams, HParamsError, MetadataReader, require_rms_eps
 from llama.kshift import rope_factors as kshift_rope_factors
 from llama.kv_cells import SWAType
+from llama.models.decoder_tensors import add_embd_output
 from llama.weights import Need, TensorTable
 
 
@@ -42,11 +43,8 @@ def load_hparams(r: MetadataReader, hp: HParams) -> None:
 
 
 def tensors(hp: HParams, t: TensorTable) -> None:
-    n_embd, n_vocab = hp.n_embd, hp.n_vocab
-    t.add("tok_embd", "token_embd.weight", (n_embd, n_vocab))
-    t.add("output_norm", "output_norm.weight", (n_embd,))
-    t.add("output", "output.weight", (n_embd, n_vocab), optional=True)  # absent: tied embeddings
-    t.add("output_b", "output.bias", (n_vocab,), optional=True)
+    n_embd = hp.n_embd
+    add_embd_output(hp, t, output_bias=True)
     t.add("rope_long", "rope_factors_long.weight", (hp.n_rot // 2,), optional=True)
     t.add("rope_short", "rope_factors_short.weight", (hp.n_rot // 2,), optional=True)
     for il in range(hp.n_layer):
@@ -77,28 +75,18 @@ def rope_factors(g: LlmGraph):
 def build(g: LlmGraph) -> Tensor:
     b, hp, m = g.b, g.hp, g.model
     inp_l = g.build_inp_embd(m.w.tok_embd)
-    inp_pos = g.build_inp_pos()
-    inp_attn = g.build_attn_inp_kv()
-    inp_out_ids = g.build_inp_out_ids()
+    inp = g.build_layer_inputs()
     rope = hp.rope_args()
     freqs = g.w(rope_factors(g))
+    q_scale = 1.0 / math.sqrt(hp.n_embd_head_k)
 
     for il, layer in enumerate(m.layers):
-        residual = inp_l
-        cur = g.cb(g.build_norm(inp_l, layer.attn_norm, None, NormType.RMS, il), "attn_norm", il)
-        q, k, v = g.build_qkv_rope(layer, cur, inp_pos, rope, il, freqs)
-        q = g.cb(b.scale(q, 1.0 / math.sqrt(hp.n_embd_head_k)), "Qcur_scaled", il)
-
-        cur = g.build_attn(inp_attn, layer.wo, None, q, k, v, 1.0, il)
-        cur, residual = g.select_out_rows(cur, residual, inp_out_ids, il)
-        residual = g.cb(b.add(cur, residual), "ffn_inp", il)
-
+        residual = g.build_attn_block(inp, layer, inp_l, rope, 1.0, il, freqs, q_scale=q_scale)
         cur = g.cb(g.build_norm(residual, layer.ffn_norm, None, NormType.RMS, il), "ffn_norm", il)
         cur = build_ffn_fused(g, layer, cur, il)
         inp_l = g.cb(b.add(residual, cur), "l_out", il)
 
-    cur = g.cb(g.build_norm(inp_l, m.w.output_norm, None, NormType.RMS), "result_norm")
-    return g.build_lora_mm(m.w.output or m.w.tok_embd, cur, m.w.output_b)
+    return g.build_output(inp_l, m.w.output_norm, m.w.output or m.w.tok_embd, m.w.output_b)
 
 
 register(Architecture("phi3", load_hparams, tensors, build))

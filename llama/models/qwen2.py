@@ -5,15 +5,18 @@ load_tensors: the q/k/v biases are required (they are what sets Qwen 2 apart), a
 attention-output bias is used when present, the output projection is tied to the
 embedding when `output.weight` is absent, and an optional `output.bias` is added to the
 logits. Qwen's rotary embedding rotates the two halves of a head (NeoX), so the converter
-does not permute Q and K as it does for LLaMA.
+does not permute Q and K as it does for LLaMA. The graph is LLaMA's (build_llama), which
+adds the layers' biases and the output bias.
 """
 from __future__ import annotations
 
 from ggmlpy.ir import Tensor
 from ggmlpy.ir.ops.rope import ROPE_TYPE_NEOX
 from llama.arch import Architecture, register
-from llama.graph import FfnOp, LlmGraph, NormType
+from llama.graph import LlmGraph
 from llama.hparams import HParams, MetadataReader, require_rms_eps
+from llama.models.decoder_tensors import add_decoder_layer, add_embd_output
+from llama.models.llama import build_llama
 from llama.weights import Need, TensorTable
 
 
@@ -23,41 +26,13 @@ def load_hparams(r: MetadataReader, hp: HParams) -> None:
 
 
 def tensors(hp: HParams, t: TensorTable) -> None:
-    n_embd, n_vocab = hp.n_embd, hp.n_vocab
-    t.add("tok_embd", "token_embd.weight", (n_embd, n_vocab))
-    t.add("output_norm", "output_norm.weight", (n_embd,))
-    t.add("output", "output.weight", (n_embd, n_vocab), optional=True)  # absent: tied embeddings
-    t.add("output_b", "output.bias", (n_vocab,), optional=True)
+    add_embd_output(hp, t, output_bias=True)
     for il in range(hp.n_layer):
-        t.add_layer(il, "attn_norm", "attn_norm.weight", (n_embd,))
-        t.add_attention(il, hp, qkv_bias=Need.REQUIRED, out_bias=Need.OPTIONAL)
-        t.add_layer(il, "ffn_norm", "ffn_norm.weight", (n_embd,))
-        t.add_gated_ffn(il, n_embd, hp.n_ff[il])
+        add_decoder_layer(hp, t, il, qkv_bias=Need.REQUIRED, out_bias=Need.OPTIONAL)
 
 
 def build(g: LlmGraph) -> Tensor:
-    b, hp, m = g.b, g.hp, g.model
-    inp_l = g.build_inp_embd(m.w.tok_embd)
-    inp_pos = g.build_inp_pos()
-    inp_attn = g.build_attn_inp_kv()
-    inp_out_ids = g.build_inp_out_ids()
-    kq_scale = g.default_kq_scale(hp)
-    rope = hp.rope_args()
-
-    for il, layer in enumerate(m.layers):
-        inp_sa = inp_l
-        cur = g.cb(g.build_norm(inp_l, layer.attn_norm, None, NormType.RMS, il), "attn_norm", il)
-        q, k, v = g.build_qkv_rope(layer, cur, inp_pos, rope, il)
-        cur = g.build_attn(inp_attn, layer.wo, layer.bo, q, k, v, kq_scale, il)
-        cur, inp_sa = g.select_out_rows(cur, inp_sa, inp_out_ids, il)
-        ffn_inp = g.cb(b.add(cur, inp_sa), "ffn_inp", il)
-
-        cur = g.cb(g.build_norm(ffn_inp, layer.ffn_norm, None, NormType.RMS, il), "ffn_norm", il)
-        cur = g.build_ffn(cur, layer.ffn_up, None, layer.ffn_gate, None, layer.ffn_down, None, FfnOp.SILU, il)
-        inp_l = g.cb(b.add(cur, ffn_inp), "l_out", il)
-
-    cur = g.cb(g.build_norm(inp_l, m.w.output_norm, None, NormType.RMS), "result_norm")
-    return g.build_lora_mm(m.w.output or m.w.tok_embd, cur, m.w.output_b)
+    return build_llama(g, None, g.model.w.output_b)
 
 
 register(Architecture("qwen2", load_hparams, tensors, build))

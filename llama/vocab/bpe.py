@@ -11,10 +11,10 @@ Words repeat a lot in real text, so results are cached per word.
 """
 from __future__ import annotations
 
-import heapq
 import logging
 from typing import Any
 
+from llama.vocab.bigram_merge import merge_bigrams
 from llama.vocab.common import SpecialIds, VocabError, VocabFlags
 from llama.vocab.model import TokenizerModel, register_tokenizer_model
 from llama.vocab.pretokenizers import PreTokenizer, pre_spec
@@ -106,47 +106,20 @@ def merge_simple(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[
 def merge_heap(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
     """Same result as merge_simple in O(n log n): llama.cpp's priority queue of bigrams.
 
-    Entries are (rank, left index, right index, merged text); an entry is stale when either
-    side has changed since it was pushed, which shows as a text mismatch.
+    Entries are keyed by rank and carry the merged text; an entry is stale when either side
+    has changed since it was pushed, which shows as a text mismatch.
     """
-    text = list(symbols)
-    n = len(text)
-    if n < 2:
-        return text
-    nxt = list(range(1, n + 1))
-    nxt[-1] = -1
-    prv = list(range(-1, n - 1))
-    heap: list[tuple[int, int, int, str]] = []
+    def rank(left: str, right: str) -> tuple[int, str] | None:
+        r = ranks.get((left, right))
+        return None if r is None else (r, left + right)
 
-    def push(left: int, right: int) -> None:
-        if left == -1 or right == -1:
-            return
-        r = ranks.get((text[left], text[right]))
-        if r is not None:
-            heapq.heappush(heap, (r, left, right, text[left] + text[right]))
-
-    for i in range(1, n):
-        push(i - 1, i)
-    while heap:
-        _, left, right, merged = heapq.heappop(heap)
-        if not text[left] or not text[right] or text[left] + text[right] != merged:
-            continue
-        text[left] = merged
-        text[right] = ""
-        nxt[left] = nxt[right]
-        if nxt[right] != -1:
-            prv[nxt[right]] = left
-        push(prv[left], left)
-        push(left, nxt[left])
-    return [t for t in text if t]
+    return merge_bigrams(symbols, rank, lambda left, right, merged: left + right == merged)
 
 
 @register_tokenizer_model("gpt2")
 class BPEModel(TokenizerModel):
     """GPT-2 style byte-level BPE with the pre-tokenizer named by `tokenizer.ggml.pre`."""
 
-    name = "gpt2"
-    cache_size = 1 << 17
 
     def __init__(self, md: dict[str, Any]):
         super().__init__(md)
@@ -162,7 +135,6 @@ class BPEModel(TokenizerModel):
         if isinstance(merges, (str, bytes)):
             raise VocabError("tokenizer.ggml.merges must be an array of strings")
         self.ranks = parse_merges(merges)
-        self._cache: dict[str, tuple[int, ...]] = {}
 
     def defaults(self) -> tuple[VocabFlags, SpecialIds]:
         flags = VocabFlags(add_space_prefix=False, escape_whitespaces=False,
@@ -175,20 +147,9 @@ class BPEModel(TokenizerModel):
         super().attach(vocab)
         self._token_to_id = vocab.token_to_id
         self._ignore_merges = vocab.flags.ignore_merges
-        self._cache.clear()
 
     def encode(self, text: str) -> list[int]:
-        out: list[int] = []
-        cache = self._cache
-        for word in self.pretokenizer.split(text):
-            ids = cache.get(word)
-            if ids is None:
-                ids = self.encode_word(word)
-                if len(cache) >= self.cache_size:
-                    del cache[next(iter(cache))]  # drop the oldest entry
-                cache[word] = ids
-            out.extend(ids)
-        return out
+        return self._cache.encode(self.pretokenizer.split(text), self.encode_word)
 
     def encode_word(self, word: str) -> tuple[int, ...]:
         """Token ids of one pre-tokenized word (uncached)."""

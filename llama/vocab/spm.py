@@ -13,12 +13,12 @@ one at a time, each result cached: the same ids as one big merge, much faster on
 """
 from __future__ import annotations
 
-import heapq
 from functools import cached_property
 from typing import Any, Callable
 
 import re
 
+from llama.vocab.bigram_merge import merge_bigrams
 from llama.vocab.common import SpecialIds, VocabError, VocabFlags
 from llama.vocab.model import TokenizerModel, register_tokenizer_model
 
@@ -70,55 +70,24 @@ def merge_simple(chars: list[str], token_to_id: dict[str, int], scores: list[flo
 def merge_heap(chars: list[str], token_to_id: dict[str, int], scores: list[float]) -> list[str]:
     """Same result as merge_simple in O(n log n): llama.cpp's bigram priority queue.
 
-    Entries are (-score, left, right, size in characters); an entry is stale when either side
-    has changed since it was pushed, which shows as an empty side or a different total size
-    (symbols only grow), exactly llama.cpp's test.
+    Entries are keyed by -score and carry the size in characters; an entry is stale when
+    either side has changed since it was pushed, which shows as an empty side or a different
+    total size (symbols only grow), exactly llama.cpp's test.
     """
-    text = list(chars)
-    n = len(text)
-    if n < 2:
-        return text
-    nxt = list(range(1, n + 1))
-    nxt[-1] = -1
-    prv = list(range(-1, n - 1))
-    heap: list[tuple[float, int, int, int]] = []
     lookup = token_to_id.get
 
-    def push(left: int, right: int) -> None:
-        if left == -1 or right == -1:
-            return
-        merged = text[left] + text[right]
+    def rank(left: str, right: str) -> tuple[float, int] | None:
+        merged = left + right
         tid = lookup(merged)
-        if tid is not None:
-            heapq.heappush(heap, (-scores[tid], left, right, len(merged)))
+        return None if tid is None else (-scores[tid], len(merged))
 
-    for i in range(1, n):
-        push(i - 1, i)
-    while heap:
-        _, left, right, size = heapq.heappop(heap)
-        lt, rt = text[left], text[right]
-        if not lt or not rt or len(lt) + len(rt) != size:
-            continue
-        text[left] = lt + rt
-        text[right] = ""
-        nxt[left] = nxt[right]
-        if nxt[right] != -1:
-            prv[nxt[right]] = left
-        push(prv[left], left)
-        push(left, nxt[left])
-    return [t for t in text if t]
+    return merge_bigrams(chars, rank, lambda left, right, size: len(left) + len(right) == size)
 
 
 @register_tokenizer_model("llama")
 class SPMModel(TokenizerModel):
     """SentencePiece with score-based merges and byte fallback (LLaMA 1/2, Gemma, Mistral v1)."""
 
-    name = "llama"
-    cache_size = 1 << 17
-
-    def __init__(self, md: dict[str, Any]):
-        super().__init__(md)
-        self._cache: dict[str, tuple[int, ...]] = {}
 
     def defaults(self) -> tuple[VocabFlags, SpecialIds]:
         flags = VocabFlags(add_bos=True, add_eos=False, add_space_prefix=True, clean_spaces=False,
@@ -130,7 +99,6 @@ class SPMModel(TokenizerModel):
         self._token_to_id = vocab.token_to_id
         self._scores = vocab.scores.tolist()
         self._byte_ids = [self._byte_to_token(b) for b in range(256)]
-        self._cache.clear()
         self.__dict__.pop("_splitter", None)
 
     @cached_property
@@ -164,17 +132,7 @@ class SPMModel(TokenizerModel):
 
     def encode(self, text: str) -> list[int]:
         """Ids of one escaped fragment ("▁" for spaces, no special tokens inside)."""
-        out: list[int] = []
-        cache = self._cache
-        for chunk in self._splitter(text):
-            ids = cache.get(chunk)
-            if ids is None:
-                ids = self.encode_chunk(chunk)
-                if len(cache) >= self.cache_size:
-                    del cache[next(iter(cache))]  # drop the oldest entry
-                cache[chunk] = ids
-            out.extend(ids)
-        return out
+        return self._cache.encode(self._splitter(text), self.encode_chunk)
 
     def encode_chunk(self, chunk: str) -> tuple[int, ...]:
         """Ids of one chunk (uncached): merge, then look up or byte-fall-back each symbol.

@@ -130,7 +130,6 @@ def _insert(trie: dict, key: bytes, value: int) -> None:
 class UGMModel(TokenizerModel):
     """T5-style unigram language model with SentencePiece normalisation."""
 
-    name = "t5"
 
     def __init__(self, md: dict[str, Any]):
         super().__init__(md)
@@ -173,17 +172,8 @@ class UGMModel(TokenizerModel):
     def tokenize_fragments(self, fragments: list[str | int], add_special: bool) -> list[int]:
         """BOS/EOS as the vocabulary asks; text goes to the normaliser unescaped."""
         vocab = self.vocab
-        out: list[int] = []
-        if add_special and vocab.add_bos:
-            out.append(vocab.require_special("bos"))
-        for frag in fragments:
-            if isinstance(frag, int):
-                out.append(frag)
-            else:
-                out.extend(self.encode(frag))
-        if add_special and vocab.add_eos:
-            out.append(vocab.require_special("eos"))
-        return out
+        return self.join_fragments(fragments, "bos" if add_special and vocab.add_bos else None,
+                                   "eos" if add_special and vocab.add_eos else None)
 
     def encode(self, text: str) -> list[int]:
         return self.viterbi(self.normalize(text))

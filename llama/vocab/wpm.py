@@ -107,7 +107,6 @@ def _bool_key(md: dict[str, Any], key: str, default: bool) -> bool:
 class WPMModel(TokenizerModel):
     """BERT WordPiece: greedy longest-match over normalised words."""
 
-    name = "bert"
     cache_size = 1 << 16
 
     def __init__(self, md: dict[str, Any]):
@@ -116,7 +115,6 @@ class WPMModel(TokenizerModel):
         self.lowercase = _bool_key(md, "tokenizer.ggml.normalizer.lowercase", True)
         self.strip_accents = _bool_key(md, "tokenizer.ggml.normalizer.strip_accents",
                                        self.lowercase)
-        self._cache: dict[str, tuple[int, ...]] = {}
 
     def defaults(self) -> tuple[VocabFlags, SpecialIds]:
         flags = VocabFlags(add_bos=True, add_eos=False, add_sep=True, add_space_prefix=False,
@@ -127,35 +125,15 @@ class WPMModel(TokenizerModel):
         super().attach(vocab)
         self._token_to_id = vocab.token_to_id
         self._max_len = max((len(t) for t in vocab.tokens), default=0)
-        self._cache.clear()
 
     def tokenize_fragments(self, fragments: list[str | int], add_special: bool) -> list[int]:
         """BOS (CLS) first and SEP last whenever add_special, whatever add_bos/add_sep say."""
-        vocab = self.vocab
-        out: list[int] = []
-        if add_special:
-            out.append(vocab.require_special("bos"))
-        for frag in fragments:
-            if isinstance(frag, int):
-                out.append(frag)
-            else:
-                out.extend(self.encode(frag))
-        if add_special:
-            out.append(vocab.require_special("sep"))
-        return out
+        return self.join_fragments(fragments, "bos" if add_special else None,
+                                   "sep" if add_special else None)
 
     def encode(self, text: str) -> list[int]:
-        out: list[int] = []
-        cache = self._cache
-        for word in split_words(text, self.lowercase, self.strip_accents):
-            ids = cache.get(word)
-            if ids is None:
-                ids = self.encode_word(word)
-                if len(cache) >= self.cache_size:
-                    del cache[next(iter(cache))]
-                cache[word] = ids
-            out.extend(ids)
-        return out
+        words = split_words(text, self.lowercase, self.strip_accents)
+        return self._cache.encode(words, self.encode_word)
 
     def encode_word(self, word: str) -> tuple[int, ...]:
         """Longest vocabulary token at each position of "▁" + word; all or nothing."""

@@ -8,6 +8,9 @@ repacked (repack.py: a model's weights, such as an embedding tied to the output)
 that layout."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 from ggmlpy.codegen_cpu import repack
 from ggmlpy.codegen_cpu.irgen import KernelBuilder, i64
 from ggmlpy.codegen_cpu.kernels.common import elem_ptr, n_rows, row_ptr, unravel_row
@@ -17,6 +20,20 @@ from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import GGMLType
 
 PLAIN = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+
+
+@contextmanager
+def _indexed_rows(kb: KernelBuilder, rows: Tensor, idx: Tensor, idx_arg: str) -> Iterator[tuple]:
+    """The loop over this thread's share of the rows of `rows` that get_rows and set_rows
+    share: yields the row length, the row's (i1, i2, i3) and the row number that the index
+    tensor `idx` (kernel argument idx_arg) holds for it (the length emitted before the loop)."""
+    start, end = kb.thread_range(n_rows(kb, rows))
+    ne0 = kb.dim(rows.ne[0])
+    with kb.loop(start, end, "r") as r:
+        i1, i2, i3 = unravel_row(kb, rows, r)
+        ip = row_ptr(kb, kb.arg(idx_arg), idx, i2, i3, i64(0))
+        row = kb.load_i64(elem_ptr(kb, ip, idx, i1), idx.type)
+        yield ne0, i1, i2, i3, row
 
 
 def _get_rows_supported(node: Tensor) -> bool:
@@ -31,12 +48,7 @@ def _get_rows_supported(node: Tensor) -> bool:
 @lowering("get_rows", supports=_get_rows_supported)
 def _get_rows(kb: KernelBuilder, node: Tensor) -> None:
     table, idx = node.src
-    start, end = kb.thread_range(n_rows(kb, node))
-    ne0 = kb.dim(node.ne[0])
-    with kb.loop(start, end, "r") as r:
-        i1, i2, i3 = unravel_row(kb, node, r)
-        ip = row_ptr(kb, kb.arg("src1"), idx, i2, i3, i64(0))
-        row = kb.load_i64(elem_ptr(kb, ip, idx, i1), idx.type)
+    with _indexed_rows(kb, node, idx, "src1") as (ne0, i1, i2, i3, row):
         srow = row_ptr(kb, kb.arg("src0"), table, row, i2, i3)
         drow = row_ptr(kb, kb.arg("dst"), node, i1, i2, i3)
         if repack.operand_repacked(node, 0):  # row `row` of the CPU backend's own layout
@@ -57,12 +69,7 @@ def _set_rows_supported(node: Tensor) -> bool:
 @lowering("set_rows", supports=_set_rows_supported)
 def _set_rows(kb: KernelBuilder, node: Tensor) -> None:
     _, src, idx = node.src  # the kernel's dst is the destination's memory
-    start, end = kb.thread_range(n_rows(kb, src))
-    ne0 = kb.dim(src.ne[0])
-    with kb.loop(start, end, "r") as r:
-        i1, i2, i3 = unravel_row(kb, src, r)
-        ip = row_ptr(kb, kb.arg("src2"), idx, i2, i3, i64(0))
-        row = kb.load_i64(elem_ptr(kb, ip, idx, i1), idx.type)
+    with _indexed_rows(kb, src, idx, "src2") as (ne0, i1, i2, i3, row):
         srow = row_ptr(kb, kb.arg("src1"), src, i1, i2, i3)
         drow = row_ptr(kb, kb.arg("dst"), node, row, i2, i3)
         with kb.loop(i64(0), ne0, "i0") as i0:

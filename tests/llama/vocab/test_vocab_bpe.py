@@ -442,3 +442,19 @@ _ALPHABET = "aZéЖ中0٣²'sStTlLeEvVmMdD \t\n\r\u00a0\u3000.,!?-$~€\u0301�
 def test_gpt2_and_llama3_regexes_equal_llama_cpp_matchers(text):
     assert PreTokenizer([GPT2]).split(text) == port_gpt2(text)
     assert PreTokenizer([LLAMA3]).split(text) == port_llama3(text)
+
+
+def test_piece_cache_encodes_each_piece_once_and_drops_the_oldest():
+    from llama.vocab.model import PieceCache
+
+    cache, calls = PieceCache(2), []
+
+    def encode_piece(piece: str) -> tuple[int, ...]:
+        calls.append(piece)
+        return (len(piece),)
+
+    assert cache.encode(["a", "bb", "a"], encode_piece) == [1, 2, 1]
+    assert calls == ["a", "bb"]
+    cache.encode(["ccc"], encode_piece)        # full: "a", the oldest, goes
+    assert cache.encode(["bb", "a"], encode_piece) == [2, 1]
+    assert calls == ["a", "bb", "ccc", "a"]
