@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Sequence
 
-from ggmlpy.ir.graph import Graph
+from ggmlpy.ir.graph import Graph, append_post_order, tensor_deps
 from ggmlpy.ir.ops import OPS, Kind
 from ggmlpy.ir.symbolic import simplify
 from ggmlpy.ir.tensor import Flag, Tensor, memory_root
@@ -29,9 +29,7 @@ def op_kind(t: Tensor) -> Kind | None:
     return op.kind if op is not None else None
 
 
-def deps(t: Tensor) -> list[Tensor]:
-    """What t needs before it exists: its sources and, for views, its memory owner."""
-    return list(t.src) + ([t.view_src] if t.view_src is not None else [])
+deps = tensor_deps  # what t needs before it exists: its sources and, for views, its memory owner
 
 
 def copy_tensor(t: Tensor, **changes) -> Tensor:
@@ -167,21 +165,8 @@ def _finish(graph: Graph, mapped: dict[int, Tensor]) -> Graph:
 
 def _emit(t: Tensor, alive: set[int], emitted: set[int], order: list[Tensor]) -> None:
     """Append t after whatever it needs that is not placed yet (depth first)."""
-    if t.id in emitted or t.id not in alive:
-        return
-    stack: list[tuple[Tensor, bool]] = [(t, False)]
-    while stack:
-        cur, expanded = stack.pop()
-        if cur.id in emitted:
-            continue
-        if expanded:
-            emitted.add(cur.id)
-            order.append(cur)
-            continue
-        stack.append((cur, True))
-        for d in reversed(deps(cur)):
-            if d.id not in emitted:
-                stack.append((d, False))
+    if t.id not in emitted and t.id in alive:
+        append_post_order(t, emitted, order)
 
 
 def check_graph(graph: Graph) -> None:

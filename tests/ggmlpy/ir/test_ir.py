@@ -349,7 +349,7 @@ def test_signature_ignores_intermediate_names_but_not_bound_ones() -> None:
 
 
 def test_signature_is_the_same_in_another_process() -> None:
-    code = ("import sys; sys.path.insert(0, 'tests'); from ops.test_ir import mini_block; "
+    code = ("from tests.ggmlpy.ir.test_ir import mini_block; "
             "from ggmlpy.ir import N_TOKENS, N_KV, N_OUTPUTS; "
             "print(mini_block(N_TOKENS, N_KV, N_OUTPUTS).signature())")
     from pathlib import Path
