@@ -2,6 +2,7 @@
 split (runtime.py) read them: looked up by leaf name, uploaded as raw bytes."""
 from __future__ import annotations
 
+from collections import ChainMap
 from typing import Any, Mapping
 
 import numpy as np
@@ -17,11 +18,15 @@ def host_bytes(host: np.ndarray, name: str) -> np.ndarray:
     return host.reshape(-1).view(np.uint8)
 
 
+def binding_maps(bindings: Mapping[str, np.ndarray]) -> list[Mapping[str, np.ndarray]]:
+    """The mappings a lookup searches in order: a ChainMap's maps, or the mapping itself."""
+    return bindings.maps if isinstance(bindings, ChainMap) else [bindings]
+
+
 def bound_array(bindings: Mapping[str, np.ndarray], name: str) -> Any:
     """bindings[name], without ChainMap's exception per missed map; BindingError if absent."""
-    maps = getattr(bindings, "maps", None)
-    if maps is not None:
-        for m in maps:
+    if isinstance(bindings, ChainMap):
+        for m in bindings.maps:
             v = m.get(name)
             if v is not None:
                 return v

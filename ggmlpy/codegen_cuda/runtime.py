@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from ggmlpy.codegen_cuda.bound import bound_array, host_bytes
+from ggmlpy.codegen_cuda.bound import binding_maps, bound_array, host_bytes
 from ggmlpy.codegen_cuda.driver import PreparedLaunch
 from ggmlpy.codegen_cuda.fusion import SINGLE_TOKEN_SYMBOLS, lower_split
 from ggmlpy.codegen_cuda.lower_attention import AttentionStep
@@ -239,7 +239,7 @@ class CudaSplit:
         if seen is None:
             return False
         holder, hosts = seen
-        for m in getattr(bindings, "maps", [bindings]):
+        for m in binding_maps(bindings):
             if m is holder:  # (map and operator.is_ keep the loop over 2 * n_layer names in C)
                 return all(map(operator.is_, map(holder.get, self._cache_names), hosts))
             if not m.keys().isdisjoint(self._cache_name_set):
