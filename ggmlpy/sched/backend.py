@@ -7,6 +7,7 @@ directly: no backend is probed with hasattr. docs/backends.md walks through addi
 
     hook                 default             called by
     name, is_host        "", False           everyone / the scheduler (host = graph inputs)
+    last_resort          False               scheduler: runs only what no other backend can
     buffer_type          see the property    scheduler, copies: which backends share memory
     supports_op(node)    required            scheduler (assignment and fallbacks), placement
     compile(graph, ns)   required            CompiledGraph, once per split
@@ -60,10 +61,14 @@ class Backend(ABC):
 
     Class attributes a subclass sets: `name` (unique among a context's backends; a device
     backend is renamed to its device, "cpu:1") and `is_host` (it computes in host memory,
-    where graph inputs are set; the scheduler's host is the first such backend)."""
+    where graph inputs are set; the scheduler's host is the first such backend).
+    `last_resort` marks a context's slow fallback (the numpy reference backend, as the
+    registry makes it): the scheduler gives it only the nodes no other backend can run, and
+    never spreads it to their neighbours."""
 
     name: str = ""
     is_host: bool = False
+    last_resort: bool = False
     native_seconds: float = 0.0  # seconds spent in native graph code, summed over runs
     _buffer_type: str | None = None
 

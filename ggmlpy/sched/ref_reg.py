@@ -13,9 +13,13 @@ if TYPE_CHECKING:
 
 
 def make_ref(options: Options) -> RefBackend:
+    """The reference backend as a context's fallback: the last resort, which the scheduler
+    gives only the nodes no other backend runs (numpy is far slower than any of them)."""
     from ggmlpy.sched.ref_backend import RefBackend
 
-    return RefBackend()  # (numpy: no settings of its own)
+    be = RefBackend()  # (numpy: no settings of its own)
+    be.last_resort = True
+    return be
 
 
 def make_ref_device(name: str, options: Options) -> RefBackend:
@@ -23,6 +27,7 @@ def make_ref_device(name: str, options: Options) -> RefBackend:
     be = make_ref(options)
     be.name = name
     be.is_host = False
+    be.last_resort = False  # a device that layers are placed on, not a fallback
     return be
 
 

@@ -13,10 +13,11 @@ ggml's passes in order:
    small a weight to decide);
 2. expansion: offload backends spread to unassigned neighbours down then up the node order,
    then every backend does (`2.gpu-down`, `2.gpu-up`, `2.down`, `2.up`); a backend that
-   cannot run a node leaves it for later;
+   cannot run a node leaves it for later, and the last resort (Backend.last_resort: the
+   reference backend as a context's fallback) spreads to no neighbour;
 3. upgrade to a higher-priority backend that uses the same memory, runs the op and can read
    every input (`3.upg`); a node still unassigned goes to the backend that already holds
-   most of its inputs (`3.best`);
+   most of its inputs (`3.best`), the last resort only when no other backend runs it;
 4. the rest from their neighbours: leaves where their first reader runs (`4.cur`), views
    with the tensor they view (`4.vsrc`).
 
@@ -31,7 +32,7 @@ import functools
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from ggmlpy.ir.dump import tensor_keys
 from ggmlpy.ir.graph import Graph
@@ -160,10 +161,14 @@ class _Assigner:
 
     def backend_for_device(self, device: str, node: Tensor | None) -> int | None:
         """ggml's backend_from_buffer: the first backend using `device` memory that can run
-        node (any such backend for a leaf)."""
+        node (any such backend for a leaf). Those passed over refused node: if a later one
+        of the same memory takes it, it falls back."""
         for i, bt in enumerate(self.bufts):
-            if bt == device and (node is None or self.supports(i, node)):
+            if bt != device:
+                continue
+            if node is None or self.supports(i, node):
                 return i
+            self.refuse(node, i)
         return None
 
     def memory_of(self, t: Tensor) -> tuple[str, ...]:
@@ -225,10 +230,7 @@ class _Assigner:
                 continue
             kind, code = ("weight", "wgt") if root.flags & Flag.WEIGHT else ("KV cache", "kv")
             i = self.backend_for_device(device, node)
-            if i is None:  # the device cannot run it: later passes decide, with a copy
-                for k, bt in enumerate(self.bufts):
-                    if bt == device:
-                        self.refuse(node, k)
+            if i is None:  # the device cannot run it (each backend refused): later passes decide, with a copy
                 return
             if root.flags & Flag.WEIGHT and i >= self.host and self.offload(node, i):
                 return
@@ -255,13 +257,15 @@ class _Assigner:
     def spread(self, order: list[Tensor], offload_only: bool, code: str) -> None:
         """Carry the last assignment seen along `order` to unassigned nodes. offload_only:
         only offload backends spread (ggml: "expand gpu"), so the host CPU runs nothing but
-        what its weights pin there or what no device claims."""
+        what its weights pin there or what no device claims. The last resort never spreads:
+        it runs the nodes pinned to it (a weight type only it reads), not their neighbours."""
         cur: int | None = None
         seed: Tensor | None = None
         for node in order:
             i = self.be.get(node.id)
             if i is not None:
-                cur, seed = (None, None) if offload_only and i >= self.host else (i, node)
+                stop = (offload_only and i >= self.host) or self.backends[i].last_resort
+                cur, seed = (None, None) if stop else (i, node)
             elif cur is not None and seed is not None:
                 if self.set_if_supported(node, cur, f"{code}: next to {self.label(seed)} on "
                                                     f"{self.backends[cur].name}"):
@@ -282,18 +286,42 @@ class _Assigner:
                     break
 
     def best(self, node: Tensor) -> None:
-        """The backend that can already read most of node's inputs; the first one on ties."""
+        """The backend that can already read most of node's inputs; the first one on ties.
+        A last resort competes only when no other backend runs node: holding node's inputs
+        (the output of a product only it could run) does not draw the next nodes to it."""
+        found = self.most_inputs(node, lambda i: not self.backends[i].last_resort) or \
+            self.most_inputs(node, lambda i: self.backends[i].last_resort)
+        if found is None:
+            return
+        best, best_n = found
+        cause = f"3.best: {best_n} of {len(node.src)} inputs in {self.bufts[best]} memory"
+        passed = [self.backends[k].name for k, n in self.readable_by_last_resort(node) if n > best_n]
+        if passed:
+            cause += f" (not {', '.join(passed)}: a last resort, it runs only what no other backend can)"
+        self.set(node, best, cause)
+
+    def most_inputs(self, node: Tensor, among: Callable[[int], bool]) -> tuple[int, int] | None:
+        """(backend, inputs it can read) for the backend `among` these that runs node and can
+        read most of its inputs, the first on ties; None if none runs it."""
         best, best_n = None, -1
         for i in range(len(self.backends)):
+            if not among(i):
+                continue
             if not self.supports(i, node):
                 if best is None:
                     self.refuse(node, i)
                 continue
-            n = sum(1 for s in node.src if self.bufts[i] in self.memory_of(s))
+            n = self.n_readable(i, node)
             if n > best_n:
                 best, best_n = i, n
-        if best is not None:
-            self.set(node, best, f"3.best: {best_n} of {len(node.src)} inputs in {self.bufts[best]} memory")
+        return None if best is None else (best, best_n)
+
+    def n_readable(self, i: int, node: Tensor) -> int:
+        return sum(1 for s in node.src if self.bufts[i] in self.memory_of(s))
+
+    def readable_by_last_resort(self, node: Tensor) -> list[tuple[int, int]]:
+        return [(k, self.n_readable(k, node)) for k, b in enumerate(self.backends)
+                if b.last_resort and self.supports(k, node)]
 
     # pass 4 -----------------------------------------------------------------------------------
     def rest(self) -> None:
