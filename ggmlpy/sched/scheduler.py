@@ -230,7 +230,7 @@ class _Assigner:
                 continue
             kind, code = ("weight", "wgt") if root.flags & Flag.WEIGHT else ("KV cache", "kv")
             i = self.backend_for_device(device, node)
-            if i is None:  # the device cannot run it (each backend refused): later passes decide, with a copy
+            if i is None:  # the device cannot run it (each refused): later passes decide, with a copy
                 return
             if root.flags & Flag.WEIGHT and i >= self.host and self.offload(node, i):
                 return

@@ -43,7 +43,8 @@ def write_mixed(src: Path, dst: Path, slow_type: GGMLType) -> Path:
 def mixed_path(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("mixed")
     # K-quants need rows of 256: n_embd 256, n_ff 512
-    return write_mixed(write_tiny_llama(d / "f32.gguf", n_embd=256, n_ff=512), d / "mixed.gguf", GGMLType.Q3_K)
+    f32 = write_tiny_llama(d / "f32.gguf", n_embd=256, n_ff=512)
+    return write_mixed(f32, d / "mixed.gguf", GGMLType.Q3_K)
 
 
 def run(ctx: llama.Context) -> np.ndarray:
