@@ -10,13 +10,17 @@ The layout keeps the bits of the format (a group is as many bytes as its 16 rows
 GGUF file), so decode stays a stream of the same bytes. A *step* is two 32-blocks (64
 values) of the group's 16 rows, 64-byte aligned:
 
-    qs   Q4_0/Q4_1/Q5_0: 8 vectors; vector 4h + c, lane r: bytes 4c..4c+3 of row r's block h
+    qs   Q4_0/Q4_1/Q5_0/Q5_1: 8 vectors; vector 4h + c, lane r: bytes 4c..4c+3 of row r's block h
          (low nibbles: values 4c..4c+3; high nibbles: values 16+4c..16+4c+3).
          Q8_0: 16 vectors; vector 8h + c, lane r: values 4c..4c+3 of row r's block h, + 128.
-    qh   Q5_0 only: 2 vectors; vector h, lane r: byte i holds bit 4 of value 4c+i in its bit
+    qh   Q5_0/Q5_1 only: 2 vectors; vector h, lane r: byte i holds bit 4 of value 4c+i in its bit
          c and of value 16+4c+i in its bit 4+c (c = 0..3), so one shift and mask fetch them.
     d    one vector: the scales of block h of row r as f16 at half-word 16h + r.
-    m    Q4_1 only: the minimums, laid out as d.
+    m    Q4_1/Q5_1 only: the minimums, laid out as d.
+
+Which of these a 32-block type has follows from its GGUF block's fields (`high_bits`,
+`minimums`: a `qh` word, an `m` half), so a type's facts are its block layout
+(ggmlpy/quants/layouts.py) plus its STEP_BYTES entry.
 
 Rows of K not a multiple of 64 get a last step whose second block is zero (scale zero).
 Weights are repacked once per model (`WeightLayouts`), from the memory map; the map's pages
@@ -38,6 +42,7 @@ import numpy as np
 from ggmlpy.codegen_cpu import repack_native
 from ggmlpy.ir.tensor import Flag, Tensor
 from ggmlpy.ir.types import GGMLType, type_size
+from ggmlpy.quants import block_dtype
 
 GROUP = 16   # rows per group: one per dot lane
 ALIGN = 64   # bytes; the repacked buffers start on a cache line
@@ -51,6 +56,7 @@ STEP_BYTES = {  # bytes per step of a group (16 rows x 64 values; K-quants: 256 
     GGMLType.Q4_0: 8 * 64 + 64,
     GGMLType.Q4_1: 8 * 64 + 2 * 64,
     GGMLType.Q5_0: 8 * 64 + 2 * 64 + 64,
+    GGMLType.Q5_1: 8 * 64 + 2 * 64 + 2 * 64,
     GGMLType.Q8_0: 16 * 64 + 64,
     GGMLType.Q4_K: 32 * 64 + 4 * 64 + 64,
     GGMLType.Q6_K: 32 * 64 + 16 * 64 + 4 * 64 + 64,
@@ -88,13 +94,29 @@ def step_elems(t: GGMLType) -> int:
     return 256 if t in KQUANTS else 64
 
 
+def field_at(t: GGMLType, name: str) -> int | None:
+    """The byte of field `name` in a GGUF block of t (None: t has no such field)."""
+    fields = block_dtype(t).fields
+    return fields[name][1] if name in fields else None
+
+
+def high_bits(t: GGMLType) -> bool:
+    """Whether a 32-block type has a fifth bit per value (a qh word: Q5_0, Q5_1)."""
+    return field_at(t, "qh") is not None
+
+
+def minimums(t: GGMLType) -> bool:
+    """Whether a 32-block type adds a minimum per block (an m half: Q4_1, Q5_1)."""
+    return field_at(t, "m") is not None
+
+
 def qh_offset(t: GGMLType) -> int:
-    """Byte offset of the qh vectors within a step (Q5_0)."""
+    """Byte offset of the qh vectors within a step (Q5_0, Q5_1)."""
     return _qs_bytes(t)
 
 
 def d_offset(t: GGMLType) -> int:
-    return _qs_bytes(t) + (2 * 64 if t == GGMLType.Q5_0 else 0)
+    return _qs_bytes(t) + (2 * 64 if high_bits(t) else 0)
 
 
 def m_offset(t: GGMLType) -> int:
@@ -163,8 +185,6 @@ def _scales(blocks: np.ndarray, at: int) -> np.ndarray:
     f = blocks[..., at:at + 2]                      # [g, r, s, h, 2]
     return _moved(f, np.uint16, (0, 2, 3, 1)).reshape(f.shape[0], f.shape[2], 64)
 
-
-QS_AT = {GGMLType.Q4_0: (2, 16), GGMLType.Q4_1: (4, 16), GGMLType.Q5_0: (6, 16), GGMLType.Q8_0: (2, 32)}
 
 
 def _word_aligned(blocks: np.ndarray, at: int) -> tuple[np.ndarray, int]:
@@ -266,7 +286,7 @@ def _repack_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
     blocks = _blocks(rows, t, k, rows.shape[0])
     g, s = blocks.shape[0], blocks.shape[2]
     parts: list[np.ndarray] = []
-    qs_at, n_qs = QS_AT[t]
+    qs_at, n_qs = field_at(t, "qs"), block_dtype(t).fields["qs"][0].itemsize
     quants = blocks
     if qs_at % 4:  # quants off 4-byte alignment: numpy's unaligned word copies are slow
         quants, qs_at = _word_aligned(blocks, qs_at)
@@ -275,11 +295,11 @@ def _repack_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
     if t == GGMLType.Q8_0:
         lanes ^= np.uint8(0x80)
     parts.append(lanes.reshape(g, s, -1))
-    if t == GGMLType.Q5_0:
-        parts.append(_q5_planes(blocks))
+    if high_bits(t):
+        parts.append(_q5_planes(blocks, field_at(t, "qh")))
     parts.append(_scales(blocks, 0))
-    if t == GGMLType.Q4_1:
-        parts.append(_scales(blocks, 2))
+    if minimums(t):
+        parts.append(_scales(blocks, field_at(t, "m")))
     return np.concatenate(parts, axis=2)
 
 
@@ -287,7 +307,7 @@ def _repack_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
 def native_table(t: GGMLType, k: int) -> repack_native.GroupTable | None:
     """repack_native's table for groups of (t, K) rows: whole words where the scales are
     left to numpy (the quants' lanes are 4 source bytes each: twice the bytes a step of the
-    loop), else half-words; either way Q5_0's high-bit vectors are numpy's. None for the
+    loop), else half-words; either way Q5_0's and Q5_1's high-bit vectors are numpy's. None for the
     K-quants (bit fields)."""
     if t in KQUANTS or t not in STEP_BYTES or k % 32:
         return None
@@ -303,23 +323,26 @@ def native_table(t: GGMLType, k: int) -> repack_native.GroupTable | None:
 
 def _computed(t: GGMLType, unit: int) -> list[tuple[int, int, Callable[[np.ndarray], np.ndarray]]]:
     """The byte ranges of every step that a table of `unit`-byte moves leaves to numpy,
-    with what computes them from `_blocks`' array ([g, s, hi - lo]): Q5_0's high-bit
-    vectors, and for word moves the f16 scales (16 rows' halves side by side, no word of
-    which comes from one place)."""
+    with what computes them from `_blocks`' array ([g, s, hi - lo]): the high-bit
+    vectors (Q5_0, Q5_1), and for word moves the f16 scales (16 rows' halves side by side,
+    no word of which comes from one place)."""
     out = []
-    if t == GGMLType.Q5_0:
-        out.append((qh_offset(t), qh_offset(t) + 2 * 64, _q5_planes))
+    if high_bits(t):
+        at = field_at(t, "qh")
+        out.append((qh_offset(t), qh_offset(t) + 2 * 64, lambda blocks: _q5_planes(blocks, at)))
     if unit == 4:
         out.append((d_offset(t), d_offset(t) + 64, lambda blocks: _scales(blocks, 0)))
-        if t == GGMLType.Q4_1:
-            out.append((m_offset(t), m_offset(t) + 64, lambda blocks: _scales(blocks, 2)))
+        if minimums(t):
+            at_m = field_at(t, "m")
+            out.append((m_offset(t), m_offset(t) + 64, lambda blocks: _scales(blocks, at_m)))
     return out
 
 
-def _q5_planes(blocks: np.ndarray) -> np.ndarray:
-    """Q5_0's high-bit vectors of every step, [g, s, 2 * 64] (from `_blocks`' array)."""
+def _q5_planes(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The high-bit vectors of every step, [g, s, 2 * 64] (from `_blocks`' array, whose
+    blocks hold their qh word at byte `at`)."""
     g, s = blocks.shape[0], blocks.shape[2]
-    qh = np.ascontiguousarray(blocks[..., 2:6]).view(np.uint32)[..., 0]   # [g, r, s, h]
+    qh = np.ascontiguousarray(blocks[..., at:at + 4]).view(np.uint32)[..., 0]   # [g, r, s, h]
     words = _qh_planes(qh).view(np.uint32)[..., 0]                          # [g, r, s, h]
     return np.ascontiguousarray(words.transpose(0, 2, 3, 1)).view(np.uint8).reshape(g, s, -1)
 

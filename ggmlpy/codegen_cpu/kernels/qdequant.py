@@ -4,7 +4,7 @@ It reuses the weight decoders of the dot products (kernels/qdot.py), which give 
 values as unsigned bytes plus their scales, and applies the scales in f32 instead of
 feeding a dot product:
 
-- 32-blocks: d * (u - offset), or d * u + m for Q4_1;
+- 32-blocks: d * (u - offset), or d * u + m for Q4_1 and Q5_1;
 - K-quants: d * scale(lane) * u + correction(lane), the correction being the minimum
   (Q4_K, Q5_K: -dmin * m) or the offset (Q6_K: -32 * d * scale).
 """
@@ -105,13 +105,13 @@ def dequant_repacked_row(kb: KernelBuilder, t: GGMLType, table: ir.Value, row: i
             packed = _concat_all(b, [lane_bytes(0, 4, c) for c in range(4)])   # qs bytes 0..15
             q = concat(b, b.and_(packed, splat(b, ir.Constant(I8, 15), 16)),
                        b.lshr(packed, splat(b, ir.Constant(I8, 4), 16)))
-            if t == GGMLType.Q5_0:
+            if repack.high_bits(t):
                 q = b.or_(q, _fifth_bits(b, lane_bytes(repack.qh_offset(t) // 64, 1, 0)))
             u = _u8_to_f32(b, q)
-            if t == GGMLType.Q4_1:
+            if repack.minimums(t):
                 v = b.fadd(b.fmul(u, d, flags=CONTRACT), scale(repack.m_offset(t)), flags=CONTRACT)
             else:
-                v = b.fmul(b.fsub(u, splat(b, f32(8.0 if t == GGMLType.Q4_0 else 16.0), 32)), d)
+                v = b.fmul(b.fsub(u, splat(b, f32(float(KINDS[t].offset)), 32)), d)
         store_vec(b, v, kb.elem_ptr(dst, b.mul(blk, i64(32)), F32))
 
 
@@ -122,7 +122,7 @@ def _concat_all(b: ir.IRBuilder, parts: list[ir.Value]) -> ir.Value:
 
 
 def _fifth_bits(b: ir.IRBuilder, plane: ir.Value) -> ir.Value:
-    """Q5_0's bit 4 of the block's 32 values (as 0 or 16) from its 4 plane bytes: value j
+    """Q5_0's and Q5_1's bit 4 of the block's 32 values (as 0 or 16) from its 4 plane bytes: value j
     has it in byte j % 4, bit c (j < 16) or 4 + c (j >= 16), c = (j % 16) // 4."""
     lanes = [j % 4 for j in range(32)]
     shifts = [(j % 16) // 4 + (4 if j >= 16 else 0) for j in range(32)]

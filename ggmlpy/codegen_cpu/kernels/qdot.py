@@ -14,7 +14,7 @@ step in *chunks* of 64 values. A kind tells the tiling loops (kernels/matmul.py)
 vpdpbusd multiplies unsigned by signed bytes, so weights are decoded unsigned and their
 offset taken back from the activations' sums: Q4_0 stores q + 8, Q5_0 q + 16, Q8_0 gets 128
 added (xor 0x80), Q6_K stores q + 32. For the 32-blocks that happens in integers (the
-activation step carries -offset * sum(q) to start the accumulator); Q4_1's minimums and the
+activation step carries -offset * sum(q) to start the accumulator); Q4_1's and Q5_1's minimums and the
 K-quants' minimums and offsets are f32 terms, a second accumulator fed by one multiply-add of
 a per-row vector and the activation step's precomputed sums. The same decoders serve the
 repacked prefill path (qgemm.py) and get_rows (qdequant.py).
@@ -33,6 +33,7 @@ from ggmlpy.codegen_cpu.kernels.qvec import (
     splat, splat_const, vec, zeros,
 )
 from ggmlpy.ir.types import GGMLType, type_size
+from ggmlpy.quants import block_dtype
 
 Vals = dict
 
@@ -93,16 +94,20 @@ class QKind:
 
 # 32-blocks --------------------------------------------------------------------------------------
 class Block32(QKind):
-    """Q4_0, Q4_1, Q5_0, Q8_0: a step is two blocks; lanes 0-7 belong to the first, 8-15 to
-    the second. `offset` is what the unsigned weight exceeds the signed one by: the
+    """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: a step is two blocks; lanes 0-7 belong to the first, 8-15
+    to the second. `offset` is what the unsigned weight exceeds the signed one by: the
     activation's aux vector (-offset * sum(q) in lanes 0 and 8) starts the integer
-    accumulator, which undoes it exactly. Q4_1 (offset None) adds its minimums instead: the
-    correction vector is <d0, m0, d1, m1, 0...>, met by d * sum(q) in lanes 1 and 3."""
+    accumulator, which undoes it exactly. Q4_1 and Q5_1 (offset None) add their minimums
+    instead: the correction vector is <d0, m0, d1, m1, 0...>, met by d * sum(q) in lanes 1
+    and 3. Where the quants and the fifth bits sit comes from the GGUF block's layout
+    (ggmlpy/quants/layouts.py): a `qh` word gives each value its bit 4."""
     step_elems = 64
     chunks = 1
 
-    def __init__(self, wtype: GGMLType, offset: int | None, qs_at: int):
-        self.wtype, self.offset, self.qs_at = wtype, offset, qs_at
+    def __init__(self, wtype: GGMLType, offset: int | None):
+        fields = block_dtype(wtype).fields
+        self.wtype, self.offset, self.qs_at = wtype, offset, fields["qs"][1]
+        self.qh_at = fields["qh"][1] if "qh" in fields else None
         self.fmt = q8_32(offset)
         self.n_acc = 2 if offset is None else 1
 
@@ -148,12 +153,12 @@ class Block32(QKind):
             v1 = zeros(I8, 32) if p1 is None else load_vec(b, kb.byte_ptr(p1, i64(2)), I8, 32)
             return b.xor(concat(b, v0, v1), splat_const(I8, 0x80, 64))  # a tail's 128s meet zeros
         q = self._nibbles(kb, p0, p1)
-        if self.wtype != GGMLType.Q5_0:
+        if self.qh_at is None:
             return q
         # bit j of the block's qh word is bit 4 of element j
-        bits = b.zext(b.load(kb.byte_ptr(p0, i64(2)), typ=I32, align=1), I64)
+        bits = b.zext(b.load(kb.byte_ptr(p0, i64(self.qh_at)), typ=I32, align=1), I64)
         if p1 is not None:
-            h1 = b.zext(b.load(kb.byte_ptr(p1, i64(2)), typ=I32, align=1), I64)
+            h1 = b.zext(b.load(kb.byte_ptr(p1, i64(self.qh_at)), typ=I32, align=1), I64)
             bits = b.or_(bits, b.shl(h1, i64(32)))
         mask = b.bitcast(bits, vec(ir.IntType(1), 64))
         return b.or_(q, b.select(mask, splat_const(I8, 16, 64), zeros(I8, 64)))
@@ -269,10 +274,11 @@ class Q6K(KQuant):
 
 
 KINDS: dict[GGMLType, QKind] = {
-    GGMLType.Q4_0: Block32(GGMLType.Q4_0, 8, 2),
-    GGMLType.Q4_1: Block32(GGMLType.Q4_1, None, 4),
-    GGMLType.Q5_0: Block32(GGMLType.Q5_0, 16, 6),
-    GGMLType.Q8_0: Block32(GGMLType.Q8_0, 128, 2),
+    GGMLType.Q4_0: Block32(GGMLType.Q4_0, 8),
+    GGMLType.Q4_1: Block32(GGMLType.Q4_1, None),
+    GGMLType.Q5_0: Block32(GGMLType.Q5_0, 16),
+    GGMLType.Q5_1: Block32(GGMLType.Q5_1, None),
+    GGMLType.Q8_0: Block32(GGMLType.Q8_0, 128),
     GGMLType.Q4_K: Q4K(GGMLType.Q4_K),
     GGMLType.Q5_K: Q4K(GGMLType.Q5_K),
     GGMLType.Q6_K: Q6K(),

@@ -13,7 +13,7 @@ horizontal sums: about 11 instructions per 512 multiply-adds instead of about 36
 
 Per-unit area (r = lane = row of the group), all 64-byte vectors:
 
-    32-blocks   w[8]: values 4c..4c+3 | wd: d | m (Q4_1 only)
+    32-blocks   w[8]: values 4c..4c+3 | wd: d | m (Q4_1, Q5_1 only)
     K-quants    w[64]: values 4c..4c+3 | sc[G]: integer scale of group g | corr[G]: the
                 f32 term met by the activation sums (-dmin * m, or -32 * d * sc for Q6_K) | wd: d
 

@@ -1,11 +1,11 @@
-"""Matrix products on repacked weights (repack.py): Q4_0, Q4_1, Q5_0, Q8_0, any number of
-tokens.
+"""Matrix products on repacked weights (repack.py): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K,
+any number of tokens.
 
 The 16 lanes of a dot are the 16 rows of a group; a token's 4 activation bytes are
 broadcast to every lane (vpdpbusd's {1to16} memory operand). Per 32-block, 16 rows and one
-token: 8 dots, one conversion and one multiply-add (Q4_1: two), and the results of 16 rows
-land in one vector store: no horizontal sums. Decoding the weights (nibble masks, Q5_0's
-fifth bit) is done once per group and step, for every token of a tile.
+token: 8 dots, one conversion and one multiply-add (Q4_1, Q5_1: two), and the results of 16
+rows land in one vector store: no horizontal sums. Decoding the weights (nibble masks, Q5_0's
+and Q5_1's fifth bit) is done once per group and step, for every token of a tile.
 
 Threads take whole groups (contiguous memory each). Tokens go in blocks whose quantised
 activations fit in L2 (prefill), in tiles of TOKENS whose accumulators stay in registers;
@@ -13,7 +13,7 @@ a single token (decode) is a tile of one, with the dots of a block in two chains
 multiply-adds of consecutive dots do not wait on each other.
 
 Activations are qact.py's q8_32 steps: q[64] | ad[16] f32 (d of block h in lane 8h) | aux
-(i32 -offset * sum(q) of block h in lane 8h; Q4_1: f32 d * sum(q) in lane 1 + 2h).
+(i32 -offset * sum(q) of block h in lane 8h; Q4_1, Q5_1: f32 d * sum(q) in lane 1 + 2h).
 """
 from __future__ import annotations
 
@@ -42,7 +42,9 @@ V = 64
 # token's time without, 2.0x with). Measured per type (bench/prefetch_ab.py, in a model with
 # bench/prefetch_model_ab.py), absent: no prefetch (the K-quants: a Q4_K product on AVX2
 # 8% slower with it, Gemma 3's decode 11%).
-PREFETCH_AHEAD: dict[GGMLType, int] = {GGMLType.Q4_1: 4096, GGMLType.Q5_0: 4096, GGMLType.Q8_0: 4096}
+# Q5_1 (Q5_0's layout plus the minimums) takes Q5_0's distance.
+PREFETCH_AHEAD: dict[GGMLType, int] = {GGMLType.Q4_1: 4096, GGMLType.Q5_0: 4096, GGMLType.Q5_1: 4096,
+                                       GGMLType.Q8_0: 4096}
 # The smallest tile that prefetches, by dot flavour (qvec.py). With VNNI one dot step is one
 # instruction and a one-token tile streams fast enough alone (its prefetch measured +-3%);
 # AVX2's dot step takes three or five (Zen 1, 2 threads, one token, DRAM-resident: Q4_1
@@ -77,7 +79,7 @@ class RepackedMatmul:
         self.step_bytes = repack.STEP_BYTES[wtype]
         self.act_base, self.act_stride = act_base, fmt.row_bytes(k)
         self.n_tok, self.d_stride = n_tok, d_stride
-        self.minimums = wtype == GGMLType.Q4_1
+        self.minimums = wtype not in repack.KQUANTS and repack.minimums(wtype)
         self.residual = residual   # added to each result as it is stored (laid out as dst)
 
     def emit(self) -> None:
@@ -157,7 +159,7 @@ class RepackedMatmul:
 
     def _dots(self, ap: ir.Value, h: int, ws: list[tuple[ir.Value, int]]) -> ir.Value:
         """Block h's integer dots for one token, starting from the activation's offset
-        correction (none for Q4_1)."""
+        correction (none for Q4_1, Q5_1)."""
         kb, b = self.kb, self.kb.b
         if self.t == GGMLType.Q8_0:
             pairs = [(w, self._act4(ap, 32 * h + at)) for w, at in ws]
@@ -178,7 +180,7 @@ class RepackedMatmul:
             return [(load_vec(b, kb.byte_ptr(wp, i64(V * (8 * h + c))), I8, 64), 4 * c) for c in range(8)]
         low = splat_const(I8, 15, 64)
         qh = None
-        if self.t == GGMLType.Q5_0:
+        if repack.high_bits(self.t):
             qh = b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(repack.qh_offset(self.t) + V * h)), I8, 64), vec(I16, 32))
         out = []
         for c in range(4):

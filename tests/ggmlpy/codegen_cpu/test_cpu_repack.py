@@ -30,7 +30,7 @@ from ggmlpy.sched.store import TensorStore
 from .test_cpu_quant_kernels import EXACT_BAR, GGML_BAR, _kernel_model
 
 G = GGMLType
-TYPES = (G.Q4_0, G.Q4_1, G.Q5_0, G.Q8_0)
+TYPES = (G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0)
 SHAPES = [(64, 16, 1), (64, 32, 2), (96, 16, 3), (96, 32, 5), (576, 48, 7), (1536, 32, 13), (160, 16, 48), (576, 64, 300)]
 KTYPES = (G.Q4_K, G.Q6_K)
 KSHAPES = [(256, 16, 1), (256, 32, 4), (512, 16, 3), (512, 32, 7), (1024, 48, 40), (2048, 16, 13), (768, 64, 300)]
@@ -65,9 +65,10 @@ def _unpack(packed: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarray:
                         c, i = divmod(j % 16, 4)
                         byte = int(step[64 * (4 * h + c) + 4 * r + i])
                         q = (byte & 15) if j < 16 else (byte >> 4)
-                        if t == G.Q5_0:
+                        if t in (G.Q5_0, G.Q5_1):
                             plane = int(step[repack.qh_offset(t) + 64 * h + 4 * r + i])
                             q |= ((plane >> (c if j < 16 else 4 + c)) & 1) << 4
+                        if t == G.Q5_0:
                             vals[j] = (q - 16) * d
                         elif t == G.Q4_0:
                             vals[j] = (q - 8) * d
@@ -164,7 +165,7 @@ def test_kquant_mul_mat_on_repacked_weights(t, k, m, n):
     test_mul_mat_on_repacked_weights(t, k, m, n)
 
 
-@pytest.mark.parametrize("t", [G.Q4_1, G.Q5_0, G.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [G.Q4_1, G.Q5_0, G.Q5_1, G.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("n", [1, 7, 40])
 def test_result_independent_of_threads(t, n):
     case = _weight_case(t, 768, 80, n)   # 5 groups: uneven splits over 2 and 3 threads
@@ -174,7 +175,7 @@ def test_result_independent_of_threads(t, n):
     np.testing.assert_array_equal(results[0], results[2])
 
 
-@pytest.mark.parametrize("t", [G.Q4_1, G.Q8_0, G.Q4_K, G.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [G.Q4_1, G.Q5_1, G.Q8_0, G.Q4_K, G.Q6_K], ids=lambda t: t.name)
 def test_batched_tokens_equal_each_token_alone(t):
     """Batched decode: a token's result does not depend on the tile it falls in (tiles of
     4, 2 and 1 tokens), bit for bit."""
@@ -397,7 +398,7 @@ def test_every_dot_flavour_gives_the_same_bits(t):
             np.testing.assert_array_equal(r, first, err_msg=f"flavour {f}, {n} tokens")
 
 
-NATIVE_CASES = [(t, k) for t in (G.Q4_0, G.Q4_1, G.Q5_0, G.Q8_0) for k in (32, 96, 640, 2048)] + \
+NATIVE_CASES = [(t, k) for t in TYPES for k in (32, 96, 640, 2048)] + \
     [(t, k) for t in (G.Q4_K, G.Q6_K) for k in (256, 2048)]
 
 
@@ -428,7 +429,7 @@ def test_native_repack_equals_numpy(t, k):
         out = np.empty_like(want)
         repack_native.apply(halves, raw, out)
         steps, expected = out.reshape(3, -1, repack.STEP_BYTES[t]), want.reshape(3, -1, repack.STEP_BYTES[t])
-        for lo, hi, _ in repack._computed(t, 2):   # Q5_0's planes are numpy's either way
+        for lo, hi, _ in repack._computed(t, 2):   # Q5_0's and Q5_1's planes are numpy's either way
             steps[:, :, lo:hi] = expected[:, :, lo:hi]
         np.testing.assert_array_equal(out, want)
 
