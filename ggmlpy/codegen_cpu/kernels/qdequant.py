@@ -6,7 +6,7 @@ feeding a dot product:
 
 - 32-blocks: d * (u - offset), or d * u + m for Q4_1 and Q5_1;
 - K-quants: d * scale(lane) * u + correction(lane), the correction being the minimum
-  (Q4_K, Q5_K: -dmin * m) or the offset (Q6_K: -32 * d * scale).
+  (Q2_K, Q4_K, Q5_K: -dmin * m) or the offset (Q3_K: -4 * d * scale, Q6_K: -32 * d * scale).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import llvmlite.ir as ir
 
 from ggmlpy.codegen_cpu import repack
 from ggmlpy.codegen_cpu.irgen import F32, I8, I32, KernelBuilder, f32, i64
-from ggmlpy.codegen_cpu.kernels.qdot import KINDS, Block32, KQuant, Q6K
+from ggmlpy.codegen_cpu.kernels.qdot import KINDS, Block32, KQuant
 from ggmlpy.codegen_cpu.kernels.qvec import (
     CONTRACT, concat, const, load_f16, load_vec, shuffle, sitofp, splat, store_vec, vec,
 )
@@ -53,14 +53,6 @@ def _block32(kb: KernelBuilder, kind: Block32, bp: ir.Value, out: ir.Value) -> N
     store_vec(b, v, out)
 
 
-def _corr_lane(kind: KQuant, j: int, e: int) -> int:
-    """Which lane of the row's correction vector applies to value e of chunk j."""
-    if isinstance(kind, Q6K):
-        h, upper = divmod(j, 2)
-        return 8 * h + 4 * upper + e // 16
-    return 2 * j + e // 32
-
-
 def _kquant(kb: KernelBuilder, kind: KQuant, bp: ir.Value, out: ir.Value) -> None:
     b = kb.b
     row = kind.row(kb, bp, False)
@@ -69,7 +61,7 @@ def _kquant(kb: KernelBuilder, kind: KQuant, bp: ir.Value, out: ir.Value) -> Non
         scale = shuffle(b, w["sc"], None, [e // 4 for e in range(64)])
         u = sitofp(b, b.mul(b.zext(w["q"], vec(I32, 64)), scale))
         d = shuffle(b, row["wd"], None, [0] * 64)
-        corr = shuffle(b, row["corr"], None, [_corr_lane(kind, j, e) for e in range(64)])
+        corr = shuffle(b, row["corr"], None, [kind.corr_lane(j, e) for e in range(64)])
         v = b.fadd(b.fmul(u, d, flags=CONTRACT), corr, flags=CONTRACT)
         store_vec(b, v, kb.elem_ptr(out, i64(64 * j), F32))
 
