@@ -351,6 +351,7 @@ KINDS: dict[GGMLType, QKind] = {
     GGMLType.Q5_0: Block32(GGMLType.Q5_0, 16),
     GGMLType.Q5_1: Block32(GGMLType.Q5_1, None),
     GGMLType.Q8_0: Block32(GGMLType.Q8_0, 128),
+    GGMLType.Q2_K: Crumbs(GGMLType.Q2_K),
     GGMLType.Q3_K: Crumbs(GGMLType.Q3_K),
     GGMLType.Q4_K: Q4K(GGMLType.Q4_K),
     GGMLType.Q5_K: Q4K(GGMLType.Q5_K),

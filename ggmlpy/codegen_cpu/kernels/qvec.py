@@ -44,7 +44,7 @@ CONTRACT = ("contract",)
 # 0..63, Q8_0's q xor 0x80 0..255)
 WEIGHT_BYTE_MAX: dict[GGMLType, int] = {
     GGMLType.Q4_0: 15, GGMLType.Q4_1: 15, GGMLType.Q5_0: 31, GGMLType.Q5_1: 31, GGMLType.Q8_0: 255,
-    GGMLType.Q3_K: 7, GGMLType.Q4_K: 15, GGMLType.Q5_K: 31, GGMLType.Q6_K: 63,
+    GGMLType.Q2_K: 3, GGMLType.Q3_K: 7, GGMLType.Q4_K: 15, GGMLType.Q5_K: 31, GGMLType.Q6_K: 63,
 }
 I16_SAFE = 32767  # the largest i16 partial sum the "avx2" flavour lets a lane reach
 _override: str | None = None  # set_flavour's; never read from the environment

@@ -15,7 +15,7 @@ from ggmlpy.sched.ref_backend import RefBackend
 # the registry's cases, and products of the weight types the CPU backend computes but the
 # CUDA backend (which runs every registry case) does not
 CPU_ONLY = [OpCase((SrcSpec(t, (256, 9, 1, 1)), SrcSpec(GGMLType.F32, (256, n, 1, 1))), label=f"{t.name} n={n}")
-            for t in (GGMLType.Q3_K,) for n in (1, 7)]
+            for t in (GGMLType.Q2_K, GGMLType.Q3_K) for n in (1, 7)]
 CASES = list(iter_cases()) + [("mul_mat", 100 + i, case) for i, case in enumerate(CPU_ONLY)]
 
 # ops the CPU backend leaves to the reference backend (documented in the README)

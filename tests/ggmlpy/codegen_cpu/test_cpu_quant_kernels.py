@@ -35,7 +35,7 @@ from ggmlpy.sched.ref_backend import RefBackend
 G = GGMLType
 BLOCK32 = (G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0)
 MINIMUMS = (G.Q4_1, G.Q5_1)   # d * q + m: the activations' sums meet the minimums
-KQUANTS = (G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K)
+KQUANTS = (G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K)
 GGML_BAR = 5e-4     # test-backend-ops' bar for quantised mul_mat
 EXACT_BAR = 1e-9    # f32 rounding only
 

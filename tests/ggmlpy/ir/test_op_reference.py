@@ -95,6 +95,7 @@ EXTRA: dict[str, list[OpCase]] = {
         OpCase((_spec(GGMLType.Q8_0, (32, 3, 1, 1)), _spec(F32, (32, 2, 3, 1), permute=P0213)),
                label="q8_0 permuted b"),
         OpCase((_spec(GGMLType.Q5_1, (32, 3, 2, 1)), _spec(F32, (32, 7, 2, 1))), label="q5_1 batched"),
+        OpCase((_spec(GGMLType.Q2_K, (256, 3, 1, 1)), _spec(F32, (256, 5, 1, 1))), label="q2_k"),
         OpCase((_spec(GGMLType.Q3_K, (512, 3, 1, 1)), _spec(F32, (512, 2, 1, 1))), label="q3_k"),
     ],
     "rms_norm": [OpCase((_spec(F32, ne, permute=pm),), (("eps", 1e-6),))

@@ -82,7 +82,7 @@ def test_context_refuses_a_node_no_backend_runs(iq4_nl_path, monkeypatch, backen
         llama.Context(model, n_ctx=256, backend=backend)
 
 
-@pytest.mark.parametrize("wtype", [GGMLType.Q2_K, GGMLType.Q8_1])   # weights no CPU kernel reads
+@pytest.mark.parametrize("wtype", [GGMLType.Q8_1, GGMLType.Q8_K])   # weights no CPU kernel reads
 def test_fallback_to_the_reference_backend_is_told_once(tmp_path, caplog, wtype):
     path = write_tiny_llama(tmp_path / f"{wtype.name}.gguf", weight_type=wtype, n_embd=256, n_ff=512)
     model = llama.Model.load(path)
@@ -101,9 +101,9 @@ def test_fallback_to_the_reference_backend_is_told_once(tmp_path, caplog, wtype)
     np.testing.assert_allclose(ctx.get_logits(), ref.get_logits(), atol=2e-3, rtol=0)
 
 
-@pytest.mark.parametrize("wtype", [GGMLType.Q3_K, GGMLType.Q5_1])
+@pytest.mark.parametrize("wtype", [GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q5_1])
 def test_low_bit_weights_run_on_the_cpu(tmp_path, caplog, wtype):
-    """Q3_K and Q5_1 products have CPU kernels: no node falls back, and the logits agree with
+    """Q2_K, Q3_K and Q5_1 products have CPU kernels: no node falls back, and the logits agree with
     the reference backend's as closely as other types' do (the CPU's 8-bit activations, as
     ggml's, against exact f32: NMSE 1-3e-4 here for Q4_0 to Q6_K alike)."""
     path = write_tiny_llama(tmp_path / f"{wtype.name}.gguf", weight_type=wtype, n_embd=256, n_ff=512)
