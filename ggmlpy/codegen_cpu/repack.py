@@ -58,10 +58,12 @@ STEP_BYTES = {  # bytes per step of a group (16 rows x 64 values; K-quants: 256 
     GGMLType.Q5_0: 8 * 64 + 2 * 64 + 64,
     GGMLType.Q5_1: 8 * 64 + 2 * 64 + 2 * 64,
     GGMLType.Q8_0: 16 * 64 + 64,
+    GGMLType.Q2_K: 16 * 64 + 4 * 64 + 64,
+    GGMLType.Q3_K: 24 * 64 + 4 * 64 + 64,
     GGMLType.Q4_K: 32 * 64 + 4 * 64 + 64,
     GGMLType.Q6_K: 32 * 64 + 16 * 64 + 4 * 64 + 64,
 }
-KQUANTS = (GGMLType.Q4_K, GGMLType.Q6_K)
+KQUANTS = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q6_K)
 
 # K-quant steps (one super-block of 256 values): the values chunk by chunk (64 values each;
 # Q6_K's high bits right after the low nibbles of their chunk), then the scales and d. With
@@ -70,24 +72,42 @@ KQUANTS = (GGMLType.Q4_K, GGMLType.Q6_K)
 # reading bytes in that order: 5-11 GB/s; in address order: 27-30); chunked, 21-24 GB/s.
 # The header stays after the values: put first, it made Q4_K 25% slower (bench/prefetch_ab.py
 # with `--ahead 0`, old and new layouts side by side).
-K_CHUNK = {GGMLType.Q4_K: 8 * 64, GGMLType.Q6_K: 12 * 64}   # bytes per chunk of 64 values
-K_SCALES = 4 * 512              # after the chunks. Q4_K: sc[8][16] u8, then mn[8][16] u8
-K_SCALES_Q6 = 4 * 768           # Q6_K: sc[16][16] i8
-K_D = {GGMLType.Q4_K: K_SCALES + 256, GGMLType.Q6_K: K_SCALES_Q6 + 256}   # d[16] f16 (Q4_K: then dmin[16] f16)
+#
+# A chunk: the low bits' vectors, then the high bits' vectors (per type: K_VECTORS).
+#   Q4_K, Q6_K  8 vectors of nibbles: vector c, lane r, byte i: value 64j + 4c + i (low
+#               nibble) and 64j + 32 + 4c + i (high nibble)
+#   Q2_K, Q3_K  4 vectors of two-bit values: vector c, lane r, byte i, bits 2e..2e+1: value
+#               64j + 16e + 4c + i
+#   Q6_K        4 vectors of high bits: vector c, byte i: bits 2e..2e+1 (low nibble of vector
+#               2c + e) and 4 + 2e.. (its high nibble)
+#   Q3_K        2 vectors of third bits: vector h, byte i, bit b: value 64j + 32h + 4b + i
+# Then the sub-blocks' scales, 16 rows a vector (scale g of row r at byte 16g + r): Q4_K
+# sc[8][16] u8 and mn[8][16] u8; Q6_K sc[16][16] i8; Q3_K sc[16][16] i8 (less its 32); Q2_K
+# the GGUF scale bytes [16][16] (scale in the low nibble, minimum in the high one). Then
+# d[16] f16 (Q2_K, Q4_K: then dmin[16] f16; the others 32 bytes of padding).
+K_VECTORS = {GGMLType.Q2_K: (4, 0), GGMLType.Q3_K: (4, 2), GGMLType.Q4_K: (8, 0), GGMLType.Q6_K: (8, 4)}
+K_CHUNK = {t: 64 * (lo + hi) for t, (lo, hi) in K_VECTORS.items()}   # bytes per chunk of 64 values
+K_D = {t: 4 * chunk + 256 for t, chunk in K_CHUNK.items()}   # d[16] f16 after the scales
+K_OFFSET = {GGMLType.Q3_K: 4, GGMLType.Q6_K: 32}   # stored q + offset, i8 scales; else u8 scales and minimums
 
 
 def k_scales_offset(t: GGMLType) -> int:
-    return K_SCALES_Q6 if t == GGMLType.Q6_K else K_SCALES
+    return 4 * K_CHUNK[t]
 
 
 def k_values_offset(t: GGMLType, j: int, c: int) -> int:
-    """Vector c (0..7) of chunk j's low nibbles: values 64j + 4c.. (low) and 64j + 32 + 4c.. (high)."""
+    """Vector c of chunk j's low bits (see above for what its bytes hold)."""
     return K_CHUNK[t] * j + 64 * c
+
+
+def k_high_offset(t: GGMLType, j: int, c: int) -> int:
+    """Vector c of chunk j's high bits (Q6_K: c = 0..3, Q3_K: 0..1)."""
+    return K_CHUNK[t] * j + 64 * (K_VECTORS[t][0] + c)
 
 
 def q6_high_offset(j: int, c: int) -> int:
     """Vector c (0..3) of Q6_K chunk j's high bits (two bits for each of two low-nibble vectors)."""
-    return K_CHUNK[GGMLType.Q6_K] * j + 8 * 64 + 64 * c
+    return k_high_offset(GGMLType.Q6_K, j, c)
 
 
 def step_elems(t: GGMLType) -> int:
@@ -361,6 +381,8 @@ def _repack_kquant_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
         """[g, r, s, n] bytes -> [g, s, n * 16]: byte 16i + r."""
         return x.transpose(0, 2, 3, 1).reshape(g, s, -1)
 
+    if t in (GGMLType.Q2_K, GGMLType.Q3_K):
+        return _repack_crumb_groups(blk, t, lanes, per_row)
     if t == GGMLType.Q4_K:
         qs = blk[..., 16:144].reshape(g, GROUP, s, 32, 4)   # vector 8j + c = bytes 32j + 4c..
         sc, mn = _k4_scales(blk[..., 4:16])
@@ -378,6 +400,40 @@ def _repack_kquant_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
                              lanes(qh.reshape(g, GROUP, s, 16, 4)).reshape(g, s, 4, 4 * 64)], axis=3)
     return np.concatenate([chunks.reshape(g, s, -1), per_row(blk[..., 192:208]), d,
                            np.zeros((g, s, 32), np.uint8)], axis=2)
+
+
+def _repack_crumb_groups(blk: np.ndarray, t: GGMLType, lanes: Callable, per_row: Callable) -> np.ndarray:
+    """Q2_K and Q3_K blocks [g, r, s, block bytes] -> [g, s, STEP_BYTES] (layout above)."""
+    g, s = blk.shape[0], blk.shape[2]
+    qs = blk[..., field_at(t, "qs"):field_at(t, "qs") + 64].reshape(g, GROUP, s, 2, 1, 32)   # half n, -, l
+    crumbs = (qs >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3        # [g, r, s, n, s', l]
+    q = crumbs.reshape(g, GROUP, s, 4, 4, 4, 4)                             # chunk j, e, c, i
+    packed = q[..., 0, :, :] | (q[..., 1, :, :] << 2) | (q[..., 2, :, :] << 4) | (q[..., 3, :, :] << 6)
+    chunks = [lanes(packed.reshape(g, GROUP, s, 16, 4)).reshape(g, s, 4, 4 * 64)]
+    if t == GGMLType.Q2_K:
+        scales = per_row(blk[..., 0:16])
+        d = _moved(blk[..., 80:84].reshape(g, GROUP, s, 2, 2), np.uint16, (0, 2, 3, 1)).reshape(g, s, -1)
+    else:
+        hm = blk[..., 0:32].reshape(g, GROUP, s, 1, 1, 32)
+        bits = (hm >> np.arange(8, dtype=np.uint8)[:, None]).reshape(g, GROUP, s, 2, 4, 32) & 1  # n, s', l
+        hb = bits.reshape(g, GROUP, s, 4, 2, 8, 4)                          # chunk j, h, b, i
+        hbytes = sum(hb[..., b, :] << b for b in range(8)).astype(np.uint8)   # [g, r, s, j, h, i]
+        chunks.append(lanes(hbytes.reshape(g, GROUP, s, 8, 4)).reshape(g, s, 4, 2 * 64))
+        scales = per_row(_q3_scales(blk[..., 96:108]).view(np.uint8))
+        d = np.concatenate([_moved(blk[..., 108:110].reshape(g, GROUP, s, 1, 2), np.uint16, (0, 2, 3, 1))
+                            .reshape(g, s, -1), np.zeros((g, s, 32), np.uint8)], axis=2)
+    values = np.concatenate(chunks, axis=3).reshape(g, s, -1)
+    return np.concatenate([values, scales, d], axis=2)
+
+
+def _q3_scales(packed: np.ndarray) -> np.ndarray:
+    """Q3_K's 12 scale bytes -> the 16 scales as int8, less 32: scale i has its low nibble
+    in byte i (i < 8) or the high one of byte i - 8, its top two bits at bits 2 (i // 4) of
+    byte 8 + i % 4."""
+    q = packed.astype(np.int16)
+    low = np.concatenate([q[..., 0:8] & 15, q[..., 0:8] >> 4], axis=-1)
+    top = (q[..., [8 + i % 4 for i in range(16)]] >> np.array([2 * (i // 4) for i in range(16)])) & 3
+    return ((low | (top << 4)) - 32).astype(np.int8)
 
 
 def _k4_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -103,9 +103,9 @@ def test_fallback_to_the_reference_backend_is_told_once(tmp_path, caplog, wtype)
 
 @pytest.mark.parametrize("wtype", [GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q5_1])
 def test_low_bit_weights_run_on_the_cpu(tmp_path, caplog, wtype):
-    """Q2_K, Q3_K and Q5_1 products have CPU kernels: no node falls back, and the logits agree with
-    the reference backend's as closely as other types' do (the CPU's 8-bit activations, as
-    ggml's, against exact f32: NMSE 1-3e-4 here for Q4_0 to Q6_K alike)."""
+    """Q2_K, Q3_K and Q5_1 products have CPU kernels: no node falls back, and the logits
+    agree with the reference backend's as closely as other types' do (the CPU's 8-bit
+    activations, as ggml's, against exact f32: NMSE 1-3e-4 here for Q4_0 to Q6_K alike)."""
     path = write_tiny_llama(tmp_path / f"{wtype.name}.gguf", weight_type=wtype, n_embd=256, n_ff=512)
     model = llama.Model.load(path)
     prompt = [1, 2, 3, 4, 5]
