@@ -1,7 +1,8 @@
 """Quantised matrix products of the CPU backend next to numpy's f32 matmul; prints JSON.
 
 For the matrix shapes of SmolLM2-135M (Q4_1, output Q8_0) and Gemma 3 270M (Q5_0, Q8_0,
-Q4_K, Q6_K): one compiled mul_mat graph per shape, run on random quantised weights.
+Q4_K, Q6_K; and Q5_1, Q2_K and Q3_K at the shapes of its Q5_0 and Q4_K FFN, for comparison):
+one compiled mul_mat graph per shape, run on random quantised weights.
 
 - decode (n_tokens = 1): GB/s of quantised weights read, two ways, each a graph of many
   products (so Python's per-run cost is spread out, as in a model graph, with a barrier
@@ -40,8 +41,11 @@ SHAPES = [
     ("gemma3", "attn_k/v 640x256", "Q5_0", 640, 256),
     ("gemma3", "attn_v 640x256", "Q8_0", 640, 256),
     ("gemma3", "ffn_gate/up 640x2048", "Q5_0", 640, 2048),
+    ("gemma3", "ffn_gate/up 640x2048", "Q5_1", 640, 2048),
     ("gemma3", "attn_out 1024x640", "Q4_K", 1024, 640),
     ("gemma3", "ffn_down 2048x640", "Q4_K", 2048, 640),
+    ("gemma3", "ffn_down 2048x640", "Q3_K", 2048, 640),
+    ("gemma3", "ffn_down 2048x640", "Q2_K", 2048, 640),
     ("gemma3", "ffn_down 2048x640", "Q6_K", 2048, 640),
     ("gemma3", "output 640x262144", "Q8_0", 640, 262144),
 ]

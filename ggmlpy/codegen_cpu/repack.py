@@ -10,13 +10,17 @@ The layout keeps the bits of the format (a group is as many bytes as its 16 rows
 GGUF file), so decode stays a stream of the same bytes. A *step* is two 32-blocks (64
 values) of the group's 16 rows, 64-byte aligned:
 
-    qs   Q4_0/Q4_1/Q5_0: 8 vectors; vector 4h + c, lane r: bytes 4c..4c+3 of row r's block h
+    qs   Q4_0/Q4_1/Q5_0/Q5_1: 8 vectors; vector 4h + c, lane r: bytes 4c..4c+3 of row r's block h
          (low nibbles: values 4c..4c+3; high nibbles: values 16+4c..16+4c+3).
          Q8_0: 16 vectors; vector 8h + c, lane r: values 4c..4c+3 of row r's block h, + 128.
-    qh   Q5_0 only: 2 vectors; vector h, lane r: byte i holds bit 4 of value 4c+i in its bit
+    qh   Q5_0/Q5_1 only: 2 vectors; vector h, lane r: byte i holds bit 4 of value 4c+i in its bit
          c and of value 16+4c+i in its bit 4+c (c = 0..3), so one shift and mask fetch them.
     d    one vector: the scales of block h of row r as f16 at half-word 16h + r.
-    m    Q4_1 only: the minimums, laid out as d.
+    m    Q4_1/Q5_1 only: the minimums, laid out as d.
+
+Which of these a 32-block type has follows from its GGUF block's fields (`high_bits`,
+`minimums`: a `qh` word, an `m` half), so a type's facts are its block layout
+(ggmlpy/quants/layouts.py) plus its STEP_BYTES entry.
 
 Rows of K not a multiple of 64 get a last step whose second block is zero (scale zero).
 Weights are repacked once per model (`WeightLayouts`), from the memory map; the map's pages
@@ -38,6 +42,7 @@ import numpy as np
 from ggmlpy.codegen_cpu import repack_native
 from ggmlpy.ir.tensor import Flag, Tensor
 from ggmlpy.ir.types import GGMLType, type_size
+from ggmlpy.quants import block_dtype
 
 GROUP = 16   # rows per group: one per dot lane
 ALIGN = 64   # bytes; the repacked buffers start on a cache line
@@ -51,11 +56,14 @@ STEP_BYTES = {  # bytes per step of a group (16 rows x 64 values; K-quants: 256 
     GGMLType.Q4_0: 8 * 64 + 64,
     GGMLType.Q4_1: 8 * 64 + 2 * 64,
     GGMLType.Q5_0: 8 * 64 + 2 * 64 + 64,
+    GGMLType.Q5_1: 8 * 64 + 2 * 64 + 2 * 64,
     GGMLType.Q8_0: 16 * 64 + 64,
+    GGMLType.Q2_K: 16 * 64 + 4 * 64 + 64,
+    GGMLType.Q3_K: 24 * 64 + 4 * 64 + 64,
     GGMLType.Q4_K: 32 * 64 + 4 * 64 + 64,
     GGMLType.Q6_K: 32 * 64 + 16 * 64 + 4 * 64 + 64,
 }
-KQUANTS = (GGMLType.Q4_K, GGMLType.Q6_K)
+KQUANTS = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q6_K)
 
 # K-quant steps (one super-block of 256 values): the values chunk by chunk (64 values each;
 # Q6_K's high bits right after the low nibbles of their chunk), then the scales and d. With
@@ -64,37 +72,71 @@ KQUANTS = (GGMLType.Q4_K, GGMLType.Q6_K)
 # reading bytes in that order: 5-11 GB/s; in address order: 27-30); chunked, 21-24 GB/s.
 # The header stays after the values: put first, it made Q4_K 25% slower (bench/prefetch_ab.py
 # with `--ahead 0`, old and new layouts side by side).
-K_CHUNK = {GGMLType.Q4_K: 8 * 64, GGMLType.Q6_K: 12 * 64}   # bytes per chunk of 64 values
-K_SCALES = 4 * 512              # after the chunks. Q4_K: sc[8][16] u8, then mn[8][16] u8
-K_SCALES_Q6 = 4 * 768           # Q6_K: sc[16][16] i8
-K_D = {GGMLType.Q4_K: K_SCALES + 256, GGMLType.Q6_K: K_SCALES_Q6 + 256}   # d[16] f16 (Q4_K: then dmin[16] f16)
+#
+# A chunk: the low bits' vectors, then the high bits' vectors (per type: K_VECTORS).
+#   Q4_K, Q6_K  8 vectors of nibbles: vector c, lane r, byte i: value 64j + 4c + i (low
+#               nibble) and 64j + 32 + 4c + i (high nibble)
+#   Q2_K, Q3_K  4 vectors of two-bit values: vector c, lane r, byte i, bits 2e..2e+1: value
+#               64j + 16e + 4c + i
+#   Q6_K        4 vectors of high bits: vector c, byte i: bits 2e..2e+1 (low nibble of vector
+#               2c + e) and 4 + 2e.. (its high nibble)
+#   Q3_K        2 vectors of third bits: vector h, byte i, bit b: value 64j + 32h + 4b + i
+# Then the sub-blocks' scales, 16 rows a vector (scale g of row r at byte 16g + r): Q4_K
+# sc[8][16] u8 and mn[8][16] u8; Q6_K sc[16][16] i8; Q3_K sc[16][16] i8 (less its 32); Q2_K
+# the GGUF scale bytes [16][16] (scale in the low nibble, minimum in the high one). Then
+# d[16] f16 (Q2_K, Q4_K: then dmin[16] f16; the others 32 bytes of padding).
+K_VECTORS = {GGMLType.Q2_K: (4, 0), GGMLType.Q3_K: (4, 2), GGMLType.Q4_K: (8, 0), GGMLType.Q6_K: (8, 4)}
+K_CHUNK = {t: 64 * (lo + hi) for t, (lo, hi) in K_VECTORS.items()}   # bytes per chunk of 64 values
+K_D = {t: 4 * chunk + 256 for t, chunk in K_CHUNK.items()}   # d[16] f16 after the scales
+K_OFFSET = {GGMLType.Q3_K: 4, GGMLType.Q6_K: 32}   # stored q + offset, i8 scales; else u8 scales and minimums
 
 
 def k_scales_offset(t: GGMLType) -> int:
-    return K_SCALES_Q6 if t == GGMLType.Q6_K else K_SCALES
+    return 4 * K_CHUNK[t]
 
 
 def k_values_offset(t: GGMLType, j: int, c: int) -> int:
-    """Vector c (0..7) of chunk j's low nibbles: values 64j + 4c.. (low) and 64j + 32 + 4c.. (high)."""
+    """Vector c of chunk j's low bits (see above for what its bytes hold)."""
     return K_CHUNK[t] * j + 64 * c
+
+
+def k_high_offset(t: GGMLType, j: int, c: int) -> int:
+    """Vector c of chunk j's high bits (Q6_K: c = 0..3, Q3_K: 0..1)."""
+    return K_CHUNK[t] * j + 64 * (K_VECTORS[t][0] + c)
 
 
 def q6_high_offset(j: int, c: int) -> int:
     """Vector c (0..3) of Q6_K chunk j's high bits (two bits for each of two low-nibble vectors)."""
-    return K_CHUNK[GGMLType.Q6_K] * j + 8 * 64 + 64 * c
+    return k_high_offset(GGMLType.Q6_K, j, c)
 
 
 def step_elems(t: GGMLType) -> int:
     return 256 if t in KQUANTS else 64
 
 
+def field_at(t: GGMLType, name: str) -> int | None:
+    """The byte of field `name` in a GGUF block of t (None: t has no such field)."""
+    fields = block_dtype(t).fields
+    return fields[name][1] if name in fields else None
+
+
+def high_bits(t: GGMLType) -> bool:
+    """Whether a 32-block type has a fifth bit per value (a qh word: Q5_0, Q5_1)."""
+    return field_at(t, "qh") is not None
+
+
+def minimums(t: GGMLType) -> bool:
+    """Whether a 32-block type adds a minimum per block (an m half: Q4_1, Q5_1)."""
+    return field_at(t, "m") is not None
+
+
 def qh_offset(t: GGMLType) -> int:
-    """Byte offset of the qh vectors within a step (Q5_0)."""
+    """Byte offset of the qh vectors within a step (Q5_0, Q5_1)."""
     return _qs_bytes(t)
 
 
 def d_offset(t: GGMLType) -> int:
-    return _qs_bytes(t) + (2 * 64 if t == GGMLType.Q5_0 else 0)
+    return _qs_bytes(t) + (2 * 64 if high_bits(t) else 0)
 
 
 def m_offset(t: GGMLType) -> int:
@@ -163,8 +205,6 @@ def _scales(blocks: np.ndarray, at: int) -> np.ndarray:
     f = blocks[..., at:at + 2]                      # [g, r, s, h, 2]
     return _moved(f, np.uint16, (0, 2, 3, 1)).reshape(f.shape[0], f.shape[2], 64)
 
-
-QS_AT = {GGMLType.Q4_0: (2, 16), GGMLType.Q4_1: (4, 16), GGMLType.Q5_0: (6, 16), GGMLType.Q8_0: (2, 32)}
 
 
 def _word_aligned(blocks: np.ndarray, at: int) -> tuple[np.ndarray, int]:
@@ -266,7 +306,7 @@ def _repack_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
     blocks = _blocks(rows, t, k, rows.shape[0])
     g, s = blocks.shape[0], blocks.shape[2]
     parts: list[np.ndarray] = []
-    qs_at, n_qs = QS_AT[t]
+    qs_at, n_qs = field_at(t, "qs"), block_dtype(t).fields["qs"][0].itemsize
     quants = blocks
     if qs_at % 4:  # quants off 4-byte alignment: numpy's unaligned word copies are slow
         quants, qs_at = _word_aligned(blocks, qs_at)
@@ -275,11 +315,11 @@ def _repack_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
     if t == GGMLType.Q8_0:
         lanes ^= np.uint8(0x80)
     parts.append(lanes.reshape(g, s, -1))
-    if t == GGMLType.Q5_0:
-        parts.append(_q5_planes(blocks))
+    if high_bits(t):
+        parts.append(_q5_planes(blocks, field_at(t, "qh")))
     parts.append(_scales(blocks, 0))
-    if t == GGMLType.Q4_1:
-        parts.append(_scales(blocks, 2))
+    if minimums(t):
+        parts.append(_scales(blocks, field_at(t, "m")))
     return np.concatenate(parts, axis=2)
 
 
@@ -287,7 +327,7 @@ def _repack_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
 def native_table(t: GGMLType, k: int) -> repack_native.GroupTable | None:
     """repack_native's table for groups of (t, K) rows: whole words where the scales are
     left to numpy (the quants' lanes are 4 source bytes each: twice the bytes a step of the
-    loop), else half-words; either way Q5_0's high-bit vectors are numpy's. None for the
+    loop), else half-words; either way Q5_0's and Q5_1's high-bit vectors are numpy's. None for the
     K-quants (bit fields)."""
     if t in KQUANTS or t not in STEP_BYTES or k % 32:
         return None
@@ -303,23 +343,26 @@ def native_table(t: GGMLType, k: int) -> repack_native.GroupTable | None:
 
 def _computed(t: GGMLType, unit: int) -> list[tuple[int, int, Callable[[np.ndarray], np.ndarray]]]:
     """The byte ranges of every step that a table of `unit`-byte moves leaves to numpy,
-    with what computes them from `_blocks`' array ([g, s, hi - lo]): Q5_0's high-bit
-    vectors, and for word moves the f16 scales (16 rows' halves side by side, no word of
-    which comes from one place)."""
+    with what computes them from `_blocks`' array ([g, s, hi - lo]): the high-bit
+    vectors (Q5_0, Q5_1), and for word moves the f16 scales (16 rows' halves side by side,
+    no word of which comes from one place)."""
     out = []
-    if t == GGMLType.Q5_0:
-        out.append((qh_offset(t), qh_offset(t) + 2 * 64, _q5_planes))
+    if high_bits(t):
+        at = field_at(t, "qh")
+        out.append((qh_offset(t), qh_offset(t) + 2 * 64, lambda blocks: _q5_planes(blocks, at)))
     if unit == 4:
         out.append((d_offset(t), d_offset(t) + 64, lambda blocks: _scales(blocks, 0)))
-        if t == GGMLType.Q4_1:
-            out.append((m_offset(t), m_offset(t) + 64, lambda blocks: _scales(blocks, 2)))
+        if minimums(t):
+            at_m = field_at(t, "m")
+            out.append((m_offset(t), m_offset(t) + 64, lambda blocks: _scales(blocks, at_m)))
     return out
 
 
-def _q5_planes(blocks: np.ndarray) -> np.ndarray:
-    """Q5_0's high-bit vectors of every step, [g, s, 2 * 64] (from `_blocks`' array)."""
+def _q5_planes(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The high-bit vectors of every step, [g, s, 2 * 64] (from `_blocks`' array, whose
+    blocks hold their qh word at byte `at`)."""
     g, s = blocks.shape[0], blocks.shape[2]
-    qh = np.ascontiguousarray(blocks[..., 2:6]).view(np.uint32)[..., 0]   # [g, r, s, h]
+    qh = np.ascontiguousarray(blocks[..., at:at + 4]).view(np.uint32)[..., 0]   # [g, r, s, h]
     words = _qh_planes(qh).view(np.uint32)[..., 0]                          # [g, r, s, h]
     return np.ascontiguousarray(words.transpose(0, 2, 3, 1)).view(np.uint8).reshape(g, s, -1)
 
@@ -338,6 +381,8 @@ def _repack_kquant_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
         """[g, r, s, n] bytes -> [g, s, n * 16]: byte 16i + r."""
         return x.transpose(0, 2, 3, 1).reshape(g, s, -1)
 
+    if t in (GGMLType.Q2_K, GGMLType.Q3_K):
+        return _repack_crumb_groups(blk, t, lanes, per_row)
     if t == GGMLType.Q4_K:
         qs = blk[..., 16:144].reshape(g, GROUP, s, 32, 4)   # vector 8j + c = bytes 32j + 4c..
         sc, mn = _k4_scales(blk[..., 4:16])
@@ -355,6 +400,40 @@ def _repack_kquant_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
                              lanes(qh.reshape(g, GROUP, s, 16, 4)).reshape(g, s, 4, 4 * 64)], axis=3)
     return np.concatenate([chunks.reshape(g, s, -1), per_row(blk[..., 192:208]), d,
                            np.zeros((g, s, 32), np.uint8)], axis=2)
+
+
+def _repack_crumb_groups(blk: np.ndarray, t: GGMLType, lanes: Callable, per_row: Callable) -> np.ndarray:
+    """Q2_K and Q3_K blocks [g, r, s, block bytes] -> [g, s, STEP_BYTES] (layout above)."""
+    g, s = blk.shape[0], blk.shape[2]
+    qs = blk[..., field_at(t, "qs"):field_at(t, "qs") + 64].reshape(g, GROUP, s, 2, 1, 32)   # half n, -, l
+    crumbs = (qs >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3        # [g, r, s, n, s', l]
+    q = crumbs.reshape(g, GROUP, s, 4, 4, 4, 4)                             # chunk j, e, c, i
+    packed = q[..., 0, :, :] | (q[..., 1, :, :] << 2) | (q[..., 2, :, :] << 4) | (q[..., 3, :, :] << 6)
+    chunks = [lanes(packed.reshape(g, GROUP, s, 16, 4)).reshape(g, s, 4, 4 * 64)]
+    if t == GGMLType.Q2_K:
+        scales = per_row(blk[..., 0:16])
+        d = _moved(blk[..., 80:84].reshape(g, GROUP, s, 2, 2), np.uint16, (0, 2, 3, 1)).reshape(g, s, -1)
+    else:
+        hm = blk[..., 0:32].reshape(g, GROUP, s, 1, 1, 32)
+        bits = (hm >> np.arange(8, dtype=np.uint8)[:, None]).reshape(g, GROUP, s, 2, 4, 32) & 1  # n, s', l
+        hb = bits.reshape(g, GROUP, s, 4, 2, 8, 4)                          # chunk j, h, b, i
+        hbytes = sum(hb[..., b, :] << b for b in range(8)).astype(np.uint8)   # [g, r, s, j, h, i]
+        chunks.append(lanes(hbytes.reshape(g, GROUP, s, 8, 4)).reshape(g, s, 4, 2 * 64))
+        scales = per_row(_q3_scales(blk[..., 96:108]).view(np.uint8))
+        d = np.concatenate([_moved(blk[..., 108:110].reshape(g, GROUP, s, 1, 2), np.uint16, (0, 2, 3, 1))
+                            .reshape(g, s, -1), np.zeros((g, s, 32), np.uint8)], axis=2)
+    values = np.concatenate(chunks, axis=3).reshape(g, s, -1)
+    return np.concatenate([values, scales, d], axis=2)
+
+
+def _q3_scales(packed: np.ndarray) -> np.ndarray:
+    """Q3_K's 12 scale bytes -> the 16 scales as int8, less 32: scale i has its low nibble
+    in byte i (i < 8) or the high one of byte i - 8, its top two bits at bits 2 (i // 4) of
+    byte 8 + i % 4."""
+    q = packed.astype(np.int16)
+    low = np.concatenate([q[..., 0:8] & 15, q[..., 0:8] >> 4], axis=-1)
+    top = (q[..., [8 + i % 4 for i in range(16)]] >> np.array([2 * (i // 4) for i in range(16)])) & 3
+    return ((low | (top << 4)) - 32).astype(np.int8)
 
 
 def _k4_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -4,9 +4,9 @@ It reuses the weight decoders of the dot products (kernels/qdot.py), which give 
 values as unsigned bytes plus their scales, and applies the scales in f32 instead of
 feeding a dot product:
 
-- 32-blocks: d * (u - offset), or d * u + m for Q4_1;
+- 32-blocks: d * (u - offset), or d * u + m for Q4_1 and Q5_1;
 - K-quants: d * scale(lane) * u + correction(lane), the correction being the minimum
-  (Q4_K, Q5_K: -dmin * m) or the offset (Q6_K: -32 * d * scale).
+  (Q2_K, Q4_K, Q5_K: -dmin * m) or the offset (Q3_K: -4 * d * scale, Q6_K: -32 * d * scale).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import llvmlite.ir as ir
 
 from ggmlpy.codegen_cpu import repack
 from ggmlpy.codegen_cpu.irgen import F32, I8, I32, KernelBuilder, f32, i64
-from ggmlpy.codegen_cpu.kernels.qdot import KINDS, Block32, KQuant, Q6K
+from ggmlpy.codegen_cpu.kernels.qdot import KINDS, Block32, KQuant
 from ggmlpy.codegen_cpu.kernels.qvec import (
     CONTRACT, concat, const, load_f16, load_vec, shuffle, sitofp, splat, store_vec, vec,
 )
@@ -53,14 +53,6 @@ def _block32(kb: KernelBuilder, kind: Block32, bp: ir.Value, out: ir.Value) -> N
     store_vec(b, v, out)
 
 
-def _corr_lane(kind: KQuant, j: int, e: int) -> int:
-    """Which lane of the row's correction vector applies to value e of chunk j."""
-    if isinstance(kind, Q6K):
-        h, upper = divmod(j, 2)
-        return 8 * h + 4 * upper + e // 16
-    return 2 * j + e // 32
-
-
 def _kquant(kb: KernelBuilder, kind: KQuant, bp: ir.Value, out: ir.Value) -> None:
     b = kb.b
     row = kind.row(kb, bp, False)
@@ -69,7 +61,7 @@ def _kquant(kb: KernelBuilder, kind: KQuant, bp: ir.Value, out: ir.Value) -> Non
         scale = shuffle(b, w["sc"], None, [e // 4 for e in range(64)])
         u = sitofp(b, b.mul(b.zext(w["q"], vec(I32, 64)), scale))
         d = shuffle(b, row["wd"], None, [0] * 64)
-        corr = shuffle(b, row["corr"], None, [_corr_lane(kind, j, e) for e in range(64)])
+        corr = shuffle(b, row["corr"], None, [kind.corr_lane(j, e) for e in range(64)])
         v = b.fadd(b.fmul(u, d, flags=CONTRACT), corr, flags=CONTRACT)
         store_vec(b, v, kb.elem_ptr(out, i64(64 * j), F32))
 
@@ -105,13 +97,13 @@ def dequant_repacked_row(kb: KernelBuilder, t: GGMLType, table: ir.Value, row: i
             packed = _concat_all(b, [lane_bytes(0, 4, c) for c in range(4)])   # qs bytes 0..15
             q = concat(b, b.and_(packed, splat(b, ir.Constant(I8, 15), 16)),
                        b.lshr(packed, splat(b, ir.Constant(I8, 4), 16)))
-            if t == GGMLType.Q5_0:
+            if repack.high_bits(t):
                 q = b.or_(q, _fifth_bits(b, lane_bytes(repack.qh_offset(t) // 64, 1, 0)))
             u = _u8_to_f32(b, q)
-            if t == GGMLType.Q4_1:
+            if repack.minimums(t):
                 v = b.fadd(b.fmul(u, d, flags=CONTRACT), scale(repack.m_offset(t)), flags=CONTRACT)
             else:
-                v = b.fmul(b.fsub(u, splat(b, f32(8.0 if t == GGMLType.Q4_0 else 16.0), 32)), d)
+                v = b.fmul(b.fsub(u, splat(b, f32(float(KINDS[t].offset)), 32)), d)
         store_vec(b, v, kb.elem_ptr(dst, b.mul(blk, i64(32)), F32))
 
 
@@ -122,7 +114,7 @@ def _concat_all(b: ir.IRBuilder, parts: list[ir.Value]) -> ir.Value:
 
 
 def _fifth_bits(b: ir.IRBuilder, plane: ir.Value) -> ir.Value:
-    """Q5_0's bit 4 of the block's 32 values (as 0 or 16) from its 4 plane bytes: value j
+    """Q5_0's and Q5_1's bit 4 of the block's 32 values (as 0 or 16) from its 4 plane bytes: value j
     has it in byte j % 4, bit c (j < 16) or 4 + c (j >= 16), c = (j % 16) // 4."""
     lanes = [j % 4 for j in range(32)]
     shifts = [(j % 16) // 4 + (4 if j >= 16 else 0) for j in range(32)]

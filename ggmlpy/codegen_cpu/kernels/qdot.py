@@ -13,8 +13,8 @@ step in *chunks* of 64 values. A kind tells the tiling loops (kernels/matmul.py)
 
 vpdpbusd multiplies unsigned by signed bytes, so weights are decoded unsigned and their
 offset taken back from the activations' sums: Q4_0 stores q + 8, Q5_0 q + 16, Q8_0 gets 128
-added (xor 0x80), Q6_K stores q + 32. For the 32-blocks that happens in integers (the
-activation step carries -offset * sum(q) to start the accumulator); Q4_1's minimums and the
+added (xor 0x80), Q6_K stores q + 32, Q3_K q + 4. For the 32-blocks that happens in integers (the
+activation step carries -offset * sum(q) to start the accumulator); Q4_1's and Q5_1's minimums and the
 K-quants' minimums and offsets are f32 terms, a second accumulator fed by one multiply-add of
 a per-row vector and the activation step's precomputed sums. The same decoders serve the
 repacked prefill path (qgemm.py) and get_rows (qdequant.py).
@@ -33,6 +33,7 @@ from ggmlpy.codegen_cpu.kernels.qvec import (
     splat, splat_const, vec, zeros,
 )
 from ggmlpy.ir.types import GGMLType, type_size
+from ggmlpy.quants import block_dtype
 
 Vals = dict
 
@@ -93,16 +94,20 @@ class QKind:
 
 # 32-blocks --------------------------------------------------------------------------------------
 class Block32(QKind):
-    """Q4_0, Q4_1, Q5_0, Q8_0: a step is two blocks; lanes 0-7 belong to the first, 8-15 to
-    the second. `offset` is what the unsigned weight exceeds the signed one by: the
+    """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: a step is two blocks; lanes 0-7 belong to the first, 8-15
+    to the second. `offset` is what the unsigned weight exceeds the signed one by: the
     activation's aux vector (-offset * sum(q) in lanes 0 and 8) starts the integer
-    accumulator, which undoes it exactly. Q4_1 (offset None) adds its minimums instead: the
-    correction vector is <d0, m0, d1, m1, 0...>, met by d * sum(q) in lanes 1 and 3."""
+    accumulator, which undoes it exactly. Q4_1 and Q5_1 (offset None) add their minimums
+    instead: the correction vector is <d0, m0, d1, m1, 0...>, met by d * sum(q) in lanes 1
+    and 3. Where the quants and the fifth bits sit comes from the GGUF block's layout
+    (ggmlpy/quants/layouts.py): a `qh` word gives each value its bit 4."""
     step_elems = 64
     chunks = 1
 
-    def __init__(self, wtype: GGMLType, offset: int | None, qs_at: int):
-        self.wtype, self.offset, self.qs_at = wtype, offset, qs_at
+    def __init__(self, wtype: GGMLType, offset: int | None):
+        fields = block_dtype(wtype).fields
+        self.wtype, self.offset, self.qs_at = wtype, offset, fields["qs"][1]
+        self.qh_at = fields["qh"][1] if "qh" in fields else None
         self.fmt = q8_32(offset)
         self.n_acc = 2 if offset is None else 1
 
@@ -148,12 +153,12 @@ class Block32(QKind):
             v1 = zeros(I8, 32) if p1 is None else load_vec(b, kb.byte_ptr(p1, i64(2)), I8, 32)
             return b.xor(concat(b, v0, v1), splat_const(I8, 0x80, 64))  # a tail's 128s meet zeros
         q = self._nibbles(kb, p0, p1)
-        if self.wtype != GGMLType.Q5_0:
+        if self.qh_at is None:
             return q
         # bit j of the block's qh word is bit 4 of element j
-        bits = b.zext(b.load(kb.byte_ptr(p0, i64(2)), typ=I32, align=1), I64)
+        bits = b.zext(b.load(kb.byte_ptr(p0, i64(self.qh_at)), typ=I32, align=1), I64)
         if p1 is not None:
-            h1 = b.zext(b.load(kb.byte_ptr(p1, i64(2)), typ=I32, align=1), I64)
+            h1 = b.zext(b.load(kb.byte_ptr(p1, i64(self.qh_at)), typ=I32, align=1), I64)
             bits = b.or_(bits, b.shl(h1, i64(32)))
         mask = b.bitcast(bits, vec(ir.IntType(1), 64))
         return b.or_(q, b.select(mask, splat_const(I8, 16, 64), zeros(I8, 64)))
@@ -166,10 +171,16 @@ class Block32(QKind):
 class KQuant(QKind):
     """A step is one 256-value super-block in four 64-value chunks; the activations have one
     scale per super-block, so a super-block's integer sums (sub-block scales applied as
-    integers) are exact and converted once."""
+    integers) are exact and converted once. `row` gives the sub-blocks' integer scales
+    ("scales", i32) and the f32 terms their activation sums meet ("corr"), one lane each."""
     step_elems = 256
     chunks = 4
     tile = (3, 4)
+    groups: int    # sub-blocks per super-block (8 of 32 values, or 16 of 16)
+
+    def corr_lane(self, j: int, e: int) -> int:
+        """The sub-block (lane of "scales" and "corr") of value e of chunk j."""
+        return (64 * j + e) // (256 // self.groups)
 
     def chunk_dot(self, kb: KernelBuilder, isum: ir.Value, wq: Vals, aq: ir.Value) -> ir.Value:
         p = dot_u8s8(kb, zeros(I32, 16), wq["q"], aq, WEIGHT_BYTE_MAX[self.wtype])
@@ -181,6 +192,7 @@ class Q4K(KQuant):
     qs; chunk j holds sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)."""
 
     fmt = Q8_256_32
+    groups = 8
 
     def __init__(self, wtype: GGMLType):
         self.wtype = wtype
@@ -193,7 +205,7 @@ class Q4K(KQuant):
         dmin = load_f16(b, kb.byte_ptr(wblock, i64(2)))
         sc, mn = self._scales(kb, load_vec(b, kb.byte_ptr(wblock, i64(4)), I8, 12))
         mf = b.fmul(sitofp(b, mn), splat(b, b.fsub(f32(0.0), dmin), 8), flags=CONTRACT)
-        vals = {"p": wblock, "sc8": sc, "wd": splat(b, d, 16),
+        vals = {"p": wblock, "scales": sc, "wd": splat(b, d, 16),
                 "corr": shuffle(b, mf, zeros(F32, 8), [*range(8), *[8] * 8])}
         if self.high_bits:
             vals["qh"] = load_vec(b, kb.byte_ptr(wblock, i64(16)), I8, 32)
@@ -227,7 +239,7 @@ class Q4K(KQuant):
             lo = b.and_(b.lshr(h, splat_const(I8, 2 * j, 32)), one)
             hi = b.and_(b.lshr(h, splat_const(I8, 2 * j + 1, 32)), one)
             q = b.or_(q, b.shl(concat(b, lo, hi), splat_const(I8, 4, 64)))
-        sc = shuffle(kb.b, row["sc8"], None, [2 * j] * 8 + [2 * j + 1] * 8)
+        sc = shuffle(kb.b, row["scales"], None, [2 * j] * 8 + [2 * j + 1] * 8)
         return {"q": q, "sc": sc}
 
 
@@ -237,6 +249,7 @@ class Q6K(KQuant):
     half (low nibbles, qh bits 0-1 and 2-3), chunk 2h + 1 values 64-127 (high nibbles, bits 4-7)."""
 
     fmt = Q8_256_16
+    groups = 16
 
     def __init__(self) -> None:
         self.wtype = GGMLType.Q6_K
@@ -246,7 +259,7 @@ class Q6K(KQuant):
         d = load_f16(b, kb.byte_ptr(wblock, i64(208)))
         sc = b.sext(load_vec(b, kb.byte_ptr(wblock, i64(192)), I8, 16), V16I32)
         mf = b.fmul(sitofp(b, sc), splat(b, b.fmul(d, f32(-32.0)), 16), flags=CONTRACT)
-        return {"p": wblock, "sc16": sc, "wd": splat(b, d, 16), "corr": mf}
+        return {"p": wblock, "scales": sc, "wd": splat(b, d, 16), "corr": mf}
 
     def chunk_w(self, kb: KernelBuilder, row: Vals, j: int) -> Vals:
         b = kb.b
@@ -264,15 +277,82 @@ class Q6K(KQuant):
 
         s = 4 * upper
         q = concat(b, b.or_(low(ql0), bits(s)), b.or_(low(ql1), bits(s + 2)))
-        sc = shuffle(b, row["sc16"], None, [8 * h + 4 * upper + g for g in range(4) for _ in range(4)])
+        sc = shuffle(b, row["scales"], None, [8 * h + 4 * upper + g for g in range(4) for _ in range(4)])
         return {"q": q, "sc": sc}
 
 
+class Crumbs(KQuant):
+    """Q2_K and Q3_K: two bits per value, value 128n + 32s + l in bits 2s..2s+1 of
+    qs[32n + l], so chunk j is half n = j // 2 with s = 2 (j % 2) and 2 (j % 2) + 1; sub-blocks
+    of 16 values, one integer scale each. Field offsets come from the GGUF block layout.
+
+    - Q2_K: scale byte i holds sub-block i's scale (low nibble) and minimum (high nibble);
+      d * scale * q - dmin * min, the minimum met by the activation sums.
+    - Q3_K: hmask bit 4n + s of byte l is the value's third bit; stored q + 4 in 0..7 (a
+      clear bit means q - 4), so the offset meets the activation sums as -4 * d * scale;
+      sixteen 6-bit scales (stored + 32) packed in 12 bytes, as ggml's kmask1/kmask2 unpack
+      them: the low nibble from byte i (i < 8) or the high one of byte i - 8, the top two
+      bits at bits 2 (i // 4) of byte 8 + i % 4."""
+
+    fmt = Q8_256_16
+    groups = 16
+
+    def __init__(self, wtype: GGMLType):
+        fields = block_dtype(wtype).fields
+        self.wtype = wtype
+        self.at = {name: fields[name][1] for name in fields}
+        self.third_bit = "hmask" in fields
+
+    def row(self, kb: KernelBuilder, wblock: ir.Value, tail: bool) -> Vals:
+        b = kb.b
+        d = load_f16(b, kb.byte_ptr(wblock, i64(self.at["d"])))
+        packed = load_vec(b, kb.byte_ptr(wblock, i64(self.at["scales"])), I8, 12 if self.third_bit else 16)
+        vals = {"p": wblock, "wd": splat(b, d, 16)}
+        if self.third_bit:
+            sc = self._q3_scales(kb, packed)
+            vals["corr"] = b.fmul(sitofp(b, sc), splat(b, b.fmul(d, f32(-4.0)), 16), flags=CONTRACT)
+            vals["hm"] = load_vec(b, kb.byte_ptr(wblock, i64(self.at["hmask"])), I8, 32)
+        else:
+            sc = b.zext(b.and_(packed, splat_const(I8, 15, 16)), V16I32)
+            mn = b.zext(b.lshr(packed, splat_const(I8, 4, 16)), V16I32)
+            dmin = load_f16(b, kb.byte_ptr(wblock, i64(self.at["dmin"])))
+            vals["corr"] = b.fmul(sitofp(b, mn), splat(b, b.fsub(f32(0.0), dmin), 16), flags=CONTRACT)
+        vals["scales"] = sc
+        return vals
+
+    @staticmethod
+    def _q3_scales(kb: KernelBuilder, q: ir.Value) -> ir.Value:
+        """The 16 signed scales (i32) from Q3_K's 12 scale bytes."""
+        b = kb.b
+        low = b.lshr(shuffle(b, q, None, [*range(8), *range(8)]), const(I8, [0] * 8 + [4] * 8))
+        top = b.lshr(shuffle(b, q, None, [8 + i % 4 for i in range(16)]), const(I8, [2 * (i // 4) for i in range(16)]))
+        sc = b.or_(b.and_(low, splat_const(I8, 15, 16)), b.shl(b.and_(top, splat_const(I8, 3, 16)), splat_const(I8, 4, 16)))
+        return b.sub(b.zext(sc, V16I32), splat_const(I32, 32, 16))
+
+    def chunk_w(self, kb: KernelBuilder, row: Vals, j: int) -> Vals:
+        b = kb.b
+        n, s0 = j // 2, 2 * (j % 2)
+        qs = load_vec(b, kb.byte_ptr(row["p"], i64(self.at["qs"] + 32 * n)), I8, 32)
+
+        def part(s: int) -> ir.Value:
+            q = b.and_(b.lshr(qs, splat_const(I8, 2 * s, 32)), splat_const(I8, 3, 32))
+            if not self.third_bit:
+                return q
+            bit = b.and_(b.lshr(row["hm"], splat_const(I8, 4 * n + s, 32)), splat_const(I8, 1, 32))
+            return b.or_(q, b.shl(bit, splat_const(I8, 2, 32)))
+
+        sc = shuffle(b, row["scales"], None, [4 * j + g for g in range(4) for _ in range(4)])
+        return {"q": concat(b, part(s0), part(s0 + 1)), "sc": sc}
+
+
 KINDS: dict[GGMLType, QKind] = {
-    GGMLType.Q4_0: Block32(GGMLType.Q4_0, 8, 2),
-    GGMLType.Q4_1: Block32(GGMLType.Q4_1, None, 4),
-    GGMLType.Q5_0: Block32(GGMLType.Q5_0, 16, 6),
-    GGMLType.Q8_0: Block32(GGMLType.Q8_0, 128, 2),
+    GGMLType.Q4_0: Block32(GGMLType.Q4_0, 8),
+    GGMLType.Q4_1: Block32(GGMLType.Q4_1, None),
+    GGMLType.Q5_0: Block32(GGMLType.Q5_0, 16),
+    GGMLType.Q5_1: Block32(GGMLType.Q5_1, None),
+    GGMLType.Q8_0: Block32(GGMLType.Q8_0, 128),
+    GGMLType.Q2_K: Crumbs(GGMLType.Q2_K),
+    GGMLType.Q3_K: Crumbs(GGMLType.Q3_K),
     GGMLType.Q4_K: Q4K(GGMLType.Q4_K),
     GGMLType.Q5_K: Q4K(GGMLType.Q5_K),
     GGMLType.Q6_K: Q6K(),

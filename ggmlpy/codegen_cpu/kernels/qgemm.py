@@ -13,11 +13,12 @@ horizontal sums: about 11 instructions per 512 multiply-adds instead of about 36
 
 Per-unit area (r = lane = row of the group), all 64-byte vectors:
 
-    32-blocks   w[8]: values 4c..4c+3 | wd: d | m (Q4_1 only)
+    32-blocks   w[8]: values 4c..4c+3 | wd: d | m (Q4_1, Q5_1 only)
     K-quants    w[64]: values 4c..4c+3 | sc[G]: integer scale of group g | corr[G]: the
-                f32 term met by the activation sums (-dmin * m, or -32 * d * sc for Q6_K) | wd: d
+                f32 term met by the activation sums (-dmin * m, or -32 * d * sc for Q6_K, -4 * d * sc
+                for Q3_K) | wd: d
 
-(G groups of 256 / G values: 8 for Q4_K/Q5_K, 16 for Q6_K.) Repacking costs a few hundred
+(G groups of 256 / G values, the kind's `groups`: 8 for Q4_K/Q5_K, 16 for Q2_K/Q3_K/Q6_K.) Repacking costs a few hundred
 instructions per unit of a group, paid once per group and token block, so it is used only
 when there are enough tokens (MIN_TOKENS).
 """
@@ -26,7 +27,7 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from ggmlpy.codegen_cpu.irgen import F32, I8, I32, I64, KernelBuilder, i64
-from ggmlpy.codegen_cpu.kernels.qdot import Block32, KQuant, QKind, Q6K
+from ggmlpy.codegen_cpu.kernels.qdot import Block32, KQuant, QKind
 from ggmlpy.codegen_cpu.kernels.qvec import (
     CONTRACT, WEIGHT_BYTE_MAX, const, dot_sum_u8s8, load_f16, load_vec, masked_store, shuffle, sitofp, splat, vec, zeros,
 )
@@ -42,14 +43,10 @@ def supports(kind: QKind) -> bool:
     return isinstance(kind, (Block32, KQuant))
 
 
-def _groups(kind: QKind) -> int:
-    return 16 if isinstance(kind, Q6K) else 8
-
-
 def unit_bytes(kind: QKind) -> int:
     if isinstance(kind, Block32):
         return 8 * V + V + (V if kind.offset is None else 0)
-    return 64 * V + 2 * _groups(kind) * V + V
+    return 64 * V + 2 * kind.groups * V + V
 
 
 def area_bytes(kind: QKind, k: int) -> int:
@@ -119,13 +116,13 @@ class RepackGemm:
 
     def _repack_superblock(self, p: ir.Value, out: ir.Value) -> None:
         kb, b, kind = self.kb, self.kb.b, self.kind
-        n_g = _groups(kind)
+        n_g = kind.groups
         row = kind.row(kb, p, False)
         for j in range(kind.chunks):
             q = b.bitcast(kind.chunk_w(kb, row, j)["q"], vec(I32, 16))
             for c in range(16):
                 self._lane(b.extract_element(q, ir.Constant(I32, c)), out, 16 * j + c)
-        scales = row["sc16"] if isinstance(kind, Q6K) else row["sc8"]
+        scales = row["scales"]
         for g in range(n_g):
             self._lane(b.extract_element(scales, ir.Constant(I32, g)), out, 64 + g)
             self._lane(b.extract_element(row["corr"], ir.Constant(I32, g)), out, 64 + n_g + g)
@@ -192,7 +189,7 @@ class RepackGemm:
         Activation layout (qact.py): q[256], ad[16] (d everywhere), aux[16] (d * the sum of
         group g in lane g)."""
         kb, b, kind = self.kb, self.kb.b, self.kind
-        n_g = _groups(kind)
+        n_g = kind.groups
         per = 64 // n_g  # 4-byte values per group
         pb = kb.byte_ptr(self.area, b.mul(sb, i64(self.ub)))
         sps = [kb.byte_ptr(arow, b.mul(sb, i64(kind.fmt.step_bytes))) for arow in arows]

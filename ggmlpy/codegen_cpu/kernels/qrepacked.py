@@ -1,11 +1,11 @@
-"""Matrix products on repacked weights (repack.py): Q4_0, Q4_1, Q5_0, Q8_0, any number of
-tokens.
+"""Matrix products on repacked weights (repack.py): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K,
+Q4_K, Q6_K, any number of tokens.
 
 The 16 lanes of a dot are the 16 rows of a group; a token's 4 activation bytes are
 broadcast to every lane (vpdpbusd's {1to16} memory operand). Per 32-block, 16 rows and one
-token: 8 dots, one conversion and one multiply-add (Q4_1: two), and the results of 16 rows
-land in one vector store: no horizontal sums. Decoding the weights (nibble masks, Q5_0's
-fifth bit) is done once per group and step, for every token of a tile.
+token: 8 dots, one conversion and one multiply-add (Q4_1, Q5_1: two), and the results of 16
+rows land in one vector store: no horizontal sums. Decoding the weights (nibble masks, Q5_0's
+and Q5_1's fifth bit) is done once per group and step, for every token of a tile.
 
 Threads take whole groups (contiguous memory each). Tokens go in blocks whose quantised
 activations fit in L2 (prefill), in tiles of TOKENS whose accumulators stay in registers;
@@ -13,7 +13,7 @@ a single token (decode) is a tile of one, with the dots of a block in two chains
 multiply-adds of consecutive dots do not wait on each other.
 
 Activations are qact.py's q8_32 steps: q[64] | ad[16] f32 (d of block h in lane 8h) | aux
-(i32 -offset * sum(q) of block h in lane 8h; Q4_1: f32 d * sum(q) in lane 1 + 2h).
+(i32 -offset * sum(q) of block h in lane 8h; Q4_1, Q5_1: f32 d * sum(q) in lane 1 + 2h).
 """
 from __future__ import annotations
 
@@ -42,7 +42,9 @@ V = 64
 # token's time without, 2.0x with). Measured per type (bench/prefetch_ab.py, in a model with
 # bench/prefetch_model_ab.py), absent: no prefetch (the K-quants: a Q4_K product on AVX2
 # 8% slower with it, Gemma 3's decode 11%).
-PREFETCH_AHEAD: dict[GGMLType, int] = {GGMLType.Q4_1: 4096, GGMLType.Q5_0: 4096, GGMLType.Q8_0: 4096}
+# Q5_1 (Q5_0's layout plus the minimums) takes Q5_0's distance.
+PREFETCH_AHEAD: dict[GGMLType, int] = {GGMLType.Q4_1: 4096, GGMLType.Q5_0: 4096, GGMLType.Q5_1: 4096,
+                                       GGMLType.Q8_0: 4096}
 # The smallest tile that prefetches, by dot flavour (qvec.py). With VNNI one dot step is one
 # instruction and a one-token tile streams fast enough alone (its prefetch measured +-3%);
 # AVX2's dot step takes three or five (Zen 1, 2 threads, one token, DRAM-resident: Q4_1
@@ -77,7 +79,7 @@ class RepackedMatmul:
         self.step_bytes = repack.STEP_BYTES[wtype]
         self.act_base, self.act_stride = act_base, fmt.row_bytes(k)
         self.n_tok, self.d_stride = n_tok, d_stride
-        self.minimums = wtype == GGMLType.Q4_1
+        self.minimums = wtype not in repack.KQUANTS and repack.minimums(wtype)
         self.residual = residual   # added to each result as it is stored (laid out as dst)
 
     def emit(self) -> None:
@@ -157,7 +159,7 @@ class RepackedMatmul:
 
     def _dots(self, ap: ir.Value, h: int, ws: list[tuple[ir.Value, int]]) -> ir.Value:
         """Block h's integer dots for one token, starting from the activation's offset
-        correction (none for Q4_1)."""
+        correction (none for Q4_1, Q5_1)."""
         kb, b = self.kb, self.kb.b
         if self.t == GGMLType.Q8_0:
             pairs = [(w, self._act4(ap, 32 * h + at)) for w, at in ws]
@@ -178,7 +180,7 @@ class RepackedMatmul:
             return [(load_vec(b, kb.byte_ptr(wp, i64(V * (8 * h + c))), I8, 64), 4 * c) for c in range(8)]
         low = splat_const(I8, 15, 64)
         qh = None
-        if self.t == GGMLType.Q5_0:
+        if repack.high_bits(self.t):
             qh = b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(repack.qh_offset(self.t) + V * h)), I8, 64), vec(I16, 32))
         out = []
         for c in range(4):
@@ -196,36 +198,38 @@ class RepackedMatmul:
     def _superblock(self, wp: ir.Value, aps: list[ir.Value], accs: list) -> None:
         """Per token: the sub-blocks' integer dots times their integer scales, summed in i32
         (exact), converted once: acc += d * ad * total + correction, where the correction
-        meets the activation's per-sub-block sums (aux = ad * sum(q)): Q4_K -dmin * min,
-        Q6_K -32 * d * scale (the stored values are q + 32)."""
+        meets the activation's per-sub-block sums (aux = ad * sum(q)): Q2_K, Q4_K -dmin * min,
+        Q3_K -4 * d * scale and Q6_K -32 * d * scale (the stored values are q + offset)."""
         kb, b = self.kb, self.kb.b
-        q6 = self.t == GGMLType.Q6_K
-        n_sub = 16 if q6 else 8
+        n_sub = 256 // self.fmt.sum_group
         dd = load_vec(b, kb.byte_ptr(wp, i64(repack.K_D[self.t])), ir.HalfType(), 32)
         d = b.fpext(shuffle(b, dd, None, range(16)), vec(F32, 16))
-        if q6:
-            scales = [b.sext(load_vec(b, kb.byte_ptr(wp, i64(repack.k_scales_offset(self.t) + 16 * g)), I8, 16), vec(I32, 16))
-                      for g in range(n_sub)]
-            corr_w = b.fmul(d, splat_const(F32, -32.0, 16), flags=CONTRACT)
+        raw = [load_vec(b, kb.byte_ptr(wp, i64(repack.k_scales_offset(self.t) + 16 * g)), I8, 16) for g in range(n_sub)]
+        offset = repack.K_OFFSET.get(self.t)
+        if offset is not None:   # i8 scales; the offset's share met by the activation sums
+            scales = [b.sext(r, vec(I32, 16)) for r in raw]
+            corr_w = b.fmul(d, splat_const(F32, -float(offset), 16), flags=CONTRACT)
             corr_terms = [sitofp(b, sc) for sc in scales]
-        else:
-            scales = [b.zext(load_vec(b, kb.byte_ptr(wp, i64(repack.k_scales_offset(self.t) + 16 * g)), I8, 16), vec(I32, 16))
-                      for g in range(n_sub)]
+        else:                    # u8 scales and minimums (Q2_K: both nibbles of one byte)
             corr_w = b.fsub(zeros(F32, 16), b.fpext(shuffle(b, dd, None, range(16, 32)), vec(F32, 16)))
-            corr_terms = [sitofp(b, b.zext(load_vec(b, kb.byte_ptr(wp, i64(repack.k_scales_offset(self.t) + 128 + 16 * g)), I8, 16),
-                                           vec(I32, 16))) for g in range(n_sub)]
+            if self.t == GGMLType.Q2_K:
+                mins = [b.lshr(r, splat_const(I8, 4, 16)) for r in raw]
+                raw = [b.and_(r, splat_const(I8, 15, 16)) for r in raw]
+            else:
+                mins = [load_vec(b, kb.byte_ptr(wp, i64(repack.k_scales_offset(self.t) + 128 + 16 * g)), I8, 16)
+                        for g in range(n_sub)]
+            scales = [b.zext(r, vec(I32, 16)) for r in raw]
+            corr_terms = [sitofp(b, b.zext(mn, vec(I32, 16))) for mn in mins]
         totals = [zeros(I32, 16) for _ in aps]
+        per = 64 // n_sub                                     # dots per sub-block
         for j in range(4):
-            ws = self._kquant_chunk(wp, j)   # 16 vectors: values 64j + 4c.. (lo), 64j + 32 + 4c.. (hi)
+            ws = self._kquant_chunk(wp, j)   # 16 vectors: vector v holds values 64j + 4v..
             for i, ap in enumerate(aps):
-                for half in range(2):
-                    vectors = ws[8 * half:8 * half + 8]
-                    per = 4 if q6 else 8                      # dots per sub-block
-                    for first in range(0, 8, per):
-                        sub = (4 * j + 2 * half + first // 4) if q6 else (2 * j + half)
-                        isum = self._chain_dots(ap, [(w, 64 * j + 32 * half + 4 * (first + c))
-                                                     for c, w in enumerate(vectors[first:first + per])])
-                        totals[i] = b.add(totals[i], b.mul(isum, scales[sub]))
+                for first in range(0, 16, per):
+                    sub = (64 * j + 4 * first) // (256 // n_sub)
+                    isum = self._chain_dots(ap, [(w, 64 * j + 4 * (first + c))
+                                                 for c, w in enumerate(ws[first:first + per])])
+                    totals[i] = b.add(totals[i], b.mul(isum, scales[sub]))
         for i, (ap, acc) in enumerate(zip(aps, accs)):
             ad = splat(b, b.load(kb.byte_ptr(ap, i64(256)), typ=F32, align=4), 16)
             total = b.fadd(b.fmul(sitofp(b, totals[i]), b.fmul(d, ad, flags=CONTRACT), flags=CONTRACT),
@@ -249,10 +253,12 @@ class RepackedMatmul:
         return b.bitcast(splat(b, b.load(self.kb.byte_ptr(ap, i64(at)), typ=I32, align=4), 16), vec(I8, 64))
 
     def _kquant_chunk(self, wp: ir.Value, j: int) -> list[ir.Value]:
-        """Chunk j (values 64j..64j+63) as 16 unsigned-byte vectors: 8 from the low nibbles
-        (values 64j + 4c + i), then 8 from the high nibbles (64j + 32 + 4c + i); Q6_K adds
-        the two high bits from its qh vectors (bits 2e..2e+1 for the low nibbles of vector
-        2c' + e, bits 4 + 2e.. for the high ones)."""
+        """Chunk j (values 64j..64j+63) as 16 unsigned-byte vectors, vector v holding values
+        64j + 4v + i: 8 from the low nibbles (values 64j + 4c + i), then 8 from the high
+        nibbles (64j + 32 + 4c + i); Q6_K adds the two high bits from its qh vectors (bits
+        2e..2e+1 for the low nibbles of vector 2c' + e, bits 4 + 2e.. for the high ones)."""
+        if repack.K_VECTORS[self.t][0] == 4:
+            return self._crumb_chunk(wp, j)
         kb, b = self.kb, self.kb.b
         low = splat_const(I8, 15, 64)
         lows, highs = [], []
@@ -272,3 +278,25 @@ class RepackedMatmul:
             lows.append(lo)
             highs.append(hi)
         return lows + highs
+
+    def _crumb_chunk(self, wp: ir.Value, j: int) -> list[ir.Value]:
+        """Q2_K and Q3_K chunk j as _kquant_chunk's 16 vectors: vector v = 4e + c is bits
+        2e..2e+1 of low-bit vector c; Q3_K adds bit v % 8 of its third-bit vector v // 8 as
+        bit 2 (the stored q + 4)."""
+        kb, b = self.kb, self.kb.b
+        three, four = splat_const(I8, 3, 64), splat_const(I8, 4, 64)
+        crumbs = [b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(repack.k_values_offset(self.t, j, c))), I8, 64), vec(I16, 32))
+                  for c in range(4)]
+        highs = [b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(repack.k_high_offset(self.t, j, h))), I8, 64), vec(I16, 32))
+                 for h in range(repack.K_VECTORS[self.t][1])]
+        out = []
+        for v in range(16):
+            e, c = divmod(v, 4)
+            q = b.and_(b.bitcast(b.lshr(crumbs[c], splat_const(I16, 2 * e, 32)), vec(I8, 64)), three)
+            if highs:
+                h, bit = divmod(v, 8)
+                moved = (b.shl(highs[h], splat_const(I16, 2 - bit, 32)) if bit < 2
+                         else b.lshr(highs[h], splat_const(I16, bit - 2, 32)))
+                q = b.or_(q, b.and_(b.bitcast(moved, vec(I8, 64)), four))
+            out.append(q)
+        return out

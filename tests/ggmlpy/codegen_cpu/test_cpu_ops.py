@@ -7,12 +7,16 @@ import pytest
 
 from ggmlpy.codegen_cpu.backend import CpuBackend
 from ggmlpy.codegen_cpu.lowering import LOWERINGS
-from ggmlpy.ir.ops import OPS, Kind
+from ggmlpy.ir.ops import OPS, Kind, OpCase, SrcSpec
 from ggmlpy.testing.ops import build_case_graph, case_id, compare_backends, iter_cases
-from ggmlpy.ir.types import is_quantized
+from ggmlpy.ir.types import GGMLType, is_quantized
 from ggmlpy.sched.ref_backend import RefBackend
 
-CASES = list(iter_cases())
+# the registry's cases, and products of the weight types the CPU backend computes but the
+# CUDA backend (which runs every registry case) does not
+CPU_ONLY = [OpCase((SrcSpec(t, (256, 9, 1, 1)), SrcSpec(GGMLType.F32, (256, n, 1, 1))), label=f"{t.name} n={n}")
+            for t in (GGMLType.Q2_K, GGMLType.Q3_K) for n in (1, 7)]
+CASES = list(iter_cases()) + [("mul_mat", 100 + i, case) for i, case in enumerate(CPU_ONLY)]
 
 # ops the CPU backend leaves to the reference backend (documented in the README)
 NOT_LOWERED = {"concat"}

@@ -33,8 +33,9 @@ from ggmlpy.quants import block_dtype
 from ggmlpy.sched.ref_backend import RefBackend
 
 G = GGMLType
-BLOCK32 = (G.Q4_0, G.Q4_1, G.Q5_0, G.Q8_0)
-KQUANTS = (G.Q4_K, G.Q5_K, G.Q6_K)
+BLOCK32 = (G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0)
+MINIMUMS = (G.Q4_1, G.Q5_1)   # d * q + m: the activations' sums meet the minimums
+KQUANTS = (G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K)
 GGML_BAR = 5e-4     # test-backend-ops' bar for quantised mul_mat
 EXACT_BAR = 1e-9    # f32 rounding only
 
@@ -85,7 +86,7 @@ def _case(t: GGMLType, k: int, m: int, n: int) -> OpCase:
 def _kernel_model(t: GGMLType, wdata: np.ndarray, weights: np.ndarray, x: np.ndarray) -> np.ndarray:
     """x @ weights.T with x rounded as ggml's x86 quantize_row_q8_0/q8_1/q8_K round it, in
     float64: q = round-half-even(x * f32(127 / amax)); d = f16(amax / 127) per 32 (Q8_0/Q8_1),
-    or 1 / (127 / amax) per 256 (Q8_K); Q4_1's minimums meet Q8_1's s = f16(d * sum(q))."""
+    or 1 / (127 / amax) per 256 (Q8_K); Q4_1's and Q5_1's minimums meet Q8_1's s = f16(d * sum(q))."""
     block = 256 if t in KQUANTS else 32
     n, k = x.shape
     xb = x.reshape(n, k // block, block).astype(np.float32)
@@ -97,7 +98,7 @@ def _kernel_model(t: GGMLType, wdata: np.ndarray, weights: np.ndarray, x: np.nda
             d = np.where(inv > 0, np.float32(1.0) / inv, np.float32(0.0)).astype(np.float64)
         else:
             d = (amax / np.float32(127.0)).astype(np.float16).astype(np.float64)
-    if t != G.Q4_1:
+    if t not in MINIMUMS:
         return (q.astype(np.float64) * d).reshape(n, k) @ weights.astype(np.float64).T
     blocks = wdata.reshape(-1).view(block_dtype(t)).reshape(weights.shape[0], k // 32)
     mins = blocks["m"].astype(np.float64)                                  # [rows, blocks]
@@ -133,6 +134,16 @@ def test_kquant_mul_mat(flavour, ref, t, shape):
     assert vs_model <= EXACT_BAR
 
 
+@pytest.mark.parametrize("t", BLOCK32 + KQUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 7, 512])
+def test_quantised_products_run_on_the_cpu(t, n):
+    """supports() says yes for every quantised weight type with a kernel, so the scheduler
+    gives its products to the CPU backend rather than the numpy reference."""
+    k = 256 if t in KQUANTS else 64
+    graph, _ = build_case_graph("mul_mat", _case(t, k, 9, n))
+    assert all(CpuBackend(n_threads=1).supports_op(node) for node in graph.nodes)
+
+
 @pytest.mark.parametrize("t,k,m,n", [(G.Q4_1, 1536, 11, 512), (G.Q8_0, 576, 65, 300), (G.Q6_K, 1024, 7, 130)],
                          ids=lambda v: getattr(v, "name", str(v)))
 def test_prefill_sizes(ref, t, k, m, n):
@@ -142,7 +153,7 @@ def test_prefill_sizes(ref, t, k, m, n):
     assert vs_model <= EXACT_BAR
 
 
-@pytest.mark.parametrize("t", [G.Q4_1, G.Q5_0, G.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [G.Q4_1, G.Q5_0, G.Q5_1, G.Q4_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("n", [1, 9, 40])
 def test_result_independent_of_threads(ref, t, n):
     """Rows are split between threads; a row's result must not depend on the split (decode,
@@ -240,6 +251,7 @@ GUARD_SCRIPT = textwrap.dedent("""
     libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     for name, k, rows, op in [("Q4_1", 576, 3, "mul_mat"), ("Q8_0", 64, 2, "mul_mat"),
                               ("Q5_0", 96, 3, "mul_mat"), ("Q6_K", 256, 2, "mul_mat"),
+                              ("Q5_1", 96, 3, "mul_mat"), ("Q5_1", 96, 3, "get_rows"),
                               ("Q4_K", 256, 1, "get_rows"), ("Q5_0", 96, 3, "get_rows")]:
         t = GGMLType[name]
         if op == "mul_mat":
@@ -265,7 +277,7 @@ def test_weights_ending_at_a_guard_page():
     load past the last block would kill the process."""
     proc = subprocess.run([sys.executable, "-c", GUARD_SCRIPT], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count(" ok") == 6
+    assert proc.stdout.count(" ok") == 8
 
 
 # float products of attention ---------------------------------------------------------------

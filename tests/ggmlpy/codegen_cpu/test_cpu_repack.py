@@ -30,9 +30,9 @@ from ggmlpy.sched.store import TensorStore
 from .test_cpu_quant_kernels import EXACT_BAR, GGML_BAR, _kernel_model
 
 G = GGMLType
-TYPES = (G.Q4_0, G.Q4_1, G.Q5_0, G.Q8_0)
+TYPES = (G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0)
 SHAPES = [(64, 16, 1), (64, 32, 2), (96, 16, 3), (96, 32, 5), (576, 48, 7), (1536, 32, 13), (160, 16, 48), (576, 64, 300)]
-KTYPES = (G.Q4_K, G.Q6_K)
+KTYPES = (G.Q2_K, G.Q3_K, G.Q4_K, G.Q6_K)
 KSHAPES = [(256, 16, 1), (256, 32, 4), (512, 16, 3), (512, 32, 7), (1024, 48, 40), (2048, 16, 13), (768, 64, 300)]
 
 
@@ -65,9 +65,10 @@ def _unpack(packed: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarray:
                         c, i = divmod(j % 16, 4)
                         byte = int(step[64 * (4 * h + c) + 4 * r + i])
                         q = (byte & 15) if j < 16 else (byte >> 4)
-                        if t == G.Q5_0:
+                        if t in (G.Q5_0, G.Q5_1):
                             plane = int(step[repack.qh_offset(t) + 64 * h + 4 * r + i])
                             q |= ((plane >> (c if j < 16 else 4 + c)) & 1) << 4
+                        if t == G.Q5_0:
                             vals[j] = (q - 16) * d
                         elif t == G.Q4_0:
                             vals[j] = (q - 8) * d
@@ -79,7 +80,7 @@ def _unpack(packed: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarray:
 
 
 def _unpack_kquant(packed: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarray:
-    """As _unpack, for Q4_K and Q6_K (one step = one super-block of 256 values)."""
+    """As _unpack, for the K-quants (one step = one super-block of 256 values)."""
     out = np.zeros((m, k), np.float32)
     sb = repack.STEP_BYTES[t]
     n_steps = k // 256
@@ -90,6 +91,9 @@ def _unpack_kquant(packed: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarra
                 d = _f16(step[repack.K_D[t] + 2 * r:][:2])[0]
                 for v in range(256):
                     j, within = divmod(v, 64)
+                    if t in (G.Q2_K, G.Q3_K):
+                        out[16 * g + r, 256 * s + v] = _crumb_value(step, t, r, d, j, within)
+                        continue
                     half, pos = divmod(within, 32)
                     c, i = divmod(pos, 4)
                     byte = int(step[repack.k_values_offset(t, j, c) + 4 * r + i])
@@ -109,7 +113,25 @@ def _unpack_kquant(packed: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarra
     return out
 
 
-@pytest.mark.parametrize("t,k,m", [(G.Q4_K, 256, 16), (G.Q4_K, 512, 32), (G.Q6_K, 256, 16), (G.Q6_K, 512, 16)],
+def _crumb_value(step: np.ndarray, t: GGMLType, r: int, d: np.float32, j: int, w: int) -> np.float32:
+    """Value 64j + w of row r in a Q2_K or Q3_K step: two bits from low-bit vector (w % 16) // 4,
+    bits 2 (w // 16); Q3_K's third bit from vector w // 32, bit (w % 32) // 4, a clear bit
+    meaning minus 4; its sub-block's scale (and Q2_K's minimum) at byte 16 * sub + r."""
+    e, rest = divmod(w, 16)
+    c, i = divmod(rest, 4)
+    q = (int(step[repack.k_values_offset(t, j, c) + 4 * r + i]) >> (2 * e)) & 3
+    sub = (64 * j + w) // 16
+    scale_byte = step[repack.k_scales_offset(t) + 16 * sub + r]
+    if t == G.Q2_K:
+        dmin = _f16(step[repack.K_D[t] + 32 + 2 * r:][:2])[0]
+        return np.float32(d * np.float32(scale_byte & 15)) * np.float32(q) - np.float32(dmin * np.float32(scale_byte >> 4))
+    h, within = divmod(w, 32)
+    high = (int(step[repack.k_high_offset(t, j, h) + 4 * r + within % 4]) >> (within // 4)) & 1
+    return np.float32(d * np.float32(scale_byte.view(np.int8))) * np.float32(q - (0 if high else 4))
+
+
+@pytest.mark.parametrize("t,k,m", [(G.Q4_K, 256, 16), (G.Q4_K, 512, 32), (G.Q6_K, 256, 16), (G.Q6_K, 512, 16),
+                                   (G.Q2_K, 256, 16), (G.Q2_K, 512, 32), (G.Q3_K, 256, 16), (G.Q3_K, 512, 32)],
                          ids=str)
 def test_kquant_layout_reads_back_exactly(t, k, m):
     case = OpCase((SrcSpec(t, (k, m, 1, 1)),))
@@ -164,7 +186,7 @@ def test_kquant_mul_mat_on_repacked_weights(t, k, m, n):
     test_mul_mat_on_repacked_weights(t, k, m, n)
 
 
-@pytest.mark.parametrize("t", [G.Q4_1, G.Q5_0, G.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [G.Q4_1, G.Q5_0, G.Q5_1, G.Q3_K, G.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("n", [1, 7, 40])
 def test_result_independent_of_threads(t, n):
     case = _weight_case(t, 768, 80, n)   # 5 groups: uneven splits over 2 and 3 threads
@@ -174,7 +196,7 @@ def test_result_independent_of_threads(t, n):
     np.testing.assert_array_equal(results[0], results[2])
 
 
-@pytest.mark.parametrize("t", [G.Q4_1, G.Q8_0, G.Q4_K, G.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [G.Q4_1, G.Q5_1, G.Q8_0, G.Q2_K, G.Q3_K, G.Q4_K, G.Q6_K], ids=lambda t: t.name)
 def test_batched_tokens_equal_each_token_alone(t):
     """Batched decode: a token's result does not depend on the tile it falls in (tiles of
     4, 2 and 1 tokens), bit for bit."""
@@ -397,8 +419,8 @@ def test_every_dot_flavour_gives_the_same_bits(t):
             np.testing.assert_array_equal(r, first, err_msg=f"flavour {f}, {n} tokens")
 
 
-NATIVE_CASES = [(t, k) for t in (G.Q4_0, G.Q4_1, G.Q5_0, G.Q8_0) for k in (32, 96, 640, 2048)] + \
-    [(t, k) for t in (G.Q4_K, G.Q6_K) for k in (256, 2048)]
+NATIVE_CASES = [(t, k) for t in TYPES for k in (32, 96, 640, 2048)] + \
+    [(t, k) for t in KTYPES for k in (256, 2048)]
 
 
 @pytest.mark.parametrize("t,k", NATIVE_CASES, ids=lambda c: getattr(c, "name", str(c)))
@@ -428,7 +450,7 @@ def test_native_repack_equals_numpy(t, k):
         out = np.empty_like(want)
         repack_native.apply(halves, raw, out)
         steps, expected = out.reshape(3, -1, repack.STEP_BYTES[t]), want.reshape(3, -1, repack.STEP_BYTES[t])
-        for lo, hi, _ in repack._computed(t, 2):   # Q5_0's planes are numpy's either way
+        for lo, hi, _ in repack._computed(t, 2):   # Q5_0's and Q5_1's planes are numpy's either way
             steps[:, :, lo:hi] = expected[:, :, lo:hi]
         np.testing.assert_array_equal(out, want)
 

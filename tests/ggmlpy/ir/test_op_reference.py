@@ -95,6 +95,8 @@ EXTRA: dict[str, list[OpCase]] = {
         OpCase((_spec(GGMLType.Q8_0, (32, 3, 1, 1)), _spec(F32, (32, 2, 3, 1), permute=P0213)),
                label="q8_0 permuted b"),
         OpCase((_spec(GGMLType.Q5_1, (32, 3, 2, 1)), _spec(F32, (32, 7, 2, 1))), label="q5_1 batched"),
+        OpCase((_spec(GGMLType.Q2_K, (256, 3, 1, 1)), _spec(F32, (256, 5, 1, 1))), label="q2_k"),
+        OpCase((_spec(GGMLType.Q3_K, (512, 3, 1, 1)), _spec(F32, (512, 2, 1, 1))), label="q3_k"),
     ],
     "rms_norm": [OpCase((_spec(F32, ne, permute=pm),), (("eps", 1e-6),))
                  for ne, pm in [((13, 1, 1, 1), None), ((13, 7, 1, 1), None), ((1, 7, 1, 1), None),
@@ -133,6 +135,7 @@ EXTRA: dict[str, list[OpCase]] = {
         OpCase((_spec(GGMLType.Q8_0, (32, 10, 1, 1)), _spec(I32, (7,), "rows:10")), label="q8_0 7 rows"),
         OpCase((_spec(GGMLType.Q4_1, (64, 5, 1, 1)), _spec(I32, (3,), "rows:5")), label="q4_1"),
         OpCase((_spec(GGMLType.Q5_0, (32, 4, 2, 1)), _spec(I32, (3, 2), "rows:4")), label="q5_0 batched"),
+        OpCase((_spec(GGMLType.Q5_1, (64, 6, 1, 1)), _spec(I32, (4,), "rows:6")), label="q5_1"),
         OpCase((_spec(F32, (5, 7, 1, 1), permute=P1023), _spec(I32, (4,), "rows:5")), label="transposed"),
     ],
     "set_rows": [
@@ -328,7 +331,7 @@ def test_unique_rows_needs_enough_rows() -> None:
 
 @pytest.mark.parametrize("ttype, bound", [
     (F16, 1e-6), (BF16, 3e-5), (GGMLType.Q8_0, 1e-4), (GGMLType.Q5_0, 0.01), (GGMLType.Q4_0, 0.02),
-    (GGMLType.Q4_1, 0.02), (GGMLType.Q4_K, 0.02), (GGMLType.Q6_K, 0.002),
+    (GGMLType.Q4_1, 0.02), (GGMLType.Q5_1, 0.01), (GGMLType.Q4_K, 0.02), (GGMLType.Q6_K, 0.002),
 ])
 def test_typed_fills_encode_the_same_normal_draw(ttype, bound) -> None:
     """One seed, one draw: a quantised source holds the F32 source's values, quantised."""
