@@ -5,8 +5,9 @@ products a layer, each a matrix-vector product at decode). OpenBLAS hands such a
 its own worker threads, which then busy-wait (sched_yield in a loop) for about 0.1 s before
 they sleep; with a reference product every few hundred microseconds they never sleep. On a
 2-core machine that is a third runnable thread beside the CPU backend's caller and worker,
-and every barrier of the next native split waits for a time slice: SmolLM2 with 30 products
-on the reference backend decoded at 2 tok/s with 2 BLAS threads, 25+ with one.
+and every barrier of the next native split waits for a time slice (SmolLM2 with its 30
+`ffn_down` products on the reference backend, 2 threads: 11 tok/s with 2 BLAS threads, 78
+with one).
 
 `one_blas_thread()` sets every loaded OpenBLAS to one thread and restores the count when the
 last concurrent user leaves. The count is the process's (OpenBLAS has no per-thread one), so
