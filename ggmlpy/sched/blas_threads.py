@@ -10,8 +10,8 @@ and every barrier of the next native split waits for a time slice (SmolLM2 with 
 with one).
 
 `one_blas_thread()` sets every loaded OpenBLAS to one thread and restores the count when the
-last concurrent user leaves. The count is the process's (OpenBLAS has no per-thread one), so
-this object is process-wide too. A BLAS that is not OpenBLAS (or none found, off Linux) is
+last concurrent user leaves. The count is the process's (a per-thread one exists only in
+OpenBLAS 0.3.27 and later), so this object is process-wide too. A BLAS that is not OpenBLAS (or none found, off Linux) is
 left alone.
 """
 from __future__ import annotations
