@@ -13,6 +13,7 @@ from ggmlpy.ir.tensor import Flag, Tensor
 from ggmlpy.ir.types import GGMLType, is_quantized
 from ggmlpy.quants import dequantizable_types, dequantize, dequantize_rows
 from ggmlpy.sched.backend import Backend
+from ggmlpy.sched.blas_threads import one_blas_thread
 from ggmlpy.sched.store import TensorStore
 
 
@@ -43,7 +44,7 @@ class RefBackend(Backend):
         return op.kind == Kind.VIEW or all(s.type in _READABLE for s in node.src)
 
     def compile(self, graph: Graph, nodes: list[Tensor]) -> "RefSplit":
-        return RefSplit(self, nodes)
+        return RefSplit(self, nodes, between_others=len(nodes) < len(graph.nodes))
 
     def as_float(self, t: Tensor, store: TensorStore, env: Mapping[str, int]) -> np.ndarray:
         """t's values as a float32 (or integer) array in numpy order."""
@@ -68,11 +69,25 @@ class RefBackend(Backend):
 
 
 class RefSplit:
-    def __init__(self, backend: RefBackend, nodes: list[Tensor]):
+    """A split's nodes, run in order. A split that shares its graph with other backends'
+    splits runs numpy's BLAS on the calling thread only: BLAS's own workers go on spinning
+    for a while after each product, and would take the cores of the native splits that run
+    next (blas_threads.py). A split that is the whole graph keeps BLAS's thread count: there
+    the spinning workers serve the next product."""
+
+    def __init__(self, backend: RefBackend, nodes: list[Tensor], between_others: bool = False):
         self.backend = backend
         self.nodes = nodes
+        self.between_others = between_others
 
     def run(self, store: TensorStore, env: Mapping[str, int]) -> None:
+        if not self.between_others:
+            self._run(store, env)
+            return
+        with one_blas_thread():
+            self._run(store, env)
+
+    def _run(self, store: TensorStore, env: Mapping[str, int]) -> None:
         for node in self.nodes:
             op = OPS[node.op]
             if op.kind == Kind.VIEW:
