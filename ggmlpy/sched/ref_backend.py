@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import OPS, Kind
@@ -13,7 +14,6 @@ from ggmlpy.ir.tensor import Flag, Tensor
 from ggmlpy.ir.types import GGMLType, is_quantized
 from ggmlpy.quants import dequantizable_types, dequantize, dequantize_rows
 from ggmlpy.sched.backend import Backend
-from ggmlpy.sched.blas_threads import one_blas_thread
 from ggmlpy.sched.store import TensorStore
 
 
@@ -30,6 +30,7 @@ class RefBackend(Backend):
 
     def __init__(self) -> None:
         self._weights_f32: dict[str, np.ndarray] = {}
+        self._blas: ThreadpoolController | None = None
         self.overrides: dict[str, Callable[["RefSplit", Tensor, TensorStore, Mapping[str, int]], np.ndarray]] = {
             "get_rows": _get_rows,
         }
@@ -42,6 +43,13 @@ class RefBackend(Backend):
         if op is None or not (op.kind == Kind.VIEW or op.reference is not None or op.write is not None):
             return False
         return op.kind == Kind.VIEW or all(s.type in _READABLE for s in node.src)
+
+    @property
+    def blas(self) -> ThreadpoolController:
+        """numpy's BLAS libraries (threadpoolctl), looked up when a split first needs them."""
+        if self._blas is None:
+            self._blas = ThreadpoolController().select(user_api="blas")
+        return self._blas
 
     def compile(self, graph: Graph, nodes: list[Tensor]) -> "RefSplit":
         return RefSplit(self, nodes, between_others=len(nodes) < len(graph.nodes))
@@ -70,10 +78,12 @@ class RefBackend(Backend):
 
 class RefSplit:
     """A split's nodes, run in order. A split that shares its graph with other backends'
-    splits runs numpy's BLAS on the calling thread only: BLAS's own workers go on spinning
-    for a while after each product, and would take the cores of the native splits that run
-    next (blas_threads.py). A split that is the whole graph keeps BLAS's thread count: there
-    the spinning workers serve the next product."""
+    splits runs numpy's BLAS on the calling thread only: OpenBLAS's workers busy-wait for
+    about 0.1 s after each product, so with a reference product every few hundred
+    microseconds they never sleep and take the cores of the native splits that run next
+    (SmolLM2 with 30 products on numpy, 2 threads: 11 tok/s with 2 BLAS threads, 78 with one).
+    A split that is the whole graph keeps BLAS's thread count: there the spinning workers
+    serve the next product."""
 
     def __init__(self, backend: RefBackend, nodes: list[Tensor], between_others: bool = False):
         self.backend = backend
@@ -84,7 +94,7 @@ class RefSplit:
         if not self.between_others:
             self._run(store, env)
             return
-        with one_blas_thread():
+        with self.backend.blas.limit(limits=1):
             self._run(store, env)
 
     def _run(self, store: TensorStore, env: Mapping[str, int]) -> None:
