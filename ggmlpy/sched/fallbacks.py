@@ -1,7 +1,8 @@
 """One warning for the nodes that fall back to a lower-priority backend, not one per node.
 
-A model whose weights have a type the host backend does not compile (Q2_K, Q3_K, Q5_1 on the
-CPU backend) runs those matmuls on the numpy reference backend: correct, but slow, and worth
+A model whose weights have a type the host backend does not compile (Q8_1 or Q8_K weights
+on the CPU backend), or an op variant it lacks (rope with YaRN, soft_max with ALiBi), runs
+those nodes on the numpy reference backend: correct, but slow, and worth
 saying once. The scheduler marks each such node (Assignment.fallback); `FallbackReport`
 gathers them over the graphs a context compiles and says, in one line, which ops on which
 types fall back, to which backend, and on how many nodes. Kinds already told are not told
