@@ -39,7 +39,7 @@ from typing import Callable
 
 import numpy as np
 
-from ggmlpy.codegen_cpu import repack_native
+from ggmlpy.codegen_cpu import repack_bits, repack_native
 from ggmlpy.ir.tensor import Flag, Tensor
 from ggmlpy.ir.types import GGMLType, type_size
 from ggmlpy.quants import block_dtype
@@ -280,12 +280,15 @@ def repack_jobs(raw: np.ndarray, t: GGMLType, k: int, m: int,
     group_bytes = repacked_nbytes(t, k, GROUP)
     per_slice = max(1, (4 << 20) // group_bytes)  # groups per slice: about 4 MiB
 
+    bit_table = kquant_table(t, k) if native and t in KQUANTS else None
     table = native_table(t, k) if native else None
     computed = _computed(t, table.unit) if table is not None else []
 
     def fill(g0: int, g1: int) -> None:
         src, dst = rows[g0 * GROUP:g1 * GROUP], out[g0 * group_bytes:g1 * group_bytes]
-        if table is None:
+        if bit_table is not None:
+            repack_bits.apply(bit_table, src, dst)
+        elif table is None:
             dst[:] = _repack_groups(src, t, k).reshape(-1)
         else:
             repack_native.apply(table, src, dst)
@@ -339,6 +342,27 @@ def native_table(t: GGMLType, k: int) -> repack_native.GroupTable | None:
         if table is not None:
             return table
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def kquant_table(t: GGMLType, k: int) -> repack_bits.BitTable | None:
+    """repack_bits' table for groups of (t, K) rows of a K-quant (None where the layout
+    is not bit moves, or t no K-quant): the bit sources of one step (a super-block of 16
+    rows), widened to K's steps, then checked against the layout at K."""
+    if t not in KQUANTS or k % 256:
+        return None
+    bb, n = type_size(t), k // 256
+    sources, constant = repack_bits.bit_sources(
+        lambda rows: _repack_groups(rows.reshape(GROUP, bb), t, 256).reshape(-1), GROUP * bb)
+    if sources.max(initial=-1) >= 8 * GROUP * bb:
+        return None
+    byte, bit = sources // 8, sources % 8
+    row, at = byte // bb, byte % bb
+    steps = np.arange(n, dtype=np.int64)[:, None]
+    wide = np.where(sources >= 0, 8 * (row * (n * bb) + steps * bb + at) + bit, -1).reshape(-1)
+    table = repack_bits.make_table(wide, np.tile(constant, n), GROUP * n * bb)
+    layout = lambda rows: _repack_groups(rows.reshape(GROUP, n * bb), t, k).reshape(-1)  # noqa: E731
+    return table if table is not None and repack_bits.reproduces(table, layout) else None
 
 
 def _computed(t: GGMLType, unit: int) -> list[tuple[int, int, Callable[[np.ndarray], np.ndarray]]]:
