@@ -348,21 +348,27 @@ def native_table(t: GGMLType, k: int) -> repack_native.GroupTable | None:
 def kquant_table(t: GGMLType, k: int) -> repack_bits.BitTable | None:
     """repack_bits' table for groups of (t, K) rows of a K-quant (None where the layout
     is not bit moves, or t no K-quant): the bit sources of one step (a super-block of 16
-    rows), widened to K's steps, then checked against the layout at K."""
+    rows) and its table, widened to K's steps, then checked against the layout at K."""
     if t not in KQUANTS or k % 256:
         return None
     bb, n = type_size(t), k // 256
     sources, constant = repack_bits.bit_sources(
         lambda rows: _repack_groups(rows.reshape(GROUP, bb), t, 256).reshape(-1), GROUP * bb)
-    if sources.max(initial=-1) >= 8 * GROUP * bb:
-        return None
+    step = repack_bits.make_table(sources, constant, GROUP * bb)
+    table = repack_bits.widen(step, n, GROUP) if step is not None else None
+    if table is None and step is not None:   # a term across two blocks: widen the bits instead
+        table = repack_bits.make_table(widen_sources(sources, n, bb), np.tile(constant, n), GROUP * n * bb)
+    layout = lambda rows: _repack_groups(rows.reshape(GROUP, n * bb), t, k).reshape(-1)  # noqa: E731
+    return table if table is not None and repack_bits.reproduces(table, layout) else None
+
+
+def widen_sources(sources: np.ndarray, n: int, bb: int) -> np.ndarray:
+    """One step's bit sources (16 rows of one block of bb bytes) for rows of n blocks: the
+    same bits of block s of each row, for step s."""
     byte, bit = sources // 8, sources % 8
     row, at = byte // bb, byte % bb
     steps = np.arange(n, dtype=np.int64)[:, None]
-    wide = np.where(sources >= 0, 8 * (row * (n * bb) + steps * bb + at) + bit, -1).reshape(-1)
-    table = repack_bits.make_table(wide, np.tile(constant, n), GROUP * n * bb)
-    layout = lambda rows: _repack_groups(rows.reshape(GROUP, n * bb), t, k).reshape(-1)  # noqa: E731
-    return table if table is not None and repack_bits.reproduces(table, layout) else None
+    return np.where(sources >= 0, 8 * (row * (n * bb) + steps * bb + at) + bit, -1).reshape(-1)
 
 
 def _computed(t: GGMLType, unit: int) -> list[tuple[int, int, Callable[[np.ndarray], np.ndarray]]]:

@@ -143,6 +143,34 @@ def make_table(sources: np.ndarray, constant: np.ndarray, in_bytes: int) -> BitT
                     in_bytes, constant.size)
 
 
+def widen(table: BitTable, n: int, rows: int) -> BitTable | None:
+    """A step's table (`rows` rows of one block each) for rows of n blocks, whose steps
+    follow one another: each term reads the same bytes of block s of its row in step s.
+    None where a term reads bits of two blocks (the table of the wide sources then)."""
+    bb = table.in_bytes // rows
+    terms = table.terms.view(np.uint32).astype(np.int64)
+    w, o, rf, mask = terms.T
+    bit = np.arange(32)
+    used = ((mask[:, None] >> bit) & 1).astype(bool)                  # [terms, output bit]
+    src_byte = o[:, None] + (bit - (rf[:, None] & 31)) % 32 // 8       # the source byte of each
+    block = np.where(used, src_byte // bb, -1)
+    lo = np.where(used, block, 1 << 40).min(axis=1)
+    if np.any((block.max(axis=1) != lo) & (mask != 0)):
+        return None
+    row = np.where(mask != 0, lo, 0)
+    # the term's first byte, moved with its block (its offset into the block may be negative)
+    o_wide = row * (n * bb) + (o - row * bb)
+    words = table.out_bytes // 4
+    steps = np.arange(n, dtype=np.int64)[:, None]
+    wide = np.stack([np.broadcast_to(w + steps * words, (n, w.size)), o_wide + steps * bb,
+                     np.broadcast_to(rf, (n, w.size)), np.broadcast_to(mask, (n, w.size))], axis=2)
+    wide = wide.reshape(-1, 4)
+    if wide[:, 1].min(initial=0) < 0 or wide[:, 1].max(initial=0) > n * table.in_bytes - 4:
+        return None
+    return BitTable(wide.astype(np.uint32).view(np.int32), np.tile(table.init, n), n * table.in_bytes,
+                    n * table.out_bytes)
+
+
 def reproduces(table: BitTable, layout: Callable[[np.ndarray], np.ndarray]) -> bool:
     """Whether the table gives the layout's bytes on arbitrary rows (a multiplicative hash
     of the position: importing numpy.random would cost a warm start more than this)."""

@@ -473,6 +473,26 @@ def test_kquant_native_repack_on_extreme_bytes(t):
         np.testing.assert_array_equal(repack.repack(raw, t, k, m), repack.repack(raw, t, k, m, native=False))
 
 
+@pytest.mark.parametrize("t", KTYPES, ids=lambda t: t.name)
+def test_kquant_step_table_widens_like_its_bits(t):
+    """A step's table widened to K term by term is the table of the widened bit sources
+    (the fallback where a term spans two blocks): the same bytes on any rows."""
+    from ggmlpy.codegen_cpu import repack_bits
+
+    k, bb = 768, type_size(t)
+    sources, constant = repack_bits.bit_sources(
+        lambda rows: repack._repack_groups(rows.reshape(repack.GROUP, bb), t, 256).reshape(-1), repack.GROUP * bb)
+    step = repack_bits.make_table(sources, constant, repack.GROUP * bb)
+    widened = repack_bits.widen(step, k // 256, repack.GROUP)
+    assert widened is not None
+    from_bits = repack_bits.make_table(repack.widen_sources(sources, k // 256, bb), np.tile(constant, k // 256),
+                                       repack.GROUP * bb * k // 256)
+    raw = np.random.default_rng(2).integers(0, 256, widened.in_bytes, dtype=np.uint8)
+    want = repack.repack(raw, t, k, repack.GROUP, native=False)
+    np.testing.assert_array_equal(repack_bits.emulate(widened, raw), want)
+    np.testing.assert_array_equal(repack_bits.emulate(from_bits, raw), want)
+
+
 def test_bit_table_refuses_a_layout_that_is_not_bit_moves():
     """A layout that adds bytes (not a copy of input bits) gets no table: numpy keeps it."""
     from ggmlpy.codegen_cpu import repack_bits
