@@ -425,18 +425,25 @@ NATIVE_CASES = [(t, k) for t in TYPES for k in (32, 96, 640, 2048)] + \
 
 @pytest.mark.parametrize("t,k", NATIVE_CASES, ids=lambda c: getattr(c, "name", str(c)))
 def test_native_repack_equals_numpy(t, k):
-    """repack_native's table loop writes the same bytes as the numpy definition of the
-    layout, for whole and odd numbers of blocks (the padded last step) and several groups;
-    the K-quants (bit fields) have no table and stay numpy's."""
-    from ggmlpy.codegen_cpu import repack_native
+    """repack_native's table loop (repack_bits' for the K-quants) writes the same bytes as
+    the numpy definition of the layout, for whole and odd numbers of blocks (the padded
+    last step) and several groups."""
+    from ggmlpy.codegen_cpu import repack_bits, repack_native
 
     per = 256 if t in KTYPES else 32
     m = 3 * repack.GROUP
     raw = np.random.default_rng(k).integers(0, 256, m * (k // per) * type_size(t), dtype=np.uint8)
     table = repack.native_table(t, k)
     assert (table is None) == (t in KTYPES)
+    assert (repack.kquant_table(t, k) is None) == (t not in KTYPES)
     want = repack.repack(raw, t, k, m, native=False)
     np.testing.assert_array_equal(repack.repack(raw, t, k, m), want)
+    if t in KTYPES:
+        bits = repack.kquant_table(t, k)
+        with pytest.raises(ValueError, match="whole groups"):
+            repack_bits.apply(bits, raw[:-1], np.empty(3 * bits.out_bytes, np.uint8))
+        # the numpy model of the native loop gives the same bytes for one group
+        np.testing.assert_array_equal(repack_bits.emulate(bits, raw[:bits.in_bytes]), want[:bits.out_bytes])
     if table is not None:
         assert table.unit == 4   # whole words: the quants' lanes; the scales are numpy's
         with pytest.raises(ValueError, match="whole groups"):
@@ -453,6 +460,49 @@ def test_native_repack_equals_numpy(t, k):
         for lo, hi, _ in repack._computed(t, 2):   # Q5_0's and Q5_1's planes are numpy's either way
             steps[:, :, lo:hi] = expected[:, :, lo:hi]
         np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("t", KTYPES, ids=lambda t: t.name)
+def test_kquant_native_repack_on_extreme_bytes(t):
+    """All-zero and all-one rows and single set bits: every output bit is the one the table
+    names (a bit copied to the wrong place, or a constant taken for a copy, shows here)."""
+    k, m = 512, 2 * repack.GROUP
+    n = m * (k // 256) * type_size(t)
+    for raw in (np.zeros(n, np.uint8), np.full(n, 255, np.uint8),
+                np.packbits(np.arange(8 * n) % 97 == 5, bitorder="little")):
+        np.testing.assert_array_equal(repack.repack(raw, t, k, m), repack.repack(raw, t, k, m, native=False))
+
+
+@pytest.mark.parametrize("t", KTYPES, ids=lambda t: t.name)
+def test_kquant_step_table_widens_like_its_bits(t):
+    """A step's table widened to K term by term is the table of the widened bit sources
+    (the fallback where a term spans two blocks): the same bytes on any rows."""
+    from ggmlpy.codegen_cpu import repack_bits
+
+    k, bb = 768, type_size(t)
+    sources, constant = repack_bits.bit_sources(
+        lambda rows: repack._repack_groups(rows.reshape(repack.GROUP, bb), t, 256).reshape(-1), repack.GROUP * bb)
+    step = repack_bits.make_table(sources, constant, repack.GROUP * bb)
+    widened = repack_bits.widen(step, k // 256, repack.GROUP)
+    assert widened is not None
+    from_bits = repack_bits.make_table(repack.widen_sources(sources, k // 256, bb), np.tile(constant, k // 256),
+                                       repack.GROUP * bb * k // 256)
+    raw = np.random.default_rng(2).integers(0, 256, widened.in_bytes, dtype=np.uint8)
+    want = repack.repack(raw, t, k, repack.GROUP, native=False)
+    np.testing.assert_array_equal(repack_bits.emulate(widened, raw), want)
+    np.testing.assert_array_equal(repack_bits.emulate(from_bits, raw), want)
+
+
+def test_bit_table_refuses_a_layout_that_is_not_bit_moves():
+    """A layout that adds bytes (not a copy of input bits) gets no table: numpy keeps it."""
+    from ggmlpy.codegen_cpu import repack_bits
+
+    def layout(rows: np.ndarray) -> np.ndarray:
+        return (rows.astype(np.uint16) + rows[::-1]).astype(np.uint8)
+
+    sources, constant = repack_bits.bit_sources(layout, 64)
+    table = repack_bits.make_table(sources, constant, 64)
+    assert table is None or not repack_bits.reproduces(table, layout)
 
 
 def test_q5_high_bit_planes_match_their_definition():
