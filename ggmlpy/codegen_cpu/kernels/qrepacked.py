@@ -199,47 +199,103 @@ class RepackedMatmul:
         """Per token: the sub-blocks' integer dots times their integer scales, summed in i32
         (exact), converted once: acc += d * ad * total + correction, where the correction
         meets the activation's per-sub-block sums (aux = ad * sum(q)): Q2_K, Q4_K -dmin * min,
-        Q3_K -4 * d * scale and Q6_K -32 * d * scale (the stored values are q + offset)."""
+        Q3_K -4 * d * scale and Q6_K -32 * d * scale (the stored values are q + offset).
+
+        One sub-block at a time, its weights decoded, its scale loaded and its share of the
+        correction added where they are used: decoding a whole chunk, or holding every
+        sub-block's scale for a correction at the end, kept 30-40 vectors live, more than
+        the 32 registers (the spills halved the prefill's rate)."""
         kb, b = self.kb, self.kb.b
         n_sub = 256 // self.fmt.sum_group
+        per = 64 // n_sub                                     # dots (4 values each) per sub-block
+        totals = [zeros(I32, 16) for _ in aps]
+        corrs: list[ir.Value | None] = [None for _ in aps]
+        offset = repack.K_OFFSET.get(self.t)
+        for sub in range(n_sub):
+            if sub:   # LLVM's scheduler would otherwise decode every sub-block up front
+                b.fence("seq_cst", "singlethread")
+            ws = [self._kquant_vector(wp, per * sub + c) for c in range(per)]
+            scale = self._kquant_scale(wp, sub)
+            # the correction's weight term: i8 scales (Q3_K, Q6_K) or u8 minimums
+            term = sitofp(b, scale if offset is not None else self._kquant_min(wp, sub))
+            for i, ap in enumerate(aps):
+                isum = self._chain_dots(ap, [(w, 4 * (per * sub + c)) for c, w in enumerate(ws)])
+                totals[i] = b.add(totals[i], b.mul(isum, scale))
+                a = splat(b, b.load(kb.byte_ptr(ap, i64(320 + 4 * sub)), typ=F32, align=4), 16)
+                x = b.fmul(term, a, flags=CONTRACT)
+                corrs[i] = x if corrs[i] is None else b.fadd(corrs[i], x, flags=CONTRACT)
         dd = load_vec(b, kb.byte_ptr(wp, i64(repack.K_D[self.t])), ir.HalfType(), 32)
         d = b.fpext(shuffle(b, dd, None, range(16)), vec(F32, 16))
-        raw = [load_vec(b, kb.byte_ptr(wp, i64(repack.k_scales_offset(self.t) + 16 * g)), I8, 16) for g in range(n_sub)]
-        offset = repack.K_OFFSET.get(self.t)
         if offset is not None:   # i8 scales; the offset's share met by the activation sums
-            scales = [b.sext(r, vec(I32, 16)) for r in raw]
             corr_w = b.fmul(d, splat_const(F32, -float(offset), 16), flags=CONTRACT)
-            corr_terms = [sitofp(b, sc) for sc in scales]
         else:                    # u8 scales and minimums (Q2_K: both nibbles of one byte)
             corr_w = b.fsub(zeros(F32, 16), b.fpext(shuffle(b, dd, None, range(16, 32)), vec(F32, 16)))
-            if self.t == GGMLType.Q2_K:
-                mins = [b.lshr(r, splat_const(I8, 4, 16)) for r in raw]
-                raw = [b.and_(r, splat_const(I8, 15, 16)) for r in raw]
-            else:
-                mins = [load_vec(b, kb.byte_ptr(wp, i64(repack.k_scales_offset(self.t) + 128 + 16 * g)), I8, 16)
-                        for g in range(n_sub)]
-            scales = [b.zext(r, vec(I32, 16)) for r in raw]
-            corr_terms = [sitofp(b, b.zext(mn, vec(I32, 16))) for mn in mins]
-        totals = [zeros(I32, 16) for _ in aps]
-        per = 64 // n_sub                                     # dots per sub-block
-        for j in range(4):
-            ws = self._kquant_chunk(wp, j)   # 16 vectors: vector v holds values 64j + 4v..
-            for i, ap in enumerate(aps):
-                for first in range(0, 16, per):
-                    sub = (64 * j + 4 * first) // (256 // n_sub)
-                    isum = self._chain_dots(ap, [(w, 64 * j + 4 * (first + c))
-                                                 for c, w in enumerate(ws[first:first + per])])
-                    totals[i] = b.add(totals[i], b.mul(isum, scales[sub]))
         for i, (ap, acc) in enumerate(zip(aps, accs)):
             ad = splat(b, b.load(kb.byte_ptr(ap, i64(256)), typ=F32, align=4), 16)
             total = b.fadd(b.fmul(sitofp(b, totals[i]), b.fmul(d, ad, flags=CONTRACT), flags=CONTRACT),
                            b.load(acc), flags=CONTRACT)
-            corr = None
-            for g, term in enumerate(corr_terms):
-                a = splat(b, b.load(kb.byte_ptr(ap, i64(320 + 4 * g)), typ=F32, align=4), 16)
-                x = b.fmul(term, a, flags=CONTRACT)
-                corr = x if corr is None else b.fadd(corr, x, flags=CONTRACT)
-            b.store(b.fadd(b.fmul(corr, corr_w, flags=CONTRACT), total, flags=CONTRACT), acc)
+            b.store(b.fadd(b.fmul(corrs[i], corr_w, flags=CONTRACT), total, flags=CONTRACT), acc)
+
+    def _kquant_scale(self, wp: ir.Value, g: int) -> ir.Value:
+        """Sub-block g's scale for the 16 rows, as i32 (Q2_K: the low nibble of its byte)."""
+        b = self.kb.b
+        raw = load_vec(b, self.kb.byte_ptr(wp, i64(repack.k_scales_offset(self.t) + 16 * g)), I8, 16)
+        if self.t in repack.K_OFFSET:
+            return b.sext(raw, vec(I32, 16))
+        if self.t == GGMLType.Q2_K:
+            raw = b.and_(raw, splat_const(I8, 15, 16))
+        return b.zext(raw, vec(I32, 16))
+
+    def _kquant_min(self, wp: ir.Value, g: int) -> ir.Value:
+        """Sub-block g's minimum for the 16 rows, as i32 (Q2_K, Q4_K)."""
+        b = self.kb.b
+        if self.t == GGMLType.Q2_K:
+            raw = load_vec(b, self.kb.byte_ptr(wp, i64(repack.k_scales_offset(self.t) + 16 * g)), I8, 16)
+            return b.zext(b.lshr(raw, splat_const(I8, 4, 16)), vec(I32, 16))
+        raw = load_vec(b, self.kb.byte_ptr(wp, i64(repack.k_scales_offset(self.t) + 128 + 16 * g)), I8, 16)
+        return b.zext(raw, vec(I32, 16))
+
+    def _kquant_vector(self, wp: ir.Value, v: int) -> ir.Value:
+        """The unsigned-byte vector of values 4v..4v+3 of the super-block (16 rows): chunk j
+        = v // 16 holds values 64j.., its vector c < 8 in the low nibbles (values 64j + 4c
+        + i) and the high ones (64j + 32 + 4c + i); Q6_K adds two high bits from its qh
+        vectors (bits 2e..2e+1 for the low nibbles of vector 2c' + e, bits 4 + 2e.. for the
+        high ones). Q2_K and Q3_K: see _crumb_vector."""
+        j, u = divmod(v, 16)
+        if repack.K_VECTORS[self.t][0] == 4:
+            return self._crumb_vector(wp, j, u)
+        kb, b = self.kb, self.kb.b
+        high, c = divmod(u, 8)
+        low = splat_const(I8, 15, 64)
+        raw = load_vec(b, kb.byte_ptr(wp, i64(repack.k_values_offset(self.t, j, c))), I8, 64)
+        if high:
+            raw = b.bitcast(b.lshr(b.bitcast(raw, vec(I16, 32)), splat_const(I16, 4, 32)), vec(I8, 64))
+        q = b.and_(raw, low)
+        if self.t == GGMLType.Q6_K:
+            qh = b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(repack.q6_high_offset(j, c // 2))), I8, 64),
+                           vec(I16, 32))
+            e = c % 2
+            moved = (b.lshr(qh, splat_const(I16, 2 * e, 32)) if high
+                     else b.shl(qh, splat_const(I16, 4 - 2 * e, 32)))
+            q = b.or_(q, b.and_(b.bitcast(moved, vec(I8, 64)), splat_const(I8, 0x30, 64)))
+        return q
+
+    def _crumb_vector(self, wp: ir.Value, j: int, v: int) -> ir.Value:
+        """Q2_K and Q3_K: vector v = 4e + c of chunk j is bits 2e..2e+1 of its low-bit vector
+        c; Q3_K adds bit v % 8 of its third-bit vector v // 8 as bit 2 (the stored q + 4)."""
+        kb, b = self.kb, self.kb.b
+        e, c = divmod(v, 4)
+        crumbs = b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(repack.k_values_offset(self.t, j, c))), I8, 64),
+                           vec(I16, 32))
+        q = b.and_(b.bitcast(b.lshr(crumbs, splat_const(I16, 2 * e, 32)), vec(I8, 64)), splat_const(I8, 3, 64))
+        if repack.K_VECTORS[self.t][1]:
+            h, bit = divmod(v, 8)
+            highs = b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(repack.k_high_offset(self.t, j, h))), I8, 64),
+                              vec(I16, 32))
+            moved = (b.shl(highs, splat_const(I16, 2 - bit, 32)) if bit < 2
+                     else b.lshr(highs, splat_const(I16, bit - 2, 32)))
+            q = b.or_(q, b.and_(b.bitcast(moved, vec(I8, 64)), splat_const(I8, 4, 64)))
+        return q
 
     def _chain_dots(self, ap: ir.Value, ws: list[tuple[ir.Value, int]], first: ir.Value | None = None) -> ir.Value:
         """first (default 0) + the dots of vectors w with the 4 activation bytes at ap +
@@ -251,52 +307,3 @@ class RepackedMatmul:
         """The 4 activation bytes at ap + at, broadcast to every lane (<64 x i8>)."""
         b = self.kb.b
         return b.bitcast(splat(b, b.load(self.kb.byte_ptr(ap, i64(at)), typ=I32, align=4), 16), vec(I8, 64))
-
-    def _kquant_chunk(self, wp: ir.Value, j: int) -> list[ir.Value]:
-        """Chunk j (values 64j..64j+63) as 16 unsigned-byte vectors, vector v holding values
-        64j + 4v + i: 8 from the low nibbles (values 64j + 4c + i), then 8 from the high
-        nibbles (64j + 32 + 4c + i); Q6_K adds the two high bits from its qh vectors (bits
-        2e..2e+1 for the low nibbles of vector 2c' + e, bits 4 + 2e.. for the high ones)."""
-        if repack.K_VECTORS[self.t][0] == 4:
-            return self._crumb_chunk(wp, j)
-        kb, b = self.kb, self.kb.b
-        low = splat_const(I8, 15, 64)
-        lows, highs = [], []
-        for c in range(8):
-            v = load_vec(b, kb.byte_ptr(wp, i64(repack.k_values_offset(self.t, j, c))), I8, 64)
-            lo = b.and_(v, low)
-            hi = b.and_(b.bitcast(b.lshr(b.bitcast(v, vec(I16, 32)), splat_const(I16, 4, 32)), vec(I8, 64)), low)
-            if self.t == GGMLType.Q6_K:
-                qh = b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(repack.q6_high_offset(j, c // 2))), I8, 64),
-                               vec(I16, 32))
-                e = c % 2
-                two = splat_const(I8, 0x30, 64)
-                up = b.shl(qh, splat_const(I16, 4 - 2 * e, 32))
-                down = b.lshr(qh, splat_const(I16, 2 * e, 32))
-                lo = b.or_(lo, b.and_(b.bitcast(up, vec(I8, 64)), two))
-                hi = b.or_(hi, b.and_(b.bitcast(down, vec(I8, 64)), two))
-            lows.append(lo)
-            highs.append(hi)
-        return lows + highs
-
-    def _crumb_chunk(self, wp: ir.Value, j: int) -> list[ir.Value]:
-        """Q2_K and Q3_K chunk j as _kquant_chunk's 16 vectors: vector v = 4e + c is bits
-        2e..2e+1 of low-bit vector c; Q3_K adds bit v % 8 of its third-bit vector v // 8 as
-        bit 2 (the stored q + 4)."""
-        kb, b = self.kb, self.kb.b
-        three, four = splat_const(I8, 3, 64), splat_const(I8, 4, 64)
-        crumbs = [b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(repack.k_values_offset(self.t, j, c))), I8, 64), vec(I16, 32))
-                  for c in range(4)]
-        highs = [b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(repack.k_high_offset(self.t, j, h))), I8, 64), vec(I16, 32))
-                 for h in range(repack.K_VECTORS[self.t][1])]
-        out = []
-        for v in range(16):
-            e, c = divmod(v, 4)
-            q = b.and_(b.bitcast(b.lshr(crumbs[c], splat_const(I16, 2 * e, 32)), vec(I8, 64)), three)
-            if highs:
-                h, bit = divmod(v, 8)
-                moved = (b.shl(highs[h], splat_const(I16, 2 - bit, 32)) if bit < 2
-                         else b.lshr(highs[h], splat_const(I16, bit - 2, 32)))
-                q = b.or_(q, b.and_(b.bitcast(moved, vec(I8, 64)), four))
-            out.append(q)
-        return out
