@@ -63,9 +63,10 @@ STEP_BYTES = {  # bytes per step of a group (16 rows x 64 values; K-quants: 256 
     GGMLType.Q2_K: 16 * 64 + 4 * 64 + 64,
     GGMLType.Q3_K: 24 * 64 + 4 * 64 + 64,
     GGMLType.Q4_K: 32 * 64 + 4 * 64 + 64,
+    GGMLType.Q5_K: 40 * 64 + 4 * 64 + 64,
     GGMLType.Q6_K: 32 * 64 + 16 * 64 + 4 * 64 + 64,
 }
-KQUANTS = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q6_K)
+KQUANTS = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
 
 # K-quant steps (one super-block of 256 values): the values chunk by chunk (64 values each;
 # Q6_K's high bits right after the low nibbles of their chunk), then the scales and d. With
@@ -76,18 +77,20 @@ KQUANTS = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q6_K)
 # with `--ahead 0`, old and new layouts side by side).
 #
 # A chunk: the low bits' vectors, then the high bits' vectors (per type: K_VECTORS).
-#   Q4_K, Q6_K  8 vectors of nibbles: vector c, lane r, byte i: value 64j + 4c + i (low
-#               nibble) and 64j + 32 + 4c + i (high nibble)
+#   Q4_K, Q5_K, Q6_K  8 vectors of nibbles: vector c, lane r, byte i: value 64j + 4c + i
+#               (low nibble) and 64j + 32 + 4c + i (high nibble)
 #   Q2_K, Q3_K  4 vectors of two-bit values: vector c, lane r, byte i, bits 2e..2e+1: value
 #               64j + 16e + 4c + i
 #   Q6_K        4 vectors of high bits: vector c, byte i: bits 2e..2e+1 (low nibble of vector
 #               2c + e) and 4 + 2e.. (its high nibble)
 #   Q3_K        2 vectors of third bits: vector h, byte i, bit b: value 64j + 32h + 4b + i
+#   Q5_K        2 vectors of fifth bits, laid out as Q3_K's third bits
 # Then the sub-blocks' scales, 16 rows a vector (scale g of row r at byte 16g + r): Q4_K
 # sc[8][16] u8 and mn[8][16] u8; Q6_K sc[16][16] i8; Q3_K sc[16][16] i8 (less its 32); Q2_K
-# the GGUF scale bytes [16][16] (scale in the low nibble, minimum in the high one). Then
-# d[16] f16 (Q2_K, Q4_K: then dmin[16] f16; the others 32 bytes of padding).
-K_VECTORS = {GGMLType.Q2_K: (4, 0), GGMLType.Q3_K: (4, 2), GGMLType.Q4_K: (8, 0), GGMLType.Q6_K: (8, 4)}
+# the GGUF scale bytes [16][16] (scale in the low nibble, minimum in the high one); Q5_K as
+# Q4_K. Then d[16] f16 (Q2_K, Q4_K, Q5_K: then dmin[16] f16; the others 32 bytes of padding).
+K_VECTORS = {GGMLType.Q2_K: (4, 0), GGMLType.Q3_K: (4, 2), GGMLType.Q4_K: (8, 0), GGMLType.Q5_K: (8, 2),
+             GGMLType.Q6_K: (8, 4)}
 K_CHUNK = {t: 64 * (lo + hi) for t, (lo, hi) in K_VECTORS.items()}   # bytes per chunk of 64 values
 K_D = {t: 4 * chunk + 256 for t, chunk in K_CHUNK.items()}   # d[16] f16 after the scales
 K_OFFSET = {GGMLType.Q3_K: 4, GGMLType.Q6_K: 32}   # stored q + offset, i8 scales; else u8 scales and minimums
@@ -103,7 +106,7 @@ def k_values_offset(t: GGMLType, j: int, c: int) -> int:
 
 
 def k_high_offset(t: GGMLType, j: int, c: int) -> int:
-    """Vector c of chunk j's high bits (Q6_K: c = 0..3, Q3_K: 0..1)."""
+    """Vector c of chunk j's high bits (Q6_K: c = 0..3, Q3_K and Q5_K: 0..1)."""
     return K_CHUNK[t] * j + 64 * (K_VECTORS[t][0] + c)
 
 
@@ -416,12 +419,17 @@ def _repack_kquant_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
 
     if t in (GGMLType.Q2_K, GGMLType.Q3_K):
         return _repack_crumb_groups(blk, t, lanes, per_row)
-    if t == GGMLType.Q4_K:
-        qs = blk[..., 16:144].reshape(g, GROUP, s, 32, 4)   # vector 8j + c = bytes 32j + 4c..
+    if t in (GGMLType.Q4_K, GGMLType.Q5_K):
+        at = field_at(t, "qs")
+        qs = blk[..., at:at + 128].reshape(g, GROUP, s, 32, 4)   # vector 8j + c = bytes 32j + 4c..
         sc, mn = _k4_scales(blk[..., 4:16])
         d = blk[..., 0:4].reshape(g, GROUP, s, 2, 2)        # d, dmin: 16 f16 each
         halves = _moved(d, np.uint16, (0, 2, 3, 1)).reshape(g, s, -1)
-        return np.concatenate([lanes(qs), per_row(sc), per_row(mn), halves], axis=2)
+        values = lanes(qs)
+        if t == GGMLType.Q5_K:   # the fifth bits as Q3_K's third bits, after each chunk's nibbles
+            values = np.concatenate([values.reshape(g, s, 4, 8 * 64),
+                                     _fifth_bit_vectors(blk[..., 16:48], lanes)], axis=3).reshape(g, s, -1)
+        return np.concatenate([values, per_row(sc), per_row(mn), halves], axis=2)
     q = _q6_values(blk)                                       # [g, r, s, 256] in 0..63
     q = q.reshape(g, GROUP, s, 4, 2, 8, 4)                    # chunk j, half, c, i
     ql = (q[:, :, :, :, 0] & 15) | ((q[:, :, :, :, 1] & 15) << 4)           # [g,r,s,4,8,4]
@@ -457,6 +465,16 @@ def _repack_crumb_groups(blk: np.ndarray, t: GGMLType, lanes: Callable, per_row:
                             .reshape(g, s, -1), np.zeros((g, s, 32), np.uint8)], axis=2)
     values = np.concatenate(chunks, axis=3).reshape(g, s, -1)
     return np.concatenate([values, scales, d], axis=2)
+
+
+def _fifth_bit_vectors(qh: np.ndarray, lanes: Callable) -> np.ndarray:
+    """Q5_K's qh[32] per block ([g, r, s, 32]; value 64j + 32h + l has bit 2j + h of byte l)
+    -> [g, s, 4, 2 * 64]: chunk j's vector h, lane r, byte i, bit b = value 64j + 32h + 4b + i."""
+    g, s = qh.shape[0], qh.shape[2]
+    bits = (qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1    # [g, r, s, 2j + h, l]
+    hb = bits.reshape(g, GROUP, s, 4, 2, 8, 4)                                # j, h, b, i
+    hbytes = sum(hb[..., b, :] << b for b in range(8)).astype(np.uint8)       # [g, r, s, j, h, i]
+    return lanes(hbytes.reshape(g, GROUP, s, 8, 4)).reshape(g, s, 4, 2 * 64)
 
 
 def _q3_scales(packed: np.ndarray) -> np.ndarray:

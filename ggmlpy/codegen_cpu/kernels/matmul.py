@@ -9,10 +9,10 @@ the activations are first quantised to 8-bit blocks in scratch (phase 1, kernels
 rows split over threads, then a barrier), and the dot products work on the integer blocks directly (phase 2:
 vpdpbusd where the CPU has AVX-512 VNNI, portable vector IR elsewhere, kernels/qvec.py).
 
-A model's weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q6_K with whole groups of
-16 rows) are kept by the CPU backend in its own layout (repack.py), 16 rows interleaved so the dot lanes are
+A model's weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K with whole groups
+of 16 rows) are kept by the CPU backend in its own layout (repack.py), 16 rows interleaved so the dot lanes are
 rows: phase 2 is then kernels/qrepacked.py for any number of tokens. Other quantised
-operands (odd row counts, Q5_K, tensors computed at run time) take the direct path, which
+operands (odd row counts, tensors computed at run time) take the direct path, which
 splits the weight rows over the threads and goes by the number of tokens:
 - under 4 (decode): each thread streams its rows once per token, two rows at a time
   (kernels/qdot.py decodes the blocks);

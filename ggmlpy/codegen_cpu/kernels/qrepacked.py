@@ -1,5 +1,5 @@
 """Matrix products on repacked weights (repack.py): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K,
-Q4_K, Q6_K, any number of tokens.
+Q4_K, Q5_K, Q6_K, any number of tokens.
 
 The 16 lanes of a dot are the 16 rows of a group; a token's 4 activation bytes are
 broadcast to every lane (vpdpbusd's {1to16} memory operand). Per 32-block, 16 rows and one
@@ -198,7 +198,7 @@ class RepackedMatmul:
     def _superblock(self, wp: ir.Value, aps: list[ir.Value], accs: list) -> None:
         """Per token: the sub-blocks' integer dots times their integer scales, summed in i32
         (exact), converted once: acc += d * ad * total + correction, where the correction
-        meets the activation's per-sub-block sums (aux = ad * sum(q)): Q2_K, Q4_K -dmin * min,
+        meets the activation's per-sub-block sums (aux = ad * sum(q)): Q2_K, Q4_K, Q5_K -dmin * min,
         Q3_K -4 * d * scale and Q6_K -32 * d * scale (the stored values are q + offset).
 
         One sub-block at a time, its weights decoded, its scale loaded and its share of the
@@ -247,7 +247,7 @@ class RepackedMatmul:
         return b.zext(raw, vec(I32, 16))
 
     def _kquant_min(self, wp: ir.Value, g: int) -> ir.Value:
-        """Sub-block g's minimum for the 16 rows, as i32 (Q2_K, Q4_K)."""
+        """Sub-block g's minimum for the 16 rows, as i32 (Q2_K, Q4_K, Q5_K)."""
         b = self.kb.b
         if self.t == GGMLType.Q2_K:
             raw = load_vec(b, self.kb.byte_ptr(wp, i64(repack.k_scales_offset(self.t) + 16 * g)), I8, 16)
@@ -258,7 +258,8 @@ class RepackedMatmul:
     def _kquant_vector(self, wp: ir.Value, v: int) -> ir.Value:
         """The unsigned-byte vector of values 4v..4v+3 of the super-block (16 rows): chunk j
         = v // 16 holds values 64j.., its vector c < 8 in the low nibbles (values 64j + 4c
-        + i) and the high ones (64j + 32 + 4c + i); Q6_K adds two high bits from its qh
+        + i) and the high ones (64j + 32 + 4c + i); Q5_K adds a fifth bit (laid out as Q3_K's
+        third bits), Q6_K two high bits from its qh
         vectors (bits 2e..2e+1 for the low nibbles of vector 2c' + e, bits 4 + 2e.. for the
         high ones). Q2_K and Q3_K: see _crumb_vector."""
         j, u = divmod(v, 16)
@@ -271,6 +272,11 @@ class RepackedMatmul:
         if high:
             raw = b.bitcast(b.lshr(b.bitcast(raw, vec(I16, 32)), splat_const(I16, 4, 32)), vec(I8, 64))
         q = b.and_(raw, low)
+        if self.t == GGMLType.Q5_K:   # bit c of fifth-bit vector `high`'s bytes -> bit 4
+            hv = b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(repack.k_high_offset(self.t, j, high))), I8, 64),
+                           vec(I16, 32))
+            moved = b.shl(hv, splat_const(I16, 4 - c, 32)) if c < 4 else b.lshr(hv, splat_const(I16, c - 4, 32))
+            q = b.or_(q, b.and_(b.bitcast(moved, vec(I8, 64)), splat_const(I8, 16, 64)))
         if self.t == GGMLType.Q6_K:
             qh = b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(repack.q6_high_offset(j, c // 2))), I8, 64),
                            vec(I16, 32))

@@ -32,7 +32,7 @@ from .test_cpu_quant_kernels import EXACT_BAR, GGML_BAR, _kernel_model
 G = GGMLType
 TYPES = (G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0)
 SHAPES = [(64, 16, 1), (64, 32, 2), (96, 16, 3), (96, 32, 5), (576, 48, 7), (1536, 32, 13), (160, 16, 48), (576, 64, 300)]
-KTYPES = (G.Q2_K, G.Q3_K, G.Q4_K, G.Q6_K)
+KTYPES = (G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K)
 KSHAPES = [(256, 16, 1), (256, 32, 4), (512, 16, 3), (512, 32, 7), (1024, 48, 40), (2048, 16, 13), (768, 64, 300)]
 
 
@@ -98,7 +98,9 @@ def _unpack_kquant(packed: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarra
                     c, i = divmod(pos, 4)
                     byte = int(step[repack.k_values_offset(t, j, c) + 4 * r + i])
                     nib = (byte & 15) if half == 0 else (byte >> 4)
-                    if t == G.Q4_K:
+                    if t == G.Q5_K:   # fifth bit: vector `half`, byte i, bit c
+                        nib |= ((int(step[repack.k_high_offset(t, j, half) + 4 * r + i]) >> c) & 1) << 4
+                    if t in (G.Q4_K, G.Q5_K):
                         sub = 2 * j + half
                         sc = np.float32(step[repack.k_scales_offset(t) + 16 * sub + r])
                         mn = np.float32(step[repack.k_scales_offset(t) + 128 + 16 * sub + r])
@@ -131,7 +133,8 @@ def _crumb_value(step: np.ndarray, t: GGMLType, r: int, d: np.float32, j: int, w
 
 
 @pytest.mark.parametrize("t,k,m", [(G.Q4_K, 256, 16), (G.Q4_K, 512, 32), (G.Q6_K, 256, 16), (G.Q6_K, 512, 16),
-                                   (G.Q2_K, 256, 16), (G.Q2_K, 512, 32), (G.Q3_K, 256, 16), (G.Q3_K, 512, 32)],
+                                   (G.Q2_K, 256, 16), (G.Q2_K, 512, 32), (G.Q3_K, 256, 16), (G.Q3_K, 512, 32),
+                                   (G.Q5_K, 256, 16), (G.Q5_K, 512, 32)],
                          ids=str)
 def test_kquant_layout_reads_back_exactly(t, k, m):
     case = OpCase((SrcSpec(t, (k, m, 1, 1)),))
@@ -161,7 +164,7 @@ def test_repack_rejects_bad_shapes():
     with pytest.raises(ValueError, match="needs"):
         repack.repack(raw, G.Q4_1, 64, 16)
     with pytest.raises(ValueError, match="no repacked layout"):
-        repack.repack(raw, G.Q5_K, 256, 16)
+        repack.repack(raw, G.F16, 256, 16)
 
 
 def _weight_case(t: GGMLType, k: int, m: int, n: int) -> OpCase:
@@ -196,7 +199,7 @@ def test_result_independent_of_threads(t, n):
     np.testing.assert_array_equal(results[0], results[2])
 
 
-@pytest.mark.parametrize("t", [G.Q4_1, G.Q5_1, G.Q8_0, G.Q2_K, G.Q3_K, G.Q4_K, G.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [G.Q4_1, G.Q5_1, G.Q8_0, G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K], ids=lambda t: t.name)
 def test_batched_tokens_equal_each_token_alone(t):
     """Batched decode: a token's result does not depend on the tile it falls in (tiles of
     4, 2 and 1 tokens), bit for bit."""
