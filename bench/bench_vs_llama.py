@@ -1,8 +1,12 @@
 """`ggmlpy bench` and llama.cpp's `llama-bench`, alternated in one run on every model given,
 so the ratios come from the same minutes of a shared machine. Prints one JSON object: each
-round's figures from both, and per model the medians and the ratios (ggmlpy / llama.cpp).
+round's figures from both, and per model the medians, the ratios (ggmlpy / llama.cpp), each
+round's own ratios, and the spread of each side's tg128 over the rounds (max / min).
 
 Usage: python bench/bench_vs_llama.py --llama-bench PATH [-m MODEL ...] [-t 2] [--rounds 2]
+
+Start times and batched decode are measured in the first round only (they take longest and
+have no llama-bench figure to alternate with); pp512 and tg128 in every round.
 
 llama-bench is built outside the repo from llama.cpp's source (built as
 `cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF && cmake --build build --target llama-bench`).
@@ -29,10 +33,10 @@ def llama_bench(binary: str, path: str, threads: int) -> dict:
     return {"pp512_tok_s": round(by_test[(512, 0)], 2), "tg128_tok_s": round(by_test[(0, 128)], 2)}
 
 
-def ggmlpy_bench(path: str, threads: int, start_times: bool) -> dict:
+def ggmlpy_bench(path: str, threads: int, first: bool) -> dict:
     args = [sys.executable, "-m", "ggmlpy", "bench", "-m", path, "-t", str(threads)]
-    if not start_times:
-        args.append("--no-start-times")
+    if not first:
+        args += ["--no-start-times", "--batched", ""]
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -51,12 +55,16 @@ def main() -> int:
         rounds = []
         for r in range(a.rounds):
             peer = llama_bench(a.llama_bench, path, a.threads)
-            ours = ggmlpy_bench(path, a.threads, start_times=r == 0)
+            ours = ggmlpy_bench(path, a.threads, first=r == 0)
             rounds.append({"llama.cpp": peer, "ggmlpy": ours})
-        med = {side: {k: statistics.median(x[side][k] for x in rounds) for k in SHARED}
-               for side in ("llama.cpp", "ggmlpy")}
+        sides = ("llama.cpp", "ggmlpy")
+        med = {side: {k: statistics.median(x[side][k] for x in rounds) for k in SHARED} for side in sides}
         ratios = {k: round(med["ggmlpy"][k] / med["llama.cpp"][k], 2) for k in SHARED}
-        report["models"][name] = {"rounds": rounds, "median": med, "ratio": ratios}
+        per_round = [{k: round(x["ggmlpy"][k] / x["llama.cpp"][k], 2) for k in SHARED} for x in rounds]
+        spread = {side: round(max(x[side]["tg128_tok_s"] for x in rounds)
+                              / min(x[side]["tg128_tok_s"] for x in rounds), 2) for side in sides}
+        report["models"][name] = {"rounds": rounds, "median": med, "ratio": ratios,
+                                  "ratio_per_round": per_round, "tg128_spread": spread}
     print(json.dumps(report, indent=1))
     return 0
 

@@ -11,11 +11,14 @@ worker processes after it returns (the first decode waits for its graph), so a f
 cost is `cold_start_s`.
 
 The roofline: decode reads every weight once per step, so the machine's read bandwidth
-(codegen_cpu/bandwidth.py, a native loop on as many threads, measured in the same run) over
-the weight bytes a step reads is the most steps a second can reach. `tg128_roofline` is the
-fraction of it tg128 reaches; `tg128_batched` is one token from each of N sequences per step
-(the server's step), aggregate tokens/s, with its own fraction per N. The KV cache's reads
-(a few % at these lengths) are left out of the bytes.
+(codegen_cpu/bandwidth.py, a native loop on the context's own thread pool) over the weight
+bytes a step reads is the most steps a second can reach. A shared VM's bandwidth moves by 2x
+within a minute, so the loop runs between tg128's segments of 32 tokens (not timed with
+them): each run's roofline is its tokens/s over what that run's own bandwidth allows
+(`tg128_runs`), and `tg128_roofline` the median of the runs'. `tg128_batched` is one token
+from each of N sequences per step (the server's step), aggregate tokens/s, with its own
+fraction per N, the loop run before and after each N's runs. The KV cache's reads (a few %
+at these lengths) are left out of the bytes.
 """
 from __future__ import annotations
 
@@ -56,8 +59,11 @@ def run_bench(model_name: str, *, threads: int = 2, backend: str | None = None, 
                         backend=backend)
     ctx_s = time.perf_counter() - t0
     toks = _tokens(model, n_prompt)
-    pp, tg, overhead = [], [], []
+    pp, tg, overhead, runs_gb_s = [], [], [], []
     be = ctx.backends[0]
+    on_host = not devices and not n_gpu_layers
+    rss_before_loop = _peak_rss_mib()
+    loop = read_loop(ctx, threads) if on_host else None
     for rep in range(reps + 1):
         ctx.memory.clear()
         t0 = time.perf_counter()
@@ -67,15 +73,20 @@ def run_bench(model_name: str, *, threads: int = 2, backend: str | None = None, 
         ctx.memory.clear()
         ctx.decode(llama.Batch.from_tokens(toks[:1]))
         native0 = be.native_seconds
-        t0 = time.perf_counter()
-        for i in range(n_gen):
-            if ctx.decode(llama.Batch.from_tokens([toks[(i + 1) % n_prompt]])) != 0:
-                raise RuntimeError("generation decode failed")
-        tg_s = time.perf_counter() - t0
+        tg_s, gb_s = 0.0, [loop.gb_s()] if loop else []
+        for seg0 in range(0, n_gen, SEGMENT):
+            t0 = time.perf_counter()
+            for i in range(seg0, min(seg0 + SEGMENT, n_gen)):
+                if ctx.decode(llama.Batch.from_tokens([toks[(i + 1) % n_prompt]])) != 0:
+                    raise RuntimeError("generation decode failed")
+            tg_s += time.perf_counter() - t0
+            if loop:
+                gb_s.append(loop.gb_s())
         native = be.native_seconds - native0
         if rep:  # the first round is the warm-up
             pp.append(n_prompt / pp_s)
             tg.append(n_gen / tg_s)
+            runs_gb_s.append(statistics.mean(gb_s) if gb_s else None)
             if native:  # a backend that reports its native time (the CPU's)
                 overhead.append((tg_s - native) / n_gen * 1e6)
     result = {
@@ -88,24 +99,25 @@ def run_bench(model_name: str, *, threads: int = 2, backend: str | None = None, 
         "load_s": round(load_s, 3),
         "context_and_compile_s": round(ctx_s, 3),
         "compile_s_per_graph": round(ctx_s / max(len(ctx.graph_cache.entries), 1), 3),
-        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        # the read loop's buffer, resident from its start to the end, is not the model's
+        "peak_rss_mib": round(max(rss_before_loop, _peak_rss_mib() - (loop.n_bytes / 2**20 if loop else 0)), 1),
     }
     result.update(device_stats(ctx))
-    on_host = not devices and not n_gpu_layers
     step_bytes = weight_bytes_per_step(ctx)
     result["weight_mb_per_token"] = round(step_bytes / 1e6, 2)
     if on_host:  # the host's bandwidth bounds decode only when every weight is in host memory
-        from ggmlpy.codegen_cpu.bandwidth import read_gb_s
-
-        gb_s = read_gb_s(threads)
-        result["read_gb_s"] = round(gb_s, 2)
-        result[f"tg{n_gen}_roofline"] = round(step_bytes * result[f"tg{n_gen}_tok_s"] / (gb_s * 1e9), 3)
+        runs = [{"tok_s": round(r, 2), "read_gb_s": round(g, 2), "roofline": round(step_bytes * r / (g * 1e9), 3)}
+                for r, g in zip(tg, runs_gb_s)]
+        result[f"tg{n_gen}_runs"] = runs
+        result["read_gb_s"] = round(statistics.median(r["read_gb_s"] for r in runs), 2)
+        result[f"tg{n_gen}_roofline"] = round(statistics.median(r["roofline"] for r in runs), 3)
+    del loop
     if batched:
-        agg = batched_decode(model, threads, backend, batched, n_gen, reps)
+        agg, gb_s = batched_decode(model, threads, backend, batched, n_gen, reps, on_host)
         result[f"tg{n_gen}_batched"] = {str(n): round(v, 2) for n, v in agg.items()}
         if on_host:
             result[f"tg{n_gen}_batched_roofline"] = {
-                str(n): round(step_bytes * v / n / (gb_s * 1e9), 3) for n, v in agg.items()}
+                str(n): round(step_bytes * v / n / (gb_s[n] * 1e9), 3) for n, v in agg.items()}
     if start_times:
         result["cold_start_s"], result["warm_start_s"] = start_times_s(model_name, threads, backend, where)
     return result
@@ -127,18 +139,23 @@ def weight_bytes_per_step(ctx: llama.Context) -> int:
 
 
 def batched_decode(model: llama.Model, threads: int, backend: str | None, counts: tuple[int, ...],
-                   n_gen: int, reps: int) -> dict[int, float]:
+                   n_gen: int, reps: int, measure_bandwidth: bool = True) -> tuple[dict[int, float], dict[int, float]]:
     """Aggregate tokens/s of n_gen steps that each decode one token of every one of N
-    sequences (each with its logits), the median of `reps` rounds after a warm-up."""
+    sequences (each with its logits), the median of `reps` rounds after a warm-up; and per
+    N the mean read bandwidth (GB/s) measured before and after each timed round (empty
+    without `measure_bandwidth`)."""
     n_max = max(counts)
     ctx = llama.Context(model, n_ctx=n_max * (n_gen + 2), n_batch=max(n_max, 8), n_ubatch=max(n_max, 8),
                         n_seq_max=n_max, n_threads=threads, backend=backend)
     toks = _tokens(model, (n_gen + 1) * n_max, seed=1)
-    out = {}
+    loop = read_loop(ctx, threads) if measure_bandwidth else None
+    out, bandwidth = {}, {}
     for n in counts:
         seqs = [[s] for s in range(n)]
-        rates = []
+        rates, gb_s = [], []
         for rep in range(reps + 1):
+            if loop and rep:
+                gb_s.append(loop.gb_s())
             ctx.memory.clear()
             step = llama.Batch(tokens=toks[:n], seq_ids=seqs, logits=[True] * n)
             if ctx.decode(step) != 0:
@@ -151,8 +168,30 @@ def batched_decode(model: llama.Model, threads: int, backend: str | None, counts
                     raise RuntimeError("batched decode failed")
             if rep:
                 rates.append(n * n_gen / (time.perf_counter() - t0))
+                if loop:
+                    gb_s.append(loop.gb_s())
         out[n] = statistics.median(rates)
-    return out
+        if gb_s:
+            bandwidth[n] = statistics.mean(gb_s)
+    return out, bandwidth
+
+
+SEGMENT = 32   # tg tokens between two passes of the read loop
+
+
+def read_loop(ctx: llama.Context, threads: int):
+    """The read loop on the thread pool of the context's CPU backend (a pool of its own
+    when the first backend is another), its buffer touched now."""
+    from ggmlpy.codegen_cpu.backend import CpuBackend
+    from ggmlpy.codegen_cpu.bandwidth import READ_LOOP_BYTES, ReadLoop
+    from ggmlpy.codegen_cpu.runtime import ThreadPool
+
+    be = ctx.backends[0]
+    return ReadLoop(be.pool if isinstance(be, CpuBackend) else ThreadPool(threads), READ_LOOP_BYTES)
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def device_stats(ctx: llama.Context) -> dict:

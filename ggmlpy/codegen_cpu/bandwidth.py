@@ -16,6 +16,7 @@ import numpy as np
 from ggmlpy.codegen_cpu.runtime import NativeObject, JitModule, ThreadPool, compile_module
 
 BUFFER_BYTES = 256 << 20       # far above any L3 these machines have (32 MiB)
+READ_LOOP_BYTES = 128 << 20    # a benchmark's loop between its runs: 4x that L3, a few ms a pass
 UNROLL = 4                     # independent 64-byte loads per iteration
 
 # read(ctx, ith, nth): ctx = [data ptr, n_bytes (a multiple of 64 * UNROLL * nth), out ptr]
@@ -71,28 +72,45 @@ def _read_module() -> NativeObject | JitModule:
     return compile_module(_READ_IR)
 
 
-def read_gb_s(n_threads: int, reps: int = 5, buffer_bytes: int = BUFFER_BYTES) -> float:
-    """The best of `reps` passes over a buffer far larger than the caches, in GB/s (10^9)."""
-    step = 64 * UNROLL * n_threads
-    n_bytes = max(buffer_bytes // step, 1) * step
-    raw = np.empty(n_bytes + 64, dtype=np.uint8)
-    data = raw[(-raw.ctypes.data) % 64:][:n_bytes]
-    data[:] = 1                                    # touch every page before timing
-    out = np.zeros(64, dtype=np.int32)
-    ctx = np.array([data.ctypes.data, n_bytes, out.ctypes.data], dtype=np.uint64)
-    fn = _read_module().address("ggmlpy_read")
-    pool = ThreadPool(n_threads)
-    try:
-        pool.run(fn, ctx.ctypes.data)              # warm-up: threads spinning, TLB filled
+class ReadLoop:
+    """The read loop over one buffer, touched once, on a given thread pool: a benchmark
+    measures it between its own timed runs on the pool that runs its graphs, so that the
+    roofline's bandwidth comes from the same seconds of a shared machine (its bandwidth
+    moves by 2x within a minute) and no second pool's workers spin against these."""
+
+    def __init__(self, pool: ThreadPool, buffer_bytes: int = BUFFER_BYTES):
+        self.pool = pool
+        step = 64 * UNROLL * pool.n_threads
+        self.n_bytes = max(buffer_bytes // step, 1) * step
+        self._raw = np.empty(self.n_bytes + 64, dtype=np.uint8)
+        self._data = self._raw[(-self._raw.ctypes.data) % 64:][:self.n_bytes]
+        self._data[:] = 1                                 # touch every page before timing
+        self._out = np.zeros(64, dtype=np.int32)
+        self._ctx = np.array([self._data.ctypes.data, self.n_bytes, self._out.ctypes.data], dtype=np.uint64)
+        self._fn = _read_module().address("ggmlpy_read")
+
+    def gb_s(self, reps: int = 1) -> float:
+        """The best of `reps` passes, in GB/s (10^9)."""
         best = float("inf")
         for _ in range(reps):
             t0 = time.perf_counter()
-            pool.run(fn, ctx.ctypes.data)
+            self.pool.run(self._fn, self._ctx.ctypes.data)
             best = min(best, time.perf_counter() - t0)
+        nth = self.pool.n_threads
+        # lane 0 of a thread's sum: word 0 (bytes of 1) of each of its 64-byte lines, mod 2^32
+        expected = np.array((self.n_bytes // nth // 64 * 0x01010101) % (1 << 32), dtype=np.uint32).view(np.int32)
+        if not np.all(self._out[:nth] == expected):
+            raise RuntimeError("the bandwidth loop read wrong data")
+        return self.n_bytes / best / 1e9
+
+
+def read_gb_s(n_threads: int, reps: int = 5, buffer_bytes: int = BUFFER_BYTES) -> float:
+    """The best of `reps` passes over a buffer far larger than the caches, in GB/s (10^9),
+    on a pool of its own."""
+    pool = ThreadPool(n_threads)
+    try:
+        loop = ReadLoop(pool, buffer_bytes)
+        loop.gb_s(1)                                 # warm-up: threads spinning, TLB filled
+        return loop.gb_s(reps)
     finally:
         pool.close()
-    # lane 0 of a thread's sum: word 0 (bytes of 1) of each of its 64-byte lines, mod 2^32
-    expected = np.array((n_bytes // n_threads // 64 * 0x01010101) % (1 << 32), dtype=np.uint32).view(np.int32)
-    if not np.all(out[:n_threads] == expected):
-        raise RuntimeError("the bandwidth loop read wrong data")
-    return n_bytes / best / 1e9
