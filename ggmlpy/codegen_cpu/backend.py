@@ -17,7 +17,7 @@ import numpy as np
 from ggmlpy.codegen_cpu.object_cache import ObjectCache
 from ggmlpy.disk_cache import cache_dir
 from ggmlpy.options import Options
-from ggmlpy.codegen_cpu.irgen import SYMBOLS
+from ggmlpy.codegen_cpu.irgen import BARRIER_BYTES, SYMBOLS
 from ggmlpy.codegen_cpu.lowering import LOWERINGS
 from ggmlpy.codegen_cpu.repack import WeightLayouts
 from ggmlpy.codegen_cpu.program import (
@@ -258,7 +258,7 @@ class CpuSplit:
         self._kernel_names = builder.kernel_names
         self.arena = np.zeros(lay.arena_bytes + 64, dtype=np.uint8)
         self.scratch = np.zeros(max(lay.scratch_bytes, 64) + 64, dtype=np.uint8)
-        self.barrier = np.zeros(16, dtype=np.int32)
+        self.barrier = np.zeros(BARRIER_BYTES // 4, dtype=np.int32)
         self.ctx = np.zeros(lay.ctx_words, dtype=np.int64)
         self.ctx[lay.arena_slot] = self.arena.ctypes.data
         n = len(builder.nodes)

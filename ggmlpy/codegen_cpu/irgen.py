@@ -196,6 +196,40 @@ class KernelBuilder:
         end = b.select(b.icmp_signed("<", end, n), end, n)
         return start, end
 
+    @contextlib.contextmanager
+    def claimed_chunks(self, n: ir.Value, name: str = "chunk") -> Iterator[ir.Value]:
+        """Chunks 0..n-1 of work taken by whichever thread is free: thread ith starts with
+        chunk ith, then claims the next unclaimed one from the shared counter (ggml's
+        chunking). A thread slowed by its neighbours (a shared VM's memory, an interrupt)
+        then does less, instead of the others waiting for it at the barrier. The counter
+        must have been set by `reset_chunks` before a barrier all threads passed since."""
+        b = self.b
+        pre = b.block
+        head = b.append_basic_block(f"{name}.head")
+        body = b.append_basic_block(f"{name}.body")
+        done = b.append_basic_block(f"{name}.done")
+        b.branch(head)
+        b.position_at_end(head)
+        c = b.phi(I64, name=name)
+        c.add_incoming(self.ith, pre)
+        b.cbranch(b.icmp_signed("<", c, n), body, done)
+        b.position_at_end(body)
+        yield c
+        claimed = b.atomic_rmw("add", self._chunk_counter(), i64(1), "monotonic")
+        c.add_incoming(claimed, b.block)
+        b.branch(head)
+        b.position_at_end(done)
+
+    def reset_chunks(self) -> None:
+        """Thread 0 sets the chunk counter to nth (the chunks the threads start with); a
+        barrier must follow before `claimed_chunks` runs."""
+        with self.b.if_then(self.b.icmp_signed("==", self.ith, i64(0))):
+            self.b.atomic_rmw("xchg", self._chunk_counter(), self.nth, "monotonic")
+
+    def _chunk_counter(self) -> ir.Value:
+        """An i64 in the barrier's memory, a cache line after its own words (CHUNK_COUNTER)."""
+        return self.byte_ptr(self.args["barrier"], i64(CHUNK_COUNTER))
+
     def barrier(self) -> None:
         fn = self.module.globals.get("ggmlpy_barrier")
         self.b.call(fn, [self.args["barrier"], self.args["nth"]])
@@ -461,6 +495,12 @@ def declare_barrier(module: ir.Module) -> ir.Function:
     """Declare the barrier; its body (BARRIER_IR) is appended to the module's text, since
     llvmlite's builder cannot emit atomic stores through opaque pointers."""
     return ir.Function(module, BARRIER_TYPE, "ggmlpy_barrier")
+
+
+# The barrier's memory (CpuSplit.barrier, BARRIER_BYTES): its {count, phase} words, and one
+# cache line on the work counter of `claimed_chunks`.
+CHUNK_COUNTER = 64
+BARRIER_BYTES = 128
 
 
 def barrier_ir(triple: str) -> str:

@@ -117,6 +117,7 @@ def _mul_mat_glu(kb: KernelBuilder, node: Tensor) -> None:
     kind = KINDS[w_gate.type]
     base = aligned_scratch(kb)
     quantize_rows(kb, x, kind.fmt, w_gate.ne[0], base, x_arg="src2")
+    kb.reset_chunks()   # RepackedMatmul's threads claim chunks after the barrier
     kb.barrier()
     formula = op_formula(node.params["act"])
     RepackedMatmul(kb, w_gate.type, kind.fmt, w_gate.ne[0], w_gate.ne[1], base, n_rows(kb, x),
@@ -477,6 +478,7 @@ def _quant_mul_mat(kb: KernelBuilder, node: Tensor, residual: bool = False) -> N
     kind = KINDS[a.type]
     base = aligned_scratch(kb)
     quantize_rows(kb, x, kind.fmt, a.ne[0], base)
+    kb.reset_chunks()   # RepackedMatmul's threads claim chunks after the barrier
     kb.barrier()
     if repack.is_repacked(a):  # weights in the CPU backend's own layout (repack.py)
         RepackedMatmul(kb, a.type, kind.fmt, a.ne[0], a.ne[1], base, n_rows(kb, x), kb.dim(node.nb[1]),

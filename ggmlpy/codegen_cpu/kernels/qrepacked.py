@@ -7,8 +7,9 @@ token: 8 dots, one conversion and one multiply-add (Q4_1, Q5_1: two), and the re
 rows land in one vector store: no horizontal sums. Decoding the weights (nibble masks, Q5_0's
 and Q5_1's fifth bit) is done once per group and step, for every token of a tile.
 
-Threads take whole groups (contiguous memory each). Tokens go in blocks whose quantised
-activations fit in L2 (prefill), in tiles of TOKENS whose accumulators stay in registers;
+Threads claim chunks of whole groups (contiguous memory each) as they finish the last
+(CHUNKS per token block). Tokens go in blocks whose quantised activations fit in L2
+(prefill), in tiles of TOKENS whose accumulators stay in registers;
 a single token (decode) is a tile of one, with the dots of a block in two chains so the
 multiply-adds of consecutive dots do not wait on each other.
 
@@ -61,6 +62,17 @@ PREFETCH_MIN_TOKENS: dict[str, int] = {"vnni512": 2, "vnni256": 2, "avx2": 1, "g
 PREFETCH_FAR: dict[str, dict[GGMLType, int]] = {"avx2": {GGMLType.Q8_0: 8192}}
 
 
+# Chunks of groups per token block a product is cut into for the threads to claim: enough
+# that a slowed thread's share moves to the other, few enough that each chunk streams a long
+# contiguous run (the 1.5B model's FFN: 35 groups, 500 KiB a chunk).
+CHUNKS = 16
+
+
+def chunk_groups(n_groups: int) -> int:
+    """Groups per chunk: n_groups / CHUNKS rounded up, at least one."""
+    return max(1, -(-n_groups // CHUNKS))
+
+
 class RepackedMatmul:
     """Emits phase 2 of a quantised mul_mat whose weights (src0) are repacked: every group of
     this thread, for every token."""
@@ -83,10 +95,20 @@ class RepackedMatmul:
         self.residual = residual   # added to each result as it is stored (laid out as dst)
 
     def emit(self) -> None:
+        """The work in chunks of (token block, run of groups), claimed by whichever thread
+        is free (KernelBuilder.claimed_chunks; the caller has reset the counter before the
+        barrier after phase 1). A chunk is a few hundred KiB of contiguous weights; each
+        tile's arithmetic is the same whichever thread takes it."""
         kb, b = self.kb, self.kb.b
-        g0, g1 = kb.thread_range(i64(self.n_groups))
         block = max(TOKENS, L2_BUDGET // self.act_stride // TOKENS * TOKENS)
-        with kb.loop(i64(0), self.n_tok, "tb", step=block) as t0:
+        per_chunk = chunk_groups(self.n_groups)
+        n_group_chunks = -(-self.n_groups // per_chunk)
+        n_blocks = b.sdiv(b.add(self.n_tok, i64(block - 1)), i64(block))
+        with kb.claimed_chunks(b.mul(n_blocks, i64(n_group_chunks))) as chunk:
+            t0 = b.mul(b.sdiv(chunk, i64(n_group_chunks)), i64(block))
+            g0 = b.mul(b.srem(chunk, i64(n_group_chunks)), i64(per_chunk))
+            g1 = b.add(g0, i64(per_chunk))
+            g1 = b.select(b.icmp_signed("<", g1, i64(self.n_groups)), g1, i64(self.n_groups))
             t1 = b.add(t0, i64(block))
             t1 = b.select(b.icmp_signed("<", t1, self.n_tok), t1, self.n_tok)
             t_full = b.add(t0, b.mul(b.sdiv(b.sub(t1, t0), i64(TOKENS)), i64(TOKENS)))
