@@ -1,17 +1,20 @@
 """The larger benchmark files, made with llama.cpp's `llama-quantize` (built outside the repo,
 next to llama-bench: `cmake --build build --target llama-quantize`):
 
-- `synthetic-7b-q4_k_m.gguf`: Qwen2.5-7B's layer shapes (28 layers, 3584 wide, FFN 18944,
-  28 query and 4 key/value heads, biases on q/k/v) with Qwen2.5-Coder-1.5B's tokenizer and
-  vocabulary (151936 rows), random weights written as F16 and quantised to Q4_K_M. Speed
-  does not depend on the values, so one random matrix per shape is shared by every layer
-  (each layer still has its own bytes in the file): the F16 file (15 GB on disk) is
-  written from about 1.5 GB of memory.
+- `synthetic-7b-q4_k_m.gguf` and `synthetic-0.5b-q4_k_m.gguf`: Qwen2.5-7B's and
+  Qwen2.5-0.5B's layer shapes (7B: 28 layers, 3584 wide, FFN 18944, 28 query and 4
+  key/value heads; 0.5B: 24 layers, 896 wide, FFN 4864, 14 and 2 heads, the output tied to
+  the embedding; both with biases on q/k/v) with Qwen2.5-Coder-1.5B's tokenizer and
+  vocabulary (151936 rows), random weights written as F16 and quantised to Q4_K_M (the
+  0.5B's width is no multiple of 256, so llama-quantize gives its 896-wide rows 32-block
+  types, as in the published file). Speed does not depend on the values, so one random
+  matrix per shape is shared by every layer (each layer still has its own bytes in the
+  file): the 7B's F16 file (15 GB on disk) is written from about 1.5 GB of memory.
 - `qwen2.5-coder-1.5b-q2_k.gguf` and `-q3_k_m.gguf`: the 1.5B Q4_K_M file (the known model
   `qwen2.5-coder-1.5b`) re-quantised by `llama-quantize --allow-requantize` (its widths,
   1536 and 8960, take 256-blocks).
 
-    python bench/make_bench_models.py --llama-quantize PATH [--out DIR] [--only 7b|q2k|q3km]
+    python bench/make_bench_models.py --llama-quantize PATH [--out DIR] [--only 7b|0.5b|q2k|q3km]
 
 Prints the paths as JSON; existing files are kept. `bench/bench_vs_llama.py -m PATH` then
 measures them next to llama-bench.
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,23 +32,37 @@ import numpy as np
 from ggmlpy.gguf import GGUFFile, GGUFWriter
 from ggmlpy.hub import resolve_model
 
-# Qwen2.5-7B's shapes (its config.json)
-N_LAYER, N_EMBD, N_FF, N_HEAD, N_HEAD_KV, HEAD_DIM = 28, 3584, 18944, 28, 4, 128
-SHAPE_KEYS = {"block_count": N_LAYER, "embedding_length": N_EMBD, "feed_forward_length": N_FF,
-              "attention.head_count": N_HEAD, "attention.head_count_kv": N_HEAD_KV}
+@dataclass(frozen=True)
+class Shapes:
+    """A Qwen2.5 model's shapes (its config.json); head size 128 (7B) or 64 (0.5B)."""
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    tied: bool
+
+    @property
+    def keys(self) -> dict[str, int]:
+        return {"block_count": self.n_layer, "embedding_length": self.n_embd, "feed_forward_length": self.n_ff,
+                "attention.head_count": self.n_head, "attention.head_count_kv": self.n_head_kv}
 
 
-def synthetic_7b_f16(path: Path, seed: int = 0) -> Path:
-    """The F16 file: the 1.5B file's metadata (tokenizer, rope, norms) with 7B shapes."""
+SYNTHETIC = {"7b": Shapes(28, 3584, 18944, 28, 4, tied=False), "0.5b": Shapes(24, 896, 4864, 14, 2, tied=True)}
+
+
+def synthetic_f16(path: Path, shapes: Shapes, seed: int = 0) -> Path:
+    """The F16 file: the 1.5B file's metadata (tokenizer, rope, norms) with other shapes."""
     rng = np.random.default_rng(seed)
+    n_embd, n_ff = shapes.n_embd, shapes.n_ff
     with GGUFFile(resolve_model("qwen2.5-coder-1.5b")) as src:
         arch = src.get("general.architecture")
         w = GGUFWriter(version=src.version)
         for key, field in src.fields.items():
             short = key.removeprefix(f"{arch}.")
-            value = SHAPE_KEYS.get(short, field.value)
+            value = shapes.keys.get(short, field.value)
             if key == "general.name":
-                value = "synthetic Qwen2.5-7B shapes"
+                value = f"synthetic Qwen2.5 shapes ({shapes.n_layer} x {n_embd})"
             if key != "general.file_type" and not key.startswith("split."):
                 w.add_key_value(key, value, field.type, field.element_type)
         n_vocab = len(src.get("tokenizer.ggml.tokens"))
@@ -55,20 +73,21 @@ def synthetic_7b_f16(path: Path, seed: int = 0) -> Path:
     def vector(n: int) -> np.ndarray:
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
-    kv = N_HEAD_KV * HEAD_DIM
-    shared = {"embd": matrix(N_EMBD, n_vocab), "q": matrix(N_EMBD, N_EMBD), "kv": matrix(N_EMBD, kv),
-              "o": matrix(N_EMBD, N_EMBD), "up": matrix(N_EMBD, N_FF), "down": matrix(N_FF, N_EMBD)}
+    kv = shapes.n_head_kv * (n_embd // shapes.n_head)
+    shared = {"embd": matrix(n_embd, n_vocab), "q": matrix(n_embd, n_embd), "kv": matrix(n_embd, kv),
+              "o": matrix(n_embd, n_embd), "up": matrix(n_embd, n_ff), "down": matrix(n_ff, n_embd)}
     w.add_tensor("token_embd.weight", shared["embd"])
-    w.add_tensor("output_norm.weight", vector(N_EMBD))
-    w.add_tensor("output.weight", shared["embd"])
-    for il in range(N_LAYER):
+    w.add_tensor("output_norm.weight", vector(n_embd))
+    if not shapes.tied:
+        w.add_tensor("output.weight", shared["embd"])
+    for il in range(shapes.n_layer):
         p = f"blk.{il}."
-        w.add_tensor(p + "attn_norm.weight", vector(N_EMBD))
-        for name, n in (("attn_q", N_EMBD), ("attn_k", kv), ("attn_v", kv)):
-            w.add_tensor(p + name + ".weight", shared["q"] if n == N_EMBD else shared["kv"])
+        w.add_tensor(p + "attn_norm.weight", vector(n_embd))
+        for name, n in (("attn_q", n_embd), ("attn_k", kv), ("attn_v", kv)):
+            w.add_tensor(p + name + ".weight", shared["q"] if n == n_embd else shared["kv"])
             w.add_tensor(p + name + ".bias", (0.1 * rng.standard_normal(n)).astype(np.float32))
         w.add_tensor(p + "attn_output.weight", shared["o"])
-        w.add_tensor(p + "ffn_norm.weight", vector(N_EMBD))
+        w.add_tensor(p + "ffn_norm.weight", vector(n_embd))
         w.add_tensor(p + "ffn_gate.weight", shared["up"])
         w.add_tensor(p + "ffn_up.weight", shared["up"])
         w.add_tensor(p + "ffn_down.weight", shared["down"])
@@ -85,19 +104,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-quantize", required=True, help="path of llama.cpp's llama-quantize")
     ap.add_argument("--out", default=str(Path.home() / ".cache" / "ggmlpy" / "bench-models"))
-    ap.add_argument("--only", choices=["7b", "q2k", "q3km"], action="append")
+    ap.add_argument("--only", choices=["7b", "0.5b", "q2k", "q3km"], action="append")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    wanted = a.only or ["7b", "q2k", "q3km"]
+    wanted = a.only or ["7b", "0.5b", "q2k", "q3km"]
     made = {}
-    if "7b" in wanted:
-        dst = out / "synthetic-7b-q4_k_m.gguf"
+    for key, shapes in SYNTHETIC.items():
+        if key not in wanted:
+            continue
+        dst = out / f"synthetic-{key}-q4_k_m.gguf"
         if not dst.exists():
-            f16 = synthetic_7b_f16(out / "synthetic-7b-f16.gguf")
+            f16 = synthetic_f16(out / f"synthetic-{key}-f16.gguf", shapes)
             quantize(a.llama_quantize, f16, dst, "Q4_K_M")
             f16.unlink()
-        made["7b"] = str(dst)
+        made[key] = str(dst)
     base = resolve_model("qwen2.5-coder-1.5b")
     for key, ftype in (("q2k", "Q2_K"), ("q3km", "Q3_K_M")):
         if key in wanted:

@@ -220,8 +220,9 @@ class RepackedMatmul:
     def _superblock(self, wp: ir.Value, aps: list[ir.Value], accs: list) -> None:
         """Per token: the sub-blocks' integer dots times their integer scales, summed in i32
         (exact), converted once: acc += d * ad * total + correction, where the correction
-        meets the activation's per-sub-block sums (aux = ad * sum(q)): Q2_K, Q4_K, Q5_K -dmin * min,
-        Q3_K -4 * d * scale and Q6_K -32 * d * scale (the stored values are q + offset).
+        meets the activation's per-sub-block sums (aux = ad * sum(q)): Q2_K, Q4_K, Q5_K
+        -dmin * min, Q3_K -4 * d * scale and Q6_K -32 * d * scale (the stored values are q +
+        offset).
 
         One sub-block at a time, its weights decoded, its scale loaded and its share of the
         correction added where they are used: decoding a whole chunk, or holding every
@@ -234,8 +235,8 @@ class RepackedMatmul:
         corrs: list[ir.Value | None] = [None for _ in aps]
         offset = repack.K_OFFSET.get(self.t)
         for sub in range(n_sub):
-            if sub:   # LLVM's scheduler would otherwise decode every sub-block up front
-                b.fence("seq_cst", "singlethread")
+            if sub:   # a compiler-only fence (no instruction): LLVM's scheduler would
+                b.fence("seq_cst", "singlethread")   # otherwise decode every sub-block up front
             ws = [self._kquant_vector(wp, per * sub + c) for c in range(per)]
             scale = self._kquant_scale(wp, sub)
             # the correction's weight term: i8 scales (Q3_K, Q6_K) or u8 minimums

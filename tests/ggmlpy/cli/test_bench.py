@@ -149,3 +149,32 @@ def test_bench_attention_masks_and_result():
             want[t, h] = (p / p.sum()).astype(np.float16).astype(np.float32) @ vh   # so do the weights
 
     np.testing.assert_allclose(out, want, atol=2e-5)
+
+
+def test_barrier_hazards_classifies_every_barrier(tmp_path):
+    """bench/barrier_hazards.py: in a tiny llama's decode program the barriers that guard
+    nothing are those between its independent f32 projections (q, k, v read one input and
+    no scratch); with quantised weights they share the scratch and every barrier guards."""
+    import importlib.util
+    from pathlib import Path
+
+    from ggmlpy.ir.types import GGMLType
+
+    path = Path(__file__).resolve().parents[3] / "bench" / "barrier_hazards.py"
+    spec = importlib.util.spec_from_file_location("barrier_hazards", path)
+    bh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bh)
+    found = {}
+    for wtype in (GGMLType.F32, GGMLType.Q8_0):
+        model = llama.model.Model.load(str(write_tiny_llama(tmp_path / f"{wtype.name}.gguf", n_layer=2,
+                                                            weight_type=wtype)))
+        ctx = llama.Context(model, n_ctx=64, n_batch=8, n_ubatch=8, n_threads=2)
+        assert ctx.decode(llama.Batch.from_tokens([5, 6])) == 0
+        split = max((c for e in ctx.graph_cache.entries.values() for c in e.compiled
+                     if isinstance(c, bh.CpuSplit)), key=lambda s: len(s.nodes))
+        why, free = bh.hazards(split, 64)
+        assert sum(why.values()) == len(split.nodes) - 1
+        assert why["reads the previous output"] > (len(split.nodes) - 1) // 2
+        found[wtype] = free
+    assert found[GGMLType.Q8_0] == {}
+    assert found[GGMLType.F32] and set(found[GGMLType.F32]) == {"mul_mat -> mul_mat"}

@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 import llama
+from ggmlpy.ir.types import GGMLType
+from ggmlpy.testing.models import write_tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -12,8 +14,8 @@ def smol(smollm2_path):
     return llama.Model.load(smollm2_path)
 
 
-def _alone(model, prompt: list[int], steps: list[int]) -> list[np.ndarray]:
-    ctx = llama.Context(model, n_ctx=256, n_threads=2)
+def _alone(model, prompt: list[int], steps: list[int], n_threads: int = 2) -> list[np.ndarray]:
+    ctx = llama.Context(model, n_ctx=256, n_threads=n_threads)
     assert ctx.decode(llama.Batch.from_tokens(prompt)) == 0
     out = [np.array(ctx.get_logits_ith(-1))]
     for tok in steps:
@@ -24,10 +26,24 @@ def _alone(model, prompt: list[int], steps: list[int]) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("n_seqs", [2, 5, 7])
 def test_each_sequence_of_a_batched_step_equals_it_alone(smol, n_seqs):
+    _check_batched_equals_alone(smol, n_seqs, n_vocab=40000)
+
+
+@pytest.mark.parametrize("wtype", [GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K],
+                         ids=lambda t: t.name)
+def test_k_quant_sequences_of_a_batched_step_equal_each_alone(tmp_path, wtype):
+    """The same on a small K-quant model (every product over repacked K-quant weights,
+    their groups claimed by 3 threads in chunks): 5 sequences a step, tiles of 4 and 1."""
+    path = write_tiny_llama(tmp_path / "k.gguf", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
+                            weight_type=wtype, seed=3)
+    _check_batched_equals_alone(llama.Model.load(str(path)), 5, n_vocab=320, n_threads=3)
+
+
+def _check_batched_equals_alone(model, n_seqs: int, n_vocab: int, n_threads: int = 2) -> None:
     rng = np.random.default_rng(n_seqs)
-    prompts = [[int(t) for t in rng.integers(100, 40000, 3 + s)] for s in range(n_seqs)]
-    steps = [[int(t) for t in rng.integers(100, 40000, 3)] for _ in range(n_seqs)]
-    ctx = llama.Context(smol, n_ctx=512, n_seq_max=n_seqs, n_threads=2)
+    prompts = [[int(t) for t in rng.integers(100, n_vocab, 3 + s)] for s in range(n_seqs)]
+    steps = [[int(t) for t in rng.integers(100, n_vocab, 3)] for _ in range(n_seqs)]
+    ctx = llama.Context(model, n_ctx=512, n_seq_max=n_seqs, n_threads=n_threads)
     first = llama.Batch(tokens=[t for p in prompts for t in p],
                         seq_ids=[[s] for s, p in enumerate(prompts) for _ in p],
                         logits=[i == len(p) - 1 for p in prompts for i in range(len(p))])
@@ -41,7 +57,7 @@ def test_each_sequence_of_a_batched_step_equals_it_alone(smol, n_seqs):
         for s in range(n_seqs):
             got[s].append(np.array(ctx.get_logits_ith(s)))
     for s in range(n_seqs):
-        for step, (a, b) in enumerate(zip(got[s], _alone(smol, prompts[s], steps[s]))):
+        for step, (a, b) in enumerate(zip(got[s], _alone(model, prompts[s], steps[s], n_threads))):
             assert np.abs(a - b).max() <= 1e-4, f"sequence {s}, step {step}"
 
 
