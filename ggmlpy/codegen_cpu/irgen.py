@@ -165,6 +165,14 @@ class KernelBuilder:
     # control flow ---------------------------------------------------------------------------
     @contextlib.contextmanager
     def loop(self, start: ir.Value, stop: ir.Value, name: str = "i", step: int = 1) -> Iterator[ir.Value]:
+        with self._while_below(start, stop, name, lambda i: self.b.add(i, i64(step))) as i:
+            yield i
+
+    @contextlib.contextmanager
+    def _while_below(self, start: ir.Value, stop: ir.Value, name: str,
+                     advance: Callable[[ir.Value], ir.Value]) -> Iterator[ir.Value]:
+        """A loop over i from start while i < stop, i's next value `advance(i)` (emitted at
+        the end of the body)."""
         b = self.b
         pre = b.block
         head = b.append_basic_block(f"{name}.head")
@@ -177,7 +185,7 @@ class KernelBuilder:
         b.cbranch(b.icmp_signed("<", i, stop), body, done)
         b.position_at_end(body)
         yield i
-        i.add_incoming(b.add(i, i64(step)), b.block)
+        i.add_incoming(advance(i), b.block)
         b.branch(head)
         b.position_at_end(done)
 
@@ -203,22 +211,11 @@ class KernelBuilder:
         chunking). A thread slowed by its neighbours (a shared VM's memory, an interrupt)
         then does less, instead of the others waiting for it at the barrier. The counter
         must have been set by `reset_chunks` before a barrier all threads passed since."""
-        b = self.b
-        pre = b.block
-        head = b.append_basic_block(f"{name}.head")
-        body = b.append_basic_block(f"{name}.body")
-        done = b.append_basic_block(f"{name}.done")
-        b.branch(head)
-        b.position_at_end(head)
-        c = b.phi(I64, name=name)
-        c.add_incoming(self.ith, pre)
-        b.cbranch(b.icmp_signed("<", c, n), body, done)
-        b.position_at_end(body)
-        yield c
-        claimed = b.atomic_rmw("add", self._chunk_counter(), i64(1), "monotonic")
-        c.add_incoming(claimed, b.block)
-        b.branch(head)
-        b.position_at_end(done)
+        def claim(_: ir.Value) -> ir.Value:
+            return self.b.atomic_rmw("add", self._chunk_counter(), i64(1), "monotonic")
+
+        with self._while_below(self.ith, n, name, claim) as chunk:
+            yield chunk
 
     def reset_chunks(self) -> None:
         """Thread 0 sets the chunk counter to nth (the chunks the threads start with); a
