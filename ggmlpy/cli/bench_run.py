@@ -30,11 +30,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 import llama
 from ggmlpy.ir.tensor import Flag
+
+if TYPE_CHECKING:
+    from ggmlpy.codegen_cpu.bandwidth import ReadLoop
 
 
 def _tokens(model: llama.Model, n: int, seed: int = 0) -> list[int]:
@@ -179,7 +183,7 @@ def batched_decode(model: llama.Model, threads: int, backend: str | None, counts
 SEGMENT = 32   # tg tokens between two passes of the read loop
 
 
-def read_loop(ctx: llama.Context, threads: int):
+def read_loop(ctx: llama.Context, threads: int) -> "ReadLoop":
     """The read loop on the thread pool of the context's CPU backend (a pool of its own
     when the first backend is another), its buffer touched now."""
     from ggmlpy.codegen_cpu.backend import CpuBackend
