@@ -19,6 +19,7 @@ from ggmlpy.disk_cache import cache_dir
 from ggmlpy.options import Options
 from ggmlpy.codegen_cpu.irgen import BARRIER_BYTES, SYMBOLS
 from ggmlpy.codegen_cpu.lowering import LOWERINGS
+from ggmlpy.codegen_cpu.mapped_rows import MappedRowLookups
 from ggmlpy.codegen_cpu.repack import WeightLayouts
 from ggmlpy.codegen_cpu.program import (
     N_SYM_WORDS, ROW_WORDS, TABLE_HEADER, TABLE_WORD, CompileUnit, ProgramBuilder, ir_hash,
@@ -282,6 +283,7 @@ class CpuSplit:
         slots, self.offsets, self.dynamic = builder.pointer_plan()
         self.used = slots >= 0
         self._weight_slots: list | None = None   # bound on the first run (_bind_externals)
+        self._row_lookups = MappedRowLookups([])  # the same
         self._other_slots: list = []
         self._bound_sources: list = []
         self._ctx_addr = self.ctx.ctypes.data
@@ -330,7 +332,7 @@ class CpuSplit:
         whether a slot changed; a change also drops the pointer table computed by `run`."""
         ctx = self.ctx
         if self._weight_slots is None:
-            weight_slots, other_slots = [], []
+            weight_slots, other_slots, tables = [], [], {}
             self.backend.weight_layouts.prepare(
                 [(root, store.buffer(root)) for root, packed in self.layout.externals if packed],
                 self.backend.n_threads)
@@ -339,6 +341,8 @@ class CpuSplit:
                     data = store.buffer(root)
                     if packed:  # the CPU backend's own layout of this weight (repack.py)
                         data = self.backend.weight_layouts.get(root, data)
+                    else:
+                        tables[root.id] = data
                     weight_slots.append((N_SYM_WORDS + i, data))  # keep the array alive
                     ctx[N_SYM_WORDS + i] = data.ctypes.data
                 else:
@@ -346,6 +350,7 @@ class CpuSplit:
             # per other slot, the array bound last (held, so its memory cannot be reused)
             self._bound_sources = [None] * len(other_slots)
             self._weight_slots, self._other_slots = weight_slots, other_slots
+            self._row_lookups = MappedRowLookups.of(self.nodes, tables)
         sources = self._bound_sources
         changed = False
         for k, (slot, root) in enumerate(self._other_slots):
@@ -386,6 +391,7 @@ class CpuSplit:
         t0 = time.perf_counter()
         self.backend.pool.run(self.fn_addr, self._ctx_addr, self._n_threads)
         self.backend.native_seconds += time.perf_counter() - t0
+        self._row_lookups.release(store, env)
         buffers = store.buffers
         for tid, view in self._exported:
             buffers[tid] = view

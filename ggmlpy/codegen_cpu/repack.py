@@ -517,26 +517,33 @@ def aligned_empty(nbytes: int) -> np.ndarray:
 def release_pages(data: np.ndarray) -> None:
     """Tell the kernel the pages wholly inside `data` are not needed now (MADV_DONTNEED).
     For a read-only file mapping this only drops them from memory: touched again, they are
-    read back from the file. Anything else (an anonymous array) is left alone."""
-    if not _from_mmap(data):
+    read back from the file. Anything else (an anonymous array or map) is left alone."""
+    if not from_mmap(data):
         return
-    page = mmap.PAGESIZE
-    start = -(-data.ctypes.data // page) * page
-    end = (data.ctypes.data + data.nbytes) // page * page
+    start, end = pages_inside(data)
     if end > start:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), 4)  # MADV_DONTNEED
-        # later reads (get_rows of a tied embedding) fetch single rows: without MADV_RANDOM
-        # each would map its neighbouring pages too (fault-around), the whole table in time
+        # later reads (get_rows of a tied embedding) fetch single rows: MADV_RANDOM keeps a
+        # cold read from pulling its neighbours in from disk (readahead); the pages a warm
+        # read maps around it (fault-around) are unmapped after each run (mapped_rows.py)
         libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), 1)  # MADV_RANDOM
 
 
-def _from_mmap(data: np.ndarray) -> bool:
-    """Whether data's memory belongs to a memory-mapped file (ndarray bases, memoryviews)."""
+def pages_inside(data: np.ndarray) -> tuple[int, int]:
+    """The addresses of the whole pages inside data: a neighbour's pages are left alone."""
+    page = mmap.PAGESIZE
+    return -(-data.ctypes.data // page) * page, (data.ctypes.data + data.nbytes) // page * page
+
+
+def from_mmap(data: np.ndarray) -> bool:
+    """Whether data's memory belongs to a read-only memory map (ndarray bases, memoryviews):
+    a file mapped for reading, whose pages MADV_DONTNEED only unmaps (an anonymous map is
+    always writable, and there it would zero them)."""
     base = data
     while isinstance(base, (np.ndarray, memoryview)):
         base = base.base if isinstance(base, np.ndarray) else base.obj
-    return isinstance(base, mmap.mmap)
+    return isinstance(base, mmap.mmap) and memoryview(base).readonly
 
 
 class WeightLayouts:

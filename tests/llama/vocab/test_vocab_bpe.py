@@ -146,6 +146,18 @@ def test_merge_ties_go_left():
         parse_merges(["a b", 5, "c d"])
 
 
+def test_merge_sides_share_the_token_strings():
+    """With the vocabulary's tokens, a side that is a token is that token's string object
+    (one copy in memory); the ranks are the same either way."""
+    tokens = ["".join(["a", "b"]), "".join(["c", "d"])]   # built at run time: not interned
+    lines = ["a b", "ab cd", "ab x", "x"]
+    shared = parse_merges(lines, tokens)
+    assert shared == parse_merges(lines)
+    pairs = list(shared)
+    assert pairs[1][0] is tokens[0] and pairs[1][1] is tokens[1] and pairs[2][0] is tokens[0]
+    assert pairs[0][0] is not tokens[0]   # "a" is no token: the merge's own string
+
+
 def test_space_and_newline_are_byte_characters():
     v = Vocab.from_metadata(tiny_md([("Ġa", 1), ("ĊĊ", 1)], ["Ġ a", "Ċ Ċ"]))
     assert v.tokenize("a a\n\n") == [b("a"), 256, 257]
