@@ -283,7 +283,7 @@ class CpuSplit:
         slots, self.offsets, self.dynamic = builder.pointer_plan()
         self.used = slots >= 0
         self._weight_slots: list | None = None   # bound on the first run (_bind_externals)
-        self._row_lookups = MappedRowLookups([])  # the same
+        self._row_lookups = MappedRowLookups({})  # the same
         self._other_slots: list = []
         self._bound_sources: list = []
         self._ctx_addr = self.ctx.ctypes.data
@@ -350,7 +350,11 @@ class CpuSplit:
             # per other slot, the array bound last (held, so its memory cannot be reused)
             self._bound_sources = [None] * len(other_slots)
             self._weight_slots, self._other_slots = weight_slots, other_slots
-            self._row_lookups = MappedRowLookups.of(self.nodes, tables)
+            # get_rows' file-mapped tables are read from private copies of their rows
+            self._row_lookups = lookups = MappedRowLookups.of(self.nodes, tables)
+            for i, (root, packed) in enumerate(self.layout.externals):
+                if root.id in lookups.tables and not packed:
+                    ctx[N_SYM_WORDS + i] = lookups.tables[root.id].address
         sources = self._bound_sources
         changed = False
         for k, (slot, root) in enumerate(self._other_slots):
@@ -388,10 +392,13 @@ class CpuSplit:
             self.rows[:, 1:6] = ptrs
             self._rows_key = env_key
         self.wait_compiled()
+        self._row_lookups.fill(store, env)
         t0 = time.perf_counter()
-        self.backend.pool.run(self.fn_addr, self._ctx_addr, self._n_threads)
+        try:
+            self.backend.pool.run(self.fn_addr, self._ctx_addr, self._n_threads)
+        finally:
+            self._row_lookups.release()
         self.backend.native_seconds += time.perf_counter() - t0
-        self._row_lookups.release(store, env)
         buffers = store.buffers
         for tid, view in self._exported:
             buffers[tid] = view

@@ -1,66 +1,106 @@
-"""Row lookups straight from a memory-mapped weight: the pages they map are let go after each
-run.
+"""Row lookups in a weight that stays in the model file's memory map (a K-quant token
+embedding, which get_rows reads in the file's own layout): the rows a run needs are read
+from the file with pread into private memory, and the kernel reads them there.
 
-A table get_rows reads in the GGUF file's own layout (a K-quant token embedding) stays in
-the file mapping. Reading one row faults in more than its page: when the file is in the page
-cache, Linux maps the whole 64 KiB window around the fault (fault-around; MADV_RANDOM turns
-off readahead from disk, not that). So the table's resident share grows with every new token
-a context sees: 512 random tokens map 28 MiB of a 125 MiB Q4_K table, none of it needed
-again. After each run the windows its rows touched are unmapped (MADV_DONTNEED, a few
-microseconds each): the page cache keeps them, so the next lookup of a row is a minor fault,
-and the process's resident memory stays what it keeps (the repacked weights) plus what it
-computes.
+Read through the map, one row faults in the whole 64 KiB window around it whenever the file
+is in the page cache (the kernel's fault-around; MADV_RANDOM stops readahead from disk, not
+that): 512 random tokens mapped 28 MiB of a 125 MiB Q4_K table, and a context's resident
+memory grew with every new token it saw. Here a row costs the page or two it lands on,
+handed back (MADV_DONTNEED) after the run. pread copies the row from the page cache: a few
+microseconds a row, once per run.
 """
 from __future__ import annotations
 
 import ctypes
+import mmap
+import os
+import weakref
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import numpy as np
 
-from ggmlpy.codegen_cpu.repack import from_mmap, pages_inside
-from ggmlpy.ir.tensor import Flag, Tensor
+from ggmlpy.codegen_cpu.repack import operand_repacked
+from ggmlpy.gguf.file_map import file_map_of, file_offset, open_for_reads
+from ggmlpy.ir.tensor import Flag, Tensor, memory_root
 from ggmlpy.sched.store import TensorStore
 
-WINDOW = 64 * 1024       # the kernel's fault-around window (fault_around_bytes' default)
 MADV_DONTNEED = 4
+PAGE = mmap.PAGESIZE
+
+
+@dataclass
+class _Table:
+    """One file-mapped table and the id tensors of the get_rows nodes that read it."""
+    fd: int
+    file_offset: int
+    row_bytes: int
+    n_rows: int
+    shadow: mmap.mmap                       # private anonymous memory, the table's size
+    ids: list[Tensor] = field(default_factory=list)
+    filled: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    @property
+    def address(self) -> int:
+        return np.frombuffer(self.shadow, np.uint8, count=0).ctypes.data
 
 
 class MappedRowLookups:
-    """The get_rows nodes of a split that read a file-mapped weight, by table."""
+    """The file-mapped tables of a split read by get_rows alone, by root tensor id."""
 
-    def __init__(self, lookups: list[tuple[np.ndarray, int, Tensor]]):
-        """lookups: (the table's bytes in the mapping, bytes per row, the ids tensor)."""
-        self.lookups = lookups
-        self._madvise = ctypes.CDLL(None, use_errno=True).madvise if lookups else None
+    def __init__(self, tables: dict[int, _Table]):
+        self.tables = tables
+        self._madvise = ctypes.CDLL(None, use_errno=True).madvise if tables else None
 
     @classmethod
-    def of(cls, nodes: list[Tensor], tables: Mapping[int, np.ndarray]) -> "MappedRowLookups":
-        """From a split's nodes and the arrays bound to its unpacked weights (by tensor id),
-        those that are file-mapped; the ids must be an input (bound by the caller before the
-        run, so they are still there after it)."""
-        lookups = []
+    def of(cls, nodes: list[Tensor], weights: Mapping[int, np.ndarray]) -> "MappedRowLookups":
+        """From a split's nodes and the arrays bound to its unpacked weights (by root id):
+        the weights in a FileMap that every node reading them as they are in the file
+        reads as get_rows' table, with input ids (bound before the run, so they are there
+        to read). A tied embedding's product reads the repacked copy: not a reader here."""
+        readers: dict[int, list[Tensor]] = {}
         for node in nodes:
-            if node.op != "get_rows":
+            for j, src in enumerate(node.src):
+                if src is not None and memory_root(src).id in weights and not operand_repacked(node, j):
+                    lookup = (node.op == "get_rows" and j == 0 and src.view_src is None
+                              and node.src[1].view_src is None and node.src[1].flags & Flag.INPUT)
+                    readers.setdefault(memory_root(src).id, []).append(node if lookup else None)
+        tables = {}
+        for root_id, uses in readers.items():
+            data = weights[root_id]
+            fmap = file_map_of(data)
+            if fmap is None or None in uses:
                 continue
-            table, ids = node.src[0], node.src[1]
-            data = tables.get(table.id)
-            if (data is not None and table.view_src is None and ids.view_src is None
-                    and ids.flags & Flag.INPUT and from_mmap(data)):
-                lookups.append((data, int(table.nb[1]), ids))
-        return cls(lookups)
+            row_bytes = int(uses[0].src[0].nb[1])
+            fd = open_for_reads(fmap)
+            shadow = mmap.mmap(-1, max(data.nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            table = tables[root_id] = _Table(fd, file_offset(data, fmap), row_bytes, data.nbytes // row_bytes,
+                                             shadow, [node.src[1] for node in uses])
+            weakref.finalize(table, os.close, fd)
+        return cls(tables)
 
-    def release(self, store: TensorStore, env: Mapping[str, int]) -> None:
-        """Unmap the fault-around windows of every row the last run read."""
-        for data, row_bytes, ids in self.lookups:
-            rows = store.array(ids, env).ravel().astype(np.int64)
-            base = data.ctypes.data
-            first = (base + rows * row_bytes) // WINDOW
-            last = (base + (rows + 1) * row_bytes - 1) // WINDOW
-            windows = np.unique(np.concatenate([first, last]))
-            lo, hi = pages_inside(data)
-            for w in windows.tolist():
-                start, end = max(w * WINDOW, lo), min((w + 1) * WINDOW, hi)
-                if end > start:
-                    self._madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED)
+    def fill(self, store: TensorStore, env: Mapping[str, int]) -> None:
+        """Read the rows this run looks up into each table's private copy."""
+        for table in self.tables.values():
+            ids = np.unique(np.concatenate([store.array(t, env).ravel() for t in table.ids]).astype(np.int64))
+            ids = ids[(ids >= 0) & (ids < table.n_rows)]
+            view = memoryview(table.shadow)
+            rb = table.row_bytes
+            try:
+                for i in ids.tolist():
+                    if os.preadv(table.fd, [view[i * rb:(i + 1) * rb]], table.file_offset + i * rb) != rb:
+                        raise OSError(f"row {i} of a {table.n_rows}-row table: the model file is shorter "
+                                      f"than it was when it was mapped")
+            finally:
+                view.release()
+            table.filled = ids
 
+    def release(self) -> None:
+        """Hand back the pages the last run's rows were read into."""
+        for table in self.tables.values():
+            base, rb = table.address, table.row_bytes
+            for i in table.filled.tolist():
+                start = (base + i * rb) // PAGE * PAGE
+                end = -(-(base + (i + 1) * rb) // PAGE) * PAGE
+                self._madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED)
+            table.filled = table.filled[:0]

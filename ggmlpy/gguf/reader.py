@@ -10,7 +10,6 @@ the views point into that read-only buffer instead: everything downstream is the
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import struct
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from ggmlpy.gguf.constants import (
     MAX_KEY_LENGTH, MAX_KV, MAX_TENSORS, SCALAR_DTYPES, STRUCT_FORMATS, SUPPORTED_VERSIONS, GGUFValueType,
 )
 from ggmlpy.gguf.errors import GGUFError
+from ggmlpy.gguf.file_map import FileMap
 from ggmlpy.gguf.strings import StringArray, string_array_end
 from ggmlpy.ir.types import GGMLType, REMOVED_TYPES, block_size, type_name, type_size
 
@@ -214,7 +214,7 @@ class GGUFPart:
                 raise GGUFError("empty file, not a GGUF file", path=str(path), offset=0)
             if use_mmap:
                 try:
-                    self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                    self._map = FileMap.of(f.fileno(), path)
                 except (OSError, ValueError) as e:  # e.g. a file system without mmap
                     log.warning("%s: mmap failed (%s); reading the file into memory instead", path, e)
             self.mapped = self._map is not None

@@ -1,6 +1,6 @@
-"""Row lookups in a weight read straight from a file mapping (mapped_rows.py): the rows are
-right, and the 64 KiB windows the kernel maps around each read are unmapped after the run,
-so the table's resident share does not grow with every token a context sees."""
+"""get_rows on a table in the model file's memory map (mapped_rows.py): the rows a run looks
+up are read with pread into private memory, so the map itself stays unmapped (read through
+it, each row would map the 64 KiB around it), and that memory is handed back after the run."""
 from __future__ import annotations
 
 import mmap
@@ -10,15 +10,18 @@ import pytest
 
 from ggmlpy.codegen_cpu.backend import CpuBackend
 from ggmlpy.codegen_cpu.mapped_rows import MappedRowLookups
+from ggmlpy.gguf.file_map import FileMap
 from ggmlpy.ir.ops import OpCase, SrcSpec
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.sched.store import TensorStore
 from ggmlpy.testing.ops import build_case_graph, decode, make_inputs
 
 K, ROWS, N_IDS = 256, 32768, 48          # a 4.5 MiB Q4_K table, 48 rows far apart
+CASE = OpCase((SrcSpec(GGMLType.Q4_K, (K, ROWS, 1, 1), weight=True),
+               SrcSpec(GGMLType.I32, (N_IDS,), fill=f"rows:{ROWS}")))
 
 
-def _mapping_rss_kib(address: int) -> int:
+def _rss_kib(address: int) -> int:
     """Resident KiB of the mapping that holds `address` (/proc/self/smaps)."""
     inside = False
     for line in open("/proc/self/smaps"):
@@ -31,47 +34,59 @@ def _mapping_rss_kib(address: int) -> int:
     raise AssertionError("address not mapped")
 
 
-def _lookup(tmp_path, release: bool, monkeypatch) -> tuple[np.ndarray, np.ndarray, int]:
-    """get_rows of N_IDS rows from a Q4_K table in a read-only file mapping (the file just
-    written, so its pages are in the page cache, as a model's are on a warm start)."""
-    if not release:
-        monkeypatch.setattr(MappedRowLookups, "release", lambda self, store, env: None)
-    case = OpCase((SrcSpec(GGMLType.Q4_K, (K, ROWS, 1, 1), weight=True),
-                   SrcSpec(GGMLType.I32, (N_IDS,), fill=f"rows:{ROWS}")))
-    inputs = make_inputs(case, np.random.default_rng(0))
-    inputs["src1"] = (np.arange(N_IDS, dtype=np.int32) * (ROWS // N_IDS) + 7)
+@pytest.fixture
+def table(tmp_path):
+    """The table in a file mapped for reading (just written, so in the page cache, as a
+    model's file is on a warm start), its bytes, and the ids looked up."""
+    inputs = make_inputs(CASE, np.random.default_rng(0))
     path = tmp_path / "table.bin"
     path.write_bytes(inputs["src0"].tobytes())
     with open(path, "rb") as f:
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    table = np.frombuffer(mapped, np.uint8).reshape(inputs["src0"].shape)
-    graph, node = build_case_graph("get_rows", case)
-    store = TensorStore({"src0": table, "src1": inputs["src1"]})
-    CpuBackend(n_threads=2).compile(graph, graph.nodes).run(store, {})
-    out = np.array(store.array(node, {}), copy=True).reshape(N_IDS, K)
-    expected = decode(inputs["src0"], GGMLType.Q4_K, (K, ROWS, 1, 1)).reshape(ROWS, K)[inputs["src1"]]
-    return out, expected, _mapping_rss_kib(table.ctypes.data)
+        fmap = FileMap.of(f.fileno(), path)
+    mapped = np.frombuffer(fmap, np.uint8).reshape(inputs["src0"].shape)
+    ids = np.arange(N_IDS, dtype=np.int32) * (ROWS // N_IDS) + 7
+    return mapped, inputs["src0"], ids
 
 
-def test_looked_up_rows_are_right_and_unmapped(tmp_path, monkeypatch):
-    out, expected, rss_kib = _lookup(tmp_path, True, monkeypatch)
+def _run(mapped: np.ndarray, ids: np.ndarray):
+    graph, node = build_case_graph("get_rows", CASE)
+    split = CpuBackend(n_threads=2).compile(graph, graph.nodes)
+    store = TensorStore({"src0": mapped, "src1": ids})
+    split.run(store, {})
+    return split, np.array(store.array(node, {}), copy=True).reshape(N_IDS, K)
+
+
+def test_rows_are_read_from_the_file_not_the_map(table):
+    mapped, raw, ids = table
+    split, out = _run(mapped, ids)
+    expected = decode(raw, GGMLType.Q4_K, (K, ROWS, 1, 1)).reshape(ROWS, K)[ids]
     np.testing.assert_array_equal(out, expected)
-    assert rss_kib <= 16, f"{rss_kib} KiB of the table still mapped"
+    assert _rss_kib(mapped.ctypes.data) == 0
+    [copy] = split._row_lookups.tables.values()
+    assert _rss_kib(copy.address) == 0          # handed back after the run
+    ids2 = ids[::-1] + 1                          # a second run reads its own rows
+    store = TensorStore({"src0": mapped, "src1": ids2})
+    split.run(store, {})
+    out2 = np.array(store.array(split.nodes[-1], {}), copy=True).reshape(N_IDS, K)
+    np.testing.assert_array_equal(out2, decode(raw, GGMLType.Q4_K, (K, ROWS, 1, 1)).reshape(ROWS, K)[ids2])
 
 
-def test_without_the_release_the_windows_stay_mapped(tmp_path, monkeypatch):
-    """The effect the release undoes (each read maps up to a 64 KiB window): the test above
-    could fail."""
-    out, expected, rss_kib = _lookup(tmp_path, False, monkeypatch)
-    np.testing.assert_array_equal(out, expected)
+def test_read_through_the_map_each_row_maps_a_window(table, monkeypatch):
+    """What the private copies avoid (the kernel maps up to 64 KiB around each row read
+    through the map): the test above could fail."""
+    mapped, raw, ids = table
+    monkeypatch.setattr(MappedRowLookups, "of", classmethod(lambda cls, nodes, weights: cls({})))
+    _, out = _run(mapped, ids)
+    np.testing.assert_array_equal(out, decode(raw, GGMLType.Q4_K, (K, ROWS, 1, 1)).reshape(ROWS, K)[ids])
+    rss_kib = _rss_kib(mapped.ctypes.data)
     if rss_kib <= 4 * N_IDS:
         pytest.skip(f"this kernel maps no fault-around window ({rss_kib} KiB for {N_IDS} rows)")
     assert rss_kib >= 8 * N_IDS
 
 
-def test_anonymous_maps_are_left_alone():
-    """A private anonymous map is writable: MADV_DONTNEED there would zero the table, so
-    only a read-only (file) map is released; two runs on one read the same rows."""
+def test_other_maps_are_read_in_place():
+    """A map that is not a model file's (here anonymous and private) is read as it is: the
+    kernel reads the table itself, unchanged by the run."""
     case = OpCase((SrcSpec(GGMLType.Q4_K, (K, 64, 1, 1), weight=True),
                    SrcSpec(GGMLType.I32, (5,), fill="rows:64")))
     inputs = make_inputs(case, np.random.default_rng(1))
@@ -80,10 +95,9 @@ def test_anonymous_maps_are_left_alone():
     table[:] = inputs["src0"]
     graph, node = build_case_graph("get_rows", case)
     split = CpuBackend(n_threads=2).compile(graph, graph.nodes)
-    results = []
-    for _ in range(2):
-        store = TensorStore({"src0": table, "src1": inputs["src1"]})
-        split.run(store, {})
-        results.append(np.array(store.array(node, {}), copy=True))
-    np.testing.assert_array_equal(results[0], results[1])
+    store = TensorStore({"src0": table, "src1": inputs["src1"]})
+    split.run(store, {})
+    assert split._row_lookups.tables == {}
+    expected = decode(inputs["src0"], GGMLType.Q4_K, (K, 64, 1, 1)).reshape(64, K)[inputs["src1"].ravel()]
+    np.testing.assert_array_equal(np.array(store.array(node, {})).reshape(5, K), expected)
     np.testing.assert_array_equal(table, inputs["src0"])

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import mmap
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ import pytest
 import llama
 from ggmlpy.gguf import GGUFError, GGUFFile, GGUFWriter
 from ggmlpy.gguf import memlock
+from ggmlpy.gguf.file_map import FileMap
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.quants.validate import TensorDataError, first_invalid
 from ggmlpy.testing.models import write_tiny_llama
@@ -76,7 +76,7 @@ def test_failed_map_falls_back_to_reading(tiny, monkeypatch, caplog):
     def refuse(*args, **kwargs):
         raise OSError(errno.ENODEV, "No such device")
 
-    monkeypatch.setattr(mmap, "mmap", refuse)
+    monkeypatch.setattr(FileMap, "of", classmethod(refuse))
     with caplog.at_level(logging.WARNING, logger="ggmlpy.gguf"):
         model = llama.Model.load(tiny)
     assert not model.gguf.mapped
