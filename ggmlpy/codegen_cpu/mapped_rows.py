@@ -26,6 +26,9 @@ from ggmlpy.ir.tensor import Flag, Tensor, memory_root
 from ggmlpy.sched.store import TensorStore
 
 MADV_DONTNEED = 4
+MAP_NORESERVE = 0x4000   # Linux's value (the mmap module names it from Python 3.12): a copy
+                         # the table's size, of which a run touches a few pages, is not
+                         # charged in full against a strict overcommit limit
 PAGE = mmap.PAGESIZE
 
 
@@ -73,7 +76,8 @@ class MappedRowLookups:
                 continue
             row_bytes = int(uses[0].src[0].nb[1])
             fd = open_for_reads(fmap)
-            shadow = mmap.mmap(-1, max(data.nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            shadow = mmap.mmap(-1, max(data.nbytes, 1),
+                               flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE)
             table = tables[root_id] = _Table(fd, file_offset(data, fmap), row_bytes, data.nbytes // row_bytes,
                                              shadow, [node.src[1] for node in uses])
             weakref.finalize(table, os.close, fd)
