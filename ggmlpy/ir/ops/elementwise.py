@@ -101,8 +101,10 @@ register(OpDef("scale", Kind.ELEMENTWISE, _scale_infer, _scale_ref,
                inplace=True, doc="x * s + b (ggml_scale / ggml_scale_bias)"))
 
 
-def _glu(name: str, doc: str) -> OpDef:
-    """ggml's split GLUs: act(a) * b, both halves given as separate tensors."""
+def _glu(name: str, doc: str, params: tuple[str, ...] = (),
+         cases_params: tuple[tuple[tuple[str, float], ...], ...] = ((),)) -> OpDef:
+    """ggml's split GLUs: act(a) * b, both halves given as separate tensors; `params` the
+    float parameters the builder function takes after them, `cases_params` their test values."""
 
     def infer(srcs: Sequence[Any], params: dict) -> Inferred:
         a, g = srcs
@@ -112,12 +114,13 @@ def _glu(name: str, doc: str) -> OpDef:
     def reference(x: Sequence[np.ndarray], params: dict) -> np.ndarray:
         return evaluate(FORMULAS[name], x, params)
 
-    def api(b, a, g):
-        return b.make(name, (a, g))
+    def api(b, a, g, *values: float):
+        require(len(values) == len(params), name, lambda: f"takes {len(params)} parameters {params}, got {values}")
+        return b.make(name, (a, g), {p: float(v) for p, v in zip(params, values)})
 
     def cases() -> list[OpCase]:
-        return [OpCase((SrcSpec(F32, ne), SrcSpec(F32, ne)), label=str(ne))
-                for ne in [(7, 3, 1, 1), (96, 5, 1, 1), (53, 4, 1, 1)]]
+        return [OpCase((SrcSpec(F32, ne), SrcSpec(F32, ne)), ps, label=f"{ne} {dict(ps)}" if ps else str(ne))
+                for ne in [(7, 3, 1, 1), (96, 5, 1, 1), (53, 4, 1, 1)] for ps in cases_params]
 
     return OpDef(name, Kind.ELEMENTWISE, infer, reference, api={name: api}, cases=cases,
                  inplace=True, doc=doc)
@@ -125,3 +128,5 @@ def _glu(name: str, doc: str) -> OpDef:
 
 register(_glu("swiglu", "silu(a) * b (ggml_swiglu_split)"))
 register(_glu("geglu", "gelu(a) * b (ggml_geglu_split)"))
+register(_glu("swiglu_oai", "gpt-oss's clamped SwiGLU, alpha and limit (ggml_swiglu_oai)", ("alpha", "limit"),
+              ((("alpha", 1.702), ("limit", 7.0)), (("alpha", 1.702), ("limit", 0.5)))))

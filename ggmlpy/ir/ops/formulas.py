@@ -133,6 +133,15 @@ def gelu_erf(x: Expr) -> Expr:
     return (0.5 * x) * (1.0 + erf(x * SQRT_2_INV))
 
 
+def swiglu_oai(a: Expr, g: Expr) -> Expr:
+    """gpt-oss's clamped SwiGLU (ggml_swiglu_oai): min(a, limit) * sigmoid(alpha * that),
+    times clamp(g, -limit, limit) + 1, divided as ggml's scalar loop divides."""
+    limit, alpha = param("limit"), param("alpha")
+    x = select(le(a, limit), a, limit)
+    y = select(ge(g, -limit), select(le(g, limit), g, limit), -limit)
+    return (x / (1.0 + exp(alpha * -x))) * (y + 1.0)
+
+
 FORMULAS: dict[str, Expr] = {
     "add": x0 + x1,
     "sub": x0 - x1,
@@ -149,6 +158,7 @@ FORMULAS: dict[str, Expr] = {
     "abs": vabs(x0),
     "swiglu": silu(x0) * x1,
     "geglu": gelu(x0) * x1,
+    "swiglu_oai": swiglu_oai(x0, x1),
 }
 
 

@@ -263,6 +263,61 @@ def soft_max(x, p, case):
     return out
 
 
+# mixture of experts --------------------------------------------------------------------------
+def swiglu_oai(p: dict) -> Callable[[float, float], float]:
+    """gpt-oss's clamped SwiGLU as its reference code writes it (tanh form of the sigmoid)."""
+    def f(a: float, g: float) -> float:
+        x, y = min(a, p["limit"]), max(-p["limit"], min(g, p["limit"]))
+        return x * (0.5 + 0.5 * math.tanh(0.5 * p["alpha"] * x)) * (y + 1.0)
+    return f
+
+
+def swiglu_oai_oracle(x, p, case):
+    a, g = x
+    f = swiglu_oai(p)
+    out = np.empty(a.shape)
+    for i in indices(a.shape):
+        out[i] = f(float(a[i]), float(g[i]))
+    return out
+
+
+def argsort(x, p, case):
+    """Per row, repeated selection of the smallest (largest) value left, the first index on
+    ties."""
+    a = x[0]
+    out = np.empty(a.shape, dtype=np.int64)
+    for i1, i2, i3 in itertools.product(*(range(n) for n in a.shape[1:])):
+        left = list(range(a.shape[0]))
+        for j in range(a.shape[0]):
+            if p["order"] == 1:
+                pick = max(left, key=lambda c: (a[c, i1, i2, i3], -c))
+            else:
+                pick = min(left, key=lambda c: (a[c, i1, i2, i3], c))
+            out[j, i1, i2, i3] = pick
+            left.remove(pick)
+    return out
+
+
+def mul_mat_id(x, p, case):
+    """out[:, e, t] = as[:, :, ids[e, t]] . b[:, e % n_b, t], token by token."""
+    w, b, ids = x
+    n_used, n_tokens = ids.shape[0], ids.shape[1]
+    out = np.empty((w.shape[1], n_used, n_tokens, 1))
+    for e, t in itertools.product(range(n_used), range(n_tokens)):
+        expert = int(ids[e, t, 0, 0])
+        for row in range(w.shape[1]):
+            out[row, e, t, 0] = sum(w[k, row, expert, 0] * b[k, e % b.shape[1], t, 0] for k in range(w.shape[0]))
+    return out
+
+
+def add_id(x, p, case):
+    a, b, ids = x
+    out = np.empty(a.shape)
+    for i0, i1, i2, i3 in indices(a.shape):
+        out[i0, i1, i2, i3] = a[i0, i1, i2, i3] + b[i0, int(ids[i1, i2, 0, 0]), 0, 0]
+    return out
+
+
 ORACLES: dict[str, Oracle] = {
     "add": binary(lambda u, v: u + v),
     "sub": binary(lambda u, v: u - v),
@@ -289,6 +344,10 @@ ORACLES: dict[str, Oracle] = {
     "get_rows": get_rows,
     "set_rows": set_rows,
     "soft_max": soft_max,
+    "swiglu_oai": swiglu_oai_oracle,
+    "argsort": argsort,
+    "mul_mat_id": mul_mat_id,
+    "add_id": add_id,
 }
 
 
