@@ -47,6 +47,10 @@ class HParams:
     f_attn_logit_softcapping: float = 0.0
     f_final_logit_softcapping: float = 0.0
     f_attention_scale: float = 0.0  # Q scale some architectures apply before attention (0: unset)
+    n_expert: int = 0               # mixture of experts: experts per layer (0: a dense model)
+    n_expert_used: int = 0          # experts each token runs
+    n_ff_exp: int = 0               # an expert's feed-forward width
+    expert_weights_scale: float = 0.0  # times the selected experts' weights (0: not applied)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def n_embd_k_gqa(self, il: int) -> int:
@@ -141,6 +145,20 @@ def require_rms_eps(r: MetadataReader, hp: HParams) -> None:
     (llama.cpp's ml.get_key without a default); LLaMA alone falls back to 1e-5."""
     if not hp.f_norm_rms_eps:
         raise HParamsError(f"required key {r.key('attention.layer_norm_rms_epsilon')} is missing")
+
+
+def load_experts(r: MetadataReader, hp: HParams) -> None:
+    """The mixture-of-experts keys, checked as llama.cpp's load_hparams checks them."""
+    hp.n_expert = r.int("expert_count", 0)
+    hp.n_expert_used = r.int("expert_used_count", 0)
+    hp.n_ff_exp = r.int("expert_feed_forward_length", 0)
+    hp.expert_weights_scale = float(r.get("expert_weights_scale", 0.0))
+    if hp.n_expert <= 0 or hp.n_expert_used <= 0:
+        raise HParamsError(f"{r.key('expert_count')} ({hp.n_expert}) and {r.key('expert_used_count')} "
+                           f"({hp.n_expert_used}) must be positive for {hp.arch}")
+    if hp.n_expert_used > hp.n_expert:
+        raise HParamsError(f"{r.key('expert_used_count')} {hp.n_expert_used} exceeds "
+                           f"{r.key('expert_count')} {hp.n_expert}")
 
 
 def load_common(md: Mapping[str, Any], arch: str) -> HParams:

@@ -118,6 +118,14 @@ class TensorTable:
         self.add_layer(il, "ffn_up", "ffn_up.weight", (n_embd, n_ff))
         self.add_layer(il, "ffn_down", "ffn_down.weight", (n_ff, n_embd))
 
+    def add_moe_ffn(self, il: int, n_embd: int, n_ff_exp: int, n_expert: int) -> None:
+        """A mixture-of-experts block: the router and every expert's gate, up and down
+        projections, stacked [n_in, n_out, n_expert]."""
+        self.add_layer(il, "ffn_gate_inp", "ffn_gate_inp.weight", (n_embd, n_expert))
+        self.add_layer(il, "ffn_gate_exps", "ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert))
+        self.add_layer(il, "ffn_up_exps", "ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert))
+        self.add_layer(il, "ffn_down_exps", "ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert))
+
     def resolve(self, tensors: Mapping[str, TensorInfo], strict: bool = True
                 ) -> tuple[SimpleNamespace, list[SimpleNamespace]]:
         used: set[str] = set()

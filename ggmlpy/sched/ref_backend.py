@@ -33,6 +33,7 @@ class RefBackend(Backend):
         self._blas: ThreadpoolController | None = None
         self.overrides: dict[str, Callable[["RefSplit", Tensor, TensorStore, Mapping[str, int]], np.ndarray]] = {
             "get_rows": _get_rows,
+            "mul_mat_id": _mul_mat_id,
         }
 
     def supports_op(self, node: Tensor) -> bool:
@@ -138,3 +139,26 @@ def _get_rows(split: RefSplit, node: Tensor, store: TensorStore, env: Mapping[st
     ne = [evaluate(d, env) for d in table.ne]
     raw = store.array(table, env)
     return dequantize_rows(np.ascontiguousarray(raw).reshape(-1), table.type, ne[:2], rows)
+
+
+def _mul_mat_id(split: RefSplit, node: Tensor, store: TensorStore, env: Mapping[str, int]) -> np.ndarray:
+    """Expert products decode only the experts the ubatch selected, one at a time and not
+    cached: a mixture-of-experts layer's weights as float32 would be several times the
+    file (Qwen3-30B-A3B: 2.4 GB per layer and projection)."""
+    weights, x, ids = node.src
+    if not is_quantized(weights.type) and weights.type != GGMLType.F16:
+        inputs = [split.backend.as_float(s, store, env) for s in node.src]
+        return OPS["mul_mat_id"].reference(inputs, node.params)
+    raw = store.array(weights, env)[0]                 # [n_expert, M, K in the weight type]
+    k, m = (evaluate(d, env) for d in weights.ne[:2])
+    b = split.backend.as_float(x, store, env)[0]       # [n_tokens, n_b, K]
+    chosen = store.array(ids, env)[0, 0]               # [n_tokens, n_used]
+    out = np.empty((1, chosen.shape[0], chosen.shape[1], m), np.float32)
+    for e in np.unique(chosen):
+        if weights.type == GGMLType.F16:
+            w = raw[e].astype(np.float32)
+        else:
+            w = dequantize(np.ascontiguousarray(raw[e]), weights.type, [k, m])
+        t, u = np.nonzero(chosen == e)
+        out[0, t, u] = b[t, u % b.shape[1]] @ w.T
+    return out

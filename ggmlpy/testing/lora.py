@@ -16,7 +16,9 @@ from ggmlpy.gguf import GGUFFile, GGUFWriter
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.quants import quantize
 
-DEFAULT_TARGETS = ("attn_qkv", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+# (a mixture-of-experts layer's router, ffn_gate_inp, is a matrix too; its experts are not)
+DEFAULT_TARGETS = ("attn_qkv", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
+                   "ffn_gate_inp")
 
 
 def write_lora(model_path: str | Path, path: str | Path, *, rank: int = 8, alpha: float = 16.0,

@@ -19,6 +19,7 @@ import numpy as np
 
 from ggmlpy.gguf.writer import GGUFWriter
 from ggmlpy.ir.types import GGMLType
+from ggmlpy.quants import quantize
 from ggmlpy.testing.models import add_random_matrix, add_tiny_bpe_vocab
 
 
@@ -44,6 +45,9 @@ class TinyConfig:
     final_softcap: float = 0.0
     weight_type: GGMLType = GGMLType.F32
     seed: int = 0
+    n_expert: int = 0                 # mixture of experts: expert_count (0: a dense model)
+    n_expert_used: int = 0            # expert_used_count
+    n_ff_exp: int = 0                 # expert_feed_forward_length
     omit: tuple[str, ...] = ()        # tensor names to leave out (files for error tests)
     extra_keys: dict[str, Any] = field(default_factory=dict)
     extra_tensors: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. rope_freqs.weight
@@ -71,6 +75,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma": dict(n_layer=2, head_dim=32, tied=True),
     "gemma2": dict(n_layer=4, n_swa=4, tied=True, attn_softcap=3.0, final_softcap=10.0),
     "gemma3": dict(n_layer=6, n_swa=4, tied=True, rope_base=1e6),
+    "qwen3moe": dict(n_layer=2, head_dim=32, rope_base=1e6, n_expert=8, n_expert_used=3, n_ff_exp=32),
 }
 
 
@@ -127,6 +132,10 @@ def _common_keys(t: _Tiny) -> None:
         t.key_f32("attn_logit_softcapping", c.attn_softcap)
     if c.final_softcap:
         t.key_f32("final_logit_softcapping", c.final_softcap)
+    if c.n_expert:
+        t.key_u32("expert_count", c.n_expert)
+        t.key_u32("expert_used_count", c.n_expert_used)
+        t.key_u32("expert_feed_forward_length", c.n_ff_exp)
     for key, value in c.extra_keys.items():
         if isinstance(value, float):
             t.key_f32(key, value)
@@ -164,6 +173,31 @@ def _ffn(t: _Tiny, p: str) -> None:
     t.mat(p + "ffn_gate.weight", c.n_embd, c.n_ff)
     t.mat(p + "ffn_up.weight", c.n_embd, c.n_ff)
     t.mat(p + "ffn_down.weight", c.n_ff, c.n_embd)
+
+
+def _experts(t: _Tiny, name: str, n_in: int, n_out: int) -> None:
+    """Every expert's [n_out, n_in] matrix, stacked: ggml ne (n_in, n_out, n_expert)."""
+    c = t.cfg
+    data = (t.rng.standard_normal((c.n_expert, n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+    if c.weight_type == GGMLType.F32:
+        t.add(name, data)
+    elif c.weight_type == GGMLType.F16:
+        t.add(name, data.astype(np.float16))
+    else:
+        rows = quantize(data.reshape(-1, n_in), c.weight_type)
+        t.add(name, rows.reshape(c.n_expert, n_out, -1), type=c.weight_type, ne=(n_in, n_out, c.n_expert))
+
+
+def _moe_layer(t: _Tiny, p: str) -> None:
+    """Qwen 3 MoE: Qwen 3's attention, a router and n_expert SwiGLU experts."""
+    c = t.cfg
+    t.norm(p + "attn_norm.weight", c.n_embd)
+    _attn(t, p, qk_norm=True)
+    t.norm(p + "ffn_norm.weight", c.n_embd)
+    t.mat(p + "ffn_gate_inp.weight", c.n_embd, c.n_expert)
+    _experts(t, p + "ffn_gate_exps.weight", c.n_embd, c.n_ff_exp)
+    _experts(t, p + "ffn_up_exps.weight", c.n_embd, c.n_ff_exp)
+    _experts(t, p + "ffn_down_exps.weight", c.n_ff_exp, c.n_embd)
 
 
 def _llama_like(biases: bool = False, qk_norm: bool = False) -> Callable[[_Tiny, str], None]:
@@ -208,6 +242,7 @@ LAYER_WRITERS: dict[str, Callable[[_Tiny, str], None]] = {
     "gemma": _llama_like(),
     "gemma2": _gemma_sandwich(qk_norm=False),
     "gemma3": _gemma_sandwich(qk_norm=True),
+    "qwen3moe": _moe_layer,
 }
 ARCHS_WITHOUT_OUTPUT = {"gemma", "gemma2"}  # llama.cpp always ties their output
 

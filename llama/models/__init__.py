@@ -7,3 +7,4 @@ from llama.models import mistral  # noqa: F401
 from llama.models import phi3  # noqa: F401
 from llama.models import qwen2  # noqa: F401
 from llama.models import qwen3  # noqa: F401
+from llama.models import qwen3moe  # noqa: F401

@@ -101,6 +101,18 @@ register(OpDef("scale", Kind.ELEMENTWISE, _scale_infer, _scale_ref,
                inplace=True, doc="x * s + b (ggml_scale / ggml_scale_bias)"))
 
 
+def _clamp_api(b, x, lo: float, hi: float):
+    require(lo <= hi, "clamp", lambda: f"min {lo} is above max {hi}")
+    return b.make("clamp", (x,), {"min": float(lo), "max": float(hi)})
+
+
+register(OpDef("clamp", Kind.ELEMENTWISE, _scale_infer, lambda x, p: evaluate(FORMULAS["clamp"], [x[0]], p),
+               api={"clamp": _clamp_api},
+               cases=lambda: [OpCase((SrcSpec(F32, (9, 4, 1, 1)),), (("min", -0.5), ("max", 0.75))),
+                              OpCase((SrcSpec(F32, (37, 3, 2, 1)),), (("min", 0.1), ("max", 3.0e38)))],
+               inplace=True, doc="x limited to [min, max] (ggml_clamp)"))
+
+
 def _glu(name: str, doc: str, params: tuple[str, ...] = (),
          cases_params: tuple[tuple[tuple[str, float], ...], ...] = ((),)) -> OpDef:
     """ggml's split GLUs: act(a) * b, both halves given as separate tensors; `params` the

@@ -159,6 +159,9 @@ FORMULAS: dict[str, Expr] = {
     "swiglu": silu(x0) * x1,
     "geglu": gelu(x0) * x1,
     "swiglu_oai": swiglu_oai(x0, x1),
+    # ggml's MAX(MIN(x, max), min): a NaN becomes max, as there
+    "clamp": select(ge(select(le(x0, param("max")), x0, param("max")), param("min")),
+                    select(le(x0, param("max")), x0, param("max")), param("min")),
 }
 
 

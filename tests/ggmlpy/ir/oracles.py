@@ -310,6 +310,21 @@ def mul_mat_id(x, p, case):
     return out
 
 
+def clamp(x, p, case):
+    out = np.empty(x[0].shape)
+    for i in indices(x[0].shape):
+        out[i] = min(max(x[0][i], p["min"]), p["max"])
+    return out
+
+
+def sum_rows(x, p, case):
+    a = x[0]
+    out = np.zeros((1,) + a.shape[1:])
+    for i0, i1, i2, i3 in indices(a.shape):
+        out[0, i1, i2, i3] += a[i0, i1, i2, i3]
+    return out
+
+
 def add_id(x, p, case):
     a, b, ids = x
     out = np.empty(a.shape)
@@ -348,6 +363,8 @@ ORACLES: dict[str, Oracle] = {
     "argsort": argsort,
     "mul_mat_id": mul_mat_id,
     "add_id": add_id,
+    "clamp": clamp,
+    "sum_rows": sum_rows,
 }
 
 

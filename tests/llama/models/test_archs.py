@@ -52,6 +52,8 @@ CONTROLS = [
     ("qwen2", "NeoX RoPE", dict(rope_style="pairs")),
     ("qwen3", "q/k RMS norms", dict(forward_kw={"use_qk_norm": False})),
     ("qwen3", "NeoX RoPE", dict(rope_style="pairs")),
+    ("qwen3moe", "top-k weights normalised to 1", dict(forward_kw={"norm_topk": False})),
+    ("qwen3moe", "q/k RMS norms", dict(forward_kw={"use_qk_norm": False})),
     ("phi3", "partial rotary", dict(rotary_dim=16)),
     ("phi3", "NeoX RoPE", dict(rope_style="pairs")),
     ("gemma", "query scale 1/sqrt(head_dim)", dict(query_scale=16 ** -0.5)),
@@ -224,6 +226,22 @@ def test_gemma2_zero_softcap_is_rejected(tmp_path):
     path = write_tiny_model("gemma2", tmp_path / "g.gguf", attn_softcap=0.0,
                             extra_keys={"attn_logit_softcapping": 0.0})
     with pytest.raises(HParamsError, match="soft-capping"):
+        llama.Model.load(path)
+
+
+@pytest.mark.parametrize("n_expert, n_expert_used, message", [
+    (4, 5, r"qwen3moe\.expert_used_count 5 exceeds qwen3moe\.expert_count 4"),
+    (4, 0, r"qwen3moe\.expert_count \(4\) and qwen3moe\.expert_used_count \(0\) must be positive"),
+])
+def test_qwen3moe_bad_expert_counts_are_rejected(tmp_path, n_expert, n_expert_used, message):
+    path = write_tiny_model("qwen3moe", tmp_path / "m.gguf", n_expert=n_expert, n_expert_used=n_expert_used)
+    with pytest.raises(HParamsError, match=message):
+        llama.Model.load(path)
+
+
+def test_qwen3moe_without_an_expert_tensor_is_rejected(tmp_path):
+    path = write_tiny_model("qwen3moe", tmp_path / "m.gguf", omit=("blk.1.ffn_down_exps.weight",))
+    with pytest.raises(TensorLoadError, match=r"blk\.1\.ffn_down_exps\.weight"):
         llama.Model.load(path)
 
 

@@ -84,8 +84,9 @@ def test_adapted_logits_match_the_oracle_over_merged_weights(tiny, arch, backend
     model_path, lora_path = tiny(arch)
     with closing(llama.Model.load(model_path)) as model:
         adapter = model.load_lora(lora_path)
-        # every layer matrix, the output (where the file has one) and the embedding
-        assert any(name.startswith("blk.0.ffn_down") for name in adapter.weights)
+        # every layer matrix (a mixture of experts: its router), the output (where the file
+        # has one) and the embedding
+        assert any(name.startswith(("blk.0.ffn_down", "blk.0.ffn_gate_inp")) for name in adapter.weights)
         assert adapter.token_embd is not None
         plain = decode_all(model, backend)
         for scale in (1.0, 0.5):
@@ -317,3 +318,19 @@ def test_llama_api_lora_path(smollm2_path, smollm2_lora):
     assert llm.ctx.lora_scales.context == {llm.model.loras[0]: 0.5}
     with pytest.raises(ValueError, match="lora_base"):
         llama.Llama(str(smollm2_path), lora_base="base.gguf", verbose=False)
+
+
+def test_adapters_on_experts_are_refused(tiny, tmp_path):
+    """A mixture-of-experts model's experts are 3-D: an adapter for them (llama.cpp's
+    build_lora_mm_id) is refused by name at load, not silently left out."""
+    model_path, _ = tiny("qwen3moe")
+    w = GGUFWriter("qwen3moe")
+    w.add_string("general.type", "adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", 8.0)
+    w.add_tensor("blk.0.ffn_up_exps.weight.lora_a", np.zeros((8, 4, 64), np.float32))
+    w.add_tensor("blk.0.ffn_up_exps.weight.lora_b", np.zeros((8, 32, 4), np.float32))
+    path = w.write(tmp_path / "experts.gguf")
+    with closing(llama.Model.load(model_path)) as model:
+        with pytest.raises(LoraError, match=r"ffn_up_exps\.weight\.lora_a: a LoRA tensor must be a matrix"):
+            model.load_lora(path)

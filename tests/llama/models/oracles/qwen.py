@@ -5,6 +5,9 @@ SwiGLU MLP, tied embeddings when the file has no output matrix.
 Qwen 2: the Q, K and V projections have biases (`attn_q.bias` ...), the output has none.
 Qwen 3: no biases; Q and K are RMS-normalised per head (q_norm, k_norm over head_dim)
 before RoPE, and head_dim is its own setting.
+Qwen 3 MoE (Qwen3MoeSparseMoeBlock): the MLP is a softmax router over the experts, the top
+`num_experts_per_tok` of them run (their probabilities renormalised to sum 1,
+norm_topk_prob) and their SwiGLU outputs are summed, weighted.
 """
 from __future__ import annotations
 
@@ -28,9 +31,26 @@ def _linear(w: dict, name: str, x: np.ndarray, use_bias: bool) -> np.ndarray:
     return y
 
 
+def _moe_mlp(w: dict, p: str, h: np.ndarray, top_k: int, norm_topk: bool) -> np.ndarray:
+    """Token by token: softmax router, the top_k experts (ties: the lower index), weighted."""
+    gate_inp = w[p + "ffn_gate_inp.weight"]                          # [n_expert, n_embd]
+    gates, ups, downs = (w[p + f"ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        logits = gate_inp @ h[t]
+        probs = np.exp(logits - logits.max())
+        probs /= probs.sum()
+        chosen = sorted(range(len(probs)), key=lambda e: (-probs[e], e))[:top_k]
+        weights = probs[chosen] / (probs[chosen].sum() if norm_topk else 1.0)
+        for e, wt in zip(chosen, weights):
+            out[t] += wt * (downs[e] @ (silu(gates[e] @ h[t]) * (ups[e] @ h[t])))
+    return out
+
+
 def forward(c: GGUFContents, cfg: Config, tokens: list[int], use_bias: bool = True,
-            use_qk_norm: bool = True) -> np.ndarray:
-    """use_bias / use_qk_norm = False leave those parts out (negative controls in tests)."""
+            use_qk_norm: bool = True, norm_topk: bool = True) -> np.ndarray:
+    """use_bias / use_qk_norm / norm_topk = False leave those parts out (negative controls
+    in tests)."""
     w = c.tensors
     pos = np.arange(len(tokens))
     x = w["token_embd.weight"][tokens]
@@ -47,6 +67,9 @@ def forward(c: GGUFContents, cfg: Config, tokens: list[int], use_bias: bool = Tr
         k = rope(k, pos, cfg.rope_theta, cfg.rotary_dim, cfg.rope_style)
         x = x + attention(q, k, v, cfg) @ w[p + "attn_output.weight"].T
         h = rms_norm(x, w[p + "ffn_norm.weight"], cfg.rms_eps)
+        if p + "ffn_gate_inp.weight" in w:   # Qwen 3 MoE
+            x = x + _moe_mlp(w, p, h, c.key("expert_used_count"), norm_topk)
+            continue
         gate, up = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
         x = x + (silu(gate) * up) @ w[p + "ffn_down.weight"].T
     x = rms_norm(x, w["output_norm.weight"], cfg.rms_eps)

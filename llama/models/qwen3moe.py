@@ -1,0 +1,52 @@
+"""Qwen 3 MoE (Qwen3-30B-A3B, Qwen3-235B-A22B): Qwen 3's attention (per-head RMS norms on Q
+and K, NeoX RoPE, no biases) and a mixture-of-experts FFN in every layer: a softmax router,
+the top `expert_used_count` experts' SwiGLU FFNs, their weights normalised to sum 1.
+
+Mirrors llama.cpp's src/models/qwen3moe.cpp. An expert's width is
+`qwen3moe.expert_feed_forward_length` (else feed_forward_length / expert_used_count).
+"""
+from __future__ import annotations
+
+from ggmlpy.ir import Tensor
+from llama.arch import Architecture, register
+from llama.graph import FfnOp, LlmGraph, NormType
+from llama.hparams import HParams, MetadataReader, load_experts
+from llama.models import qwen3
+from llama.models.decoder_tensors import add_embd_output
+from llama.moe import Gating, build_moe_ffn
+from llama.weights import Need, TensorTable
+
+
+def load_hparams(r: MetadataReader, hp: HParams) -> None:
+    qwen3.load_hparams(r, hp)
+    load_experts(r, hp)
+    if not hp.n_ff_exp:
+        hp.n_ff_exp = hp.n_ff[0] // hp.n_expert_used
+
+
+def tensors(hp: HParams, t: TensorTable) -> None:
+    add_embd_output(hp, t)
+    for il in range(hp.n_layer):
+        t.add_layer(il, "attn_norm", "attn_norm.weight", (hp.n_embd,))
+        t.add_attention(il, hp, qk_norm=Need.REQUIRED)
+        t.add_layer(il, "ffn_norm", "ffn_norm.weight", (hp.n_embd,))
+        t.add_moe_ffn(il, hp.n_embd, hp.n_ff_exp, hp.n_expert)
+
+
+def build(g: LlmGraph) -> Tensor:
+    hp, m = g.hp, g.model
+    inp_l = g.build_inp_embd(m.w.tok_embd)
+    inp = g.build_layer_inputs()
+    kq_scale = g.default_kq_scale(hp)
+    rope = hp.rope_args()
+    for il, layer in enumerate(m.layers):
+        ffn_inp = g.build_attn_block(inp, layer, inp_l, rope, kq_scale, il)
+        cur = g.cb(g.build_norm(ffn_inp, layer.ffn_norm, None, NormType.RMS, il), "ffn_norm", il)
+        cur = build_moe_ffn(g, cur, layer.ffn_gate_inp, layer.ffn_up_exps, layer.ffn_gate_exps, layer.ffn_down_exps,
+                            hp.n_expert, hp.n_expert_used, FfnOp.SILU, True, hp.expert_weights_scale,
+                            Gating.SOFTMAX, il)
+        inp_l = g.cb(g.b.add(cur, ffn_inp), "l_out", il)
+    return g.build_output(inp_l, m.w.output_norm, m.w.output or m.w.tok_embd)
+
+
+register(Architecture("qwen3moe", load_hparams, tensors, build))

@@ -1,0 +1,58 @@
+"""llama.cpp's logits on the tiny random-weight files of the architectures listed in VARIANTS,
+for tests/llama/models/test_archs_llama_cpp.py.
+
+Writes each file with ggmlpy.testing.models_archs.write_tiny_model (seeded, so the same
+bytes every time; their sha256 goes with the vectors), evaluates PROMPT with
+llama-cpp-python's `Llama(path, logits_all=True)` over the llama.cpp that llama-cpp-python
+0.3.36 vendors, and records every position's logits and the greedy continuation of N_GREEDY
+tokens. Not a test and not a dependency; rerun it in an environment with that package when
+the reference or the files change:
+
+    PEER/bin/python -m tests.tools.arch_vectors > tests/llama/models/data/llama_cpp_archs.json
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ggmlpy.ir.types import GGMLType
+from ggmlpy.testing.models_archs import write_tiny_model
+
+# name -> (architecture, tiny-model settings)
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "qwen3moe-f32": ("qwen3moe", {}),
+    "qwen3moe-q8_0": ("qwen3moe", {"weight_type": GGMLType.Q8_0}),
+}
+PROMPT = [5, 17, 200, 33, 41, 9, 8, 7, 100]
+N_GREEDY = 8
+
+
+def vectors(name: str, arch: str, settings: dict, folder: Path) -> dict:
+    from llama_cpp import Llama
+
+    path = write_tiny_model(arch, folder / f"{name}.gguf", **settings)
+    llm = Llama(str(path), logits_all=True, n_ctx=64, n_batch=64, verbose=False, seed=0)
+    llm.eval(PROMPT)
+    logits = np.array(llm.scores[:len(PROMPT)], dtype=np.float32)
+    greedy = []
+    for _ in range(N_GREEDY):
+        greedy.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        llm.eval([greedy[-1]])
+    return {"arch": arch, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "prompt": PROMPT,
+            "logits": np.round(logits, 6).tolist(), "greedy": greedy}
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        out = {name: vectors(name, arch, settings, Path(d)) for name, (arch, settings) in VARIANTS.items()}
+    json.dump(out, sys.stdout)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
