@@ -484,10 +484,10 @@ def _quant_mul_mat(kb: KernelBuilder, node: Tensor, residual: bool = False) -> N
         RepackedMatmul(kb, a.type, kind.fmt, a.ne[0], a.ne[1], base, n_rows(kb, x), kb.dim(node.nb[1]),
                        residual=kb.arg("src2") if residual else None).emit()
     else:
-        _Tiler(kb, node, kind, base).emit()
+        Tiler(kb, node, kind, base).emit()
 
 
-class _Tiler:
+class Tiler:
     """Phase 2's loops. Decode (fewer tokens than a tile holds): every row of this thread
     once per token, `single_rows` rows at a time. Prefill: blocks of tokens whose quantised
     activations fit in L2; within a block, tiles of `tile` = (rows, tokens) whose
@@ -497,7 +497,7 @@ class _Tiler:
     L2_BUDGET = 512 * 1024  # bytes of activations a token block may hold
 
     def __init__(self, kb: KernelBuilder, node: Tensor, kind: QKind, base: ir.Value):
-        a, x = node.src
+        a, x = node.src[:2]
         self.kb, self.node, self.kind, self.base = kb, node, kind, base
         self.k = a.ne[0]
         self.act_stride = kind.fmt.row_bytes(self.k)
@@ -569,9 +569,10 @@ class _Tiler:
         choice depends on n_t alone: a row's result must not depend on how the rows were
         split between threads.)"""
         kb, b, kind = self.kb, self.kb.b, self.kind
-        wrows = [kb.byte_ptr(kb.arg("src0"), b.mul(b.add(row0, i64(r)), self.w_stride)) for r in range(n_r)]
+        weights = self.weights(tok0)
+        wrows = [kb.byte_ptr(weights, b.mul(b.add(row0, i64(r)), self.w_stride)) for r in range(n_r)]
         toks = [b.add(tok0, i64(t)) for t in range(n_t)]
-        arows = [kb.byte_ptr(self.base, b.mul(tok, i64(self.act_stride))) for tok in toks]
+        arows = [self.act_row(tok) for tok in toks]
         n_sets = 2 if n_t == 1 else 1
         sets = [[[[kb.var(V16F32, zeros(F32, 16), "acc") for _ in range(kind.n_acc)] for _ in range(n_t)]
                  for _ in range(n_r)] for _ in range(n_sets)]
@@ -593,6 +594,15 @@ class _Tiler:
                         total = v if total is None else b.fadd(total, v, flags=CONTRACT)
                 kb.store(elem_ptr(kb, drow, self.node, b.add(row0, i64(r))), reduce_add_f32(b, total),
                          self.node.type)
+
+    # where a tile's operands are: a subclass (matmul_id.py) points them elsewhere
+    def weights(self, tok: ir.Value) -> ir.Value:
+        """The weight matrix the rows of token `tok`'s tile are rows of."""
+        return self.kb.arg("src0")
+
+    def act_row(self, tok: ir.Value) -> ir.Value:
+        """Token tok's quantised activations."""
+        return self.kb.byte_ptr(self.base, self.kb.b.mul(tok, i64(self.act_stride)))
 
     def _step(self, s, wrows, arows, accs, tail: bool) -> None:
         kb, b, kind = self.kb, self.kb.b, self.kind

@@ -23,9 +23,9 @@ def _infer(srcs: Sequence[Any], params: dict) -> Inferred:
 
 
 def _reference(x: Sequence[np.ndarray], params: dict) -> np.ndarray:
-    """Ties keep their index order (ggml's std::sort leaves them unspecified)."""
+    """Ties keep their index order (ggml's std::sort leaves them unspecified); NaNs go last."""
     a = np.asarray(x[0], np.float32)
-    keys = -a if params.get("order", ASC) == DESC else a
+    keys = -a if params.get("order", ASC) == DESC else a     # numpy sorts NaN last
     return np.argsort(keys, axis=-1, kind="stable").astype(np.int32)
 
 

@@ -2,8 +2,8 @@
 tests/tools/arch_vectors.py (f32 and a quantised variant), llama.cpp's logits for every
 position of a prompt and its greedy continuation stored in data/llama_cpp_archs.json (made by
 llama-cpp-python 0.3.36 over the llama.cpp it vendors). Every available backend must give
-close log-probabilities (mean |Δ log-softmax| ≤ 0.01 with f32 weights, 0.02 quantised) and
-the same greedy tokens, and
+close log-probabilities (mean |Δ log-softmax| ≤ 0.01; the reference backend on quantised
+weights 0.02) and the same greedy tokens, and
 several sequences decoded in one batch must each get the logits they get alone."""
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from tests.tools.arch_vectors import N_GREEDY, VARIANTS
 
 DATA = json.loads((Path(__file__).parent / "data" / "llama_cpp_archs.json").read_text())
 MAX_MEAN_LOGSOFTMAX_DIFF = 0.01
-# quantised weights: llama.cpp rounds the activations to 8 bits before each quantised
-# product, the reference backend's expert products do not (Q8_0 measured: 0.008)
-MAX_MEAN_LOGSOFTMAX_DIFF_QUANTISED = 0.02
+# the reference backend on quantised weights: llama.cpp rounds the activations to 8 bits
+# before each quantised product, as the CPU backend does (Q8_0: 3e-7), numpy does not (0.008)
+MAX_MEAN_LOGSOFTMAX_DIFF_REF_QUANTISED = 0.02
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -53,7 +53,8 @@ def test_logits_and_greedy_tokens_match_llama_cpp(files, name, backend):
     assert ctx.decode(llama.Batch.from_tokens(prompt, logits_all=True)) == 0
     ours = np.array([ctx.get_logits_ith(i) for i in range(len(prompt))], dtype=np.float64)
     diff = np.abs(_log_softmax(ours) - _log_softmax(np.array(ref["logits"], dtype=np.float64)))
-    bar = MAX_MEAN_LOGSOFTMAX_DIFF if name.endswith("f32") else MAX_MEAN_LOGSOFTMAX_DIFF_QUANTISED
+    quantised = not name.endswith("f32")
+    bar = MAX_MEAN_LOGSOFTMAX_DIFF_REF_QUANTISED if backend == "ref" and quantised else MAX_MEAN_LOGSOFTMAX_DIFF
     assert diff.mean() <= bar, f"mean |Δ log-softmax| {diff.mean():.4f}"
     greedy = []
     logits = ours[-1]

@@ -1,0 +1,71 @@
+"""mul_mat_id on the CPU backend (kernels/matmul_id.py) beyond the registry's small cases:
+prompt-sized token counts, many experts, the K-quants, and two exact checks: each (token,
+slot) result is bit for bit the plain mul_mat of that token with its expert's matrix, and
+the thread count does not change a bit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ggmlpy.codegen_cpu.backend import CpuBackend
+from ggmlpy.ir.ops import OpCase, SrcSpec
+from ggmlpy.ir.types import GGMLType
+from ggmlpy.sched.ref_backend import RefBackend
+from ggmlpy.testing.ops import make_inputs, normalized_error, run_case
+
+G = GGMLType
+GGML_BAR = 5e-4   # test-backend-ops' bar for quantised products (8-bit activations)
+
+# (weight type, K, M, n_expert, n_used, n_b, n_tokens)
+CASES = [(G.Q4_0, 128, 40, 8, 2, 1, 33), (G.Q8_0, 64, 17, 6, 3, 3, 9), (G.Q4_K, 256, 24, 16, 4, 1, 20),
+         (G.Q6_K, 512, 8, 5, 2, 2, 7), (G.Q5_K, 256, 12, 4, 1, 1, 3), (G.Q2_K, 256, 10, 3, 2, 1, 4)]
+
+
+def _case(t, k, m, n_expert, n_used, n_b, n_tok) -> OpCase:
+    return OpCase((SrcSpec(t, (k, m, n_expert, 1)), SrcSpec(G.F32, (k, n_b, n_tok, 1)),
+                   SrcSpec(G.I32, (n_used, n_tok), fill=f"unique_rows:{n_expert}")),
+                  label=f"{t.name} k={k} m={m} experts={n_used}/{n_expert} n_b={n_b} tokens={n_tok}")
+
+
+@pytest.mark.parametrize("shape", CASES, ids=lambda c: _case(*c).label)
+def test_against_the_reference(shape):
+    case = _case(*shape)
+    inputs = make_inputs(case, np.random.default_rng(1))
+    ours, _ = run_case("mul_mat_id", case, CpuBackend(n_threads=2), inputs=inputs)
+    expected, _ = run_case("mul_mat_id", case, RefBackend(), inputs=inputs)
+    assert normalized_error(ours, expected) <= GGML_BAR
+
+
+@pytest.mark.parametrize("shape", CASES[:3], ids=lambda c: _case(*c).label)
+def test_each_pair_is_the_plain_product_with_its_expert(shape):
+    """mul_mat of one token against the expert's matrix as a plain (not repacked) operand
+    takes the same one-token tiles: the same bits."""
+    t, k, m, n_expert, n_used, n_b, n_tok = shape
+    case = _case(*shape)
+    inputs = make_inputs(case, np.random.default_rng(2))
+    ours, _ = run_case("mul_mat_id", case, CpuBackend(n_threads=2), inputs=inputs)   # [1, n_tok, n_used, m]
+    ids = inputs["src2"].reshape(n_tok, n_used)
+    weights = inputs["src0"].reshape(n_expert, m, -1)
+    x = inputs["src1"].reshape(n_tok, n_b, k)
+    plain_case = OpCase((SrcSpec(t, (k, m, 1, 1)), SrcSpec(G.F32, (k, 1, 1, 1))))
+    cpu = CpuBackend(n_threads=2)
+    for tok in range(n_tok):
+        for u in range(n_used):
+            plain, _ = run_case("mul_mat", plain_case, cpu,
+                                inputs={"src0": weights[ids[tok, u]], "src1": x[tok, u % n_b][None]})
+            np.testing.assert_array_equal(ours[0, tok, u], plain.reshape(-1))
+
+
+def test_threads_give_identical_results():
+    case = _case(*CASES[2])
+    inputs = make_inputs(case, np.random.default_rng(3))
+    results = [run_case("mul_mat_id", case, CpuBackend(n_threads=n), inputs=inputs)[0] for n in (1, 2, 3)]
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_array_equal(results[0], results[2])
+
+
+def test_the_cpu_runs_quantised_expert_products():
+    from ggmlpy.testing.ops import build_case_graph
+
+    graph, _ = build_case_graph("mul_mat_id", _case(*CASES[0]))
+    assert all(CpuBackend(n_threads=2).supports_op(n) for n in graph.nodes)
