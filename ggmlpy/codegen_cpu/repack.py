@@ -158,17 +158,36 @@ def is_repacked(t: Tensor) -> bool:
             and t.ne[1] % GROUP == 0 and t.ne[2] == 1 and t.ne[3] == 1)
 
 
+def experts_repacked(t: Tensor) -> bool:
+    """Whether 3-D expert weights [K, M, n_expert] are kept repacked: every expert's matrix
+    as a 2-D weight would be, one after the other (the stack repacked as one matrix of
+    M * n_expert rows, groups never straddling two experts since M is whole groups)."""
+    return (t.view_src is None and bool(t.flags & Flag.WEIGHT) and t.type in STEP_BYTES
+            and all(isinstance(n, int) for n in t.ne) and t.ne[3] == 1
+            and t.ne[0] % (256 if t.type in KQUANTS else 32) == 0 and t.ne[1] % GROUP == 0)
+
+
+def repacked_rows(t: Tensor) -> int:
+    """The rows of t's repacked layout: M, or M * n_expert for stacked experts."""
+    return int(t.ne[1]) * int(t.ne[2])
+
+
 # which sources of which ops a kernel reads repacked: matrix products (codegen_cpu/fusion.py
-# adds the fused ones) and get_rows' tables (kernels/qdequant.py reads the 32-block layouts)
+# adds the fused ones), get_rows' tables (kernels/qdequant.py reads the 32-block layouts)
+# and the experts of mul_mat_id
 REPACKED_OPERANDS: dict[str, tuple[int, ...]] = {
-    "mul_mat": (0,), "mul_mat_add": (0,), "mul_mat_glu": (0, 1), "get_rows": (0,),
+    "mul_mat": (0,), "mul_mat_add": (0,), "mul_mat_glu": (0, 1), "get_rows": (0,), "mul_mat_id": (0,),
 }
 
 
 def operand_repacked(node: Tensor, j: int) -> bool:
     """Whether source j of `node` is read in the repacked layout (a tied embedding, read by
     get_rows and the output product, is then resident once, repacked)."""
-    if j not in REPACKED_OPERANDS.get(node.op, ()) or not is_repacked(node.src[j]):
+    if j not in REPACKED_OPERANDS.get(node.op, ()):
+        return False
+    if node.op == "mul_mat_id":
+        return experts_repacked(node.src[j])
+    if not is_repacked(node.src[j]):
         return False
     return node.op != "get_rows" or node.src[j].type not in KQUANTS
 
@@ -564,7 +583,7 @@ class WeightLayouts:
         return out
 
     def _repacked(self, t: Tensor, data: np.ndarray) -> np.ndarray:
-        return repack(data, t.type, t.ne[0], t.ne[1], release_pages if self.release else None)
+        return repack(data, t.type, t.ne[0], repacked_rows(t), release_pages if self.release else None)
 
     def prepare(self, pending: list[tuple[Tensor, np.ndarray]], n_threads: int) -> None:
         """Repack every weight of `pending` not yet done, on up to n_threads threads at once,
@@ -581,7 +600,7 @@ class WeightLayouts:
         release = release_pages if self.release else None
         outs, jobs = {}, []
         for name, (t, data) in todo.items():
-            outs[name], filling = repack_jobs(data, t.type, t.ne[0], t.ne[1], release)
+            outs[name], filling = repack_jobs(data, t.type, t.ne[0], repacked_rows(t), release)
             jobs += filling
         with concurrent.futures.ThreadPoolExecutor(n_threads, thread_name_prefix="ggmlpy-repack") as pool:
             for job in [pool.submit(job) for job in jobs]:

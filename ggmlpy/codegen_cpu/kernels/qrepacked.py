@@ -80,7 +80,7 @@ class RepackedMatmul:
     def __init__(self, kb: KernelBuilder, wtype: GGMLType, fmt: ActFormat, k: int, m: int,
                  act_base: ir.Value, n_tok: ir.Value, d_stride: ir.Value, residual: ir.Value | None = None,
                  weights: list[ir.Value] | None = None,
-                 combine: Callable[[list[ir.Value]], ir.Value] | None = None):
+                 combine: Callable[[list[ir.Value]], ir.Value] | None = None, dst: ir.Value | None = None):
         self.kb, self.t, self.fmt = kb, wtype, fmt
         # several weights of one shape and type against the same activations (a gated FFN's
         # gate and up), their results per vector joined by `combine`; default: src0 alone
@@ -93,6 +93,7 @@ class RepackedMatmul:
         self.n_tok, self.d_stride = n_tok, d_stride
         self.minimums = wtype not in repack.KQUANTS and repack.minimums(wtype)
         self.residual = residual   # added to each result as it is stored (laid out as dst)
+        self.dst = dst if dst is not None else kb.arg("dst")   # where token 0's results go
 
     def emit(self) -> None:
         """The work in chunks of (token block, run of groups), claimed by whichever thread
@@ -115,7 +116,7 @@ class RepackedMatmul:
             rest = b.sub(t1, t_full)
             with kb.loop(g0, g1, "g") as g:
                 with kb.loop(t0, t_full, "tt", step=TOKENS) as tok0:
-                    self._tile(g, tok0, TOKENS)
+                    self.tile(g, tok0, TOKENS)
                 self._rest(g, t_full, rest)
 
     def _rest(self, g: ir.Value, tok0: ir.Value, rest: ir.Value) -> None:
@@ -125,10 +126,10 @@ class RepackedMatmul:
         kb, b = self.kb, self.kb.b
         for n_t in REST_TILES:
             with kb.if_then(b.icmp_signed("!=", b.and_(rest, i64(n_t)), i64(0))):
-                self._tile(g, b.add(tok0, b.and_(rest, i64(~(2 * n_t - 1)))), n_t)
+                self.tile(g, b.add(tok0, b.and_(rest, i64(~(2 * n_t - 1)))), n_t)
 
     # one tile: rows of group g x tokens tok0 .. tok0 + n_t - 1 --------------------------------
-    def _tile(self, g: ir.Value, tok0: ir.Value, n_t: int) -> None:
+    def tile(self, g: ir.Value, tok0: ir.Value, n_t: int) -> None:
         kb, b = self.kb, self.kb.b
         toks = [b.add(tok0, i64(t)) for t in range(n_t)]
         arows = [kb.byte_ptr(self.act_base, b.mul(tok, i64(self.act_stride))) for tok in toks]
@@ -151,7 +152,7 @@ class RepackedMatmul:
             value = self.combine([r[t] for r in results])
             if self.residual is not None:
                 value = b.fadd(value, load_vec(b, kb.byte_ptr(self.residual, at), F32, 16))
-            store_vec(b, value, kb.byte_ptr(kb.arg("dst"), at))
+            store_vec(b, value, kb.byte_ptr(self.dst, at))
 
     def _step(self, wp: ir.Value, aps: list[ir.Value], accs: list) -> None:
         """Both 32-blocks of a step (or a K-quant super-block), for every token of the tile."""

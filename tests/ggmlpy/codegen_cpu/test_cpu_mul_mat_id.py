@@ -21,8 +21,13 @@ CASES = [(G.Q4_0, 128, 40, 8, 2, 1, 33), (G.Q8_0, 64, 17, 6, 3, 3, 9), (G.Q4_K, 
          (G.Q6_K, 512, 8, 5, 2, 2, 7), (G.Q5_K, 256, 12, 4, 1, 1, 3), (G.Q2_K, 256, 10, 3, 2, 1, 4)]
 
 
-def _case(t, k, m, n_expert, n_used, n_b, n_tok) -> OpCase:
-    return OpCase((SrcSpec(t, (k, m, n_expert, 1)), SrcSpec(G.F32, (k, n_b, n_tok, 1)),
+# model weights whose rows come in groups of 16: kept repacked (qrepacked's tiles)
+REPACKED = [(G.Q4_0, 128, 48, 8, 2, 1, 9), (G.Q8_0, 64, 32, 6, 3, 3, 5), (G.Q4_K, 256, 32, 16, 4, 1, 6),
+            (G.Q6_K, 512, 16, 5, 2, 2, 3), (G.Q5_K, 256, 16, 4, 1, 1, 2), (G.Q3_K, 256, 32, 3, 2, 1, 4)]
+
+
+def _case(t, k, m, n_expert, n_used, n_b, n_tok, weight: bool = False) -> OpCase:
+    return OpCase((SrcSpec(t, (k, m, n_expert, 1), weight=weight), SrcSpec(G.F32, (k, n_b, n_tok, 1)),
                    SrcSpec(G.I32, (n_used, n_tok), fill=f"unique_rows:{n_expert}")),
                   label=f"{t.name} k={k} m={m} experts={n_used}/{n_expert} n_b={n_b} tokens={n_tok}")
 
@@ -34,6 +39,22 @@ def test_against_the_reference(shape):
     ours, _ = run_case("mul_mat_id", case, CpuBackend(n_threads=2), inputs=inputs)
     expected, _ = run_case("mul_mat_id", case, RefBackend(), inputs=inputs)
     assert normalized_error(ours, expected) <= GGML_BAR
+
+
+@pytest.mark.parametrize("shape", REPACKED, ids=lambda c: _case(*c).label)
+def test_repacked_experts_against_the_reference(shape):
+    from ggmlpy.codegen_cpu import repack
+    from ggmlpy.testing.ops import build_case_graph
+
+    case = _case(*shape, weight=True)
+    graph, node = build_case_graph("mul_mat_id", case)
+    assert repack.operand_repacked(node, 0)
+    inputs = make_inputs(case, np.random.default_rng(4))
+    ours, _ = run_case("mul_mat_id", case, CpuBackend(n_threads=3), inputs=inputs)
+    expected, _ = run_case("mul_mat_id", case, RefBackend(), inputs=inputs)
+    assert normalized_error(ours, expected) <= GGML_BAR
+    direct, _ = run_case("mul_mat_id", _case(*shape), CpuBackend(n_threads=2), inputs=inputs)
+    assert normalized_error(ours, direct) <= 1e-9   # the same 8-bit scheme, summed in another order
 
 
 @pytest.mark.parametrize("shape", CASES[:3], ids=lambda c: _case(*c).label)
