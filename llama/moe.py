@@ -35,6 +35,19 @@ class Gating(Enum):
     SIGMOID = 2
 
 
+def build_moe_block(g: "LlmGraph", layer, x: Tensor, act: "FfnOp", norm_w: bool, gating: Gating,
+                    il: int) -> Tensor:
+    """The FFN half of a pre-norm decoder layer with experts: ffn_norm, the experts of the
+    layer's ffn_gate_inp / ffn_{gate,up,down}_exps, and the residual add (`l_out`)."""
+    from llama.graph import NormType
+
+    hp = g.hp
+    cur = g.cb(g.build_norm(x, layer.ffn_norm, None, NormType.RMS, il), "ffn_norm", il)
+    cur = build_moe_ffn(g, cur, layer.ffn_gate_inp, layer.ffn_up_exps, layer.ffn_gate_exps, layer.ffn_down_exps,
+                        hp.n_expert, hp.n_expert_used, act, norm_w, hp.expert_weights_scale, gating, il)
+    return g.cb(g.b.add(cur, x), "l_out", il)
+
+
 def build_moe_ffn(g: "LlmGraph", cur: Tensor, gate_inp: "WeightRef", up_exps: "WeightRef",
                   gate_exps: "WeightRef | None", down_exps: "WeightRef", n_expert: int, n_expert_used: int,
                   act: "FfnOp", norm_w: bool, w_scale: float, gating: Gating, il: int) -> Tensor:

@@ -118,11 +118,12 @@ class TensorTable:
         self.add_layer(il, "ffn_up", "ffn_up.weight", (n_embd, n_ff))
         self.add_layer(il, "ffn_down", "ffn_down.weight", (n_ff, n_embd))
 
-    def add_moe_ffn(self, il: int, n_embd: int, n_ff_exp: int, n_expert: int) -> None:
-        """A mixture-of-experts block: the router and every expert's gate, up and down
-        projections, stacked [n_in, n_out, n_expert]."""
+    def add_moe_ffn(self, il: int, n_embd: int, n_ff_exp: int, n_expert: int, gate: Need = Need.REQUIRED) -> None:
+        """A mixture-of-experts block: the router and every expert's gate (optional in
+        Mixtral's files: then act(up)), up and down projections, stacked [n_in, n_out,
+        n_expert]."""
         self.add_layer(il, "ffn_gate_inp", "ffn_gate_inp.weight", (n_embd, n_expert))
-        self.add_layer(il, "ffn_gate_exps", "ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert))
+        self._add_layer(il, "ffn_gate_exps", "ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), gate)
         self.add_layer(il, "ffn_up_exps", "ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert))
         self.add_layer(il, "ffn_down_exps", "ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert))
 

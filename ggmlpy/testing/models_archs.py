@@ -135,7 +135,8 @@ def _common_keys(t: _Tiny) -> None:
     if c.n_expert:
         t.key_u32("expert_count", c.n_expert)
         t.key_u32("expert_used_count", c.n_expert_used)
-        t.key_u32("expert_feed_forward_length", c.n_ff_exp)
+        if c.n_ff_exp:
+            t.key_u32("expert_feed_forward_length", c.n_ff_exp)
     for key, value in c.extra_keys.items():
         if isinstance(value, float):
             t.key_f32(key, value)
@@ -168,8 +169,17 @@ def _attn(t: _Tiny, p: str, biases: bool = False, qk_norm: bool = False) -> None
 
 
 def _ffn(t: _Tiny, p: str) -> None:
+    """A gated FFN, or with n_expert a router and n_expert gated experts (Qwen 3 MoE:
+    n_ff_exp wide; Mixtral: n_ff)."""
     c = t.cfg
     t.norm(p + "ffn_norm.weight", c.n_embd)
+    if c.n_expert:
+        width = c.n_ff_exp or c.n_ff
+        t.mat(p + "ffn_gate_inp.weight", c.n_embd, c.n_expert)
+        _experts(t, p + "ffn_gate_exps.weight", c.n_embd, width)
+        _experts(t, p + "ffn_up_exps.weight", c.n_embd, width)
+        _experts(t, p + "ffn_down_exps.weight", width, c.n_embd)
+        return
     t.mat(p + "ffn_gate.weight", c.n_embd, c.n_ff)
     t.mat(p + "ffn_up.weight", c.n_embd, c.n_ff)
     t.mat(p + "ffn_down.weight", c.n_ff, c.n_embd)
@@ -186,18 +196,6 @@ def _experts(t: _Tiny, name: str, n_in: int, n_out: int) -> None:
     else:
         rows = quantize(data.reshape(-1, n_in), c.weight_type)
         t.add(name, rows.reshape(c.n_expert, n_out, -1), type=c.weight_type, ne=(n_in, n_out, c.n_expert))
-
-
-def _moe_layer(t: _Tiny, p: str) -> None:
-    """Qwen 3 MoE: Qwen 3's attention, a router and n_expert SwiGLU experts."""
-    c = t.cfg
-    t.norm(p + "attn_norm.weight", c.n_embd)
-    _attn(t, p, qk_norm=True)
-    t.norm(p + "ffn_norm.weight", c.n_embd)
-    t.mat(p + "ffn_gate_inp.weight", c.n_embd, c.n_expert)
-    _experts(t, p + "ffn_gate_exps.weight", c.n_embd, c.n_ff_exp)
-    _experts(t, p + "ffn_up_exps.weight", c.n_embd, c.n_ff_exp)
-    _experts(t, p + "ffn_down_exps.weight", c.n_ff_exp, c.n_embd)
 
 
 def _llama_like(biases: bool = False, qk_norm: bool = False) -> Callable[[_Tiny, str], None]:
@@ -242,7 +240,7 @@ LAYER_WRITERS: dict[str, Callable[[_Tiny, str], None]] = {
     "gemma": _llama_like(),
     "gemma2": _gemma_sandwich(qk_norm=False),
     "gemma3": _gemma_sandwich(qk_norm=True),
-    "qwen3moe": _moe_layer,
+    "qwen3moe": _llama_like(qk_norm=True),
 }
 ARCHS_WITHOUT_OUTPUT = {"gemma", "gemma2"}  # llama.cpp always ties their output
 

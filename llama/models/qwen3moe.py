@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from ggmlpy.ir import Tensor
 from llama.arch import Architecture, register
-from llama.graph import FfnOp, LlmGraph, NormType
+from llama.graph import FfnOp, LlmGraph
 from llama.hparams import HParams, MetadataReader, load_experts
 from llama.models import qwen3
 from llama.models.decoder_tensors import add_embd_output
-from llama.moe import Gating, build_moe_ffn
+from llama.moe import Gating, build_moe_block
 from llama.weights import Need, TensorTable
 
 
@@ -41,11 +41,7 @@ def build(g: LlmGraph) -> Tensor:
     rope = hp.rope_args()
     for il, layer in enumerate(m.layers):
         ffn_inp = g.build_attn_block(inp, layer, inp_l, rope, kq_scale, il)
-        cur = g.cb(g.build_norm(ffn_inp, layer.ffn_norm, None, NormType.RMS, il), "ffn_norm", il)
-        cur = build_moe_ffn(g, cur, layer.ffn_gate_inp, layer.ffn_up_exps, layer.ffn_gate_exps, layer.ffn_down_exps,
-                            hp.n_expert, hp.n_expert_used, FfnOp.SILU, True, hp.expert_weights_scale,
-                            Gating.SOFTMAX, il)
-        inp_l = g.cb(g.b.add(cur, ffn_inp), "l_out", il)
+        inp_l = build_moe_block(g, layer, ffn_inp, FfnOp.SILU, True, Gating.SOFTMAX, il)
     return g.build_output(inp_l, m.w.output_norm, m.w.output or m.w.tok_embd)
 
 

@@ -27,6 +27,8 @@ from ggmlpy.testing.models_archs import write_tiny_model
 VARIANTS: dict[str, tuple[str, dict]] = {
     "qwen3moe-f32": ("qwen3moe", {}),
     "qwen3moe-q8_0": ("qwen3moe", {"weight_type": GGMLType.Q8_0}),
+    "mixtral-f32": ("llama", {"n_expert": 4, "n_expert_used": 2}),
+    "mixtral-q4_0": ("llama", {"n_expert": 4, "n_expert_used": 2, "weight_type": GGMLType.Q4_0}),
 }
 PROMPT = [5, 17, 200, 33, 41, 9, 8, 7, 100]
 N_GREEDY = 8

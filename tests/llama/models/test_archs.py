@@ -34,6 +34,7 @@ REGISTERED = sorted(ARCHS)
 VARIANTS = {arch: (arch, {}) for arch in REGISTERED}
 VARIANTS.update({
     "llama-tied": ("llama", {"tied": True}),
+    "llama-experts": ("llama", {"n_expert": 4, "n_expert_used": 2}),   # Mixtral
     "mistral-no-window": ("mistral", {"n_swa": 0}),
     "phi3-split-qkv": ("phi3", {"fused_qkv": False}),
 })

@@ -144,3 +144,21 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: Config, window: 
 
 def split_heads(x: np.ndarray, n_heads: int, head_dim: int) -> np.ndarray:
     return x.reshape(x.shape[0], n_heads, head_dim)
+
+
+def moe_mlp(w: dict, p: str, h: np.ndarray, top_k: int, norm_topk: bool) -> np.ndarray:
+    """A mixture-of-experts MLP (Mixtral's and Qwen's sparse blocks), token by token: a
+    softmax router, the top_k experts (ties: the lower index), their SwiGLU outputs
+    weighted by the router's probabilities (renormalised over the top_k with norm_topk)."""
+    gate_inp = w[p + "ffn_gate_inp.weight"]                          # [n_expert, n_embd]
+    gates, ups, downs = (w[p + f"ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        logits = gate_inp @ h[t]
+        probs = np.exp(logits - logits.max())
+        probs /= probs.sum()
+        chosen = sorted(range(len(probs)), key=lambda e: (-probs[e], e))[:top_k]
+        weights = probs[chosen] / (probs[chosen].sum() if norm_topk else 1.0)
+        for e, wt in zip(chosen, weights):
+            out[t] += wt * (downs[e] @ (silu(gates[e] @ h[t]) * (ups[e] @ h[t])))
+    return out

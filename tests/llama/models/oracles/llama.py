@@ -1,5 +1,6 @@
 """LLaMA and Mistral as Hugging Face's LlamaForCausalLM / MistralForCausalLM compute them:
-pre-norm blocks, RMSNorm, rotate_half RoPE on Q and K, GQA, SwiGLU MLP.
+pre-norm blocks, RMSNorm, rotate_half RoPE on Q and K, GQA, SwiGLU MLP (Mixtral: a
+mixture of experts in its place, the top-k weights renormalised).
 
 llama.cpp's converter permutes the rows of Q and K so that its adjacent-pair RoPE equals
 HF's rotate_half; the oracle undoes that permutation (as transformers does when it loads a
@@ -10,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from tests.llama.models.oracles.common import (
-    Config, GGUFContents, attention, base_config, rms_norm, rope, silu, split_heads,
+    Config, GGUFContents, attention, base_config, moe_mlp, rms_norm, rope, silu, split_heads,
 )
 
 
@@ -49,6 +50,9 @@ def forward(c: GGUFContents, cfg: Config, tokens: list[int]) -> np.ndarray:
         window = cfg.sliding_window if cfg.sliding_layers[il] else 0
         x = x + attention(q, k, v, cfg, window) @ w[p + "attn_output.weight"].T
         h = rms_norm(x, w[p + "ffn_norm.weight"], cfg.rms_eps)
+        if p + "ffn_gate_inp.weight" in w:   # Mixtral
+            x = x + moe_mlp(w, p, h, c.key("expert_used_count"), True)
+            continue
         gate, up = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
         x = x + (silu(gate) * up) @ w[p + "ffn_down.weight"].T
     x = rms_norm(x, w["output_norm.weight"], cfg.rms_eps)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from tests.llama.models.oracles.common import (
-    Config, GGUFContents, attention, base_config, rms_norm, rope, silu, split_heads,
+    Config, GGUFContents, attention, base_config, moe_mlp, rms_norm, rope, silu, split_heads,
 )
 
 
@@ -29,22 +29,6 @@ def _linear(w: dict, name: str, x: np.ndarray, use_bias: bool) -> np.ndarray:
     if use_bias and name + ".bias" in w:
         y = y + w[name + ".bias"]
     return y
-
-
-def _moe_mlp(w: dict, p: str, h: np.ndarray, top_k: int, norm_topk: bool) -> np.ndarray:
-    """Token by token: softmax router, the top_k experts (ties: the lower index), weighted."""
-    gate_inp = w[p + "ffn_gate_inp.weight"]                          # [n_expert, n_embd]
-    gates, ups, downs = (w[p + f"ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))
-    out = np.zeros_like(h)
-    for t in range(h.shape[0]):
-        logits = gate_inp @ h[t]
-        probs = np.exp(logits - logits.max())
-        probs /= probs.sum()
-        chosen = sorted(range(len(probs)), key=lambda e: (-probs[e], e))[:top_k]
-        weights = probs[chosen] / (probs[chosen].sum() if norm_topk else 1.0)
-        for e, wt in zip(chosen, weights):
-            out[t] += wt * (downs[e] @ (silu(gates[e] @ h[t]) * (ups[e] @ h[t])))
-    return out
 
 
 def forward(c: GGUFContents, cfg: Config, tokens: list[int], use_bias: bool = True,
@@ -68,7 +52,7 @@ def forward(c: GGUFContents, cfg: Config, tokens: list[int], use_bias: bool = Tr
         x = x + attention(q, k, v, cfg) @ w[p + "attn_output.weight"].T
         h = rms_norm(x, w[p + "ffn_norm.weight"], cfg.rms_eps)
         if p + "ffn_gate_inp.weight" in w:   # Qwen 3 MoE
-            x = x + _moe_mlp(w, p, h, c.key("expert_used_count"), norm_topk)
+            x = x + moe_mlp(w, p, h, c.key("expert_used_count"), norm_topk)
             continue
         gate, up = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
         x = x + (silu(gate) * up) @ w[p + "ffn_down.weight"].T
