@@ -48,6 +48,7 @@ class TinyConfig:
     n_expert: int = 0                 # mixture of experts: expert_count (0: a dense model)
     n_expert_used: int = 0            # expert_used_count
     n_ff_exp: int = 0                 # expert_feed_forward_length
+    n_ff_shexp: int = 0               # a shared expert's width (0: none), Qwen 2 MoE
     omit: tuple[str, ...] = ()        # tensor names to leave out (files for error tests)
     extra_keys: dict[str, Any] = field(default_factory=dict)
     extra_tensors: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. rope_freqs.weight
@@ -76,6 +77,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma2": dict(n_layer=4, n_swa=4, tied=True, attn_softcap=3.0, final_softcap=10.0),
     "gemma3": dict(n_layer=6, n_swa=4, tied=True, rope_base=1e6),
     "qwen3moe": dict(n_layer=2, head_dim=32, rope_base=1e6, n_expert=8, n_expert_used=3, n_ff_exp=32),
+    "qwen2moe": dict(n_layer=2, rope_base=1e6, n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64),
 }
 
 
@@ -137,6 +139,8 @@ def _common_keys(t: _Tiny) -> None:
         t.key_u32("expert_used_count", c.n_expert_used)
         if c.n_ff_exp:
             t.key_u32("expert_feed_forward_length", c.n_ff_exp)
+        if c.n_ff_shexp:
+            t.key_u32("expert_shared_feed_forward_length", c.n_ff_shexp)
     for key, value in c.extra_keys.items():
         if isinstance(value, float):
             t.key_f32(key, value)
@@ -179,6 +183,11 @@ def _ffn(t: _Tiny, p: str) -> None:
         _experts(t, p + "ffn_gate_exps.weight", c.n_embd, width)
         _experts(t, p + "ffn_up_exps.weight", c.n_embd, width)
         _experts(t, p + "ffn_down_exps.weight", width, c.n_embd)
+        if c.n_ff_shexp:
+            t.add(p + "ffn_gate_inp_shexp.weight", (t.rng.standard_normal(c.n_embd) / np.sqrt(c.n_embd)).astype(np.float32))
+            t.mat(p + "ffn_gate_shexp.weight", c.n_embd, c.n_ff_shexp)
+            t.mat(p + "ffn_up_shexp.weight", c.n_embd, c.n_ff_shexp)
+            t.mat(p + "ffn_down_shexp.weight", c.n_ff_shexp, c.n_embd)
         return
     t.mat(p + "ffn_gate.weight", c.n_embd, c.n_ff)
     t.mat(p + "ffn_up.weight", c.n_embd, c.n_ff)
@@ -241,6 +250,7 @@ LAYER_WRITERS: dict[str, Callable[[_Tiny, str], None]] = {
     "gemma2": _gemma_sandwich(qk_norm=False),
     "gemma3": _gemma_sandwich(qk_norm=True),
     "qwen3moe": _llama_like(qk_norm=True),
+    "qwen2moe": _llama_like(biases=True),
 }
 ARCHS_WITHOUT_OUTPUT = {"gemma", "gemma2"}  # llama.cpp always ties their output
 

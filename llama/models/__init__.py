@@ -8,3 +8,4 @@ from llama.models import phi3  # noqa: F401
 from llama.models import qwen2  # noqa: F401
 from llama.models import qwen3  # noqa: F401
 from llama.models import qwen3moe  # noqa: F401
+from llama.models import qwen2moe  # noqa: F401

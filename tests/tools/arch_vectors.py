@@ -27,6 +27,8 @@ from ggmlpy.testing.models_archs import write_tiny_model
 VARIANTS: dict[str, tuple[str, dict]] = {
     "qwen3moe-f32": ("qwen3moe", {}),
     "qwen3moe-q8_0": ("qwen3moe", {"weight_type": GGMLType.Q8_0}),
+    "qwen2moe-f32": ("qwen2moe", {}),
+    "qwen2moe-q8_0": ("qwen2moe", {"weight_type": GGMLType.Q8_0}),
     "mixtral-f32": ("llama", {"n_expert": 4, "n_expert_used": 2}),
     "mixtral-q4_0": ("llama", {"n_expert": 4, "n_expert_used": 2, "weight_type": GGMLType.Q4_0}),
 }

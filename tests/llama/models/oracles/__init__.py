@@ -23,6 +23,7 @@ ORACLES: dict[str, tuple[Callable[[GGUFContents], Config], Callable[..., np.ndar
     "qwen2": (qwen.config, qwen.forward),
     "qwen3": (qwen.config, qwen.forward),
     "qwen3moe": (qwen.config, qwen.forward),
+    "qwen2moe": (qwen.config, qwen.forward),
     "phi3": (phi3.config, phi3.forward),
     "gemma": (gemma.config_gemma, gemma.forward),
     "gemma2": (gemma.config_gemma2, gemma.forward),

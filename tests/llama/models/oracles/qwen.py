@@ -8,6 +8,8 @@ before RoPE, and head_dim is its own setting.
 Qwen 3 MoE (Qwen3MoeSparseMoeBlock): the MLP is a softmax router over the experts, the top
 `num_experts_per_tok` of them run (their probabilities renormalised to sum 1,
 norm_topk_prob) and their SwiGLU outputs are summed, weighted.
+Qwen 2 MoE (Qwen2MoeSparseMoeBlock): the same without the renormalisation, plus a shared
+expert's SwiGLU output times sigmoid(shared_expert_gate(h)).
 """
 from __future__ import annotations
 
@@ -32,9 +34,9 @@ def _linear(w: dict, name: str, x: np.ndarray, use_bias: bool) -> np.ndarray:
 
 
 def forward(c: GGUFContents, cfg: Config, tokens: list[int], use_bias: bool = True,
-            use_qk_norm: bool = True, norm_topk: bool = True) -> np.ndarray:
-    """use_bias / use_qk_norm / norm_topk = False leave those parts out (negative controls
-    in tests)."""
+            use_qk_norm: bool = True, norm_topk: bool = True, use_shared_expert: bool = True) -> np.ndarray:
+    """use_bias / use_qk_norm / norm_topk / use_shared_expert = False leave those parts out
+    (negative controls in tests)."""
     w = c.tensors
     pos = np.arange(len(tokens))
     x = w["token_embd.weight"][tokens]
@@ -51,8 +53,12 @@ def forward(c: GGUFContents, cfg: Config, tokens: list[int], use_bias: bool = Tr
         k = rope(k, pos, cfg.rope_theta, cfg.rotary_dim, cfg.rope_style)
         x = x + attention(q, k, v, cfg) @ w[p + "attn_output.weight"].T
         h = rms_norm(x, w[p + "ffn_norm.weight"], cfg.rms_eps)
-        if p + "ffn_gate_inp.weight" in w:   # Qwen 3 MoE
-            x = x + moe_mlp(w, p, h, c.key("expert_used_count"), norm_topk)
+        if p + "ffn_gate_inp.weight" in w:   # Qwen 3 MoE, Qwen 2 MoE
+            x = x + moe_mlp(w, p, h, c.key("expert_used_count"), norm_topk and c.arch == "qwen3moe")
+            if use_shared_expert and p + "ffn_gate_inp_shexp.weight" in w:
+                shared = (silu(h @ w[p + "ffn_gate_shexp.weight"].T) * (h @ w[p + "ffn_up_shexp.weight"].T)) \
+                    @ w[p + "ffn_down_shexp.weight"].T
+                x = x + shared / (1.0 + np.exp(-(h @ w[p + "ffn_gate_inp_shexp.weight"])))[:, None]
             continue
         gate, up = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
         x = x + (silu(gate) * up) @ w[p + "ffn_down.weight"].T
