@@ -50,8 +50,35 @@ INPUT_LAYER = frozenset({"token_embd.weight", "position_embd.weight", "token_typ
 _LAYER_NAME = re.compile(r"^(?:blk\.(\d+)\.|cache_[kv]_l(\d+)$)")
 _LLAMA_CPP_DEVICE = re.compile(r"^([A-Za-z]+)(\d+)$")  # llama.cpp's buffer type names: CUDA0
 
-__all__ = ["HOST", "INPUT_LAYER", "Placement", "PlacementError", "layer_devices", "layer_of",
-           "make_device_backend", "parse_devices", "parse_overrides", "probe_node", "split_points"]
+__all__ = ["EXPERTS_PATTERN", "HOST", "INPUT_LAYER", "Placement", "PlacementError", "cpu_moe_overrides", "with_cpu_moe",
+           "layer_devices", "layer_of", "make_device_backend", "parse_devices", "parse_overrides", "probe_node",
+           "split_points"]
+
+# llama.cpp's LLM_FFN_EXPS_REGEX: a mixture-of-experts layer's expert weights
+EXPERTS_PATTERN = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+
+
+def cpu_moe_overrides(cpu_moe: bool = False, n_cpu_moe: int = 0) -> list[str]:
+    """llama.cpp's `--cpu-moe` (every layer's experts) and `--n-cpu-moe N` (the first N
+    layers') as override_tensor items keeping the experts in host memory, so that the rest of
+    a mixture-of-experts model fits on a GPU."""
+    if isinstance(n_cpu_moe, bool) or not isinstance(n_cpu_moe, int) or n_cpu_moe < 0:
+        raise PlacementError(f"n_cpu_moe must be a non-negative integer, got {n_cpu_moe!r}")
+    if cpu_moe:
+        return [f"{EXPERTS_PATTERN}=cpu"]
+    return [rf"blk\.{il}{EXPERTS_PATTERN}=cpu" for il in range(n_cpu_moe)]
+
+
+def with_cpu_moe(override_tensor: Sequence[str] | None, cpu_moe: bool = False,
+                 n_cpu_moe: int = 0) -> list[str] | None:
+    """override_tensor's items, then those of cpu_moe_overrides (the first match wins)."""
+    moe = cpu_moe_overrides(cpu_moe, n_cpu_moe)
+    if not moe:
+        return override_tensor  # type: ignore[return-value]  (parse_overrides checks it)
+    if isinstance(override_tensor, str):
+        raise PlacementError(f"override_tensor must be a list of PATTERN=DEVICE items, "
+                             f"got the string {override_tensor!r}")
+    return [*(override_tensor or ()), *moe]
 
 
 def parse_overrides(items: Sequence[str] | None, devices: Sequence[str]) -> tuple[tuple[re.Pattern, str], ...]:
@@ -269,6 +296,9 @@ def probe_node(name: str, ttype: GGMLType, ne: Sequence[int]) -> Tensor | None:
     w = b.weight(name, ttype, full)
     if name in INPUT_LAYER:
         return b.get_rows(w, b.input("probe_ids", GGMLType.I32, (n_batch,)))
+    if full[2] > 1 and "_exps." in name:   # a mixture of experts' stacked experts
+        return b.mul_mat_id(w, b.input("probe_x", GGMLType.F32, (ne[0], 1, n_batch)),
+                            b.input("probe_ids", GGMLType.I32, (1, n_batch)))
     if len(ne) >= 2 and ne[1] > 1:
         return b.mul_mat(w, b.input("probe_x", GGMLType.F32, (ne[0], n_batch)))
     if name.endswith("norm.weight"):

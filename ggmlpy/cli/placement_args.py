@@ -1,5 +1,5 @@
 """The offload options shared by `ggmlpy run`, `chat`, `bench`, `graph`, `viz` and `serve`:
-llama.cpp's -ngl, --device, --tensor-split and --override-tensor.
+llama.cpp's -ngl, --device, --tensor-split, --override-tensor, --cpu-moe and --n-cpu-moe.
 
 As with llama-cli and llama-bench, `-ngl N` alone offloads to the GPU when there is one: the
 devices default to every CUDA device found. Without one, -ngl is ignored with a warning (as
@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import logging
 from typing import Any
+
+from llama.placement import with_cpu_moe
 
 log = logging.getLogger("ggmlpy.cli")
 
@@ -30,7 +32,21 @@ def add_placement_args(p: argparse.ArgumentParser, title: str = "offloading") ->
                    default=None, metavar="PATTERN=DEVICE,...",
                    help="weights whose name matches the regex PATTERN go to DEVICE (cpu, or one of "
                         "--devices; CUDA0 is read as cuda:0), whatever their layer; repeatable")
+    g.add_argument("-cmoe", "--cpu-moe", dest="cpu_moe", action="store_true",
+                   help="keep every mixture-of-experts layer's expert weights on the CPU")
+    g.add_argument("-ncmoe", "--n-cpu-moe", dest="n_cpu_moe", type=non_negative, default=0, metavar="N",
+                   help="keep the expert weights of the first N layers on the CPU")
     return g
+
+
+def non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
 
 
 def device_names(text: str) -> list[str]:
@@ -66,7 +82,9 @@ def placement_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             ngl = 0
     if args.tensor_split is not None and devices and len(args.tensor_split) != len(devices):
         raise ValueError(f"--tensor-split has {len(args.tensor_split)} shares for {len(devices)} devices")
-    items = [item for group in args.override_tensor or [] for item in group]
+    # -ot's items first, then --cpu-moe's / --n-cpu-moe's (the first matching item wins)
+    items = with_cpu_moe([item for group in args.override_tensor or [] for item in group],
+                         args.cpu_moe, args.n_cpu_moe)
     return {"devices": devices or None, "n_gpu_layers": ngl, "tensor_split": args.tensor_split,
             "override_tensor": items or None}
 

@@ -35,6 +35,7 @@ from llama.api.progress import LoadProgress
 from llama.chat.select import DEFAULT_FORMAT, TEMPLATE_KEY
 from llama.context import Context
 from llama.model import Model
+from llama.placement import with_cpu_moe
 from llama.sampling.dry import Breakers, VocabText, model_breakers, vocab_text
 from llama.sampling.pick import LLAMA_DEFAULT_SEED
 
@@ -97,7 +98,7 @@ class Llama:
 
     def __init__(self, model_path: str, *, n_gpu_layers: int = 0,
                  tensor_split: list[float] | None = None, devices: list[str] | None = None,
-                 override_tensor: list[str] | None = None,
+                 override_tensor: list[str] | None = None, cpu_moe: bool = False, n_cpu_moe: int = 0,
                  vocab_only: bool = False, use_mmap: bool = True, use_mlock: bool = False,
                  kv_overrides: dict[str, bool | int | float | str] | None = None,
                  check_tensors: bool = False, seed: int = LLAMA_DEFAULT_SEED, n_ctx: int = 512,
@@ -128,7 +129,7 @@ class Llama:
                                  "check_tensors": False})
         self._model = Model.load(model_path, n_gpu_layers=n_gpu_layers, vocab_only=vocab_only,
                                  devices=devices, tensor_split=tensor_split,
-                                 override_tensor=override_tensor,
+                                 override_tensor=with_cpu_moe(override_tensor, cpu_moe, n_cpu_moe),
                                  progress=progress.loading, **load_options)
         progress.close()
         self.logits_all = logits_all

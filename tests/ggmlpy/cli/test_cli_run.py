@@ -358,9 +358,14 @@ def test_placement_options_resolve_like_llama_cpp(caplog):
     got = placement_kwargs(parse(["-dev", "cpu:1", "-ngl", "99", "-ot", r"ffn_(up|down)=CPU,token_embd=cpu",
                                   "--override-tensor", r"blk\.0\.=cpu:1"]))
     assert got["override_tensor"] == [r"ffn_(up|down)=CPU", "token_embd=cpu", r"blk\.0\.=cpu:1"]
+    # --cpu-moe / --n-cpu-moe: llama.cpp's expert pattern kept on the CPU, after -ot's items
+    exps = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+    assert placement_kwargs(parse(["-ot", "a=cpu", "--cpu-moe"]))["override_tensor"] == ["a=cpu", exps + "=cpu"]
+    assert placement_kwargs(parse(["-ncmoe", "2"]))["override_tensor"] == \
+        [r"blk\.0" + exps + "=cpu", r"blk\.1" + exps + "=cpu"]
     with pytest.raises(ValueError, match="2 shares for 1 devices"):
         placement_kwargs(parse(["--devices", "cpu:1", "-ts", "1,1", "-ngl", "4"]))
-    for bad in (["-ts", "1,x"], ["-ot", "no_device"], ["-ot", "=CPU"]):
+    for bad in (["-ts", "1,x"], ["-ot", "no_device"], ["-ot", "=CPU"], ["--n-cpu-moe", "-1"]):
         with pytest.raises(SystemExit):  # argparse names the bad option
             parse(bad)
 

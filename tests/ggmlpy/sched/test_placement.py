@@ -141,6 +141,17 @@ def test_check_weights_keeps_what_the_device_cannot_run_on_the_cpu():
     assert "blk.3.attn_q.weight: cpu:1 cannot run mul_mat on Q4_0, on cpu" in p.describe()
 
 
+def test_experts_a_device_cannot_run_stay_on_the_cpu():
+    """Stacked experts are probed with mul_mat_id (llama.cpp's weight_buft_supported)."""
+    p = placed()
+    gpu = FakeDevice("gpu", {"mul_mat"}, memory="cpu:1")   # dense products only
+    weights = [("blk.3.ffn_up_exps.weight", GGMLType.Q4_K, (256, 32, 8)),
+               ("blk.3.ffn_gate_inp.weight", GGMLType.F32, (256, 8))]
+    p.check_weights(weights, lambda device: gpu)
+    assert p.moved == {"blk.3.ffn_up_exps.weight": "cpu:1 cannot run mul_mat_id on Q4_K"}
+    assert p.device_of_name("blk.3.ffn_gate_inp.weight") == "cpu:1"
+
+
 def test_describe_lists_layers_like_llama_cpp():
     lines = placed().describe().splitlines()
     assert lines[0] == "layer input assigned to device cpu"
@@ -160,6 +171,18 @@ def test_overrides_move_matching_weights_first_match_wins():
     assert p.device_of_name("blk.1.attn_k.weight") == C        # no item matches: its layer's
     assert p.device_of_name("cache_k_l0") == C                 # the KV cache is not a weight
     assert "tensors matching 'ffn_up' overridden to cpu" in p.describe()
+
+
+@pytest.mark.parametrize("cpu_moe, n_cpu_moe, on_cpu", [(True, 0, {0, 1, 2, 3}), (False, 2, {0, 1}), (False, 0, set())])
+def test_cpu_moe_keeps_the_experts_of_the_layers_asked_on_the_cpu(cpu_moe, n_cpu_moe, on_cpu):
+    from llama.placement import with_cpu_moe
+
+    p = Placement.plan(4, ["cpu:1"], 99, override_tensor=with_cpu_moe(None, cpu_moe, n_cpu_moe))
+    for il in range(4):
+        for name in ("ffn_up_exps", "ffn_gate_exps", "ffn_down_exps", "ffn_gate_up_exps"):
+            assert p.device_of_name(f"blk.{il}.{name}.weight") == (C if il in on_cpu else "cpu:1")
+        assert p.device_of_name(f"blk.{il}.ffn_gate_inp.weight") == "cpu:1"   # the router moves with its layer
+        assert p.device_of_name(f"blk.{il}.attn_q.weight") == "cpu:1"
 
 
 def test_an_override_of_a_tied_embedding_moves_the_output_copy_too():

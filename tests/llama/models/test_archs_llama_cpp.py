@@ -98,3 +98,20 @@ def test_sequences_of_a_batch_equal_each_alone(files, name):
     for s in range(3):
         for step, (a, b) in enumerate(zip(got[s], alone(prompts[s], steps[s]))):
             assert np.abs(a - b).max() <= 1e-4, f"sequence {s}, step {step}"
+
+
+def test_experts_kept_on_the_cpu_give_the_same_tokens(files):
+    """Llama(cpu_moe=True) with every layer offloaded to a second CPU backend: the experts
+    stay on the host (llama.cpp's --cpu-moe), the rest moves, and the text is the same."""
+    from llama import Llama
+
+    path = str(files["qwen3moe-q8_0"])
+    kw = dict(n_ctx=64, n_threads=2, verbose=False, devices=["cpu:1"], n_gpu_layers=99)
+    plain, moe = Llama(path, **kw), Llama(path, cpu_moe=True, **kw)
+    placement = moe._model.placement
+    assert placement.device_of_name("blk.1.ffn_down_exps.weight") == "cpu"
+    assert placement.device_of_name("blk.1.ffn_gate_inp.weight") == "cpu:1"
+    assert plain._model.placement.device_of_name("blk.1.ffn_down_exps.weight") == "cpu:1"
+    prompt = DATA["qwen3moe-q8_0"]["prompt"]
+    outs = [llm.create_completion(prompt, max_tokens=6, temperature=0.0)["choices"][0]["text"] for llm in (plain, moe)]
+    assert outs[0] == outs[1]
