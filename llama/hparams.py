@@ -35,6 +35,10 @@ class HParams:
     rope_freq_base: float = 10000.0
     rope_freq_scale: float = 1.0
     rope_scaling_type: str = "none"
+    rope_attn_factor: float = 1.0   # rope.scaling.attn_factor
+    rope_yarn_log_mul: float = 0.0  # rope.scaling.yarn_log_multiplier (DeepSeek's mscale_all_dim)
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
     n_ctx_orig_yarn: int = 0
     rope_type: int = ROPE_TYPE_NORM  # or ROPE_TYPE_NEOX (ggmlpy/ir/ops/rope.py)
     f_norm_eps: float = 0.0
@@ -63,12 +67,26 @@ class HParams:
         return bool(self.swa_layers) and self.swa_layers[il]
 
     def rope_args(self, il: int = 0) -> dict:
-        """ggml_rope_ext's parameters for layer il (windowed layers may have their own base)."""
+        """ggml_rope_ext's parameters for layer il (windowed layers may have their own base).
+        A YaRN file (rope.scaling.type yarn) gets llama_context's derivation: ext_factor 1,
+        beta fast/slow 32/1, and attn_factor the YaRN magnitude scale over the one ggml's
+        rope applies itself (1 + 0.1 ln(1/freq_scale)), times rope.scaling.attn_factor."""
         swa = self.is_swa(il)
+        freq_scale = self.rope_freq_scale_swa if swa else self.rope_freq_scale
+        ext_factor, attn_factor = 0.0, 1.0
+        if self.rope_scaling_type == "yarn":
+            ext_factor = 1.0
+            factor = 1.0 / freq_scale
+
+            def mscale(scale: float, m: float) -> float:
+                return 1.0 if scale <= 1.0 else 0.1 * m * math.log(scale) + 1.0
+            attn_factor = (mscale(factor, 1.0) / mscale(factor, self.rope_yarn_log_mul) if self.rope_yarn_log_mul
+                           else mscale(factor, 1.0))
+            attn_factor /= 1.0 + 0.1 * math.log(factor)
         return dict(n_dims=self.n_rot, mode=self.rope_type, n_ctx_orig=self.n_ctx_orig_yarn,
-                    freq_base=self.rope_freq_base_swa if swa else self.rope_freq_base,
-                    freq_scale=self.rope_freq_scale_swa if swa else self.rope_freq_scale,
-                    attn_factor=self.extra.get("rope_attn_factor", 1.0))
+                    freq_base=self.rope_freq_base_swa if swa else self.rope_freq_base, freq_scale=freq_scale,
+                    ext_factor=ext_factor, attn_factor=float(np.float32(attn_factor * self.rope_attn_factor)),
+                    beta_fast=self.yarn_beta_fast, beta_slow=self.yarn_beta_slow)
 
     def with_rope(self, freq_base: float = 0.0, freq_scale: float = 0.0) -> "HParams":
         """These hparams with a context's RoPE overrides (llama.cpp's cparams.rope_freq_base
@@ -200,4 +218,6 @@ def load_common(md: Mapping[str, Any], arch: str) -> HParams:
     if factor and scaling != "none":
         hp.rope_freq_scale = 1.0 / factor
     hp.n_ctx_orig_yarn = r.int("rope.scaling.original_context_length", hp.n_ctx_train)
+    hp.rope_attn_factor = float(r.get("rope.scaling.attn_factor", 1.0))
+    hp.rope_yarn_log_mul = float(r.get("rope.scaling.yarn_log_multiplier", 0.0))
     return hp

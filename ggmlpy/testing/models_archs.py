@@ -142,7 +142,9 @@ def _common_keys(t: _Tiny) -> None:
         if c.n_ff_shexp:
             t.key_u32("expert_shared_feed_forward_length", c.n_ff_shexp)
     for key, value in c.extra_keys.items():
-        if isinstance(value, float):
+        if isinstance(value, str):
+            t.w.add_string(f"{c.arch}.{key}", value)
+        elif isinstance(value, float):
             t.key_f32(key, value)
         else:
             t.key_u32(key, value)

@@ -39,7 +39,6 @@ def load_hparams(r: MetadataReader, hp: HParams) -> None:
     hp.n_swa = 0
     hp.swa_layers = [False] * hp.n_layer
     hp.extra["swa_type"] = int(SWAType.NONE)
-    hp.extra["rope_attn_factor"] = float(r.get("rope.scaling.attn_factor", 1.0))
 
 
 def tensors(hp: HParams, t: TensorTable) -> None:

@@ -29,6 +29,10 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "qwen3moe-q8_0": ("qwen3moe", {"weight_type": GGMLType.Q8_0}),
     "qwen2moe-f32": ("qwen2moe", {}),
     "qwen2moe-q8_0": ("qwen2moe", {"weight_type": GGMLType.Q8_0}),
+    # YaRN: llama_context's ext_factor, attn_factor and beta fast/slow (prompt positions past
+    # the original context's tenth, where interpolated and extrapolated dims part)
+    "qwen2-yarn-f32": ("qwen2", {"extra_keys": {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                                                "rope.scaling.original_context_length": 32}}),
     "mixtral-f32": ("llama", {"n_expert": 4, "n_expert_used": 2}),
     "mixtral-q4_0": ("llama", {"n_expert": 4, "n_expert_used": 2, "weight_type": GGMLType.Q4_0}),
 }
