@@ -13,7 +13,6 @@ experts. The nodes are named as llama.cpp names them (ffn_moe_logits, ffn_moe_pr
 """
 from __future__ import annotations
 
-from enum import Enum
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -28,15 +27,7 @@ if TYPE_CHECKING:
 WEIGHTS_SUM_MIN = 6.103515625e-5
 
 
-class Gating(Enum):
-    """How router logits become probabilities (llama_expert_gating_func_type), by the value
-    files store in `{arch}.expert_gating_func`."""
-    SOFTMAX = 1
-    SIGMOID = 2
-
-
-def build_moe_block(g: "LlmGraph", layer, x: Tensor, act: "FfnOp", norm_w: bool, gating: Gating,
-                    il: int) -> Tensor:
+def build_moe_block(g: "LlmGraph", layer, x: Tensor, act: "FfnOp", norm_w: bool, il: int) -> Tensor:
     """The FFN half of a pre-norm decoder layer with experts: ffn_norm, the experts of the
     layer's ffn_gate_inp / ffn_{gate,up,down}_exps, and the residual add (`l_out`)."""
     from llama.graph import NormType
@@ -44,24 +35,22 @@ def build_moe_block(g: "LlmGraph", layer, x: Tensor, act: "FfnOp", norm_w: bool,
     hp = g.hp
     cur = g.cb(g.build_norm(x, layer.ffn_norm, None, NormType.RMS, il), "ffn_norm", il)
     cur = build_moe_ffn(g, cur, layer.ffn_gate_inp, layer.ffn_up_exps, layer.ffn_gate_exps, layer.ffn_down_exps,
-                        hp.n_expert, hp.n_expert_used, act, norm_w, hp.expert_weights_scale, gating, il)
+                        hp.n_expert, hp.n_expert_used, act, norm_w, hp.expert_weights_scale, il)
     return g.cb(g.b.add(cur, x), "l_out", il)
 
 
 def build_moe_ffn(g: "LlmGraph", cur: Tensor, gate_inp: "WeightRef", up_exps: "WeightRef",
                   gate_exps: "WeightRef | None", down_exps: "WeightRef", n_expert: int, n_expert_used: int,
-                  act: "FfnOp", norm_w: bool, w_scale: float, gating: Gating, il: int) -> Tensor:
-    """The block's output [n_embd, n_tokens] for its input cur [n_embd, n_tokens]."""
+                  act: "FfnOp", norm_w: bool, w_scale: float, il: int) -> Tensor:
+    """The block's output [n_embd, n_tokens] for its input cur [n_embd, n_tokens]. The
+    router's gating function is softmax (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX,
+    what these architectures use; DeepSeek's sigmoid is not here yet)."""
     from llama.graph import FfnOp
 
     b = g.b
     n_embd, n_tokens = cur.ne[0], cur.ne[1]
     logits = g.cb(g.build_lora_mm(gate_inp, cur), "ffn_moe_logits", il)           # [n_expert, n_tokens]
-    if gating is Gating.SOFTMAX:
-        probs = b.soft_max(logits)
-    else:
-        raise NotImplementedError(f"expert gating {gating.name}")
-    probs = g.cb(probs, "ffn_moe_probs", il)
+    probs = g.cb(b.soft_max(logits), "ffn_moe_probs", il)
     selected = b.argsort_top_k(probs, n_expert_used)                               # [n_used, n_tokens]
     g.cb(selected.src[0], "ffn_moe_argsort", il)
     selected = g.cb(selected, "ffn_moe_topk", il)

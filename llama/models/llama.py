@@ -12,7 +12,7 @@ from llama.arch import Architecture, register
 from llama.graph import FfnOp, LlmGraph
 from llama.hparams import HParams, MetadataReader, load_experts
 from llama.models.decoder_tensors import add_decoder_layer, add_embd_output
-from llama.moe import Gating, build_moe_block
+from llama.moe import build_moe_block
 from llama.weights import Need, TensorTable, WeightRef
 
 
@@ -52,7 +52,7 @@ def build_llama(g: LlmGraph, rope_freqs: WeightRef | None, output_b: WeightRef |
     for il, layer in enumerate(m.layers):
         ffn_inp = g.build_attn_block(inp, layer, inp_l, rope, kq_scale, il, freqs)
         if hp.n_expert:   # Mixtral
-            inp_l = build_moe_block(g, layer, ffn_inp, FfnOp.SILU, True, Gating.SOFTMAX, il)
+            inp_l = build_moe_block(g, layer, ffn_inp, FfnOp.SILU, True, il)
         else:
             inp_l = g.build_ffn_block(layer, ffn_inp, FfnOp.SILU, il)
 

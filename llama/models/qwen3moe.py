@@ -13,7 +13,7 @@ from llama.graph import FfnOp, LlmGraph
 from llama.hparams import HParams, MetadataReader, load_experts
 from llama.models import qwen3
 from llama.models.decoder_tensors import add_embd_output
-from llama.moe import Gating, build_moe_block
+from llama.moe import build_moe_block
 from llama.weights import Need, TensorTable
 
 
@@ -41,7 +41,7 @@ def build(g: LlmGraph) -> Tensor:
     rope = hp.rope_args()
     for il, layer in enumerate(m.layers):
         ffn_inp = g.build_attn_block(inp, layer, inp_l, rope, kq_scale, il)
-        inp_l = build_moe_block(g, layer, ffn_inp, FfnOp.SILU, True, Gating.SOFTMAX, il)
+        inp_l = build_moe_block(g, layer, ffn_inp, FfnOp.SILU, True, il)
     return g.build_output(inp_l, m.w.output_norm, m.w.output or m.w.tok_embd)
 
 

@@ -7,6 +7,7 @@ import pytest
 import llama
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.testing.models import write_tiny_llama
+from tests.llama.models.batched import check_batched_equals_alone
 
 
 @pytest.fixture(scope="module")
@@ -14,19 +15,9 @@ def smol(smollm2_path):
     return llama.Model.load(smollm2_path)
 
 
-def _alone(model, prompt: list[int], steps: list[int], n_threads: int = 2) -> list[np.ndarray]:
-    ctx = llama.Context(model, n_ctx=256, n_threads=n_threads)
-    assert ctx.decode(llama.Batch.from_tokens(prompt)) == 0
-    out = [np.array(ctx.get_logits_ith(-1))]
-    for tok in steps:
-        assert ctx.decode(llama.Batch.from_tokens([tok])) == 0
-        out.append(np.array(ctx.get_logits_ith(-1)))
-    return out
-
-
 @pytest.mark.parametrize("n_seqs", [2, 5, 7])
 def test_each_sequence_of_a_batched_step_equals_it_alone(smol, n_seqs):
-    _check_batched_equals_alone(smol, n_seqs, n_vocab=40000)
+    check_batched_equals_alone(smol, n_seqs, n_vocab=40000)
 
 
 @pytest.mark.parametrize("wtype", [GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K],
@@ -36,29 +27,7 @@ def test_k_quant_sequences_of_a_batched_step_equal_each_alone(tmp_path, wtype):
     their groups claimed by 3 threads in chunks): 5 sequences a step, tiles of 4 and 1."""
     path = write_tiny_llama(tmp_path / "k.gguf", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
                             weight_type=wtype, seed=3)
-    _check_batched_equals_alone(llama.Model.load(str(path)), 5, n_vocab=320, n_threads=3)
-
-
-def _check_batched_equals_alone(model, n_seqs: int, n_vocab: int, n_threads: int = 2) -> None:
-    rng = np.random.default_rng(n_seqs)
-    prompts = [[int(t) for t in rng.integers(100, n_vocab, 3 + s)] for s in range(n_seqs)]
-    steps = [[int(t) for t in rng.integers(100, n_vocab, 3)] for _ in range(n_seqs)]
-    ctx = llama.Context(model, n_ctx=512, n_seq_max=n_seqs, n_threads=n_threads)
-    first = llama.Batch(tokens=[t for p in prompts for t in p],
-                        seq_ids=[[s] for s, p in enumerate(prompts) for _ in p],
-                        logits=[i == len(p) - 1 for p in prompts for i in range(len(p))])
-    assert ctx.decode(first) == 0
-    ends = np.cumsum([len(p) for p in prompts]) - 1
-    got = [[np.array(ctx.get_logits_ith(int(i)))] for i in ends]
-    for k in range(3):
-        batch = llama.Batch(tokens=[steps[s][k] for s in range(n_seqs)], seq_ids=[[s] for s in range(n_seqs)],
-                            logits=[True] * n_seqs)
-        assert ctx.decode(batch) == 0
-        for s in range(n_seqs):
-            got[s].append(np.array(ctx.get_logits_ith(s)))
-    for s in range(n_seqs):
-        for step, (a, b) in enumerate(zip(got[s], _alone(model, prompts[s], steps[s], n_threads))):
-            assert np.abs(a - b).max() <= 1e-4, f"sequence {s}, step {step}"
+    check_batched_equals_alone(llama.Model.load(str(path)), 5, n_vocab=320, n_threads=3)
 
 
 def _blocked_run(model, prompts, steps):
