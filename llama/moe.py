@@ -18,20 +18,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ggmlpy.ir import Tensor
+from llama.graph import FfnOp, NormType
 
 if TYPE_CHECKING:
-    from llama.graph import FfnOp, LlmGraph
+    from llama.graph import LlmGraph
     from llama.weights import WeightRef
 
 # llama.cpp clamps the sum of the selected weights to the smallest normal f16 before dividing
 WEIGHTS_SUM_MIN = 6.103515625e-5
 
 
-def build_moe_block(g: "LlmGraph", layer, x: Tensor, act: "FfnOp", norm_w: bool, il: int) -> Tensor:
+def build_moe_block(g: "LlmGraph", layer, x: Tensor, act: FfnOp, norm_w: bool, il: int) -> Tensor:
     """The FFN half of a pre-norm decoder layer with experts: ffn_norm, the experts of the
     layer's ffn_gate_inp / ffn_{gate,up,down}_exps, and the residual add (`l_out`)."""
-    from llama.graph import NormType
-
     hp = g.hp
     cur = g.cb(g.build_norm(x, layer.ffn_norm, None, NormType.RMS, il), "ffn_norm", il)
     cur = build_moe_ffn(g, cur, layer.ffn_gate_inp, layer.ffn_up_exps, layer.ffn_gate_exps, layer.ffn_down_exps,
@@ -41,12 +40,10 @@ def build_moe_block(g: "LlmGraph", layer, x: Tensor, act: "FfnOp", norm_w: bool,
 
 def build_moe_ffn(g: "LlmGraph", cur: Tensor, gate_inp: "WeightRef", up_exps: "WeightRef",
                   gate_exps: "WeightRef | None", down_exps: "WeightRef", n_expert: int, n_expert_used: int,
-                  act: "FfnOp", norm_w: bool, w_scale: float, il: int) -> Tensor:
+                  act: FfnOp, norm_w: bool, w_scale: float, il: int) -> Tensor:
     """The block's output [n_embd, n_tokens] for its input cur [n_embd, n_tokens]. The
     router's gating function is softmax (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX,
     what these architectures use; DeepSeek's sigmoid is not here yet)."""
-    from llama.graph import FfnOp
-
     b = g.b
     n_embd, n_tokens = cur.ne[0], cur.ne[1]
     logits = g.cb(g.build_lora_mm(gate_inp, cur), "ffn_moe_logits", il)           # [n_expert, n_tokens]
