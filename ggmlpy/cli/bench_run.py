@@ -129,15 +129,19 @@ def run_bench(model_name: str, *, threads: int = 2, backend: str | None = None, 
 
 def weight_bytes_per_step(ctx: llama.Context) -> int:
     """The model bytes a decode step reads: every weight an op reads whole (a get_rows
-    lookup reads a row, left out), each once, in the largest graph compiled so far."""
+    lookup reads a row, left out), each once, in the largest graph compiled so far; of a
+    mixture of experts' stacked experts (mul_mat_id), the share one token selects."""
     most = 0
     for entry in ctx.graph_cache.entries.values():
         read: dict[int, int] = {}
         for node in entry.graph.nodes:
             srcs = node.src[1:] if node.op == "get_rows" else node.src
-            for src in srcs:
+            for j, src in enumerate(srcs):
                 if src is not None and src.flags & Flag.WEIGHT:
-                    read[id(src)] = int(src.nb[3]) * int(src.ne[3])
+                    nbytes = int(src.nb[3]) * int(src.ne[3])
+                    if node.op == "mul_mat_id" and j == 0:   # n_used of n_expert matrices
+                        nbytes = nbytes * int(node.src[2].ne[0]) // int(src.ne[2])
+                    read[id(src)] = nbytes
         most = max(most, sum(read.values()))
     return most
 

@@ -178,3 +178,24 @@ def test_barrier_hazards_classifies_every_barrier(tmp_path):
         found[wtype] = free
     assert found[GGMLType.Q8_0] == {}
     assert found[GGMLType.F32] and set(found[GGMLType.F32]) == {"mul_mat -> mul_mat"}
+
+
+def test_a_decode_step_reads_the_selected_share_of_the_experts(tmp_path):
+    """The roofline's bytes per token: every weight read whole once, a stack of experts
+    n_used / n_expert of it (mul_mat_id reads only the selected experts)."""
+    import gguf
+
+    import llama
+    from ggmlpy.cli.bench_run import weight_bytes_per_step
+    from ggmlpy.ir.types import GGMLType
+    from ggmlpy.testing.models_archs import write_tiny_model
+
+    path = write_tiny_model("qwen3moe", tmp_path / "m.gguf", weight_type=GGMLType.Q8_0)   # 3 of 8 experts
+    ctx = llama.Context(llama.Model.load(str(path)), n_ctx=64, n_threads=2)
+    assert ctx.decode(llama.Batch.from_tokens([5])) == 0
+    expected = 0
+    for t in gguf.GGUFReader(str(path)).tensors:
+        if t.name == "token_embd.weight":
+            continue   # looked up a row at a time
+        expected += t.n_bytes * 3 // 8 if "_exps." in t.name else t.n_bytes
+    assert weight_bytes_per_step(ctx) == expected
