@@ -41,6 +41,13 @@ class FfnOp(Enum):
     RELU = "relu"
 
 
+def ffn_activation(b: GraphBuilder, act: FfnOp, up: Tensor, gate: Tensor | None = None) -> Tensor:
+    """act(gate) * up with a gate (the GLU ops), act(up) without."""
+    if gate is not None:
+        return {FfnOp.SILU: b.swiglu, FfnOp.GELU: b.geglu}[act](gate, up)
+    return {FfnOp.SILU: b.silu, FfnOp.GELU: b.gelu, FfnOp.RELU: b.relu}[act](up)
+
+
 @dataclass
 class KVLayout:
     """The KV cache as the graph sees it: cell count and element types.
@@ -231,10 +238,9 @@ class LlmGraph:
         tmp = self.cb(self.build_lora_mm(up, cur, up_b), "ffn_up", il)
         if gate is not None:
             g = self.cb(self.build_lora_mm(gate, cur, gate_b), "ffn_gate", il)
-            glu = {FfnOp.SILU: b.swiglu, FfnOp.GELU: b.geglu}[act]
-            cur = self.cb(glu(g, tmp), f"ffn_{act.value}glu", il)
+            cur = self.cb(ffn_activation(b, act, tmp, g), f"ffn_{act.value}glu", il)
         else:
-            cur = {FfnOp.SILU: b.silu, FfnOp.GELU: b.gelu, FfnOp.RELU: b.relu}[act](tmp)
+            cur = ffn_activation(b, act, tmp)
         return self.cb(self.build_lora_mm(down, cur, down_b), "ffn_out", il)
 
     def build_qkv_rope(self, layer: SimpleNamespace, cur: Tensor, inp_pos: Tensor, rope: dict,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ggmlpy.ir import Tensor
-from llama.graph import FfnOp, NormType
+from llama.graph import FfnOp, NormType, ffn_activation
 
 if TYPE_CHECKING:
     from llama.graph import LlmGraph
@@ -65,10 +65,9 @@ def build_moe_ffn(g: "LlmGraph", cur: Tensor, gate_inp: "WeightRef", up_exps: "W
     up = g.cb(b.mul_mat_id(g.w(up_exps), x, selected), "ffn_moe_up", il)          # [n_ff, n_used, n_tokens]
     if gate_exps is not None:
         gate = g.cb(b.mul_mat_id(g.w(gate_exps), x, selected), "ffn_moe_gate", il)
-        glu = {FfnOp.SILU: b.swiglu, FfnOp.GELU: b.geglu}[act]
-        h = g.cb(glu(gate, up), f"ffn_moe_{act.value}glu", il)
+        h = g.cb(ffn_activation(b, act, up, gate), f"ffn_moe_{act.value}glu", il)
     else:
-        h = g.cb({FfnOp.SILU: b.silu, FfnOp.GELU: b.gelu, FfnOp.RELU: b.relu}[act](up), f"ffn_moe_{act.value}", il)
+        h = g.cb(ffn_activation(b, act, up), f"ffn_moe_{act.value}", il)
     experts = g.cb(b.mul_mat_id(g.w(down_exps), h, selected), "ffn_moe_down", il)  # [n_embd, n_used, n_tokens]
     experts = g.cb(b.mul(experts, weights), "ffn_moe_weighted", il)
 

@@ -66,12 +66,12 @@ def _scratch(node: Tensor, env: dict) -> int:
         return 0
     kind = KINDS[a.type]
     if repack.is_repacked(a):
-        return _activation_bytes(a, b, env)
+        return activation_bytes(a, b, env)
     area = qgemm.MAX_THREADS * qgemm.area_bytes(kind, a.ne[0]) if qgemm.supports(kind) else 0
-    return _activation_bytes(a, b, env) + area
+    return activation_bytes(a, b, env) + area
 
 
-def _activation_bytes(w: Tensor, x: Tensor, env: dict) -> int:
+def activation_bytes(w: Tensor, x: Tensor, env: dict) -> int:
     """Scratch for x's rows quantised to the activation format of weight type w.type."""
     rows = evaluate(x.ne[1], env) * evaluate(x.ne[2], env) * evaluate(x.ne[3], env)
     return KINDS[w.type].fmt.scratch_bytes(w.ne[0], rows)
@@ -103,7 +103,7 @@ def _glu_supported(node: Tensor) -> bool:
 
 
 def _glu_scratch(node: Tensor, env: dict) -> int:
-    return _activation_bytes(node.src[0], node.src[2], env)
+    return activation_bytes(node.src[0], node.src[2], env)
 
 
 @lowering("mul_mat_glu", supports=_glu_supported, scratch_bytes=_glu_scratch)

@@ -17,12 +17,11 @@ import llvmlite.ir as ir
 
 from ggmlpy.codegen_cpu import repack
 from ggmlpy.codegen_cpu.irgen import I32, KernelBuilder, i64
-from ggmlpy.codegen_cpu.kernels.matmul import QUANT, Tiler
+from ggmlpy.codegen_cpu.kernels.matmul import QUANT, Tiler, activation_bytes
 from ggmlpy.codegen_cpu.kernels.qact import aligned_scratch, quantize_rows
 from ggmlpy.codegen_cpu.kernels.qdot import KINDS
 from ggmlpy.codegen_cpu.kernels.qrepacked import RepackedMatmul
 from ggmlpy.codegen_cpu.lowering import lowering
-from ggmlpy.ir.symbolic import evaluate
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import GGMLType
 
@@ -35,9 +34,7 @@ def _supported(node: Tensor) -> bool:
 
 
 def _scratch(node: Tensor, env: dict) -> int:
-    w, x = node.src[:2]
-    rows = evaluate(x.ne[1], env) * evaluate(x.ne[2], env)
-    return KINDS[w.type].fmt.scratch_bytes(w.ne[0], rows)
+    return activation_bytes(node.src[0], node.src[1], env)
 
 
 class _ExpertTiler(Tiler):
