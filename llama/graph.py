@@ -39,12 +39,21 @@ class FfnOp(Enum):
     SILU = "silu"
     GELU = "gelu"  # tanh approximation, as ggml_gelu
     RELU = "relu"
+    SWIGLU_OAI = "swiglu_oai"  # gpt-oss's clamped SwiGLU (gated only)
+
+
+# gpt-oss's SwiGLU constants (llama.cpp's build_moe_ffn has them inline too)
+SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0
 
 
 def ffn_activation(b: GraphBuilder, act: FfnOp, up: Tensor, gate: Tensor | None = None) -> Tensor:
     """act(gate) * up with a gate (the GLU ops), act(up) without."""
     if gate is not None:
+        if act is FfnOp.SWIGLU_OAI:
+            return b.swiglu_oai(gate, up, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT)
         return {FfnOp.SILU: b.swiglu, FfnOp.GELU: b.geglu}[act](gate, up)
+    if act is FfnOp.SWIGLU_OAI:
+        raise ValueError("the SwiGLU-OAI activation needs a gate")
     return {FfnOp.SILU: b.silu, FfnOp.GELU: b.gelu, FfnOp.RELU: b.relu}[act](up)
 
 
@@ -243,25 +252,36 @@ class LlmGraph:
             cur = ffn_activation(b, act, tmp)
         return self.cb(self.build_lora_mm(down, cur, down_b), "ffn_out", il)
 
-    def build_qkv_rope(self, layer: SimpleNamespace, cur: Tensor, inp_pos: Tensor, rope: dict,
+    def build_qkv_rope(self, layer: SimpleNamespace, cur: Tensor, inp_pos: Tensor, rope: dict | None,
                        il: int, freq_factors: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Qcur, Kcur, Vcur of a layer (its tensors from TensorTable.add_attention), split
-        into heads, Q and K RMS-normalised per head where the layer has q/k norms, then
-        rotated with `rope` (hp.rope_args of the layer): the block every src/models/*.cpp
-        writes out between attn_norm and build_attn.
+        into heads, Q and K RMS-normalised where the layer has q/k norms (per head, or over
+        whole rows where the norm is as wide as all heads: OLMoE), then rotated with `rope`
+        (hp.rope_args of the layer; None: no rotation, Granite without RoPE): the block every
+        src/models/*.cpp writes out between attn_norm and build_attn.
 
         Returns q [head_k, n_head, n_tokens], k [head_k, n_head_kv, n_tokens] and
         v [head_v, n_head_kv, n_tokens].
         """
         b = self.b
         q, k, v = self._build_qkv(layer, cur, il)
-        if layer.attn_q_norm is not None:
-            q = self.cb(self.build_norm(q, layer.attn_q_norm, None, NormType.RMS, il), "Qcur_normed", il)
-        q = self.cb(b.rope_ext(q, inp_pos, freq_factors, **rope), "Qcur_rope", il)
-        if layer.attn_k_norm is not None:
-            k = self.cb(self.build_norm(k, layer.attn_k_norm, None, NormType.RMS, il), "Kcur_normed", il)
-        k = self.cb(b.rope_ext(k, inp_pos, freq_factors, **rope), "Kcur_rope", il)
+        q = self._qk_norm(q, layer.attn_q_norm, "Qcur_normed", il)
+        k = self._qk_norm(k, layer.attn_k_norm, "Kcur_normed", il)
+        if rope is not None:
+            q = self.cb(b.rope_ext(q, inp_pos, freq_factors, **rope), "Qcur_rope", il)
+            k = self.cb(b.rope_ext(k, inp_pos, freq_factors, **rope), "Kcur_rope", il)
         return q, k, v
+
+    def _qk_norm(self, t: Tensor, w: WeightRef | None, name: str, il: int) -> Tensor:
+        """t [head, n_heads, n_tokens] RMS-normalised with w per head, or over each token's
+        whole row when w is that wide."""
+        if w is None:
+            return t
+        if w.ne[0] == t.ne[0]:
+            return self.cb(self.build_norm(t, w, None, NormType.RMS, il), name, il)
+        rows = self.b.reshape(t, t.ne[0] * t.ne[1], t.ne[2])
+        normed = self.cb(self.build_norm(rows, w, None, NormType.RMS, il), name, il)
+        return self.b.reshape(normed, t.ne[0], t.ne[1], t.ne[2])
 
     def _build_qkv(self, layer: SimpleNamespace, cur: Tensor, il: int) -> tuple[Tensor, Tensor, Tensor]:
         """The projections, as heads: from the fused attn_qkv when the layer has one (Q, K
@@ -337,8 +357,9 @@ class LlmGraph:
 
     def build_attn(self, inp: "AttnInput", wo: WeightRef, wo_b: WeightRef | None, q_cur: Tensor,
                    k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int,
-                   softcap: float = 0.0) -> Tensor:
-        """Store K and V for this ubatch in the cache, attend over the n_kv cells read back.
+                   softcap: float = 0.0, sinks: WeightRef | None = None) -> Tensor:
+        """Store K and V for this ubatch in the cache, attend over the n_kv cells read back;
+        with `sinks` (gpt-oss), one more logit per head joins each softmax.
 
         q_cur [head_dim, n_head, n_tokens]; k_cur, v_cur [head_dim, n_head_kv, n_tokens].
         The cached views depend on the set_rows results, so the store always precedes the read.
@@ -365,7 +386,7 @@ class LlmGraph:
             kq = b.scale(b.tanh(b.scale(kq, kq_scale / softcap)), softcap)
             kq_scale = 1.0
         mask = inp.mask_swa if (inp.mask_swa is not None and hp.is_swa(il)) else inp.mask
-        kq = self.cb(b.soft_max_ext(kq, mask, kq_scale, 0.0), "kq_soft_max", il)
+        kq = self.cb(b.soft_max_ext(kq, mask, kq_scale, 0.0, sinks=self.w(sinks)), "kq_soft_max", il)
         v = b.permute(v, 1, 2, 0, 3)                               # [n_kv, hv, n_head_kv]
         kqv = b.mul_mat(v, kq)                                     # [hv, n_tokens, n_head]
         cur = b.permute(kqv, 0, 2, 1, 3)                           # [hv, n_head, n_tokens]

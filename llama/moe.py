@@ -2,17 +2,21 @@
 a router scores every expert for each token, the top n_expert_used are run, and their
 outputs are summed weighted by the router's probabilities.
 
-    logits  = gate_inp · x                     [n_expert, n_tokens]
-    probs   = softmax(logits)                   (the gating function)
-    chosen  = argsort_top_k(probs, n_used)      [n_used, n_tokens]
-    weights = probs[chosen]                     (normalised to sum 1 with norm_w; times w_scale)
-    out     = Σ_e weights[e] · down_e(act(gate_e · x) * (up_e · x))
+    logits  = gate_inp · x (+ gate_inp_b)      [n_expert, n_tokens]
+    probs   = gating(logits)                    softmax, sigmoid, or the logits themselves
+    chosen  = argsort_top_k(probs (+ probs_b), n_used)    [n_used, n_tokens]
+    weights = probs[chosen]                     (softmax over the chosen with SOFTMAX_WEIGHT;
+                                                 normalised to sum 1 with norm_w; times w_scale)
+    out     = Σ_e weights[e] · (down_e(act(gate_e · x + gate_b_e) * (up_e · x + up_b_e)) + down_b_e)
 
 Each expert product is one mul_mat_id over the [n_embd, n_ff, n_expert] weights of all
-experts. The nodes are named as llama.cpp names them (ffn_moe_logits, ffn_moe_probs, ...).
+experts; the experts' biases are added with add_id. The tensors are the layer's attributes
+from TensorTable.add_moe_ffn. The nodes are named as llama.cpp names them (ffn_moe_logits,
+ffn_moe_probs, ...).
 """
 from __future__ import annotations
 
+from enum import Enum
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,61 +25,105 @@ from ggmlpy.ir import Tensor
 from llama.graph import FfnOp, NormType, ffn_activation
 
 if TYPE_CHECKING:
+    from types import SimpleNamespace
+
     from llama.graph import LlmGraph
-    from llama.weights import WeightRef
 
 # llama.cpp clamps the sum of the selected weights to the smallest normal f16 before dividing
 WEIGHTS_SUM_MIN = 6.103515625e-5
 
+# the activation's node name, with a gate and without (llama.cpp's names)
+_ACT_NAMES = {FfnOp.SILU: ("ffn_moe_swiglu", "ffn_moe_silu"), FfnOp.GELU: ("ffn_moe_geglu", "ffn_moe_gelu"),
+              FfnOp.RELU: ("ffn_moe_reglu", "ffn_moe_relu"), FfnOp.SWIGLU_OAI: ("ffn_moe_swiglu_oai", "")}
 
-def build_moe_block(g: "LlmGraph", layer, x: Tensor, act: FfnOp, norm_w: bool, il: int) -> Tensor:
+
+class Gating(Enum):
+    """How the router's logits become expert probabilities (llama_expert_gating_func_type).
+    DeepSeek V3.2's sqrt(softplus) is not here: no architecture of ggmlpy's uses it yet."""
+
+    SOFTMAX = "softmax"
+    SIGMOID = "sigmoid"
+    SOFTMAX_WEIGHT = "softmax_weight"   # pick by the raw logits, softmax over the picked (gpt-oss)
+
+
+def build_moe_decoder(g: "LlmGraph", act: FfnOp, norm_w: bool) -> Tensor:
+    """The logits of a pre-norm decoder whose every layer is LLaMA's attention block (with
+    whatever biases and q/k norms the layer has) and an experts block: Qwen 3 MoE, OLMoE.
+    The output projection is output.weight, or the embedding where the file ties them."""
+    hp, m = g.hp, g.model
+    inp_l = g.build_inp_embd(m.w.tok_embd)
+    inp = g.build_layer_inputs()
+    kq_scale = g.default_kq_scale(hp)
+    rope = hp.rope_args()
+    for il, layer in enumerate(m.layers):
+        ffn_inp = g.build_attn_block(inp, layer, inp_l, rope, kq_scale, il)
+        inp_l = build_moe_block(g, layer, ffn_inp, act, norm_w, il)
+    return g.build_output(inp_l, m.w.output_norm, m.w.output or m.w.tok_embd)
+
+
+def build_moe_block(g: "LlmGraph", layer: "SimpleNamespace", x: Tensor, act: FfnOp, norm_w: bool, il: int,
+                    gating: Gating = Gating.SOFTMAX) -> Tensor:
     """The FFN half of a pre-norm decoder layer with experts: ffn_norm, the experts of the
-    layer's ffn_gate_inp / ffn_{gate,up,down}_exps, and the residual add (`l_out`)."""
-    hp = g.hp
+    layer, and the residual add (`l_out`)."""
     cur = g.cb(g.build_norm(x, layer.ffn_norm, None, NormType.RMS, il), "ffn_norm", il)
-    cur = build_moe_ffn(g, cur, layer.ffn_gate_inp, layer.ffn_up_exps, layer.ffn_gate_exps, layer.ffn_down_exps,
-                        hp.n_expert, hp.n_expert_used, act, norm_w, hp.expert_weights_scale, il)
+    cur = build_moe_ffn(g, cur, layer, act, norm_w, il, gating)
     return g.cb(g.b.add(cur, x), "l_out", il)
 
 
-def build_moe_ffn(g: "LlmGraph", cur: Tensor, gate_inp: "WeightRef", up_exps: "WeightRef",
-                  gate_exps: "WeightRef | None", down_exps: "WeightRef", n_expert: int, n_expert_used: int,
-                  act: FfnOp, norm_w: bool, w_scale: float, il: int) -> Tensor:
-    """The block's output [n_embd, n_tokens] for its input cur [n_embd, n_tokens]. The
-    router's gating function is softmax (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX,
-    what these architectures use; DeepSeek's sigmoid is not here yet)."""
-    b = g.b
+def build_moe_ffn(g: "LlmGraph", cur: Tensor, layer: "SimpleNamespace", act: FfnOp, norm_w: bool, il: int,
+                  gating: Gating = Gating.SOFTMAX) -> Tensor:
+    """The block's output [n_embd, n_tokens] for its input cur [n_embd, n_tokens], from the
+    layer's router and experts (ffn_gate_inp, ffn_{gate,up,down}_exps and their optional
+    biases); n_expert, n_expert_used and the weights' scale are the model's."""
+    b, hp = g.b, g.hp
+    n_expert, n_used = hp.n_expert, hp.n_expert_used
     n_embd, n_tokens = cur.ne[0], cur.ne[1]
-    logits = g.cb(g.build_lora_mm(gate_inp, cur), "ffn_moe_logits", il)           # [n_expert, n_tokens]
-    probs = g.cb(b.soft_max(logits), "ffn_moe_probs", il)
-    selected = b.argsort_top_k(probs, n_expert_used)                               # [n_used, n_tokens]
+    logits = g.cb(g.build_lora_mm(layer.ffn_gate_inp, cur), "ffn_moe_logits", il)   # [n_expert, n_tokens]
+    if layer.ffn_gate_inp_b is not None:
+        logits = g.cb(b.add(logits, g.w(layer.ffn_gate_inp_b)), "ffn_moe_logits_biased", il)
+    probs = {Gating.SOFTMAX: b.soft_max, Gating.SIGMOID: b.sigmoid, Gating.SOFTMAX_WEIGHT: lambda t: t}[gating](logits)
+    probs = g.cb(probs, "ffn_moe_probs", il)
+    selection = probs
+    if layer.ffn_exp_probs_b is not None:   # biases the choice, not the weights
+        selection = g.cb(b.add(probs, g.w(layer.ffn_exp_probs_b)), "ffn_moe_probs_biased", il)
+    selected = b.argsort_top_k(selection, n_used)                                 # [n_used, n_tokens]
     g.cb(selected.src[0], "ffn_moe_argsort", il)
     selected = g.cb(selected, "ffn_moe_topk", il)
     weights = b.get_rows(b.reshape(probs, 1, n_expert, n_tokens), selected)       # [1, n_used, n_tokens]
     weights = g.cb(weights, "ffn_moe_weights", il)
+    if gating is Gating.SOFTMAX_WEIGHT:
+        weights = b.reshape(b.soft_max(b.reshape(weights, n_used, n_tokens)), 1, n_used, n_tokens)
+        weights = g.cb(weights, "ffn_moe_weights_softmax", il)
     if norm_w:
-        w2 = b.reshape(weights, n_expert_used, n_tokens)
+        w2 = b.reshape(weights, n_used, n_tokens)
         total = b.clamp(b.sum_rows(w2), WEIGHTS_SUM_MIN, float(np.finfo(np.float32).max))
-        weights = b.reshape(b.div(w2, total), 1, n_expert_used, n_tokens)
+        weights = b.reshape(b.div(w2, total), 1, n_used, n_tokens)
         weights = g.cb(weights, "ffn_moe_weights_norm", il)
-    if w_scale not in (0.0, 1.0):
-        weights = g.cb(b.scale(weights, w_scale), "ffn_moe_weights_scaled", il)
+    if hp.expert_weights_scale not in (0.0, 1.0):
+        weights = g.cb(b.scale(weights, hp.expert_weights_scale), "ffn_moe_weights_scaled", il)
+
+    def experts(w, bias, x: Tensor, name: str) -> Tensor:
+        out = g.cb(b.mul_mat_id(g.w(w), x, selected), name, il)                  # [n_out, n_used, n_tokens]
+        if bias is not None:
+            out = g.cb(b.add_id(out, g.w(bias), selected), name + "_biased", il)
+        return out
 
     x = b.reshape(cur, n_embd, 1, n_tokens)
-    up = g.cb(b.mul_mat_id(g.w(up_exps), x, selected), "ffn_moe_up", il)          # [n_ff, n_used, n_tokens]
-    if gate_exps is not None:
-        gate = g.cb(b.mul_mat_id(g.w(gate_exps), x, selected), "ffn_moe_gate", il)
-        h = g.cb(ffn_activation(b, act, up, gate), f"ffn_moe_{act.value}glu", il)
+    up = experts(layer.ffn_up_exps, layer.ffn_up_exps_b, x, "ffn_moe_up")
+    gated, plain = _ACT_NAMES[act]
+    if layer.ffn_gate_exps is not None:
+        gate = experts(layer.ffn_gate_exps, layer.ffn_gate_exps_b, x, "ffn_moe_gate")
+        h = g.cb(ffn_activation(b, act, up, gate), gated, il)
     else:
-        h = g.cb(ffn_activation(b, act, up), f"ffn_moe_{act.value}", il)
-    experts = g.cb(b.mul_mat_id(g.w(down_exps), h, selected), "ffn_moe_down", il)  # [n_embd, n_used, n_tokens]
-    experts = g.cb(b.mul(experts, weights), "ffn_moe_weighted", il)
+        h = g.cb(ffn_activation(b, act, up), plain, il)
+    down = experts(layer.ffn_down_exps, layer.ffn_down_exps_b, h, "ffn_moe_down")  # [n_embd, n_used, n_tokens]
+    down = g.cb(b.mul(down, weights), "ffn_moe_weighted", il)
 
-    # the sum over the selected experts, one view of `experts` each, added in order
-    views = [b.view(experts, (n_embd, n_tokens), (experts.nb[2],), i * experts.nb[1]) for i in range(n_expert_used)]
+    # the sum over the selected experts, one view of `down` each, added in order
+    views = [b.view(down, (n_embd, n_tokens), (down.nb[2],), i * down.nb[1]) for i in range(n_used)]
     out = views[0]
     for v in views[1:]:
         out = b.add(out, v)
-    if n_expert_used == 1:
+    if n_used == 1:
         out = b.cont(out)
     return g.cb(out, "ffn_moe_out", il)

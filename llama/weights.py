@@ -91,12 +91,14 @@ class TensorTable:
 
     def add_attention(self, il: int, hp: HParams, qkv: Need = Need.REQUIRED,
                       fused_qkv: Need = Need.UNUSED, qkv_bias: Need = Need.UNUSED,
-                      out_bias: Need = Need.UNUSED, qk_norm: Need = Need.UNUSED) -> None:
+                      out_bias: Need = Need.UNUSED, qk_norm: Need = Need.UNUSED,
+                      qk_norm_rows: bool = False) -> None:
         """The attention tensors of layer il: wqkv, wq, wk, wv, wo, bq, bk, bv, bo,
         attn_q_norm and attn_k_norm, every one an attribute of the layer (None where UNUSED
         or absent), so LlmGraph.build_qkv_rope reads any architecture's layer the same way.
         A file with `fused_qkv` and `qkv` both OPTIONAL may have either (phi3); the graph
-        checks that one of them is there."""
+        checks that one of them is there. The q/k norms are one head wide, or with
+        `qk_norm_rows` as wide as all of Q's and K's heads (OLMoE normalises whole rows)."""
         n_embd, head_k = hp.n_embd, hp.n_embd_head_k
         n_q, n_k, n_v = head_k * hp.n_head[il], hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)
         n_out = hp.n_embd_head_v * hp.n_head[il]  # the attention output's width
@@ -109,8 +111,8 @@ class TensorTable:
         self._add_layer(il, "bk", "attn_k.bias", (n_k,), qkv_bias)
         self._add_layer(il, "bv", "attn_v.bias", (n_v,), qkv_bias)
         self._add_layer(il, "bo", "attn_output.bias", (n_embd,), out_bias)
-        self._add_layer(il, "attn_q_norm", "attn_q_norm.weight", (head_k,), qk_norm)
-        self._add_layer(il, "attn_k_norm", "attn_k_norm.weight", (head_k,), qk_norm)
+        self._add_layer(il, "attn_q_norm", "attn_q_norm.weight", (n_q if qk_norm_rows else head_k,), qk_norm)
+        self._add_layer(il, "attn_k_norm", "attn_k_norm.weight", (n_k if qk_norm_rows else head_k,), qk_norm)
 
     def add_gated_ffn(self, il: int, n_embd: int, n_ff: int) -> None:
         """The gate, up and down projections of a GLU feed-forward block."""
@@ -118,14 +120,23 @@ class TensorTable:
         self.add_layer(il, "ffn_up", "ffn_up.weight", (n_embd, n_ff))
         self.add_layer(il, "ffn_down", "ffn_down.weight", (n_ff, n_embd))
 
-    def add_moe_ffn(self, il: int, n_embd: int, n_ff_exp: int, n_expert: int, gate: Need = Need.REQUIRED) -> None:
+    def add_moe_ffn(self, il: int, n_embd: int, n_ff_exp: int, n_expert: int, gate: Need = Need.REQUIRED,
+                    biases: Need = Need.UNUSED, probs_bias: Need = Need.UNUSED) -> None:
         """A mixture-of-experts block: the router and every expert's gate (optional in
         Mixtral's files: then act(up)), up and down projections, stacked [n_in, n_out,
-        n_expert]."""
+        n_expert]; with `biases` the router's and every expert's biases (gpt-oss; an
+        expert's bias row is column e of [n_out, n_expert]), with `probs_bias` the bias added
+        to the router's scores for choosing experts only (DeepSeek V3's exp_probs_b). Every
+        one is an attribute of the layer (None where UNUSED), as build_moe_ffn reads them."""
         self.add_layer(il, "ffn_gate_inp", "ffn_gate_inp.weight", (n_embd, n_expert))
         self._add_layer(il, "ffn_gate_exps", "ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), gate)
         self.add_layer(il, "ffn_up_exps", "ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert))
         self.add_layer(il, "ffn_down_exps", "ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert))
+        self._add_layer(il, "ffn_gate_inp_b", "ffn_gate_inp.bias", (n_expert,), biases)
+        self._add_layer(il, "ffn_gate_exps_b", "ffn_gate_exps.bias", (n_ff_exp, n_expert), biases)
+        self._add_layer(il, "ffn_up_exps_b", "ffn_up_exps.bias", (n_ff_exp, n_expert), biases)
+        self._add_layer(il, "ffn_down_exps_b", "ffn_down_exps.bias", (n_embd, n_expert), biases)
+        self._add_layer(il, "ffn_exp_probs_b", "exp_probs_b.bias", (n_expert,), probs_bias)
 
     def resolve(self, tensors: Mapping[str, TensorInfo], strict: bool = True
                 ) -> tuple[SimpleNamespace, list[SimpleNamespace]]:

@@ -10,19 +10,23 @@ The layout keeps the bits of the format (a group is as many bytes as its 16 rows
 GGUF file), so decode stays a stream of the same bytes. A *step* is two 32-blocks (64
 values) of the group's 16 rows, 64-byte aligned:
 
-    qs   Q4_0/Q4_1/Q5_0/Q5_1: 8 vectors; vector 4h + c, lane r: bytes 4c..4c+3 of row r's block h
-         (low nibbles: values 4c..4c+3; high nibbles: values 16+4c..16+4c+3).
+    qs   Q4_0/Q4_1/Q5_0/Q5_1/MXFP4: 8 vectors; vector 4h + c, lane r: bytes 4c..4c+3 of row r's
+         block h (low nibbles: values 4c..4c+3; high nibbles: values 16+4c..16+4c+3; MXFP4's
+         nibbles are its codes, as stored).
          Q8_0: 16 vectors; vector 8h + c, lane r: values 4c..4c+3 of row r's block h, + 128.
     qh   Q5_0/Q5_1 only: 2 vectors; vector h, lane r: byte i holds bit 4 of value 4c+i in its bit
          c and of value 16+4c+i in its bit 4+c (c = 0..3), so one shift and mask fetch them.
-    d    one vector: the scales of block h of row r as f16 at half-word 16h + r.
+    d    one vector: the scales of block h of row r as f16 at half-word 16h + r; MXFP4: its
+         E8M0 exponent bytes e instead (no f16 holds 2^-128..2^127), at byte 16h + r, the
+         vector's last 32 bytes zero (the kernels build the f32 scale: kernels/qfp4.py).
     m    Q4_1/Q5_1 only: the minimums, laid out as d.
 
 Which of these a 32-block type has follows from its GGUF block's fields (`high_bits`,
-`minimums`: a `qh` word, an `m` half), so a type's facts are its block layout
-(ggmlpy/quants/layouts.py) plus its STEP_BYTES entry.
+`minimums`, `exponents`: a `qh` word, an `m` half, an `e` byte), so a type's facts are its
+block layout (ggmlpy/quants/layouts.py) plus its STEP_BYTES entry.
 
-Rows of K not a multiple of 64 get a last step whose second block is zero (scale zero).
+Rows of K not a multiple of 64 get a last step whose second block is zero bytes (scale
+zero; MXFP4: code 0, whose value is zero).
 Weights are repacked once per model (`WeightLayouts`), from the memory map; the map's pages
 of a repacked tensor are then released, so the weights are resident once. The numpy code
 here defines the layout; for the 32-block types its byte moves run natively
@@ -60,6 +64,7 @@ STEP_BYTES = {  # bytes per step of a group (16 rows x 64 values; K-quants: 256 
     GGMLType.Q5_0: 8 * 64 + 2 * 64 + 64,
     GGMLType.Q5_1: 8 * 64 + 2 * 64 + 2 * 64,
     GGMLType.Q8_0: 16 * 64 + 64,
+    GGMLType.MXFP4: 8 * 64 + 64,
     GGMLType.Q2_K: 16 * 64 + 4 * 64 + 64,
     GGMLType.Q3_K: 24 * 64 + 4 * 64 + 64,
     GGMLType.Q4_K: 32 * 64 + 4 * 64 + 64,
@@ -133,6 +138,12 @@ def high_bits(t: GGMLType) -> bool:
 def minimums(t: GGMLType) -> bool:
     """Whether a 32-block type adds a minimum per block (an m half: Q4_1, Q5_1)."""
     return field_at(t, "m") is not None
+
+
+def exponents(t: GGMLType) -> bool:
+    """Whether a 32-block type's scale is an E8M0 exponent byte (an `e` byte: MXFP4), kept as
+    bytes in the d vector, rather than an f16 d."""
+    return field_at(t, "e") is not None
 
 
 def qh_offset(t: GGMLType) -> int:
@@ -229,6 +240,15 @@ def _scales(blocks: np.ndarray, at: int) -> np.ndarray:
     f = blocks[..., at:at + 2]                      # [g, r, s, h, 2]
     return _moved(f, np.uint16, (0, 2, 3, 1)).reshape(f.shape[0], f.shape[2], 64)
 
+
+
+def _exponents(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The byte at `at` of every block (MXFP4's e), as [g, s, 64]: byte 16h + r, then zeros."""
+    e = blocks[..., at]                                         # [g, r, s, h]
+    g, s = e.shape[0], e.shape[2]
+    out = np.zeros((g, s, 64), np.uint8)
+    out[..., :32] = e.transpose(0, 2, 3, 1).reshape(g, s, 32)
+    return out
 
 
 def _word_aligned(blocks: np.ndarray, at: int) -> tuple[np.ndarray, int]:
@@ -345,7 +365,7 @@ def _repack_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
     parts.append(lanes.reshape(g, s, -1))
     if high_bits(t):
         parts.append(_q5_planes(blocks, field_at(t, "qh")))
-    parts.append(_scales(blocks, 0))
+    parts.append(_exponents(blocks, field_at(t, "e")) if exponents(t) else _scales(blocks, field_at(t, "d")))
     if minimums(t):
         parts.append(_scales(blocks, field_at(t, "m")))
     return np.concatenate(parts, axis=2)
@@ -399,13 +419,16 @@ def widen_sources(sources: np.ndarray, n: int, bb: int) -> np.ndarray:
 def _computed(t: GGMLType, unit: int) -> list[tuple[int, int, Callable[[np.ndarray], np.ndarray]]]:
     """The byte ranges of every step that a table of `unit`-byte moves leaves to numpy,
     with what computes them from `_blocks`' array ([g, s, hi - lo]): the high-bit
-    vectors (Q5_0, Q5_1), and for word moves the f16 scales (16 rows' halves side by side,
-    no word of which comes from one place)."""
+    vectors (Q5_0, Q5_1), MXFP4's exponent bytes, and for word moves the f16 scales (16
+    rows' halves side by side, no word of which comes from one place)."""
     out = []
     if high_bits(t):
         at = field_at(t, "qh")
         out.append((qh_offset(t), qh_offset(t) + 2 * 64, lambda blocks: _q5_planes(blocks, at)))
-    if unit == 4:
+    if exponents(t):   # single bytes of 16 rows side by side: no move of a half-word or word
+        at_e = field_at(t, "e")
+        out.append((d_offset(t), d_offset(t) + 64, lambda blocks: _exponents(blocks, at_e)))
+    elif unit == 4:
         out.append((d_offset(t), d_offset(t) + 64, lambda blocks: _scales(blocks, 0)))
         if minimums(t):
             at_m = field_at(t, "m")

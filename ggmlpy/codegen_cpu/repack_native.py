@@ -4,9 +4,10 @@ repack.py defines the layout in numpy, and numpy moves Q8_0's bytes slowly: its 
 two bytes off word alignment, and the transposes ran at 0.35-0.4 GB/s, so repacking was
 most of a warm start (Gemma 3's 168 MB tied Q8_0 embedding: 0.45 s of one core; this loop
 0.11 s). For Q4_0, Q4_1, Q8_0,
-Q5_0 and Q5_1, every half-word of a repacked group is a half-word of the group's 16 GGUF rows
-(or a constant: padding), and-ed and xor-ed with constants (Q8_0's + 128); only Q5_0's
-and Q5_1's high-bit planes are computed from bits. So each (type, K) gets a *table*, derived from
+Q5_0, Q5_1 and MXFP4, every half-word of a repacked group is a half-word of the group's 16 GGUF
+rows (or a constant: padding), and-ed and xor-ed with constants (Q8_0's + 128); only Q5_0's
+and Q5_1's high-bit planes are computed from bits, and MXFP4's exponent bytes (16 rows' bytes
+side by side) are numpy's. So each (type, K) gets a *table*, derived from
 numpy's own layout function run on probe rows that hold their byte positions, and checked
 against it on random rows: per output half-word, its source offset and two masks.
 A small native loop (LLVM IR, compiled once into the disk cache like the kernels) applies

@@ -139,13 +139,13 @@ class SoftmaxStep(Step):
         super().__init__([node], reads=list(node.src), writes=[node])
         self.node = node
         mask = node.src[1] if len(node.src) > 1 else None
-        fields = [("s", "ptr"), ("d", "ptr"), ("m", "ptr")] + [(f"ne{i}", "i64") for i in range(4)]
+        fields = [("s", "ptr"), ("d", "ptr"), ("m", "ptr"), ("k", "ptr")] + [(f"ne{i}", "i64") for i in range(4)]
         fields += [(f"nbs{i}", "i64") for i in range(4)] + [(f"nbd{i}", "i64") for i in range(4)]
         fields += [(f"mnb{i}", "i64") for i in range(4)] + [("mne2", "i64"), ("mne3", "i64")]
         fields += [("scale", "f64"), ("m0", "f64"), ("m1", "f64"), ("n_head_log2", "i64")]
         self.spec = KernelSpec.make("softmax", fields, src=sfx(node.src[0].type),
                                     mask=sfx(mask.type) if mask is not None else "none",
-                                    alibi=node.params.get("max_bias", 0.0) > 0.0)
+                                    alibi=node.params.get("max_bias", 0.0) > 0.0, sinks=len(node.src) > 2)
 
     def specs(self) -> list[KernelSpec]:
         return [self.spec]
@@ -156,7 +156,8 @@ class SoftmaxStep(Step):
         ne = ne_of(a, env)
         m0, m1, nhl = alibi_params(ne[2], node.params.get("max_bias", 0.0))
         vals = {"s": addr(a), "d": addr(node), "scale": node.params["scale"], "m0": m0, "m1": m1,
-                "n_head_log2": nhl, "m": 0, "mne2": 1, "mne3": 1, **{f"mnb{i}": 0 for i in range(4)}}
+                "n_head_log2": nhl, "m": 0, "mne2": 1, "mne3": 1, **{f"mnb{i}": 0 for i in range(4)},
+                "k": addr(node.src[2]) if len(node.src) > 2 else 0}   # the attention sinks
         if len(node.src) > 1:
             mask = node.src[1]
             vals["m"] = addr(mask)

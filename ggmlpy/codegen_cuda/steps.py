@@ -25,12 +25,13 @@ TYPE_SUFFIX = {
     GGMLType.F32: "f32", GGMLType.F16: "f16", GGMLType.BF16: "bf16", GGMLType.I32: "i32",
     GGMLType.I64: "i64", GGMLType.Q4_0: "q4_0", GGMLType.Q4_1: "q4_1", GGMLType.Q5_0: "q5_0",
     GGMLType.Q5_1: "q5_1", GGMLType.Q8_0: "q8_0", GGMLType.Q4_K: "q4_k", GGMLType.Q6_K: "q6_k",
+    GGMLType.MXFP4: "mxfp4",
 }
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 INDEX_TYPES = (GGMLType.I32, GGMLType.I64)
 # types with a dq8_<type> decoder (8 values at a time): weights of mul_mat and get_rows
 DQ8_TYPES = FLOAT_TYPES + (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
-                           GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K)
+                           GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.MXFP4)
 
 
 class LoweringError(ValueError):

@@ -226,6 +226,27 @@ def q8_k(blk: np.ndarray, out: np.ndarray) -> None:
     _fill(out, blk["qs"][None], blk["d"].astype(F32), 1)
 
 
+# ggml's kvalues_mxfp4: the sixteen E2M1 (FP4) values doubled, so that they are integers
+# (the half goes into the scale, GGML_E8M0_TO_FP32_HALF); code 8 is a second zero (+0)
+KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
+
+
+def e8m0_half(e: np.ndarray) -> np.ndarray:
+    """ggml's GGML_E8M0_TO_FP32_HALF: 2^(e - 128) as float32, built from its bits. e >= 2 is a
+    normal number (exponent field e - 1); e = 0 and 1 are the subnormals 2^-128 and 2^-127.
+    (e = 255 is 2^127, not NaN: ggml does not treat it specially either.)"""
+    e = np.asarray(e, dtype=np.uint32)
+    bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23))
+    return bits.astype(np.uint32).view(F32)
+
+
+def mxfp4(blk: np.ndarray, out: np.ndarray) -> None:
+    # the nibbles as Q4_0's, each looked up in the doubled E2M1 table, times the half scale;
+    # e >= 254 can give +-inf (12 * 2^126 and up), as in ggml
+    with np.errstate(over="ignore"):
+        _fill(out, np.take(KVALUES_MXFP4, _nibble_planes(blk)), e8m0_half(blk["e"]), 1)
+
+
 DECODERS: dict[GGMLType, Decoder] = {
     GGMLType.Q4_0: q4_0,
     GGMLType.Q4_1: q4_1,
@@ -239,4 +260,5 @@ DECODERS: dict[GGMLType, Decoder] = {
     GGMLType.Q5_K: q5_k,
     GGMLType.Q6_K: q6_k,
     GGMLType.Q8_K: q8_k,
+    GGMLType.MXFP4: mxfp4,
 }

@@ -43,6 +43,9 @@ _LAYOUTS: dict[GGMLType, list[tuple]] = {
     GGMLType.Q6_K: [("ql", "u1", (QK_K // 2,)), ("qh", "u1", (QK_K // 4,)),
                     ("scales", "i1", (QK_K // 16,)), ("d", _F16)],
     GGMLType.Q8_K: [("d", "<f4"), ("qs", "i1", (QK_K,)), ("bsums", "<i2", (QK_K // 16,))],
+    # e: the block's power-of-two scale as an E8M0 exponent (no sign, no mantissa), which no
+    # f16 can hold; qs: 4-bit E2M1 codes, element j in the low nibble of byte j, j + 16 high
+    GGMLType.MXFP4: [("e", "u1"), ("qs", "u1", (16,))],
 }
 
 _DTYPES: dict[GGMLType, np.dtype] = {t: np.dtype(fields) for t, fields in _LAYOUTS.items()}

@@ -27,6 +27,7 @@ ENCODERS: dict[GGMLType, Encoder] = {
     GGMLType.Q5_K: quant_k.q5_k,
     GGMLType.Q6_K: quant_k.q6_k,
     GGMLType.Q8_K: quant_k.q8_k,
+    GGMLType.MXFP4: quant_blocks.mxfp4,
 }
 
 # elements per call of an encoder: bounds the K-quant searches' temporaries (~40 arrays)

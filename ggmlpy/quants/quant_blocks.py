@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ggmlpy.ir.types import GGMLType
+from ggmlpy.quants.dequant_blocks import KVALUES_MXFP4, e8m0_half
 from ggmlpy.quants.layouts import block_dtype
 from ggmlpy.quants.rounding import F32, first_absmax, round_away, safe_inverse, to_f16
 
@@ -106,6 +107,26 @@ def q8_1(x: np.ndarray) -> np.ndarray:
     blk["d"] = to_f16(d)
     blk["s"] = to_f16(q.sum(axis=1, dtype=np.int32).astype(F32) * d)
     blk["qs"] = q
+    return blk
+
+
+def mxfp4(x: np.ndarray) -> np.ndarray:
+    """quantize_row_mxfp4_ref: the shared exponent e = floor(log2(amax)) - 2 + 127 (0 for an
+    all-zero block) puts amax / d in [8, 16) for d = 2^(e - 128), so the largest values clamp
+    to the top doubled code 12 (E2M1's 6), as ggml's do; each value becomes the first of the
+    sixteen codes whose value times d is nearest (ggml's best_index_mxfp4: float32 products
+    and differences, the first minimum). The exponent is float32 log2 and a float -> uint8
+    conversion, computed as the gguf package computes it (the oracle of the tests)."""
+    amax = np.abs(x).max(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e = np.where(amax > 0, np.floor(np.log2(amax)) - 2 + 127, 0).astype(np.uint8)
+    d = e8m0_half(e)
+    values = KVALUES_MXFP4.astype(F32)
+    err = np.abs((d[:, None, None] * values) - x[:, :, None])     # [n, 32, 16], float32
+    q = np.argmin(err, axis=2).astype(np.uint8)                     # first of equal errors
+    blk = _new(GGMLType.MXFP4, len(x))
+    blk["e"] = e
+    blk["qs"] = _pack_nibbles(q)
     return blk
 
 

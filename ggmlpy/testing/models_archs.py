@@ -48,7 +48,9 @@ class TinyConfig:
     n_expert: int = 0                 # mixture of experts: expert_count (0: a dense model)
     n_expert_used: int = 0            # expert_used_count
     n_ff_exp: int = 0                 # expert_feed_forward_length
-    n_ff_shexp: int = 0               # a shared expert's width (0: none), Qwen 2 MoE
+    n_ff_shexp: int = 0               # a shared expert's width (0: none), Qwen 2 MoE, Granite MoE
+    shexp_gate: bool = False          # the shared expert's sigmoid gate ffn_gate_inp_shexp (Qwen 2 MoE)
+    expert_type: GGMLType | None = None  # the experts' type (None: weight_type), e.g. gpt-oss's MXFP4
     omit: tuple[str, ...] = ()        # tensor names to leave out (files for error tests)
     extra_keys: dict[str, Any] = field(default_factory=dict)
     extra_tensors: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. rope_freqs.weight
@@ -77,7 +79,16 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma2": dict(n_layer=4, n_swa=4, tied=True, attn_softcap=3.0, final_softcap=10.0),
     "gemma3": dict(n_layer=6, n_swa=4, tied=True, rope_base=1e6),
     "qwen3moe": dict(n_layer=2, head_dim=32, rope_base=1e6, n_expert=8, n_expert_used=3, n_ff_exp=32),
-    "qwen2moe": dict(n_layer=2, rope_base=1e6, n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64),
+    "qwen2moe": dict(n_layer=2, rope_base=1e6, n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64,
+                     shexp_gate=True),
+    "olmoe": dict(n_layer=2, n_head_kv=4, n_ff=32, n_expert=8, n_expert_used=2),
+    "granite": dict(n_layer=2, extra_keys={"logit_scale": 4.0, "residual_scale": 0.5, "embedding_scale": 3.0,
+                                           "attention.scale": 0.2}),
+    "granitemoe": dict(n_layer=2, n_ff=32, n_expert=4, n_expert_used=2, n_ff_shexp=64,
+                       extra_keys={"logit_scale": 4.0, "residual_scale": 0.5, "embedding_scale": 3.0,
+                                   "attention.scale": 0.2}),
+    # alternating 4-token windows (even layers), Q wider than n_embd as in gpt-oss (64 heads of 64 in 2880)
+    "gpt-oss": dict(n_layer=4, head_dim=32, n_swa=4, rope_base=1.5e5, n_expert=8, n_expert_used=2, n_ff_exp=32),
 }
 
 
@@ -142,7 +153,9 @@ def _common_keys(t: _Tiny) -> None:
         if c.n_ff_shexp:
             t.key_u32("expert_shared_feed_forward_length", c.n_ff_shexp)
     for key, value in c.extra_keys.items():
-        if isinstance(value, str):
+        if isinstance(value, bool):
+            t.w.add_bool(f"{c.arch}.{key}", value)
+        elif isinstance(value, str):
             t.w.add_string(f"{c.arch}.{key}", value)
         elif isinstance(value, float):
             t.key_f32(key, value)
@@ -159,7 +172,10 @@ def _embeddings(t: _Tiny) -> None:
         t.mat("output.weight", c.n_embd, c.n_vocab)
 
 
-def _attn(t: _Tiny, p: str, biases: bool = False, qk_norm: bool = False) -> None:
+def _attn(t: _Tiny, p: str, biases: bool = False, qk_norm: bool = False, qk_norm_rows: bool = False,
+          out_bias: bool = False) -> None:
+    """Q, K, V and output projections; q/k/v biases, the output's bias; q/k norms one head
+    wide or (qk_norm_rows, OLMoE) as wide as all heads."""
     c = t.cfg
     t.mat(p + "attn_q.weight", c.n_embd, c.n_q)
     t.mat(p + "attn_k.weight", c.n_embd, c.n_kv)
@@ -169,24 +185,32 @@ def _attn(t: _Tiny, p: str, biases: bool = False, qk_norm: bool = False) -> None
         t.bias(p + "attn_q.bias", c.n_q)
         t.bias(p + "attn_k.bias", c.n_kv)
         t.bias(p + "attn_v.bias", c.n_kv)
-    if qk_norm:
-        t.norm(p + "attn_q_norm.weight", c.head)
-        t.norm(p + "attn_k_norm.weight", c.head)
+    if out_bias:
+        t.bias(p + "attn_output.bias", c.n_embd)
+    if qk_norm or qk_norm_rows:
+        t.norm(p + "attn_q_norm.weight", c.n_q if qk_norm_rows else c.head)
+        t.norm(p + "attn_k_norm.weight", c.n_kv if qk_norm_rows else c.head)
 
 
-def _ffn(t: _Tiny, p: str) -> None:
+def _ffn(t: _Tiny, p: str, norm: str = "ffn_norm.weight", expert_biases: bool = False) -> None:
     """A gated FFN, or with n_expert a router and n_expert gated experts (Qwen 3 MoE:
-    n_ff_exp wide; Mixtral: n_ff)."""
+    n_ff_exp wide; Mixtral: n_ff), with expert_biases the router's and the experts' biases
+    (gpt-oss); `norm` names the norm before it."""
     c = t.cfg
-    t.norm(p + "ffn_norm.weight", c.n_embd)
+    t.norm(p + norm, c.n_embd)
     if c.n_expert:
         width = c.n_ff_exp or c.n_ff
         t.mat(p + "ffn_gate_inp.weight", c.n_embd, c.n_expert)
         _experts(t, p + "ffn_gate_exps.weight", c.n_embd, width)
         _experts(t, p + "ffn_up_exps.weight", c.n_embd, width)
         _experts(t, p + "ffn_down_exps.weight", width, c.n_embd)
-        if c.n_ff_shexp:
+        if expert_biases:
+            t.bias(p + "ffn_gate_inp.bias", c.n_expert)
+            for name, n_out in (("gate", width), ("up", width), ("down", c.n_embd)):
+                t.add(p + f"ffn_{name}_exps.bias", (0.5 * t.rng.standard_normal((c.n_expert, n_out))).astype(np.float32))
+        if c.n_ff_shexp and c.shexp_gate:
             t.add(p + "ffn_gate_inp_shexp.weight", (t.rng.standard_normal(c.n_embd) / np.sqrt(c.n_embd)).astype(np.float32))
+        if c.n_ff_shexp:
             t.mat(p + "ffn_gate_shexp.weight", c.n_embd, c.n_ff_shexp)
             t.mat(p + "ffn_up_shexp.weight", c.n_embd, c.n_ff_shexp)
             t.mat(p + "ffn_down_shexp.weight", c.n_ff_shexp, c.n_embd)
@@ -200,21 +224,31 @@ def _experts(t: _Tiny, name: str, n_in: int, n_out: int) -> None:
     """Every expert's [n_out, n_in] matrix, stacked: ggml ne (n_in, n_out, n_expert)."""
     c = t.cfg
     data = (t.rng.standard_normal((c.n_expert, n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
-    if c.weight_type == GGMLType.F32:
+    wtype = c.expert_type or c.weight_type
+    if wtype == GGMLType.F32:
         t.add(name, data)
-    elif c.weight_type == GGMLType.F16:
+    elif wtype == GGMLType.F16:
         t.add(name, data.astype(np.float16))
     else:
-        rows = quantize(data.reshape(-1, n_in), c.weight_type)
-        t.add(name, rows.reshape(c.n_expert, n_out, -1), type=c.weight_type, ne=(n_in, n_out, c.n_expert))
+        rows = quantize(data.reshape(-1, n_in), wtype)
+        t.add(name, rows.reshape(c.n_expert, n_out, -1), type=wtype, ne=(n_in, n_out, c.n_expert))
 
 
-def _llama_like(biases: bool = False, qk_norm: bool = False) -> Callable[[_Tiny, str], None]:
+def _llama_like(biases: bool = False, qk_norm: bool = False, qk_norm_rows: bool = False) -> Callable[[_Tiny, str], None]:
     def layer(t: _Tiny, p: str) -> None:
         t.norm(p + "attn_norm.weight", t.cfg.n_embd)
-        _attn(t, p, biases=biases, qk_norm=qk_norm)
+        _attn(t, p, biases=biases, qk_norm=qk_norm, qk_norm_rows=qk_norm_rows)
         _ffn(t, p)
     return layer
+
+
+def _gpt_oss_layer(t: _Tiny, p: str) -> None:
+    """Biased attention with one sink per head; the FFN's norm is post_attention_norm."""
+    c = t.cfg
+    t.norm(p + "attn_norm.weight", c.n_embd)
+    _attn(t, p, biases=True, out_bias=True)
+    t.add(p + "attn_sinks.weight", t.rng.standard_normal(c.n_head).astype(np.float32))
+    _ffn(t, p, norm="post_attention_norm.weight", expert_biases=True)
 
 
 def _phi3_layer(t: _Tiny, p: str) -> None:
@@ -253,6 +287,10 @@ LAYER_WRITERS: dict[str, Callable[[_Tiny, str], None]] = {
     "gemma3": _gemma_sandwich(qk_norm=True),
     "qwen3moe": _llama_like(qk_norm=True),
     "qwen2moe": _llama_like(biases=True),
+    "olmoe": _llama_like(qk_norm_rows=True),
+    "granite": _llama_like(),
+    "granitemoe": _llama_like(),
+    "gpt-oss": _gpt_oss_layer,
 }
 ARCHS_WITHOUT_OUTPUT = {"gemma", "gemma2"}  # llama.cpp always ties their output
 

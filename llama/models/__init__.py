@@ -9,3 +9,6 @@ from llama.models import qwen2  # noqa: F401
 from llama.models import qwen3  # noqa: F401
 from llama.models import qwen3moe  # noqa: F401
 from llama.models import qwen2moe  # noqa: F401
+from llama.models import olmoe  # noqa: F401
+from llama.models import granite  # noqa: F401
+from llama.models import gpt_oss  # noqa: F401

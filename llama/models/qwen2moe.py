@@ -52,8 +52,7 @@ def build(g: LlmGraph) -> Tensor:
     for il, layer in enumerate(m.layers):
         ffn_inp = g.build_attn_block(inp, layer, inp_l, rope, kq_scale, il)
         cur = g.cb(g.build_norm(ffn_inp, layer.ffn_norm, None, NormType.RMS, il), "ffn_norm", il)
-        moe_out = build_moe_ffn(g, cur, layer.ffn_gate_inp, layer.ffn_up_exps, layer.ffn_gate_exps, layer.ffn_down_exps,
-                                hp.n_expert, hp.n_expert_used, FfnOp.SILU, False, hp.expert_weights_scale, il)
+        moe_out = build_moe_ffn(g, cur, layer, FfnOp.SILU, False, il)
         gate_inp = g.cb(g.build_lora_mm(layer.ffn_gate_inp_shexp, cur), "ffn_shexp_gate_inp", il)
         gate = g.cb(b.div(b.silu(gate_inp), gate_inp), "ffn_shexp_gate", il)   # sigmoid
         shared = g.build_ffn(cur, layer.ffn_up_shexp, None, layer.ffn_gate_shexp, None, layer.ffn_down_shexp, None,

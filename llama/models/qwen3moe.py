@@ -13,7 +13,7 @@ from llama.graph import FfnOp, LlmGraph
 from llama.hparams import HParams, MetadataReader, load_experts
 from llama.models import qwen3
 from llama.models.decoder_tensors import add_embd_output
-from llama.moe import build_moe_block
+from llama.moe import build_moe_decoder
 from llama.weights import Need, TensorTable
 
 
@@ -34,15 +34,7 @@ def tensors(hp: HParams, t: TensorTable) -> None:
 
 
 def build(g: LlmGraph) -> Tensor:
-    hp, m = g.hp, g.model
-    inp_l = g.build_inp_embd(m.w.tok_embd)
-    inp = g.build_layer_inputs()
-    kq_scale = g.default_kq_scale(hp)
-    rope = hp.rope_args()
-    for il, layer in enumerate(m.layers):
-        ffn_inp = g.build_attn_block(inp, layer, inp_l, rope, kq_scale, il)
-        inp_l = build_moe_block(g, layer, ffn_inp, FfnOp.SILU, True, il)
-    return g.build_output(inp_l, m.w.output_norm, m.w.output or m.w.tok_embd)
+    return build_moe_decoder(g, FfnOp.SILU, True)
 
 
 register(Architecture("qwen3moe", load_hparams, tensors, build))

@@ -35,6 +35,19 @@ VARIANTS: dict[str, tuple[str, dict]] = {
                                                 "rope.scaling.original_context_length": 32}}),
     "mixtral-f32": ("llama", {"n_expert": 4, "n_expert_used": 2}),
     "mixtral-q4_0": ("llama", {"n_expert": 4, "n_expert_used": 2, "weight_type": GGMLType.Q4_0}),
+    "olmoe-f32": ("olmoe", {}),
+    "olmoe-q8_0": ("olmoe", {"weight_type": GGMLType.Q8_0}),
+    "granite-f32": ("granite", {}),
+    "granite-norope-q8_0": ("granite", {"weight_type": GGMLType.Q8_0,
+                                        "extra_keys": {"logit_scale": 4.0, "residual_scale": 0.5,
+                                                       "embedding_scale": 3.0, "rope.scaling.finetuned": False}}),
+    "granitemoe-f32": ("granitemoe", {}),
+    "granitemoe-q4_0": ("granitemoe", {"weight_type": GGMLType.Q4_0}),
+    "gpt-oss-f32": ("gpt-oss", {}),
+    # gpt-oss's own mix: MXFP4 experts, Q8_0 attention; YaRN as the released files have it
+    "gpt-oss-mxfp4": ("gpt-oss", {"weight_type": GGMLType.Q8_0, "expert_type": GGMLType.MXFP4,
+                                  "extra_keys": {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                                                 "rope.scaling.original_context_length": 32}}),
 }
 PROMPT = [5, 17, 200, 33, 41, 9, 8, 7, 100]
 N_GREEDY = 8

@@ -4,12 +4,12 @@ Float operands (attention over the f16 KV cache, f32/f16 weights): a dot-product
 both operands are contiguous along K, an axpy form when `a` is contiguous along its rows
 (the transposed V view), and a strided fallback.
 
-Quantised weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K): as ggml,
+Quantised weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K): as ggml,
 the activations are first quantised to 8-bit blocks in scratch (phase 1, kernels/qact.py,
 rows split over threads, then a barrier), and the dot products work on the integer blocks directly (phase 2:
 vpdpbusd where the CPU has AVX-512 VNNI, portable vector IR elsewhere, kernels/qvec.py).
 
-A model's weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K with whole groups
+A model's weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K with whole groups
 of 16 rows) are kept by the CPU backend in its own layout (repack.py), 16 rows interleaved so the dot lanes are
 rows: phase 2 is then kernels/qrepacked.py for any number of tokens. Other quantised
 operands (odd row counts, tensors computed at run time) take the direct path, which

@@ -14,10 +14,11 @@ consumes: 64 for 32-block weights, 256 for K-quants), each step 64-byte aligned:
 (broadcasts, conversions, a multiply): stored once per token, they are plain memory operands
 in the dot loop, which matters most for decode, where one token meets every weight row.
 
-- "q8_32_*" (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): a step is two blocks of 32 with their own f32 scale;
-  lanes 0-7 belong to the first block, 8-15 to the second. For weights stored with an
-  offset o (Q4_0: 8, Q5_0: 16, Q8_0: 128) aux is the i32 vector that starts the dot's
-  accumulator, -o * sum(q) in lanes 0 and 8, so the offset is undone exactly and for free;
+- "q8_32_*" (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4): a step is two blocks of 32 with their own f32
+  scale; lanes 0-7 belong to the first block, 8-15 to the second. For weights stored with an
+  offset o (Q4_0: 8, Q5_0: 16, Q8_0: 128, MXFP4's decoded codes: 12) aux is the i32 vector
+  that starts the dot's accumulator, -o * sum(q) in lanes 0 and 8, so the offset is undone
+  exactly and for free;
   for Q4_1 and Q5_1 ("q8_32_min") aux holds d * sum(q) in lanes 1 and 3, where the weight side puts
   the blocks' minimums. An odd last block gets a step whose second half is zero.
 - "q8_256_32" (Q4_K, Q5_K) and "q8_256_16" (Q6_K): one scale per 256 values (ggml's Q8_K);

@@ -4,7 +4,8 @@ It reuses the weight decoders of the dot products (kernels/qdot.py), which give 
 values as unsigned bytes plus their scales, and applies the scales in f32 instead of
 feeding a dot product:
 
-- 32-blocks: d * (u - offset), or d * u + m for Q4_1 and Q5_1;
+- 32-blocks: d * (u - offset), or d * u + m for Q4_1 and Q5_1 (MXFP4: u its code's value +
+  12, d its E8M0 scale: kernels/qfp4.py);
 - K-quants: d * scale(lane) * u + correction(lane), the correction being the minimum
   (Q2_K, Q4_K, Q5_K: -dmin * m) or the offset (Q3_K: -4 * d * scale, Q6_K: -32 * d * scale).
 """
@@ -15,6 +16,7 @@ import llvmlite.ir as ir
 from ggmlpy.codegen_cpu import repack
 from ggmlpy.codegen_cpu.irgen import F32, I8, I32, KernelBuilder, f32, i64
 from ggmlpy.codegen_cpu.kernels.qdot import KINDS, Block32, KQuant
+from ggmlpy.codegen_cpu.kernels.qfp4 import CODE_BOOKS, e8m0_half, lookup
 from ggmlpy.codegen_cpu.kernels.qvec import (
     CONTRACT, concat, const, load_f16, load_vec, shuffle, sitofp, splat, store_vec, vec,
 )
@@ -44,7 +46,7 @@ def _u8_to_f32(b: ir.IRBuilder, q: ir.Value) -> ir.Value:
 def _block32(kb: KernelBuilder, kind: Block32, bp: ir.Value, out: ir.Value) -> None:
     b = kb.b
     u = _u8_to_f32(b, shuffle(b, kind.decode(kb, bp, None), None, range(32)))
-    d = splat(b, load_f16(b, bp), 32)
+    d = splat(b, kind.block_scale(kb, bp), 32)
     if kind.offset is None:
         m = splat(b, load_f16(b, kb.byte_ptr(bp, i64(2))), 32)
         v = b.fadd(b.fmul(u, d, flags=CONTRACT), m, flags=CONTRACT)
@@ -89,7 +91,11 @@ def dequant_repacked_row(kb: KernelBuilder, t: GGMLType, table: ir.Value, row: i
         def scale(at: int) -> ir.Value:
             return splat(b, load_f16(b, kb.byte_ptr(step, b.add(i64(at), half))), 32)
 
-        d = scale(repack.d_offset(t))
+        if repack.exponents(t):   # MXFP4: the E8M0 byte of block h, row r at byte 16h + r
+            e = b.load(kb.byte_ptr(step, b.add(i64(repack.d_offset(t)), b.sdiv(half, i64(2)))), typ=I8)
+            d = splat(b, e8m0_half(b, e), 32)
+        else:
+            d = scale(repack.d_offset(t))
         if t == GGMLType.Q8_0:
             u = _u8_to_f32(b, _concat_all(b, [lane_bytes(0, 8, c) for c in range(8)]))
             v = b.fmul(b.fsub(u, splat(b, f32(128.0), 32)), d)
@@ -99,6 +105,8 @@ def dequant_repacked_row(kb: KernelBuilder, t: GGMLType, table: ir.Value, row: i
                        b.lshr(packed, splat(b, ir.Constant(I8, 4), 16)))
             if repack.high_bits(t):
                 q = b.or_(q, _fifth_bits(b, lane_bytes(repack.qh_offset(t) // 64, 1, 0)))
+            if t in CODE_BOOKS:
+                q = lookup(kb, q, CODE_BOOKS[t])
             u = _u8_to_f32(b, q)
             if repack.minimums(t):
                 v = b.fadd(b.fmul(u, d, flags=CONTRACT), scale(repack.m_offset(t)), flags=CONTRACT)

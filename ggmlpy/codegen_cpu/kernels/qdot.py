@@ -13,7 +13,8 @@ step in *chunks* of 64 values. A kind tells the tiling loops (kernels/matmul.py)
 
 vpdpbusd multiplies unsigned by signed bytes, so weights are decoded unsigned and their
 offset taken back from the activations' sums: Q4_0 stores q + 8, Q5_0 q + 16, Q8_0 gets 128
-added (xor 0x80), Q6_K stores q + 32, Q3_K q + 4. For the 32-blocks that happens in integers (the
+added (xor 0x80), Q6_K stores q + 32, Q3_K q + 4, and MXFP4's codes decode to their value + 12
+(kernels/qfp4.py). For the 32-blocks that happens in integers (the
 activation step carries -offset * sum(q) to start the accumulator); Q4_1's and Q5_1's minimums and the
 K-quants' minimums and offsets are f32 terms, a second accumulator fed by one multiply-add of
 a per-row vector and the activation step's precomputed sums. The same decoders serve the
@@ -28,6 +29,7 @@ import llvmlite.ir as ir
 
 from ggmlpy.codegen_cpu.irgen import F32, I8, I16, I32, I64, KernelBuilder, f32, i64, zero_vector
 from ggmlpy.codegen_cpu.kernels.qact import Q8_256_16, Q8_256_32, ActFormat, q8_32
+from ggmlpy.codegen_cpu.kernels.qfp4 import CODE_BOOKS, CODE_OFFSET, e8m0_half, lookup
 from ggmlpy.codegen_cpu.kernels.qvec import (
     CONTRACT, V16I32, WEIGHT_BYTE_MAX, concat, const, dot_u8s8, load_f16, load_vec, mul_small, repeat_lanes, shuffle, sitofp,
     splat, splat_const, vec, zeros,
@@ -94,13 +96,15 @@ class QKind:
 
 # 32-blocks --------------------------------------------------------------------------------------
 class Block32(QKind):
-    """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: a step is two blocks; lanes 0-7 belong to the first, 8-15
-    to the second. `offset` is what the unsigned weight exceeds the signed one by: the
-    activation's aux vector (-offset * sum(q) in lanes 0 and 8) starts the integer
+    """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4: a step is two blocks; lanes 0-7 belong to the
+    first, 8-15 to the second. `offset` is what the unsigned weight exceeds the signed one by:
+    the activation's aux vector (-offset * sum(q) in lanes 0 and 8) starts the integer
     accumulator, which undoes it exactly. Q4_1 and Q5_1 (offset None) add their minimums
     instead: the correction vector is <d0, m0, d1, m1, 0...>, met by d * sum(q) in lanes 1
-    and 3. Where the quants and the fifth bits sit comes from the GGUF block's layout
-    (ggmlpy/quants/layouts.py): a `qh` word gives each value its bit 4."""
+    and 3. Where the quants, the fifth bits and the scale sit comes from the GGUF block's
+    layout (ggmlpy/quants/layouts.py): a `qh` word gives each value its bit 4, an `e` byte is
+    an E8M0 scale instead of the f16 `d`; a type with a code book (qfp4.CODE_BOOKS: MXFP4)
+    looks its nibbles up in it."""
     step_elems = 64
     chunks = 1
 
@@ -108,6 +112,9 @@ class Block32(QKind):
         fields = block_dtype(wtype).fields
         self.wtype, self.offset, self.qs_at = wtype, offset, fields["qs"][1]
         self.qh_at = fields["qh"][1] if "qh" in fields else None
+        self.e_at = fields["e"][1] if "e" in fields else None
+        self.d_at = fields["d"][1] if "d" in fields else None
+        self.codes = CODE_BOOKS.get(wtype)
         self.fmt = q8_32(offset)
         self.n_acc = 2 if offset is None else 1
 
@@ -122,8 +129,27 @@ class Block32(QKind):
             return {"wd": shuffle(b, dm, None, [0] * 8 + [2] * 8),
                     "corr": shuffle(b, dm, zeros(F32, 4), [0, 1, 2, 3] + [4] * 12),
                     "q": self.decode(kb, wblock, p1)}
-        d = self._halves(kb, wblock, p1, 1)        # <d0, d1>
+        d = self._scales(kb, wblock, p1)           # <d0, d1>
         return {"wd": repeat_lanes(b, d, 8), "q": self.decode(kb, wblock, p1)}
+
+    def _scales(self, kb: KernelBuilder, p0: ir.Value, p1: ir.Value | None) -> ir.Value:
+        """The two blocks' scales as <2 x float> (zero for a missing p1): f16 halves, or E8M0
+        exponent bytes."""
+        if self.e_at is None:
+            return self._halves(kb, p0, p1, 1)
+        b = kb.b
+        e = zero_vector(vec(I8, 2))
+        for i, p in enumerate([p0] if p1 is None else [p0, p1]):
+            e = b.insert_element(e, b.load(kb.byte_ptr(p, i64(self.e_at)), typ=I8), ir.Constant(I32, i))
+        d = e8m0_half(b, e)
+        return d if p1 is not None else b.insert_element(d, f32(0.0), ir.Constant(I32, 1))
+
+    def block_scale(self, kb: KernelBuilder, p: ir.Value) -> ir.Value:
+        """The scale of the block at p as f32 (get_rows, qgemm's repacking)."""
+        b = kb.b
+        if self.e_at is None:
+            return load_f16(b, kb.byte_ptr(p, i64(self.d_at)))
+        return e8m0_half(b, b.load(kb.byte_ptr(p, i64(self.e_at)), typ=I8))
 
     @staticmethod
     def _halves(kb: KernelBuilder, p0: ir.Value, p1: ir.Value | None, n: int) -> ir.Value:
@@ -153,6 +179,8 @@ class Block32(QKind):
             v1 = zeros(I8, 32) if p1 is None else load_vec(b, kb.byte_ptr(p1, i64(2)), I8, 32)
             return b.xor(concat(b, v0, v1), splat_const(I8, 0x80, 64))  # a tail's 128s meet zeros
         q = self._nibbles(kb, p0, p1)
+        if self.codes is not None:   # a tail's zero nibbles become code 0's byte: they meet zeros
+            return lookup(kb, q, self.codes)
         if self.qh_at is None:
             return q
         # bit j of the block's qh word is bit 4 of element j
@@ -351,6 +379,7 @@ KINDS: dict[GGMLType, QKind] = {
     GGMLType.Q5_0: Block32(GGMLType.Q5_0, 16),
     GGMLType.Q5_1: Block32(GGMLType.Q5_1, None),
     GGMLType.Q8_0: Block32(GGMLType.Q8_0, 128),
+    GGMLType.MXFP4: Block32(GGMLType.MXFP4, CODE_OFFSET),
     GGMLType.Q2_K: Crumbs(GGMLType.Q2_K),
     GGMLType.Q3_K: Crumbs(GGMLType.Q3_K),
     GGMLType.Q4_K: Q4K(GGMLType.Q4_K),

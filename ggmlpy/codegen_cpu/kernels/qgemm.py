@@ -13,7 +13,7 @@ horizontal sums: about 11 instructions per 512 multiply-adds instead of about 36
 
 Per-unit area (r = lane = row of the group), all 64-byte vectors:
 
-    32-blocks   w[8]: values 4c..4c+3 | wd: d | m (Q4_1, Q5_1 only)
+    32-blocks   w[8]: values 4c..4c+3 | wd: d (f32 of an f16 or MXFP4's E8M0) | m (Q4_1, Q5_1 only)
     K-quants    w[64]: values 4c..4c+3 | sc[G]: integer scale of group g | corr[G]: the
                 f32 term met by the activation sums (-dmin * m, or -32 * d * sc for Q6_K, -4 * d * sc
                 for Q3_K) | wd: d
@@ -110,7 +110,7 @@ class RepackGemm:
         q = b.bitcast(shuffle(b, kind.decode(self.kb, p, None), None, range(32)), vec(I32, 8))
         for c in range(8):
             self._lane(b.extract_element(q, ir.Constant(I32, c)), out, c)
-        self._lane(load_f16(b, p), out, 8)
+        self._lane(kind.block_scale(self.kb, p), out, 8)   # f32: an f16 d or an E8M0 e
         if kind.offset is None:
             self._lane(load_f16(b, self.kb.byte_ptr(p, i64(2))), out, 9)
 

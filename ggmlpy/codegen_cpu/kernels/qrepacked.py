@@ -1,11 +1,12 @@
-"""Matrix products on repacked weights (repack.py): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K,
-Q4_K, Q5_K, Q6_K, any number of tokens.
+"""Matrix products on repacked weights (repack.py): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, Q2_K,
+Q3_K, Q4_K, Q5_K, Q6_K, any number of tokens.
 
 The 16 lanes of a dot are the 16 rows of a group; a token's 4 activation bytes are
 broadcast to every lane (vpdpbusd's {1to16} memory operand). Per 32-block, 16 rows and one
 token: 8 dots, one conversion and one multiply-add (Q4_1, Q5_1: two), and the results of 16
 rows land in one vector store: no horizontal sums. Decoding the weights (nibble masks, Q5_0's
-and Q5_1's fifth bit) is done once per group and step, for every token of a tile.
+and Q5_1's fifth bit, MXFP4's code lookup and E8M0 scales) is done once per group and step,
+for every token of a tile.
 
 Threads claim chunks of whole groups (contiguous memory each) as they finish the last
 (CHUNKS per token block). Tokens go in blocks whose quantised activations fit in L2
@@ -25,6 +26,7 @@ import llvmlite.ir as ir
 from ggmlpy.codegen_cpu import repack
 from ggmlpy.codegen_cpu.irgen import F32, I8, I16, I32, KernelBuilder, i64
 from ggmlpy.codegen_cpu.kernels.qact import ActFormat
+from ggmlpy.codegen_cpu.kernels.qfp4 import CODE_BOOKS, e8m0_half, lookup
 from ggmlpy.codegen_cpu.kernels.qvec import (
     CONTRACT, WEIGHT_BYTE_MAX, dot_sum_offset128, dot_sum_u8s8, load_vec, prefetch, shuffle, sitofp, splat, splat_const, store_vec, vec, zeros,
 )
@@ -92,6 +94,7 @@ class RepackedMatmul:
         self.act_base, self.act_stride = act_base, fmt.row_bytes(k)
         self.n_tok, self.d_stride = n_tok, d_stride
         self.minimums = wtype not in repack.KQUANTS and repack.minimums(wtype)
+        self.codes = CODE_BOOKS.get(wtype)   # a code-book type's nibbles are looked up
         self.residual = residual   # added to each result as it is stored (laid out as dst)
         self.dst = dst if dst is not None else kb.arg("dst")   # where token 0's results go
 
@@ -160,8 +163,12 @@ class RepackedMatmul:
             self._superblock(wp, aps, accs)
             return
         kb, b = self.kb, self.kb.b
-        dh = load_vec(b, kb.byte_ptr(wp, i64(repack.d_offset(self.t))), ir.HalfType(), 32)
-        d = [b.fpext(shuffle(b, dh, None, range(16 * h, 16 * h + 16)), vec(F32, 16)) for h in range(2)]
+        if repack.exponents(self.t):   # E8M0 bytes: block h's 16 at byte 16h
+            de = load_vec(b, kb.byte_ptr(wp, i64(repack.d_offset(self.t))), I8, 32)
+            d = [e8m0_half(b, shuffle(b, de, None, range(16 * h, 16 * h + 16))) for h in range(2)]
+        else:
+            dh = load_vec(b, kb.byte_ptr(wp, i64(repack.d_offset(self.t))), ir.HalfType(), 32)
+            d = [b.fpext(shuffle(b, dh, None, range(16 * h, 16 * h + 16)), vec(F32, 16)) for h in range(2)]
         mins = None
         if self.minimums:
             mh = load_vec(b, kb.byte_ptr(wp, i64(repack.m_offset(self.t))), ir.HalfType(), 32)
@@ -214,6 +221,8 @@ class RepackedMatmul:
                 five = splat_const(I8, 16, 64)
                 lo = b.or_(lo, b.and_(b.bitcast(b.shl(qh, splat_const(I16, 4 - c, 32)), vec(I8, 64)), five))
                 hi = b.or_(hi, b.and_(b.bitcast(b.lshr(qh, splat_const(I16, c, 32)), vec(I8, 64)), five))
+            if self.codes is not None:   # MXFP4: codes to their unsigned values
+                lo, hi = lookup(kb, lo, self.codes), lookup(kb, hi, self.codes)
             out += [(lo, 4 * c), (hi, 16 + 4 * c)]
         return out
 

@@ -41,10 +41,11 @@ FLAVOURS = QDOT_FLAVOURS  # ("vnni512", "vnni256", "avx2", "generic"), what Opti
 CONTRACT = ("contract",)
 # The largest unsigned byte each weight type's decoder hands dot_u8s8 (qdot.py's offsets:
 # nibbles 0..15, with a fifth bit 0..31, Q2_K's two bits 0..3, Q3_K's q + 4 0..7, Q6_K's q + 32
-# 0..63, Q8_0's q xor 0x80 0..255)
+# 0..63, Q8_0's q xor 0x80 0..255, MXFP4's code values + 12 0..24: kernels/qfp4.py)
 WEIGHT_BYTE_MAX: dict[GGMLType, int] = {
     GGMLType.Q4_0: 15, GGMLType.Q4_1: 15, GGMLType.Q5_0: 31, GGMLType.Q5_1: 31, GGMLType.Q8_0: 255,
     GGMLType.Q2_K: 3, GGMLType.Q3_K: 7, GGMLType.Q4_K: 15, GGMLType.Q5_K: 31, GGMLType.Q6_K: 63,
+    GGMLType.MXFP4: 24,
 }
 I16_SAFE = 32767  # the largest i16 partial sum the "avx2" flavour lets a lane reach
 _override: str | None = None  # set_flavour's; never read from the environment

@@ -1,23 +1,30 @@
 """RoPE: per token, the cos/sin table for its position is built once and applied to every
-head (as ggml's rope cache), pairs adjacent (mode 0) or split in halves (mode 2, NeoX)."""
+head (as ggml's rope cache), pairs adjacent (mode 0) or split in halves (mode 2, NeoX).
+
+YaRN (ext_factor != 0, gpt-oss and other long-context files): each pair's angle blends the
+interpolated (freq_scale * theta) and the extrapolated (theta) angle by a ramp over the
+pair index, a constant per pair computed here at build time as ggml's rope_yarn_ramp does,
+and the magnitude grows by 1 + 0.1 ln(1 / freq_scale)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import llvmlite.ir as ir
+import numpy as np
 
 from ggmlpy.codegen_cpu.irgen import F32, I32, KernelBuilder, f32, i64
 from ggmlpy.codegen_cpu.kernels.common import elem_ptr, row_ptr
 from ggmlpy.codegen_cpu.lowering import lowering
-from ggmlpy.ir.ops.rope import ROPE_TYPE_NEOX
+from ggmlpy.ir.ops.rope import ROPE_TYPE_NEOX, yarn_corr_dims
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import GGMLType
 
 
 
 def _supported(node: Tensor) -> bool:
-    return (node.params["ext_factor"] == 0.0 and node.src[0].type in (GGMLType.F32, GGMLType.F16)
-            and node.type == GGMLType.F32 and isinstance(node.params["n_dims"], int))
+    return (node.src[0].type in (GGMLType.F32, GGMLType.F16) and node.type == GGMLType.F32
+            and isinstance(node.params["n_dims"], int))
 
 
 @lowering("rope", supports=_supported)
@@ -60,10 +67,8 @@ def _rope_tokens(kb: KernelBuilder, node: Tensor, parts: list[tuple[Tensor, str,
     for _ in range(half):
         powers.append(t)
         t *= theta_scale
-    table = ir.GlobalVariable(kb.module, ir.ArrayType(F32, half), f"rope_theta_{kb.fn.name}")
-    table.initializer = ir.Constant(ir.ArrayType(F32, half), [f32(v) for v in powers])
-    table.global_constant = True
-    table.linkage = "internal"
+    table = _constant_table(kb, "rope_theta", powers)
+    ramp = _constant_table(kb, "rope_ramp", _yarn_ramp(p)) if p["ext_factor"] != 0.0 else None
     with b.goto_block(kb.fn.entry_basic_block):
         cos_t = b.alloca(ir.ArrayType(F32, half), name="cos")
         sin_t = b.alloca(ir.ArrayType(F32, half), name="sin")
@@ -71,19 +76,51 @@ def _rope_tokens(kb: KernelBuilder, node: Tensor, parts: list[tuple[Tensor, str,
     ne2 = kb.dim(node.ne[2])
     n_tok = b.mul(ne2, kb.dim(node.ne[3]))
     start, end = kb.thread_range(n_tok)
-    mscale = f32(p["attn_factor"])
+    mscale = np.float32(p["attn_factor"])
+    if ramp is not None:   # in f32, as ggml: mscale *= 1.0f + 0.1f * logf(1.0f / freq_scale)
+        growth = np.float32(math.log(np.float32(1.0) / np.float32(p["freq_scale"])))
+        mscale = mscale * (np.float32(1.0) + np.float32(0.1) * growth)
+    mscale = f32(float(mscale))
     with kb.loop(start, end, "t") as t_:
         i2 = b.srem(t_, ne2)
         i3 = b.sdiv(t_, ne2)
         position = b.sitofp(b.load(kb.elem_ptr(kb.arg("src1"), i2, I32), typ=I32), F32)
         with kb.loop(i64(0), i64(half), "k") as k:
-            theta = kb.fmul(kb.fmul(position, b.load(b.gep(table, [i64(0), k]), typ=F32)), f32(p["freq_scale"]))
-            if freq is not None:
-                theta = b.fdiv(theta, kb.load(kb.elem_ptr(kb.arg("src2"), k, F32), GGMLType.F32))
+            if ramp is None:
+                theta = kb.fmul(kb.fmul(position, b.load(b.gep(table, [i64(0), k]), typ=F32)), f32(p["freq_scale"]))
+                if freq is not None:
+                    theta = b.fdiv(theta, kb.load(kb.elem_ptr(kb.arg("src2"), k, F32), GGMLType.F32))
+            else:   # ggml's rope_yarn: theta_extrap, theta_interp and their blend
+                extrap = kb.fmul(position, b.load(b.gep(table, [i64(0), k]), typ=F32))
+                if freq is not None:
+                    extrap = b.fdiv(extrap, kb.load(kb.elem_ptr(kb.arg("src2"), k, F32), GGMLType.F32))
+                mix = b.load(b.gep(ramp, [i64(0), k]), typ=F32)
+                interp = kb.fmul(extrap, f32(p["freq_scale"]))
+                theta = kb.fadd(kb.fmul(interp, kb.fsub(f32(1.0), mix)), kb.fmul(extrap, mix))
             b.store(kb.fmul(kb.intrinsic("llvm.cos", [theta]), mscale), b.gep(cos_t, [i64(0), k]))
             b.store(kb.fmul(kb.intrinsic("llvm.sin", [theta]), mscale), b.gep(sin_t, [i64(0), k]))
         for part, src_arg, dst_arg in parts:
             _rotate_heads(kb, part, src_arg, dst_arg, i2, i3, cos_t, sin_t, half)
+
+
+def _constant_table(kb: KernelBuilder, name: str, values: list[float]) -> ir.GlobalVariable:
+    table = ir.GlobalVariable(kb.module, ir.ArrayType(F32, len(values)), f"{name}_{kb.fn.name}")
+    table.initializer = ir.Constant(ir.ArrayType(F32, len(values)), [f32(v) for v in values])
+    table.global_constant = True
+    table.linkage = "internal"
+    return table
+
+
+def _yarn_ramp(p: dict) -> list[float]:
+    """Each pair's share of the extrapolated angle: ggml's rope_yarn_ramp(low, high, 2k) in
+    f32, times ext_factor."""
+    low, high = (np.float32(v) for v in yarn_corr_dims(p["n_dims"], p["n_ctx_orig"], p["freq_base"],
+                                                        p["beta_fast"], p["beta_slow"]))
+    out = []
+    for k in range(p["n_dims"] // 2):
+        y = (np.float32(k) - low) / max(np.float32(0.001), high - low)
+        out.append(float((np.float32(1.0) - min(np.float32(1.0), max(np.float32(0.0), y))) * np.float32(p["ext_factor"])))
+    return out
 
 
 def _rotate_heads(kb: KernelBuilder, node: Tensor, src_arg: str, dst_arg: str, i2: ir.Value, i3: ir.Value,

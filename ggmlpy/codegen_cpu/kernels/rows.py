@@ -2,7 +2,7 @@
 (writing K and V rows into their cache cells).
 
 get_rows reads F32/F16/BF16 tables element by element and quantised tables (Q4_0, Q4_1,
-Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K: every type kernels/qdot.py decodes) a block
+Q5_0, Q5_1, Q8_0, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K: every type kernels/qdot.py decodes) a block
 at a time with the vector dequantisers of kernels/qdequant.py; tables the CPU backend keeps
 repacked (repack.py: a model's weights, such as an embedding tied to the output) from
 that layout."""

@@ -5,7 +5,8 @@ registers: four independent max and sum chains): a vector max and a vector sum p
 reduced horizontally once, and a masked last chunk whose unset lanes read as -inf (so they
 add nothing to the max or the sum). Strided rows keep a scalar loop.
 Masked (-inf) entries come out exactly 0 either way. Values that may be -inf never go
-through fast-math instructions, which assume finite operands.
+through fast-math instructions, which assume finite operands. A softmax with attention sinks
+(a third source, one logit per head) folds the head's sink into the row's max and sum.
 
 As ggml's soft_max, the sum of the exponentials is kept in f64 and 1 / sum taken in f64:
 an f32 sum is accurate enough on its own, but its last bits reach the 8-bit activation
@@ -42,26 +43,27 @@ def _soft_max(kb: KernelBuilder, node: Tensor) -> None:
     start, end = kb.thread_range(n_rows(kb, node))
     with kb.loop(start, end, "r") as r:
         i1, i2, i3 = unravel_row(kb, node, r)
-        soft_max_row(kb, node, r, row_ptr(kb, kb.arg("src0"), node.src[0], i1, i2, i3))
+        drow = row_ptr(kb, kb.arg("dst"), node, i1, i2, i3)
+        soft_max_row_at(kb, node, row_ptr(kb, kb.arg("src0"), node.src[0], i1, i2, i3), drow,
+                        mask_row(kb, node, i1, i2, i3, "src1"), sink=sink_value(kb, node, i2, "src2"))
 
 
-def soft_max_row(kb: KernelBuilder, node: Tensor, r: ir.Value, srow: ir.Value, mask_arg: str = "src1",
-                 live: tuple[ir.Value, ir.Value] | None = None) -> None:
-    """Row r of the softmax, its input row at srow (the fused attention kernel passes the
-    scores it has just written to dst: in place), the mask at kernel argument mask_arg.
+def sink_value(kb: KernelBuilder, node: Tensor, i2: ir.Value, sinks_arg: str) -> ir.Value | None:
+    """The attention sink of the rows of head i2 (None without sinks)."""
+    if len(node.src) < 3:
+        return None
+    sinks = node.src[2]
+    return kb.load(elem_ptr(kb, kb.arg(sinks_arg), sinks, i2), sinks.type)
+
+
+def soft_max_row_at(kb: KernelBuilder, node: Tensor, srow: ir.Value, drow: ir.Value, mrow: ir.Value | None,
+                    live: tuple[ir.Value, ir.Value] | None = None, sink: ir.Value | None = None) -> None:
+    """The softmax of the row at srow into drow (in place when they are the same), with
+    the mask row at mrow (None: no mask) and the head's attention sink (None: none).
     With `live` = (lo, hi) (contiguous rows only; lo a multiple of WIDTH), the mask hides
     every entry outside [lo, hi): only those are read, and the rest of the row is written as
     the 0 it would come out as. The chunks keep their lanes (lo is whole chunks from the
     row's start), so the sums add the same values in the same order."""
-    i1, i2, i3 = unravel_row(kb, node, r)
-    drow = row_ptr(kb, kb.arg("dst"), node, i1, i2, i3)
-    soft_max_row_at(kb, node, srow, drow, mask_row(kb, node, i1, i2, i3, mask_arg), live)
-
-
-def soft_max_row_at(kb: KernelBuilder, node: Tensor, srow: ir.Value, drow: ir.Value, mrow: ir.Value | None,
-                    live: tuple[ir.Value, ir.Value] | None = None) -> None:
-    """soft_max_row of the rows at srow (input), drow (output) and mrow (mask; None: no
-    mask)."""
     ne0 = kb.dim(node.ne[0])
     vector = all(contiguous_rows(t) for t in (node, *node.src))
     if vector and live is not None:
@@ -69,14 +71,14 @@ def soft_max_row_at(kb: KernelBuilder, node: Tensor, srow: ir.Value, drow: ir.Va
         lo, hi = live
         at = (lambda row, t: elem_ptr(kb, row, t, lo))
         _vector_row(kb, node, at(srow, node.src[0]), None if mrow is None else at(mrow, node.src[1]),
-                    at(drow, node), b.sub(hi, lo), holes=mrow is not None)
+                    at(drow, node), b.sub(hi, lo), sink, holes=mrow is not None)
         _zeros(kb, node, drow, i64(0), lo)
         _zeros(kb, node, drow, hi, ne0)
     elif vector:
-        _vector_row(kb, node, srow, mrow, drow, ne0)
+        _vector_row(kb, node, srow, mrow, drow, ne0, sink)
     else:
         assert live is None, "a live range needs contiguous rows"
-        _scalar_row(kb, node, srow, mrow, drow, ne0)
+        _scalar_row(kb, node, srow, mrow, drow, ne0, sink)
 
 
 def mask_row(kb: KernelBuilder, node: Tensor, i1: ir.Value, i2: ir.Value, i3: ir.Value,
@@ -149,25 +151,28 @@ def _attention_scores(kb: KernelBuilder, node: Tensor) -> None:
     # one softmax row is a function of its own, called with the row's pointers (computed
     # here, where a tile's rows share their index arithmetic): inlined, its nine copies (one
     # per row of every tile shape) were three quarters of the kernel's IR
-    row_args = [("scores", PTR), ("mask_row", PTR), ("lo", I64), ("hi", I64)]
-    has_mask = len(sm.src) > 1
+    row_args = [("scores", PTR), ("mask_row", PTR), ("lo", I64), ("hi", I64), ("sink", F32)]
+    has_mask, has_sinks = len(sm.src) > 1, len(sm.src) > 2
 
     def build_row(helper: KernelBuilder) -> None:
         live = (helper.arg("lo"), helper.arg("hi")) if mask is not None else None
         mrow = helper.arg("mask_row") if has_mask else None
-        soft_max_row_at(helper, sm, helper.arg("scores"), helper.arg("scores"), mrow, live)
+        sink = helper.arg("sink") if has_sinks else None
+        soft_max_row_at(helper, sm, helper.arg("scores"), helper.arg("scores"), mrow, live, sink)
 
     def normalise(rows, live):
         for r, scores in rows:   # the scores were written to dst: normalised in place
-            mrow = mask_row(kb, sm, *unravel_row(kb, sm, r), "src2") if has_mask else ir.Constant(PTR, None)
-            kb.call_helper("softmax_row", row_args, build_row, [scores, mrow, *live])
+            i1, i2, i3 = unravel_row(kb, sm, r)
+            mrow = mask_row(kb, sm, i1, i2, i3, "src2") if has_mask else ir.Constant(PTR, None)
+            sink = sink_value(kb, sm, i2, "src3") if has_sinks else f32(0.0)
+            kb.call_helper("softmax_row", row_args, build_row, [scores, mrow, *live, sink])
 
     float_dot_tiles(kb, kq, start, end, normalise, visible=visible if mask is not None else None,
                     together=together if mask is not None else None)
 
 
 def _vector_row(kb: KernelBuilder, node: Tensor, srow: ir.Value, mrow: ir.Value | None, drow: ir.Value,
-                ne0: ir.Value, holes: bool = False) -> None:
+                ne0: ir.Value, sink: ir.Value | None = None, holes: bool = False) -> None:
     """With `holes` (the attention kernel, which computes no scores where a chunk of the
     tile's keys is masked), a chunk whose mask is all -inf is not read: it is stored as the
     -inf it would come out as, and its exponentials as 0 without computing them (adding 0
@@ -204,6 +209,8 @@ def _vector_row(kb: KernelBuilder, node: Tensor, srow: ir.Value, mrow: ir.Value 
 
     kb.vector_chunks(ne0, scaled, WIDTH)
     m = kb.reduce(b.load(mx), lambda x, y: _max(kb, x, y))
+    if sink is not None:
+        m = _max(kb, m, sink)
     # 2: dst = exp(dst - max), and the running sum in f64 (unset lanes read -inf: exp gives 0)
     zero64 = kb.splat(ir.Constant(F64, 0.0), WIDTH)
     total = kb.var(zero64.type, zero64, "sum")
@@ -219,13 +226,13 @@ def _vector_row(kb: KernelBuilder, node: Tensor, srow: ir.Value, mrow: ir.Value 
         _unless_all_neg_inf(kb, d if holes else None, compute, lambda: store(kb.splat(f32(0.0), WIDTH), i0, lanes))
 
     kb.vector_chunks(ne0, exponent, WIDTH)
-    inv = _inverse(kb, kb.reduce(b.load(total), kb.fadd))
+    inv = _inverse(kb, _with_sink(kb, kb.reduce(b.load(total), kb.fadd), sink, m))
     # 3: normalise
     kb.vector_chunks(ne0, lambda i0, lanes: store(kb.fmul(load(node, drow, i0, lanes), inv), i0, lanes), WIDTH)
 
 
 def _scalar_row(kb: KernelBuilder, node: Tensor, srow: ir.Value, mrow: ir.Value | None, drow: ir.Value,
-                ne0: ir.Value) -> None:
+                ne0: ir.Value, sink: ir.Value | None = None) -> None:
     b = kb.b
     src, mask = node.src[0], (node.src[1] if mrow is not None else None)
     scale = f32(node.params["scale"])
@@ -236,14 +243,14 @@ def _scalar_row(kb: KernelBuilder, node: Tensor, srow: ir.Value, mrow: ir.Value 
             v = b.fadd(v, kb.load(elem_ptr(kb, mrow, mask, i0), mask.type))
         kb.store(elem_ptr(kb, drow, node, i0), v, node.type)
         b.store(kb.fmax(b.load(mx), v), mx)
-    m = b.load(mx)
+    m = b.load(mx) if sink is None else _max(kb, b.load(mx), sink)
     total = kb.var(F64, ir.Constant(F64, 0.0), "sum")
     with kb.loop(i64(0), ne0, "i0") as i0:
         p = elem_ptr(kb, drow, node, i0)
         e = _exp_or_zero(kb, b.fsub(kb.load(p, node.type), m))
         kb.store(p, e, node.type)
         b.store(kb.fadd(b.load(total), b.fpext(e, F64)), total)
-    inv = _inverse(kb, b.load(total))
+    inv = _inverse(kb, _with_sink(kb, b.load(total), sink, m))
     with kb.loop(i64(0), ne0, "i0") as i0:
         p = elem_ptr(kb, drow, node, i0)
         kb.store(p, kb.fmul(kb.load(p, node.type), inv), node.type)
@@ -264,6 +271,14 @@ def _unless_all_neg_inf(kb: KernelBuilder, v: ir.Value | None, compute: Callable
             otherwise()
         with work:
             compute()
+
+
+def _with_sink(kb: KernelBuilder, total: ir.Value, sink: ir.Value | None, m: ir.Value) -> ir.Value:
+    """The f64 sum of a row's exponentials plus its sink's, exp(sink - max) (ggml adds it
+    after the row's sum)."""
+    if sink is None:
+        return total
+    return kb.fadd(total, kb.b.fpext(_exp_or_zero(kb, kb.b.fsub(sink, m)), F64))
 
 
 def _inverse(kb: KernelBuilder, total: ir.Value) -> ir.Value:

@@ -73,6 +73,7 @@ register(_unary("gelu", "GELU, tanh approximation through ggml's f16 table (ggml
 register(_unary("gelu_erf", "exact GELU (ggml_gelu_erf)"))
 register(_unary("tanh", "tanh"))
 register(_unary("relu", "max(x, 0)"))
+register(_unary("sigmoid", "1 / (1 + exp(-x)) (ggml_sigmoid; a mixture-of-experts router's gate)"))
 register(_unary("sqr", "x * x"))
 register(_unary("sqrt", "square root", fill="positive"))
 register(_unary("abs", "|x| (ggml_abs)"))

@@ -50,7 +50,7 @@ def _mul_mat_id_ref(x: Sequence[np.ndarray], params: dict) -> np.ndarray:
 
 def _mul_mat_id_cases() -> list[OpCase]:
     cases = []
-    for t in (F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K):
+    for t in (F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.MXFP4, GGMLType.Q4_K, GGMLType.Q6_K):
         k = 256 if t.name.endswith("_K") else 64
         for n_b, n_tok in ((1, 1), (1, 5), (2, 3)):
             cases.append(OpCase((SrcSpec(t, (k, 6, 4, 1)), SrcSpec(F32, (k, n_b, n_tok, 1)),

@@ -66,6 +66,9 @@ class Expr:
     def __truediv__(self, o: "Expr | Number") -> "Expr":
         return Expr("div", (self, _e(o)))
 
+    def __rtruediv__(self, o: Number) -> "Expr":
+        return Expr("div", (_e(o), self))
+
     def __neg__(self) -> "Expr":
         return Expr("neg", (self,))
 
@@ -153,6 +156,7 @@ FORMULAS: dict[str, Expr] = {
     "gelu_erf": gelu_erf(x0),
     "tanh": tanh(x0),
     "relu": vmax(x0, 0.0),
+    "sigmoid": 1.0 / (1.0 + exp(-x0)),
     "sqr": x0 * x0,
     "sqrt": sqrt(x0),
     "abs": vabs(x0),

@@ -44,7 +44,7 @@ def _api(b, a, x):
 def _cases() -> list[OpCase]:
     cases = []
     for t in (F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
-              GGMLType.Q4_K, GGMLType.Q6_K):
+              GGMLType.MXFP4, GGMLType.Q4_K, GGMLType.Q6_K):
         k = 256 if t.name.endswith("_K") else 64
         for n in (1, 7):
             cases.append(OpCase((SrcSpec(t, (k, 9, 1, 1)), SrcSpec(F32, (k, n, 1, 1))), label=f"{t.name} n={n}"))

@@ -35,7 +35,7 @@ def _get_rows_ref(x: Sequence[np.ndarray], params: dict) -> np.ndarray:
 
 def _get_rows_cases() -> list[OpCase]:
     cases = []
-    for t in (F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K):
+    for t in (F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.MXFP4, GGMLType.Q4_K, GGMLType.Q6_K):
         k = 256 if t.name.endswith("_K") else 32
         cases.append(OpCase((SrcSpec(t, (k, 10, 1, 1)), SrcSpec(GGMLType.I32, (4,), fill="rows:10")),
                             label=t.name))

@@ -1,6 +1,9 @@
 """soft_max_ext: softmax over ne[0] of (a * scale + mask), with ALiBi slopes when max_bias > 0.
 
 The mask [n_kv, >= n_tokens, ...] broadcasts over heads (dims 2, 3); -inf masks a cell.
+Attention sinks (gpt-oss; ggml_soft_max_add_sinks), a third source [ne[2]] F32 after the
+mask: one more logit per head (row dim 2) that joins each row's max and sum but has no
+output column, so a row's probabilities sum to less than 1.
 """
 from __future__ import annotations
 
@@ -22,6 +25,10 @@ def _infer(srcs: Sequence[Any], params: dict) -> Inferred:
         m = srcs[1]
         require(m.ne[0] == a.ne[0], "soft_max", lambda: f"mask {m.shape_str()} does not match {a.shape_str()}")
         require(m.type in (F32, GGMLType.F16), "soft_max", "mask must be F32 or F16")
+    if len(srcs) > 2:
+        s = srcs[2]
+        require(s.type == F32 and s.ne[0] == a.ne[2] and tuple(s.ne[1:]) == (1, 1, 1), "soft_max",
+                lambda: f"sinks {s.shape_str()} must be F32 with one value per head ({a.ne[2]})")
     return Inferred(F32, a.ne)
 
 
@@ -44,13 +51,19 @@ def _reference(x: Sequence[np.ndarray], params: dict) -> np.ndarray:
         m = np.tile(m, (r3, r2, 1, 1)) if (r2 > 1 and m.shape[1] > 1) or (r3 > 1 and m.shape[0] > 1) else m
         slopes = alibi_slopes(a.shape[1], params.get("max_bias", 0.0)).reshape(1, -1, 1, 1)
         a = a + slopes * m
+    if len(x) > 2:   # the sink joins the max and the sum, as ggml's soft_max with src2
+        sink = x[2].astype(np.float32).reshape(1, -1, 1, 1)
+        mx = np.maximum(np.max(a, axis=-1, keepdims=True), sink)
+        e = np.exp(a - mx)
+        return (e / (np.sum(e, axis=-1, keepdims=True) + np.exp(sink - mx))).astype(np.float32)
     a = a - np.max(a, axis=-1, keepdims=True)
     e = np.exp(a)
     return (e / np.sum(e, axis=-1, keepdims=True)).astype(np.float32)
 
 
-def _api(b, a, mask=None, scale: float = 1.0, max_bias: float = 0.0):
-    srcs = (a,) if mask is None else (a, mask)
+def _api(b, a, mask=None, scale: float = 1.0, max_bias: float = 0.0, sinks=None):
+    require(sinks is None or mask is not None, "soft_max", "sinks need a mask (pass an all-zero one)")
+    srcs = (a,) if mask is None else (a, mask) if sinks is None else (a, mask, sinks)
     return b.make("soft_max", srcs, {"scale": float(scale), "max_bias": float(max_bias)})
 
 
@@ -69,6 +82,10 @@ def _cases() -> list[OpCase]:
         # would not change the result
         OpCase((SrcSpec(F32, (10, 4, 8, 1)), SrcSpec(F32, (10, 4, 1, 1), fill="normal")),
                (("scale", 1.0), ("max_bias", 8.0)), label="alibi"),
+        OpCase((SrcSpec(F32, (10, 4, 3, 1)), SrcSpec(F32, (10, 4, 1, 1), fill="mask"), SrcSpec(F32, (3, 1, 1, 1))),
+               (("scale", 0.125), ("max_bias", 0.0)), label="sinks"),
+        OpCase((SrcSpec(F32, (70, 5, 4, 1)), SrcSpec(GGMLType.F16, (70, 6, 1, 1), fill="mask"),
+                SrcSpec(F32, (4, 1, 1, 1))), (("scale", 0.5), ("max_bias", 0.0)), label="long rows sinks"),
     ]
 
 

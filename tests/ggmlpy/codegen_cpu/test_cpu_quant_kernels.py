@@ -33,7 +33,7 @@ from ggmlpy.quants import block_dtype
 from ggmlpy.sched.ref_backend import RefBackend
 
 G = GGMLType
-BLOCK32 = (G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0)
+BLOCK32 = (G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0, G.MXFP4)
 MINIMUMS = (G.Q4_1, G.Q5_1)   # d * q + m: the activations' sums meet the minimums
 KQUANTS = (G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K)
 GGML_BAR = 5e-4     # test-backend-ops' bar for quantised mul_mat
@@ -252,7 +252,8 @@ GUARD_SCRIPT = textwrap.dedent("""
     for name, k, rows, op in [("Q4_1", 576, 3, "mul_mat"), ("Q8_0", 64, 2, "mul_mat"),
                               ("Q5_0", 96, 3, "mul_mat"), ("Q6_K", 256, 2, "mul_mat"),
                               ("Q5_1", 96, 3, "mul_mat"), ("Q5_1", 96, 3, "get_rows"),
-                              ("Q4_K", 256, 1, "get_rows"), ("Q5_0", 96, 3, "get_rows")]:
+                              ("Q4_K", 256, 1, "get_rows"), ("Q5_0", 96, 3, "get_rows"),
+                              ("MXFP4", 96, 3, "mul_mat"), ("MXFP4", 96, 3, "get_rows")]:
         t = GGMLType[name]
         if op == "mul_mat":
             case = OpCase((SrcSpec(t, (k, rows, 1, 1)), SrcSpec(GGMLType.F32, (k, 5, 1, 1))))
@@ -277,7 +278,7 @@ def test_weights_ending_at_a_guard_page():
     load past the last block would kill the process."""
     proc = subprocess.run([sys.executable, "-c", GUARD_SCRIPT], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count(" ok") == 8
+    assert proc.stdout.count(" ok") == 10
 
 
 # float products of attention ---------------------------------------------------------------

@@ -30,7 +30,9 @@ from ggmlpy.sched.store import TensorStore
 from .test_cpu_quant_kernels import EXACT_BAR, GGML_BAR, _kernel_model
 
 G = GGMLType
-TYPES = (G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0)
+TYPES = (G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0, G.MXFP4)
+# MXFP4's codes (ggml's kvalues_mxfp4, the E2M1 values doubled) and its E8M0 scale 2^(e - 128)
+MXFP4_CODES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 SHAPES = [(64, 16, 1), (64, 32, 2), (96, 16, 3), (96, 32, 5), (576, 48, 7), (1536, 32, 13), (160, 16, 48), (576, 64, 300)]
 KTYPES = (G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K)
 KSHAPES = [(256, 16, 1), (256, 32, 4), (512, 16, 3), (512, 32, 7), (1024, 48, 40), (2048, 16, 13), (768, 64, 300)]
@@ -54,7 +56,10 @@ def _unpack(packed: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarray:
                 if blk >= k // 32:
                     continue
                 for r in range(16):
-                    d = _f16(step[repack.d_offset(t) + 2 * (16 * h + r):][:2])[0]
+                    if t == G.MXFP4:   # the exponent byte of block h, row r at byte 16h + r
+                        d = np.float32(np.ldexp(1.0, int(step[repack.d_offset(t) + 16 * h + r]) - 128))
+                    else:
+                        d = _f16(step[repack.d_offset(t) + 2 * (16 * h + r):][:2])[0]
                     vals = np.zeros(32, np.float32)
                     for j in range(32):
                         if t == G.Q8_0:
@@ -72,6 +77,8 @@ def _unpack(packed: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarray:
                             vals[j] = (q - 16) * d
                         elif t == G.Q4_0:
                             vals[j] = (q - 8) * d
+                        elif t == G.MXFP4:
+                            vals[j] = MXFP4_CODES[q] * d
                         else:
                             mn = _f16(step[repack.m_offset(t) + 2 * (16 * h + r):][:2])[0]
                             vals[j] = q * d + mn

@@ -40,7 +40,8 @@ def lower_options(name: str) -> LowerOptions:
 def extra_cases() -> list[tuple[str, OpCase]]:
     """Cases beyond the registry's: several tiles, odd sizes, broadcast batches."""
     out = []
-    for t, k in ((F32, 96), (F16, 80), (GGMLType.Q4_1, 96), (GGMLType.Q8_0, 64), (GGMLType.Q4_K, 256)):
+    for t, k in ((F32, 96), (F16, 80), (GGMLType.Q4_1, 96), (GGMLType.Q8_0, 64), (GGMLType.Q4_K, 256),
+                 (GGMLType.MXFP4, 96)):
         out.append(("mul_mat", OpCase((SrcSpec(t, (k, 130, 1, 1)), SrcSpec(F32, (k, 70, 1, 1))),
                                       label=f"tiles {t.name}")))
     out.append(("mul_mat", OpCase((SrcSpec(F32, (20, 9, 2, 1)), SrcSpec(F32, (20, 11, 4, 3))),

@@ -33,7 +33,7 @@ def test_variants_cover_every_weight_type_and_fusion(specs):
     variants = [dict(s.variant) | {"family": s.family} for s in specs.values()]
     mv_types = {v["atype"] for v in variants if v["family"] == "matvec"}
     mm_types = {v["atype"] for v in variants if v["family"] == "matmul"}
-    wanted = {"f32", "f16", "q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k"}
+    wanted = {"f32", "f16", "q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k", "mxfp4"}
     assert wanted <= mv_types and wanted <= mm_types
     modes = {(v["mode"], v["n_mats"], v["epilogue"]) for v in variants if v["family"] == "matvec"}
     assert ("glu", 1, "none") in modes and ("sep", 3, "none") in modes and ("sep", 1, "add") in modes

@@ -1,7 +1,7 @@
 """The matrix-vector kernel at model sizes, against the reference backend: rows of SmolLM2's
 widths (K = 576: lanes with 2 or 3 units; K = 1536), a row longer than the register path
 takes (K = 2304 streams through a loop), every packed weight unit (Q4_0, Q4_1, Q5_0, Q5_1,
-Q8_0) and the decoded ones (F16, Q4_K), two rows per warp, several columns, x that is not
+Q8_0) and the decoded ones (F16, Q4_K, MXFP4), two rows per warp, several columns, x that is not
 16-byte aligned (scalar loads), and the fused prologue/epilogues (norm with weight, GLU,
 residual, K/V stores)."""
 from __future__ import annotations
@@ -36,7 +36,8 @@ def check(driver, graph, env, inputs, **backend_opts):
     return split
 
 
-@pytest.mark.parametrize("wtype", [G.Q4_1, G.Q8_0, G.Q4_0, G.Q5_0, G.Q5_1, G.F16, G.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("wtype", [G.Q4_1, G.Q8_0, G.Q4_0, G.Q5_0, G.Q5_1, G.F16, G.Q4_K, G.MXFP4],
+                         ids=lambda t: t.name)
 def test_feed_forward_at_model_width(device, wtype):
     """n_embd 576 (gate/up/q/k/v: K = 576, GLU) and n_ff 2304 (down: the loop path, residual)."""
     kind, driver = device

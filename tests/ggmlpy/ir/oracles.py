@@ -256,9 +256,10 @@ def soft_max(x, p, case):
             if mask is not None:  # mask row i1 (rows may be padded), tiled over heads
                 v += slope * float(mask[i0, i1, i2 % mask.shape[2], i3 % mask.shape[3]])
             logits.append(v)
-        top = max(logits)
+        sink = [float(x[2][i2, 0, 0, 0])] if len(x) > 2 else []   # an extra logit without an output
+        top = max(logits + sink)
         exps = [math.exp(v - top) for v in logits]
-        total = sum(exps)
+        total = sum(exps) + sum(math.exp(v - top) for v in sink)
         out[:, i1, i2, i3] = [e / total for e in exps]
     return out
 
@@ -343,6 +344,7 @@ ORACLES: dict[str, Oracle] = {
     "gelu_erf": unary(lambda v: 0.5 * v * math.erfc(-v / math.sqrt(2.0))),
     "tanh": unary(lambda v: 2.0 * sigmoid(2.0 * v) - 1.0),
     "relu": unary(lambda v: v if v > 0 else 0.0),
+    "sigmoid": unary(lambda v: 1.0 / (1.0 + math.exp(-v)) if v > -700 else 0.0),
     "sqr": unary(lambda v: v ** 2),
     "sqrt": unary(math.sqrt),
     "abs": unary(lambda v: v if v >= 0 else -v),

@@ -68,7 +68,7 @@ def _pos(n):
 
 EXTRA: dict[str, list[OpCase]] = {
     **{op: _binary_extra(op) for op in ("add", "sub", "mul", "div")},
-    **{op: _unary_extra(op) for op in ("silu", "gelu", "gelu_erf", "tanh", "relu", "sqr", "sqrt", "abs")},
+    **{op: _unary_extra(op) for op in ("silu", "gelu", "gelu_erf", "tanh", "relu", "sqr", "sqrt", "abs", "sigmoid")},
     "scale": [OpCase((_spec(F32, (13, 7, 1, 1)),), (("s", 0.3), ("b", -1.5))),
               OpCase((_spec(F32, (5, 3, 4, 1), permute=P0213),), (("s", 2.0), ("b", 0.0)))],
     "swiglu": [OpCase((_spec(F32, (13, 1, 1, 1)), _spec(F32, (13, 1, 1, 1)))),
@@ -346,7 +346,7 @@ def test_unique_rows_needs_enough_rows() -> None:
 
 @pytest.mark.parametrize("ttype, bound", [
     (F16, 1e-6), (BF16, 3e-5), (GGMLType.Q8_0, 1e-4), (GGMLType.Q5_0, 0.01), (GGMLType.Q4_0, 0.02),
-    (GGMLType.Q4_1, 0.02), (GGMLType.Q5_1, 0.01), (GGMLType.Q4_K, 0.02), (GGMLType.Q6_K, 0.002),
+    (GGMLType.Q4_1, 0.02), (GGMLType.Q5_1, 0.01), (GGMLType.Q4_K, 0.02), (GGMLType.Q6_K, 0.002), (GGMLType.MXFP4, 0.05),
 ])
 def test_typed_fills_encode_the_same_normal_draw(ttype, bound) -> None:
     """One seed, one draw: a quantised source holds the F32 source's values, quantised."""

@@ -13,7 +13,7 @@ from ggmlpy.quants import dequant as dequant_module
 
 GGUF_HAS = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1,
             GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K,
-            GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
+            GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.MXFP4]
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -46,7 +46,8 @@ def gguf_reference(raw: np.ndarray, t: GGMLType, ne: tuple[int, ...]) -> np.ndar
         rows = rows.view(np.float32)
     elif t == GGMLType.F16:
         rows = rows.view(np.float16)
-    out = gguf_dequantize(rows, GGMLQuantizationType(int(t)))
+    with np.errstate(over="ignore"):   # MXFP4's largest exponents overflow to inf, as in ggml
+        out = gguf_dequantize(rows, GGMLQuantizationType(int(t)))
     return np.asarray(out, dtype=np.float32).reshape(tuple(reversed(ne)))
 
 
@@ -116,6 +117,22 @@ def test_q4_0_by_hand():
     raw = one_block(GGMLType.Q4_0, d=0.5, qs=(j | ((15 - j) << 4)).astype(np.uint8))
     expected = np.concatenate([(j - 8) * 0.5, (7 - j) * 0.5])
     np.testing.assert_array_equal(dequantize(raw, GGMLType.Q4_0, (32,)), expected)
+
+
+def test_mxfp4_by_hand():
+    """Code j of the low nibbles is element j, the high nibbles elements 16..31; the scale is
+    2^(e - 128), the doubled E2M1 value's half: e = 127 gives the plain E2M1 values. e = 0
+    and 1 are the subnormal scales 2^-128 and 2^-127, e = 255 the largest, 2^127."""
+    e2m1 = [0, 0.5, 1, 1.5, 2, 3, 4, 6, 0, -0.5, -1, -1.5, -2, -3, -4, -6]
+    j = np.arange(16)
+    qs = (j | ((15 - j) << 4)).astype(np.uint8)
+    for e, scale in [(127, 1.0), (130, 8.0), (0, 2.0**-127), (1, 2.0**-126), (2, 2.0**-125),
+                     (255, 2.0**128), (200, 2.0**73)]:
+        out = dequantize(one_block(GGMLType.MXFP4, e=e, qs=qs), GGMLType.MXFP4, (32,))
+        expected = np.array(e2m1 + e2m1[::-1]) * scale
+        with np.errstate(over="ignore"):
+            np.testing.assert_array_equal(out, expected.astype(np.float32))
+    assert bits(dequantize(one_block(GGMLType.MXFP4, e=0, qs=qs), GGMLType.MXFP4, (32,)))[1] == 0x00200000
 
 
 def test_q5_1_by_hand():
@@ -242,7 +259,7 @@ def test_unknown_or_removed_type_ids(t, name):
         dequantize(np.zeros(18, np.uint8), t, (32,))
 
 
-@pytest.mark.parametrize("t", [GGMLType.IQ2_XXS, GGMLType.IQ4_XS, GGMLType.TQ2_0, GGMLType.MXFP4])
+@pytest.mark.parametrize("t", [GGMLType.IQ2_XXS, GGMLType.IQ4_XS, GGMLType.TQ2_0, GGMLType.IQ2_XS])
 def test_unsupported_formats(t):
     with pytest.raises(NotImplementedError, match=t.name):
         dequantize(np.zeros(type_size(t), np.uint8), t, (block_size(t),))

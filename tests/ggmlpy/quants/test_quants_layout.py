@@ -9,7 +9,8 @@ from ggmlpy.quants import block_dtype, supported_types
 
 LAYOUT_TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1,
                 GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q8_1, GGMLType.Q2_K,
-                GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_K]
+                GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_K,
+                GGMLType.MXFP4]
 
 # (field, byte offset, bytes) read off the C structs in ggml-common.h
 EXPECTED_FIELDS = {
@@ -26,6 +27,7 @@ EXPECTED_FIELDS = {
                     ("qs", 48, 128)],
     GGMLType.Q6_K: [("ql", 0, 128), ("qh", 128, 64), ("scales", 192, 16), ("d", 208, 2)],
     GGMLType.Q8_K: [("d", 0, 4), ("qs", 4, 256), ("bsums", 260, 32)],
+    GGMLType.MXFP4: [("e", 0, 1), ("qs", 1, 16)],
 }
 
 
@@ -52,7 +54,7 @@ def test_supported_types_cover_the_required_formats():
     assert set(LAYOUT_TYPES) <= set(supported_types())
 
 
-@pytest.mark.parametrize("t", [GGMLType.IQ2_XXS, GGMLType.IQ4_NL, GGMLType.TQ1_0, GGMLType.MXFP4])
+@pytest.mark.parametrize("t", [GGMLType.IQ2_XXS, GGMLType.IQ4_NL, GGMLType.TQ1_0, GGMLType.IQ2_XS])
 def test_no_layout_for_unsupported_formats(t):
     with pytest.raises(NotImplementedError, match=t.name):
         block_dtype(t)

@@ -15,7 +15,7 @@ from ggmlpy.quants import quant as quant_module
 
 F32 = np.float32
 GGUF_QUANTIZERS = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1,
-                   GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0]
+                   GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.MXFP4]
 ALL_QUANTIZERS = GGUF_QUANTIZERS + [GGMLType.Q8_1, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K,
                                     GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_K]
 
@@ -103,6 +103,8 @@ GGML_KNOWN_ANSWERS = {
     GGMLType.Q5_K: "02cdd6fd0d2e9f2ed34490389ce7712e59efbb65b848c856d107ea5ed3e69c47",
     GGMLType.Q6_K: "a6f5eb84750b3623dde8b71f04b67d6e7fd7bef6e39eb2a0192c370e398959df",
     GGMLType.Q8_K: "3effc9353ab8885106e481a1bcd2f9077da64faab56e0ada8b68492c35d2453d",
+    # quantize_row_mxfp4_ref of the ggml vendored by llama-cpp-python 0.3.36, same flags
+    GGMLType.MXFP4: "9b716855df1fdb009e4ebd99396f39e708d1d0a7893b2680c348925f3cb48985",
 }
 
 
@@ -228,6 +230,45 @@ def test_more_bits_means_less_error():
     assert rmse[order.index(GGMLType.Q4_K)] < 0.08  # ~1/14 of sigma for normal data
 
 
+# the sixteen E2M1 codes of MXFP4, doubled (ggml's kvalues_mxfp4), written out from the OCP
+# microscaling spec rather than imported: E2M1 is 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives
+MXFP4_CODES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], F32)
+
+
+def mxfp4_scales(e: np.ndarray) -> np.ndarray:
+    """2^(e - 128) in float64 (exact for every byte), the scale of the doubled codes."""
+    return np.ldexp(1.0, e.astype(np.int64) - 128)
+
+
+@pytest.mark.parametrize("name", ["normal", "heavy_tail", "positive", "sparse", "tiny", "huge"])
+def test_mxfp4_exponent_and_nearest_code(name):
+    """e = floor(log2(amax)) - 2 + 127, so amax / 2^(e - 128) is in [8, 16); every value is
+    the code nearest to it (the top code, 12, for the values past it)."""
+    x, y, blk = blocks_of(DATA[name], GGMLType.MXFP4)
+    amax = np.abs(x).max(axis=1).astype(np.float64)
+    live = amax > 0
+    d = mxfp4_scales(blk["e"])
+    assert np.all(blk["e"][~live] == 0)
+    ratio = amax[live] / d[live]
+    assert np.all((ratio >= 8) & (ratio < 16))
+    grid = d[:, None] * MXFP4_CODES                                   # [blocks, 16]
+    best = np.abs(x[..., None].astype(np.float64) - grid[:, None, :]).min(axis=-1)
+    np.testing.assert_array_equal(np.abs(x.astype(np.float64) - y), best)
+
+
+def test_mxfp4_by_hand():
+    """amax 5 -> e = 2 - 2 + 127 = 127, d = 0.5: 5 / 0.5 = 10 lies between codes 8 and 12 and
+    goes to the first of the two equally near (8: value 4); 0.3 -> code 1 (0.5) is nearer than
+    0; -5.9 -> -12 * 0.5 = -6."""
+    x = np.zeros((1, 32), F32)
+    x[0, :4] = [5.0, 0.3, -5.9, 0.7]
+    blk = quantize(x, GGMLType.MXFP4).reshape(-1).view(block_dtype(GGMLType.MXFP4))[0]
+    assert blk["e"] == 127
+    assert list(blk["qs"][:4] & 15) == [6, 1, 15, 1] and not (blk["qs"] >> 4).any()
+    np.testing.assert_array_equal(dequantize(quantize(x, GGMLType.MXFP4), GGMLType.MXFP4, (32,))[:4],
+                                  [4.0, 0.5, -6.0, 0.5])
+
+
 @pytest.mark.parametrize("t", [GGMLType.F16, GGMLType.F32], ids=lambda t: t.name)
 def test_float_formats_round_trip(t):
     x = DATA["normal"]
@@ -270,7 +311,7 @@ def test_scalar_and_non_numeric_inputs():
         quantize(np.array(["a"] * 32), GGMLType.Q8_0)
 
 
-@pytest.mark.parametrize("t", [GGMLType.IQ2_XS, GGMLType.TQ1_0, GGMLType.MXFP4, GGMLType.I8])
+@pytest.mark.parametrize("t", [GGMLType.IQ2_XS, GGMLType.TQ1_0, GGMLType.IQ4_XS, GGMLType.I8])
 def test_unsupported_quantizers(t):
     with pytest.raises(NotImplementedError, match=t.name):
         quantize(np.zeros(256, F32), t)

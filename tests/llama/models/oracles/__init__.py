@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tests.llama.models.oracles import gemma, llama, phi3, qwen
+from tests.llama.models.oracles import gemma, gpt_oss, granite, llama, olmoe, phi3, qwen
 from tests.llama.models.oracles.common import Config, GGUFContents, read_gguf
 
 # arch -> (config from the file, forward pass)
@@ -28,6 +28,10 @@ ORACLES: dict[str, tuple[Callable[[GGUFContents], Config], Callable[..., np.ndar
     "gemma": (gemma.config_gemma, gemma.forward),
     "gemma2": (gemma.config_gemma2, gemma.forward),
     "gemma3": (gemma.config_gemma3, gemma.forward),
+    "olmoe": (olmoe.config, olmoe.forward),
+    "granite": (granite.config, granite.forward),
+    "granitemoe": (granite.config, granite.forward),
+    "gpt-oss": (gpt_oss.config, gpt_oss.forward),
 }
 
 
