@@ -11,6 +11,7 @@ as one step (their interior tensors get no memory):
     norm_mul          rms_norm(x) * w, norm(x) * w        -> rms_norm_mul / norm_mul (x, w)
     residual_product  W x + r (repacked weights)          -> mul_mat_add (W, x, r)
     glu_product       act(W_gate x) * (W_up x) (repacked) -> mul_mat_glu (W_gate, W_up, x)
+    expert_glu_product  the same over each token's experts    -> mul_mat_id_glu (W_gate, W_up, x, ids)
     matmul_softmax    softmax(k . q * scale + mask)       -> mul_mat_soft_max (k, q, mask)
     rope_qk           rope(q, pos), rope(k, pos)          -> rope_pair (q, pos, k, out_k): the
                       second result is written through the fourth operand
@@ -35,7 +36,7 @@ from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.passes.fusion import MatchContext, ResolvedGroup, Rule, fusion_groups
 from ggmlpy.passes.patterns import (
-    FUSED_KINDS, GLU_PRODUCT, MAP_CHAIN, MATMUL_SOFTMAX, NORM_MUL, RESIDUAL_PRODUCT, ROPE_QK, SCALE_SOFTMAX,
+    EXPERT_GLU_PRODUCT, FUSED_KINDS, GLU_PRODUCT, MAP_CHAIN, MATMUL_SOFTMAX, NORM_MUL, RESIDUAL_PRODUCT, ROPE_QK, SCALE_SOFTMAX,
 )
 from ggmlpy.passes.rewrite import Bindings
 
@@ -53,6 +54,7 @@ def _product_shape(b: Bindings, ctx: MatchContext) -> bool:
 
 CPU_RULES: tuple[Rule, ...] = (
     GLU_PRODUCT,
+    EXPERT_GLU_PRODUCT,
     NORM_MUL.where(_weight_row),
     ROPE_QK,
     SCALE_SOFTMAX,
@@ -93,6 +95,15 @@ def _gated_ffn(group: ResolvedGroup) -> Tensor | None:
                   params={**glu.params, "act": glu.op})
 
 
+def _gated_experts(group: ResolvedGroup) -> Tensor | None:
+    gate, up, glu = group.nodes
+    if (glu.src[0] is not gate or glu.src[1] is not up or gate.src[1] is not up.src[1]
+            or gate.src[2] is not up.src[2]):
+        return None
+    return _fused("expert_glu_product", glu, "mul_mat_id_glu", src=(gate.src[0], up.src[0], gate.src[1], gate.src[2]),
+                  params={**glu.params, "act": glu.op})
+
+
 def _attention_scores(group: ResolvedGroup) -> Tensor | None:
     kq, softmax = group.nodes
     if softmax.src[0] is not kq or tuple(kq.ne) != tuple(softmax.ne):
@@ -111,6 +122,7 @@ FUSED: dict[str, Callable[[ResolvedGroup], Tensor | None]] = {
     "rope_qk": _rope_pair,
     "matmul_softmax": _attention_scores,
     "glu_product": _gated_ffn,
+    "expert_glu_product": _gated_experts,
     "norm_mul": _norm_mul,
     "residual_product": _epilogue,
 }

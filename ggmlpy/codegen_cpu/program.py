@@ -59,7 +59,7 @@ def _external_key(node: Tensor, j: int, root: Tensor) -> tuple[int, bool]:
 # start compiles the most expensive waiting unit first (CpuBackend._compile_next): started
 # in graph order, the costliest kernels queued behind many small ones and finished last.
 COMPILE_COST: dict[str, float] = {
-    "mul_mat_soft_max": 11, "mul_mat_glu": 10, "mul_mat": 6, "mul_mat_add": 5,
+    "mul_mat_soft_max": 11, "mul_mat_glu": 10, "mul_mat_id_glu": 10, "mul_mat": 6, "mul_mat_id": 6, "mul_mat_add": 5,
     "rope_pair": 3, "get_rows": 3, "rms_norm_mul": 2, "set_rows": 1.5,
 }
 

@@ -188,6 +188,7 @@ def repacked_rows(t: Tensor) -> int:
 # and the experts of mul_mat_id
 REPACKED_OPERANDS: dict[str, tuple[int, ...]] = {
     "mul_mat": (0,), "mul_mat_add": (0,), "mul_mat_glu": (0, 1), "get_rows": (0,), "mul_mat_id": (0,),
+    "mul_mat_id_glu": (0, 1),
 }
 
 
@@ -196,7 +197,7 @@ def operand_repacked(node: Tensor, j: int) -> bool:
     get_rows and the output product, is then resident once, repacked)."""
     if j not in REPACKED_OPERANDS.get(node.op, ()):
         return False
-    if node.op == "mul_mat_id":
+    if node.op in ("mul_mat_id", "mul_mat_id_glu"):
         return experts_repacked(node.src[j])
     if not is_repacked(node.src[j]):
         return False

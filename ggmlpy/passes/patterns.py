@@ -46,6 +46,11 @@ FUSED_KINDS: dict[str, FusedKind] = {
         "act(x @ W_gate) * (x @ W_up): both products read x once",
         "mul_mat(W_gate, x), mul_mat(W_up, x), swiglu/geglu [+ product extensions]",
         (("mul_mat_glu", "(W_gate, W_up, x), param act: the glu op"),)),
+    "expert_glu_product": FusedKind(
+        "act(x @ W_gate[e]) * (x @ W_up[e]) for each token's selected experts e: both expert "
+        "products from one quantisation of x and one grouping of the tokens by expert",
+        "mul_mat_id(W_gate, x, ids), mul_mat_id(W_up, x, ids), swiglu/geglu",
+        (("mul_mat_id_glu", "(W_gate, W_up, x, ids), param act: the glu op"),)),
     "residual_product": FusedKind(
         "W x + residual: the add in the product's epilogue",
         "mul_mat(W, x), add(., residual) [+ product extensions]",
@@ -125,6 +130,9 @@ _ROPE_SRC = (Pat(), Pat(name="pos"))
 GLU_PRODUCT = _pattern("glu_product", (Pat(GLUS, name="glu", src=(
     Pat("mul_mat", name="gate", src=(Pat(name="w_gate"), Pat(name="x"))),
     Pat("mul_mat", name="up", src=(Pat(name="w_up"), Pat(name="x"))))),), ("gate", "up", "glu"))
+EXPERT_GLU_PRODUCT = _pattern("expert_glu_product", (Pat(GLUS, name="glu", src=(
+    Pat("mul_mat_id", name="gate", src=(Pat(name="w_gate"), Pat(name="x"), Pat(name="ids"))),
+    Pat("mul_mat_id", name="up", src=(Pat(name="w_up"), Pat(name="x"), Pat(name="ids"))))),), ("gate", "up", "glu"))
 NORM_MUL = _pattern("norm_mul", (Pat("mul", name="mul", src=(Pat(NORMS, name="norm"), Pat(name="weight"))),),
                     ("norm", "mul"))
 ROPE_QK = _pattern("rope_qk", (Pat("rope", name="rope_a", extra_src=True, src=_ROPE_SRC),

@@ -2,26 +2,36 @@
 selected (ggml_mul_mat_id; the experts `as` [K, M, n_expert] stay in the file's layout).
 
 Phase 1 quantises the input rows (n_b per token) into scratch as the weight type's
-activations, then a barrier; phase 2 splits the M weight rows over the threads and, for
-every (token, slot) pair in order, streams that pair's expert rows of this thread against
-its activation row. A model's experts are kept repacked (repack.experts_repacked: each
-expert's matrix as a 2-D weight's, one after the other), and a pair's rows are the
-one-token tiles of kernels/qrepacked.py, in 16-row groups; other experts (M not whole
-groups, weights computed at run time) take matmul.Tiler's one-token tiles. A decode step
-reads each selected expert once; a prompt reads an expert once per token that chose it
-(grouping the tokens by expert, as ggml does, is not done yet).
+activations, then a barrier. A model's experts are kept repacked (repack.experts_repacked:
+each expert's matrix as a 2-D weight's, one after the other); for them thread 0 also sorts
+the (token, slot) pairs by expert in phase 1 (a counting sort, pairs in order within an
+expert, as ggml's CPU backend groups its rows), and phase 2 walks the experts: an expert
+chosen by c pairs has this thread's 16-row groups multiplied with those c activation rows
+in kernels/qrepacked.py's tiles of up to 4, so a prompt reads each selected expert's
+weights once, as a decode step does. Every pair's arithmetic is the same whatever its tile,
+so the results do not depend on how the tokens group. Other experts (M not whole groups,
+weights computed at run time) take matmul.Tiler's one-token tiles pair by pair.
+
+mul_mat_id_glu (the expert_glu_product fusion group, codegen_cpu/fusion.py) is an expert
+FFN's gate and up products and their GLU in one kernel: one quantisation of x, one sort, and
+per expert and group both weights against the same activation tiles, the GLU's formula
+applied as each pair of result vectors is stored (the same f32 values as the three nodes).
 """
 from __future__ import annotations
+
+import dataclasses
+from typing import Callable
 
 import llvmlite.ir as ir
 
 from ggmlpy.codegen_cpu import repack
 from ggmlpy.codegen_cpu.irgen import I32, KernelBuilder, i64
 from ggmlpy.codegen_cpu.kernels.matmul import QUANT, Tiler, activation_bytes
-from ggmlpy.codegen_cpu.kernels.qact import aligned_scratch, quantize_rows
+from ggmlpy.codegen_cpu.kernels.qact import ALIGN, aligned_scratch, quantize_rows
 from ggmlpy.codegen_cpu.kernels.qdot import KINDS
 from ggmlpy.codegen_cpu.kernels.qrepacked import RepackedMatmul
 from ggmlpy.codegen_cpu.lowering import lowering
+from ggmlpy.ir.symbolic import evaluate
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import GGMLType
 
@@ -34,17 +44,23 @@ def _supported(node: Tensor) -> bool:
 
 
 def _scratch(node: Tensor, env: dict) -> int:
-    return activation_bytes(node.src[0], node.src[1], env)
+    """The quantised activations, then (repacked experts) the pairs sorted by expert and each
+    expert's first position in that order (i32)."""
+    w, _, ids = node.src
+    n_pairs = evaluate(ids.ne[0], env) * evaluate(ids.ne[1], env)
+    return activation_bytes(w, node.src[1], env) + ALIGN + 4 * (n_pairs + 2 * evaluate(w.ne[2], env) + 1)
 
 
 class _ExpertTiler(Tiler):
     """Tiler over (token, slot) pairs p = t * n_used + u: the result row p (dst is
     [M, n_used, n_tokens], contiguous), the weights of expert ids[u, t], the activations of
-    input row t * n_b + u % n_b."""
+    input row t * n_b + u % n_b. `node` is a mul_mat_id (w, x, ids); its ids are the kernel
+    argument ids_arg."""
 
-    def __init__(self, kb: KernelBuilder, node: Tensor, base: ir.Value):
+    def __init__(self, kb: KernelBuilder, node: Tensor, base: ir.Value, ids_arg: str = "src2"):
         super().__init__(kb, node, KINDS[node.src[0].type], base)
         w, x, ids = node.src
+        self.ids_arg = ids_arg
         b = kb.b
         self.n_used, self.n_b = kb.dim(ids.ne[0]), kb.dim(x.ne[1])
         self.ids_nb = (kb.dim(ids.nb[0]), kb.dim(ids.nb[1]))
@@ -62,7 +78,7 @@ class _ExpertTiler(Tiler):
         kb, b = self.kb, self.kb.b
         t, u = self._slot(p)
         at = b.add(b.mul(u, self.ids_nb[0]), b.mul(t, self.ids_nb[1]))
-        expert = b.sext(b.load(kb.byte_ptr(kb.arg("src2"), at), typ=I32, align=4), ir.IntType(64))
+        expert = b.sext(b.load(kb.byte_ptr(kb.arg(self.ids_arg), at), typ=I32, align=4), ir.IntType(64))
         expert = b.select(b.icmp_signed("<", expert, i64(0)), i64(0), expert)
         return b.select(b.icmp_signed(">=", expert, self.n_expert), b.sub(self.n_expert, i64(1)), expert)
 
@@ -77,28 +93,62 @@ class _ExpertTiler(Tiler):
 
     def emit(self) -> None:
         kb = self.kb
-        if repack.operand_repacked(self.node, 0):
-            self._repacked()
-            return
         start, end = kb.thread_range(kb.dim(self.node.src[0].ne[1]))
         with kb.loop(i64(0), self.n_pairs, "pair") as p:
             self._rows(start, end, self.kind.single_rows, 1, p, kb.b.add(p, i64(1)))
 
-    def _repacked(self) -> None:
-        """Each pair's expert in the repacked layout: this thread's groups of 16 rows, as
-        qrepacked's one-token tiles, its results stored in the pair's row."""
+    def sort_pairs(self, order: ir.Value, first: ir.Value) -> None:
+        """Thread 0: order[] = the pairs sorted by expert (stable), first[e] = where expert
+        e's pairs start in it (first[n_expert] = n_pairs); first[n_expert + 1 ...] counts."""
+        kb, b = self.kb, self.kb.b
+        n_expert = self.n_expert
+        at = (lambda base, i: kb.elem_ptr(base, i, I32))
+        cursor = kb.elem_ptr(first, b.add(n_expert, i64(1)), I32)
+        with kb.if_then(b.icmp_signed("==", kb.ith, i64(0))):
+            with kb.loop(i64(0), n_expert, "e") as e:
+                b.store(ir.Constant(I32, 0), at(cursor, e))
+            with kb.loop(i64(0), self.n_pairs, "p") as p:
+                c = at(cursor, self.expert(p))
+                b.store(b.add(b.load(c, typ=I32), ir.Constant(I32, 1)), c)
+            total = kb.var(I32, ir.Constant(I32, 0), "total")
+            with kb.loop(i64(0), n_expert, "e") as e:
+                b.store(b.load(total), at(first, e))
+                c = at(cursor, e)
+                n = b.load(c, typ=I32)
+                b.store(b.load(total), c)
+                b.store(b.add(b.load(total), n), total)
+            b.store(b.load(total), at(first, n_expert))
+            with kb.loop(i64(0), self.n_pairs, "p") as p:
+                c = at(cursor, self.expert(p))
+                slot = b.load(c, typ=I32)
+                b.store(b.trunc(p, I32), at(order, b.sext(slot, ir.IntType(64))))
+                b.store(b.add(slot, ir.Constant(I32, 1)), c)
+
+    def grouped(self, order: ir.Value, first: ir.Value, weight_args: tuple[str, ...] = ("src0",),
+                combine: Callable[[list[ir.Value]], ir.Value] | None = None) -> None:
+        """Expert by expert (repacked layout): this thread's groups of 16 rows against the
+        activation rows of the pairs that chose the expert, each result in its pair's row;
+        with several weights (kernel arguments of one shape), their results joined by
+        `combine` as they are stored."""
         kb, b = self.kb, self.kb.b
         w = self.node.src[0]
         k, m = w.ne[0], w.ne[1]
         expert_bytes = repack.repacked_nbytes(w.type, k, m)
         g0, g1 = kb.thread_range(i64(m // repack.GROUP))
-        with kb.loop(i64(0), self.n_pairs, "pair") as p:
-            weights = kb.byte_ptr(kb.arg("src0"), b.mul(self.expert(p), i64(expert_bytes)))
-            dst = kb.byte_ptr(kb.arg("dst"), b.mul(p, self.d_stride))
-            product = RepackedMatmul(kb, w.type, self.kind.fmt, k, m, self.act_row(p), i64(1), i64(0),
-                                     weights=[weights], dst=dst)
-            with kb.loop(g0, g1, "g") as g:
-                product.tile(g, i64(0), 1)
+        load = (lambda base, i: b.sext(b.load(kb.elem_ptr(base, i, I32), typ=I32), ir.IntType(64)))
+        with kb.loop(i64(0), self.n_expert, "expert") as e:
+            start, end = load(first, e), load(first, b.add(e, i64(1)))
+            with kb.if_then(b.icmp_signed("<", start, end)):
+                weights = [kb.byte_ptr(kb.arg(arg), b.mul(e, i64(expert_bytes))) for arg in weight_args]
+
+                def rows(j: ir.Value) -> tuple[ir.Value, ir.Value]:
+                    p = load(order, j)
+                    return self.act_row(p), kb.byte_ptr(kb.arg("dst"), b.mul(p, self.d_stride))
+
+                product = RepackedMatmul(kb, w.type, self.kind.fmt, k, m, self.base, end, i64(0),
+                                         weights=weights, combine=combine, rows=rows)
+                with kb.loop(g0, g1, "g") as g:
+                    product.tokens(g, start, end)
 
 
 @lowering("mul_mat_id", supports=_supported, scratch_bytes=_scratch)
@@ -106,5 +156,54 @@ def _mul_mat_id(kb: KernelBuilder, node: Tensor) -> None:
     w, x = node.src[:2]
     base = aligned_scratch(kb)
     quantize_rows(kb, x, KINDS[w.type].fmt, w.ne[0], base)
+    tiler = _ExpertTiler(kb, node, base)
+    if not repack.operand_repacked(node, 0):
+        kb.barrier()
+        tiler.emit()
+        return
+    order, first = _sorted_pairs(kb, tiler, base)
     kb.barrier()
-    _ExpertTiler(kb, node, base).emit()
+    tiler.grouped(order, first)
+
+
+def _sorted_pairs(kb: KernelBuilder, tiler: _ExpertTiler, base: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """Thread 0 sorts the pairs by expert into the scratch after the activations (_scratch);
+    returns (order, first)."""
+    b = kb.b
+    w, x = tiler.node.src[:2]
+    n_rows = b.mul(b.mul(kb.dim(x.ne[1]), kb.dim(x.ne[2])), kb.dim(x.ne[3]))
+    act_end = b.add(b.mul(n_rows, i64(tiler.kind.fmt.row_bytes(w.ne[0]))), i64(ALIGN - 1))
+    order = kb.byte_ptr(base, b.and_(act_end, i64(-ALIGN)))
+    first = kb.byte_ptr(order, b.mul(tiler.n_pairs, i64(4)))
+    tiler.sort_pairs(order, first)
+    return order, first
+
+
+def _as_product(node: Tensor) -> Tensor:
+    """The gate's mul_mat_id (w_gate, x, ids) of a mul_mat_id_glu node: the shapes the
+    tiler walks."""
+    w_gate, _, x, ids = node.src
+    return dataclasses.replace(node, op="mul_mat_id", src=(w_gate, x, ids), params={})
+
+
+def _glu_supported(node: Tensor) -> bool:
+    w_gate, w_up = node.src[:2]
+    product = _as_product(node)
+    return (_supported(product) and repack.experts_repacked(w_gate) and repack.experts_repacked(w_up)
+            and w_gate.type == w_up.type and tuple(w_gate.ne) == tuple(w_up.ne)
+            and node.params.get("act") in ("swiglu", "geglu"))
+
+
+@lowering("mul_mat_id_glu", supports=_glu_supported, scratch_bytes=lambda node, env: _scratch(_as_product(node), env))
+def _mul_mat_id_glu(kb: KernelBuilder, node: Tensor) -> None:
+    from ggmlpy.codegen_cpu.kernels.elementwise import formula as op_formula
+
+    product = _as_product(node)
+    w, x = product.src[:2]
+    base = aligned_scratch(kb)
+    quantize_rows(kb, x, KINDS[w.type].fmt, w.ne[0], base, x_arg="src2")
+    tiler = _ExpertTiler(kb, product, base, ids_arg="src3")
+    order, first = _sorted_pairs(kb, tiler, base)
+    kb.barrier()
+    formula = op_formula(node.params["act"])
+    tiler.grouped(order, first, ("src0", "src1"), combine=lambda v: formula(kb, v, node.params))

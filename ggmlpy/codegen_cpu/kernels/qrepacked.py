@@ -82,7 +82,8 @@ class RepackedMatmul:
     def __init__(self, kb: KernelBuilder, wtype: GGMLType, fmt: ActFormat, k: int, m: int,
                  act_base: ir.Value, n_tok: ir.Value, d_stride: ir.Value, residual: ir.Value | None = None,
                  weights: list[ir.Value] | None = None,
-                 combine: Callable[[list[ir.Value]], ir.Value] | None = None, dst: ir.Value | None = None):
+                 combine: Callable[[list[ir.Value]], ir.Value] | None = None, dst: ir.Value | None = None,
+                 rows: Callable[[ir.Value], tuple[ir.Value, ir.Value]] | None = None):
         self.kb, self.t, self.fmt = kb, wtype, fmt
         # several weights of one shape and type against the same activations (a gated FFN's
         # gate and up), their results per vector joined by `combine`; default: src0 alone
@@ -97,6 +98,9 @@ class RepackedMatmul:
         self.codes = CODE_BOOKS.get(wtype)   # a code-book type's nibbles are looked up
         self.residual = residual   # added to each result as it is stored (laid out as dst)
         self.dst = dst if dst is not None else kb.arg("dst")   # where token 0's results go
+        # token -> (its activation row, its result row) where tokens are not evenly spaced
+        # (mul_mat_id's tokens grouped by expert); default: act_base and dst by the strides
+        self.rows = rows
 
     def emit(self) -> None:
         """The work in chunks of (token block, run of groups), claimed by whichever thread
@@ -115,12 +119,16 @@ class RepackedMatmul:
             g1 = b.select(b.icmp_signed("<", g1, i64(self.n_groups)), g1, i64(self.n_groups))
             t1 = b.add(t0, i64(block))
             t1 = b.select(b.icmp_signed("<", t1, self.n_tok), t1, self.n_tok)
-            t_full = b.add(t0, b.mul(b.sdiv(b.sub(t1, t0), i64(TOKENS)), i64(TOKENS)))
-            rest = b.sub(t1, t_full)
             with kb.loop(g0, g1, "g") as g:
-                with kb.loop(t0, t_full, "tt", step=TOKENS) as tok0:
-                    self.tile(g, tok0, TOKENS)
-                self._rest(g, t_full, rest)
+                self.tokens(g, t0, t1)
+
+    def tokens(self, g: ir.Value, t0: ir.Value, t1: ir.Value) -> None:
+        """Group g for tokens t0 .. t1 - 1: tiles of TOKENS, then the rest."""
+        kb, b = self.kb, self.kb.b
+        t_full = b.add(t0, b.mul(b.sdiv(b.sub(t1, t0), i64(TOKENS)), i64(TOKENS)))
+        with kb.loop(t0, t_full, "tt", step=TOKENS) as tok0:
+            self.tile(g, tok0, TOKENS)
+        self._rest(g, t_full, b.sub(t1, t_full))
 
     def _rest(self, g: ir.Value, tok0: ir.Value, rest: ir.Value) -> None:
         """The last rest (< TOKENS) tokens of a block as tiles of 2 and 1 (rest's bits):
@@ -135,7 +143,11 @@ class RepackedMatmul:
     def tile(self, g: ir.Value, tok0: ir.Value, n_t: int) -> None:
         kb, b = self.kb, self.kb.b
         toks = [b.add(tok0, i64(t)) for t in range(n_t)]
-        arows = [kb.byte_ptr(self.act_base, b.mul(tok, i64(self.act_stride))) for tok in toks]
+        if self.rows is not None:
+            arows, drows = zip(*(self.rows(tok) for tok in toks))
+        else:
+            arows = [kb.byte_ptr(self.act_base, b.mul(tok, i64(self.act_stride))) for tok in toks]
+            drows = [kb.byte_ptr(self.dst, b.mul(tok, self.d_stride)) for tok in toks]
         results = []   # per weight, per token: the 16 rows' results
         for weight in self.weights:
             gbase = kb.byte_ptr(weight, b.mul(g, i64(self.n_steps * self.step_bytes)))
@@ -155,7 +167,7 @@ class RepackedMatmul:
             value = self.combine([r[t] for r in results])
             if self.residual is not None:
                 value = b.fadd(value, load_vec(b, kb.byte_ptr(self.residual, at), F32, 16))
-            store_vec(b, value, kb.byte_ptr(self.dst, at))
+            store_vec(b, value, kb.byte_ptr(drows[t], b.mul(g, i64(4 * repack.GROUP))))
 
     def _step(self, wp: ir.Value, aps: list[ir.Value], accs: list) -> None:
         """Both 32-blocks of a step (or a K-quant super-block), for every token of the tile."""

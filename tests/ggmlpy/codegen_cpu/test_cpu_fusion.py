@@ -145,6 +145,37 @@ def test_gated_ffn_kernel(act, t, n):
     assert normalized_error(ours, ref) <= 5e-4     # 8-bit activations (and GELU through f16)
 
 
+@pytest.mark.parametrize("act", ["swiglu", "geglu"])
+@pytest.mark.parametrize("t,n", [(G.Q8_0, 1), (G.Q4_K, 9), (G.MXFP4, 37)], ids=str)
+def test_gated_experts_kernel(act, t, n):
+    """act(gate_e x) * (up_e x) over each token's experts: one mul_mat_id_glu kernel, bit for
+    bit the three nodes run apart."""
+    k, m, n_expert, n_used = (256, 32, 6, 2) if t == G.Q4_K else (96, 48, 6, 2)
+    b = GraphBuilder()
+    w_gate = b.input("wg", t, (k, m, n_expert, 1))
+    w_up = b.input("wu", t, (k, m, n_expert, 1))
+    w_gate.flags = w_up.flags = Flag.WEIGHT
+    x = b.input("x", G.F32, (k, 1, n, 1))
+    ids = b.input("ids", G.I32, (n_used, n, 1, 1))
+    y = getattr(b, act)(b.mul_mat_id(w_gate, x, ids), b.mul_mat_id(w_up, x, ids))
+    graph = b.build([y])
+    rng = np.random.default_rng(n)
+    case = OpCase((SrcSpec(t, (k, m, n_expert, 1)),))
+    inputs = {"wg": make_inputs(case, rng)["src0"], "wu": make_inputs(case, rng)["src0"],
+              "x": rng.normal(size=(n, 1, k)).astype(np.float32),
+              "ids": np.stack([rng.permutation(n_expert)[:n_used] for _ in range(n)]).astype(np.int32)}
+    (ours, cpu), (ref, _) = _compare(graph, y, inputs)
+    assert [nd.op for nd in cpu.nodes] == ["mul_mat_id_glu"]
+    assert normalized_error(ours, ref) <= 5e-4     # 8-bit activations (and GELU through f16)
+    apart = CpuBackend(n_threads=2)
+    g = run_pipeline(graph, apart.name, env={"n_tokens": 512}, rules=()).graph
+    store = TensorStore({key: np.array(v, copy=True) for key, v in inputs.items()})
+    compiled = apart.compile(g, g.nodes)
+    compiled.run(store, {})
+    assert "mul_mat_id_glu" not in [nd.op for nd in compiled.nodes]
+    np.testing.assert_array_equal(ours, store.array(g.outputs[0], {}))
+
+
 def _graph_attention_scores(d, hkv, h, n_kv, n_tok):
     """softmax(k . q * scale + mask), k from an f16 cache viewed permuted."""
     b = GraphBuilder()

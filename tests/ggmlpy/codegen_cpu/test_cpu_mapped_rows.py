@@ -17,6 +17,7 @@ from ggmlpy.sched.store import TensorStore
 from ggmlpy.testing.ops import build_case_graph, decode, make_inputs
 
 K, ROWS, N_IDS = 256, 32768, 48          # a 4.5 MiB Q4_K table, 48 rows far apart
+STRAY_KIB = 64
 CASE = OpCase((SrcSpec(GGMLType.Q4_K, (K, ROWS, 1, 1), weight=True),
                SrcSpec(GGMLType.I32, (N_IDS,), fill=f"rows:{ROWS}")))
 
@@ -61,9 +62,11 @@ def test_rows_are_read_from_the_file_not_the_map(table):
     split, out = _run(mapped, ids)
     expected = decode(raw, GGMLType.Q4_K, (K, ROWS, 1, 1)).reshape(ROWS, K)[ids]
     np.testing.assert_array_equal(out, expected)
-    assert _rss_kib(mapped.ctypes.data) == 0
+    # read through the map the 48 rows map 384 KiB to 3 MiB (test below); a stray page or
+    # window from elsewhere in a long test session is allowed, not one per row
+    assert _rss_kib(mapped.ctypes.data) <= STRAY_KIB, _rss_kib(mapped.ctypes.data)
     [copy] = split._row_lookups.tables.values()
-    assert _rss_kib(copy.address) == 0          # handed back after the run
+    assert _rss_kib(copy.address) <= STRAY_KIB, _rss_kib(copy.address)   # handed back after the run
     ids2 = ids[::-1] + 1                          # a second run reads its own rows
     store = TensorStore({"src0": mapped, "src1": ids2})
     split.run(store, {})

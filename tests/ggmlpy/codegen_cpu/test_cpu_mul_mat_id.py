@@ -22,10 +22,12 @@ CASES = [(G.Q4_0, 128, 40, 8, 2, 1, 33), (G.Q8_0, 64, 17, 6, 3, 3, 9), (G.Q4_K, 
          (G.MXFP4, 96, 24, 8, 4, 1, 7), (G.MXFP4, 160, 9, 4, 2, 2, 33)]
 
 
-# model weights whose rows come in groups of 16: kept repacked (qrepacked's tiles)
+# model weights whose rows come in groups of 16: kept repacked (qrepacked's tiles, the pairs
+# grouped by expert); the last three give experts many pairs each (whole tiles of 4 and a rest)
 REPACKED = [(G.Q4_0, 128, 48, 8, 2, 1, 9), (G.Q8_0, 64, 32, 6, 3, 3, 5), (G.Q4_K, 256, 32, 16, 4, 1, 6),
             (G.Q6_K, 512, 16, 5, 2, 2, 3), (G.Q5_K, 256, 16, 4, 1, 1, 2), (G.Q3_K, 256, 32, 3, 2, 1, 4),
-            (G.MXFP4, 96, 32, 8, 4, 1, 5), (G.MXFP4, 576, 16, 4, 2, 2, 3)]
+            (G.MXFP4, 96, 32, 8, 4, 1, 5), (G.MXFP4, 576, 16, 4, 2, 2, 3),
+            (G.Q4_K, 256, 32, 4, 2, 1, 37), (G.Q8_0, 64, 32, 2, 2, 2, 11), (G.MXFP4, 64, 48, 3, 2, 1, 30)]
 
 
 def _case(t, k, m, n_expert, n_used, n_b, n_tok, weight: bool = False) -> OpCase:
