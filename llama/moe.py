@@ -38,12 +38,13 @@ _ACT_NAMES = {FfnOp.SILU: ("ffn_moe_swiglu", "ffn_moe_silu"), FfnOp.GELU: ("ffn_
 
 
 class Gating(Enum):
-    """How the router's logits become expert probabilities (llama_expert_gating_func_type).
-    DeepSeek V3.2's sqrt(softplus) is not here: no architecture of ggmlpy's uses it yet."""
+    """How the router's logits become expert probabilities (llama_expert_gating_func_type;
+    the value is the number a file's `{arch}.expert_gating_func` gives)."""
 
-    SOFTMAX = "softmax"
-    SIGMOID = "sigmoid"
-    SOFTMAX_WEIGHT = "softmax_weight"   # pick by the raw logits, softmax over the picked (gpt-oss)
+    SOFTMAX = 1
+    SIGMOID = 2
+    SOFTMAX_WEIGHT = 3   # pick by the raw logits, softmax over the picked (gpt-oss)
+    SQRT_SOFTPLUS = 4    # sqrt(softplus(logits))
 
 
 def build_moe_decoder(g: "LlmGraph", act: FfnOp, norm_w: bool) -> Tensor:
@@ -81,7 +82,8 @@ def build_moe_ffn(g: "LlmGraph", cur: Tensor, layer: "SimpleNamespace", act: Ffn
     logits = g.cb(g.build_lora_mm(layer.ffn_gate_inp, cur), "ffn_moe_logits", il)   # [n_expert, n_tokens]
     if layer.ffn_gate_inp_b is not None:
         logits = g.cb(b.add(logits, g.w(layer.ffn_gate_inp_b)), "ffn_moe_logits_biased", il)
-    probs = {Gating.SOFTMAX: b.soft_max, Gating.SIGMOID: b.sigmoid, Gating.SOFTMAX_WEIGHT: lambda t: t}[gating](logits)
+    probs = {Gating.SOFTMAX: b.soft_max, Gating.SIGMOID: b.sigmoid, Gating.SOFTMAX_WEIGHT: lambda t: t,
+             Gating.SQRT_SOFTPLUS: lambda t: b.sqrt(b.softplus(t))}[gating](logits)
     probs = g.cb(probs, "ffn_moe_probs", il)
     selection = probs
     if layer.ffn_exp_probs_b is not None:   # biases the choice, not the weights

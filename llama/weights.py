@@ -77,6 +77,12 @@ class _Spec:
 class TensorTable:
     globals: list[_Spec] = field(default_factory=list)
     layers: list[list[_Spec]] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)   # name prefixes the file may have, unused
+
+    def ignore(self, prefix: str) -> None:
+        """Tensors whose names start with prefix are known and left unused (GLM-4.5's
+        multi-token-prediction layer), not refused as unknown."""
+        self.ignored.append(prefix)
 
     def add(self, attr: str, name: str, ne: tuple[int, ...], optional: bool = False) -> None:
         self.globals.append(_Spec(attr, name, tuple(ne), Need.OPTIONAL if optional else Need.REQUIRED))
@@ -159,7 +165,7 @@ class TensorTable:
 
         top = SimpleNamespace(**{s.attr: one(s) for s in self.globals})
         layers = [SimpleNamespace(**{s.attr: one(s) for s in specs}) for specs in self.layers]
-        extra = sorted(set(tensors) - used)
+        extra = sorted(n for n in set(tensors) - used if not n.startswith(tuple(self.ignored)))
         if strict and extra:
             raise TensorLoadError(f"the file has {len(extra)} tensors this architecture does not "
                                   f"use: {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}")

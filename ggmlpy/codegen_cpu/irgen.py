@@ -454,6 +454,35 @@ class KernelBuilder:
         scale = b.bitcast(b.shl(biased, self.like(ir.Constant(I32, 23), ni)), x.type)
         return self.fmul(p, scale)
 
+    def log(self, x: ir.Value) -> ir.Value:
+        """ln(x) with a polynomial (no libm call; Cephes' logf), for scalars and float
+        vectors: x = m * 2^e with m in [sqrt(1/2), sqrt(2)), then ln(m) by a degree-9
+        polynomial in m - 1; relative error about 1e-7 for normal x > 0, NaN for x < 0,
+        -inf at 0 (subnormals are taken as 0)."""
+        b = self.b
+        n = x.type.count if isinstance(x.type, ir.VectorType) else None
+        i32 = ir.VectorType(I32, n) if n else I32
+        c = (lambda v: self.like(ir.Constant(I32, v), bits))
+        bits = b.bitcast(x, i32)
+        e = b.sub(b.and_(b.lshr(bits, c(23)), c(0xFF)), c(126))
+        m = b.bitcast(b.or_(b.and_(bits, c(0x807FFFFF)), c(0x3F000000)), x.type)   # [0.5, 1)
+        small = self.fcmp("<", m, f32(0.70710678118654752))
+        e = b.sub(e, b.zext(small, i32))
+        m = self.fsub(self.select(small, self.fadd(m, m), m), f32(1.0))
+        z = self.fmul(m, m)
+        p = f32(7.0376836292e-2)
+        for k in (-1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 1.4249322787e-1, -1.6668057665e-1,
+                  2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1):
+            p = self.fadd(self.fmul(p, m), f32(k))
+        ef = b.sitofp(e, x.type)
+        y = self.fadd(self.fmul(self.fmul(p, m), z), self.fmul(ef, f32(-2.12194440e-4)))
+        y = self.fadd(y, self.fmul(z, f32(-0.5)))
+        y = self.fadd(self.fadd(m, y), self.fmul(ef, f32(0.693359375)))
+        # no fast-math on these compares: they sort out the inputs the polynomial cannot take
+        y = self.select(b.fcmp_ordered(">", x, self.like(f32(0.0), x)), y, self.like(f32(float("nan")), x))
+        y = self.select(b.fcmp_ordered("==", x, self.like(f32(0.0), x)), self.like(f32(float("-inf")), x), y)
+        return self.select(b.fcmp_ordered("==", x, self.like(f32(float("inf")), x)), x, y)
+
     def erf(self, x: ir.Value) -> ir.Value:
         """erf(x) by Abramowitz and Stegun 7.1.26 (absolute error under 1.5e-7, plus exp's),
         for scalars and vectors: 1 - t*poly(t)*exp(-x^2) with t = 1/(1 + p|x|), x's sign.

@@ -29,6 +29,7 @@ CODE_FOR_OP: dict[str, Callable[..., str]] = {
     "mul": lambda a, b: f"({a} * {b})", "div": lambda a, b: f"({a} / {b})",
     "div_fast": lambda a, b: f"({a} / {b})", "neg": lambda a: f"(-{a})",
     "abs": lambda a: f"fabsf({a})", "sqrt": lambda a: f"sqrtf({a})", "exp": lambda a: f"expf({a})",
+    "log": lambda a: f"logf({a})",
     "tanh": lambda a: f"tanhf({a})", "erf": lambda a: f"erff({a})", "max": lambda a, b: f"fmaxf({a}, {b})",
     "ge": lambda a, b: f"({a} >= {b})", "le": lambda a, b: f"({a} <= {b})",
     "select": lambda c, a, b: f"({c} ? {a} : {b})",

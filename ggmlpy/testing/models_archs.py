@@ -87,6 +87,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "granitemoe": dict(n_layer=2, n_ff=32, n_expert=4, n_expert_used=2, n_ff_shexp=64,
                        extra_keys={"logit_scale": 4.0, "residual_scale": 0.5, "embedding_scale": 3.0,
                                    "attention.scale": 0.2}),
+    # a dense first layer, then experts with a sigmoid router, a selection bias and a shared
+    # expert; partial rotary (16 of 32 dims) and q/k/v biases as GLM-4.5-Air
+    "glm4moe": dict(n_layer=3, head_dim=32, n_rot=16, n_expert=8, n_expert_used=2, n_ff_exp=32,
+                    extra_keys={"leading_dense_block_count": 1, "expert_shared_count": 1,
+                                "expert_weights_norm": True, "expert_weights_scale": 2.5, "expert_gating_func": 2}),
     # alternating 4-token windows (even layers), Q wider than n_embd as in gpt-oss (64 heads of 64 in 2880)
     "gpt-oss": dict(n_layer=4, head_dim=32, n_swa=4, rope_base=1.5e5, n_expert=8, n_expert_used=2, n_ff_exp=32),
 }
@@ -242,6 +247,29 @@ def _llama_like(biases: bool = False, qk_norm: bool = False, qk_norm_rows: bool 
     return layer
 
 
+def _glm4moe_layer(t: _Tiny, p: str) -> None:
+    """Biased Q/K/V, post_attention_norm before the FFN; the first leading_dense_block_count
+    layers dense, the others experts with exp_probs_b and expert_shared_count shared experts."""
+    c = t.cfg
+    t.norm(p + "attn_norm.weight", c.n_embd)
+    _attn(t, p, biases=True)
+    t.norm(p + "post_attention_norm.weight", c.n_embd)
+    if int(p.split(".")[1]) < c.extra_keys.get("leading_dense_block_count", 0):
+        for name, n_in, n_out in (("gate", c.n_embd, c.n_ff), ("up", c.n_embd, c.n_ff), ("down", c.n_ff, c.n_embd)):
+            t.mat(p + f"ffn_{name}.weight", n_in, n_out)
+        return
+    t.mat(p + "ffn_gate_inp.weight", c.n_embd, c.n_expert)
+    t.bias(p + "exp_probs_b.bias", c.n_expert)
+    _experts(t, p + "ffn_gate_exps.weight", c.n_embd, c.n_ff_exp)
+    _experts(t, p + "ffn_up_exps.weight", c.n_embd, c.n_ff_exp)
+    _experts(t, p + "ffn_down_exps.weight", c.n_ff_exp, c.n_embd)
+    n_shared = c.n_ff_exp * c.extra_keys.get("expert_shared_count", 0)
+    if n_shared:
+        t.mat(p + "ffn_gate_shexp.weight", c.n_embd, n_shared)
+        t.mat(p + "ffn_up_shexp.weight", c.n_embd, n_shared)
+        t.mat(p + "ffn_down_shexp.weight", n_shared, c.n_embd)
+
+
 def _gpt_oss_layer(t: _Tiny, p: str) -> None:
     """Biased attention with one sink per head; the FFN's norm is post_attention_norm."""
     c = t.cfg
@@ -291,6 +319,7 @@ LAYER_WRITERS: dict[str, Callable[[_Tiny, str], None]] = {
     "granite": _llama_like(),
     "granitemoe": _llama_like(),
     "gpt-oss": _gpt_oss_layer,
+    "glm4moe": _glm4moe_layer,
 }
 ARCHS_WITHOUT_OUTPUT = {"gemma", "gemma2"}  # llama.cpp always ties their output
 

@@ -12,3 +12,4 @@ from llama.models import qwen2moe  # noqa: F401
 from llama.models import olmoe  # noqa: F401
 from llama.models import granite  # noqa: F401
 from llama.models import gpt_oss  # noqa: F401
+from llama.models import glm4moe  # noqa: F401

@@ -43,6 +43,15 @@ VARIANTS: dict[str, tuple[str, dict]] = {
                                                        "embedding_scale": 3.0, "rope.scaling.finetuned": False}}),
     "granitemoe-f32": ("granitemoe", {}),
     "granitemoe-q4_0": ("granitemoe", {"weight_type": GGMLType.Q4_0}),
+    "glm4moe-f32": ("glm4moe", {}),
+    "glm4moe-q8_0": ("glm4moe", {"weight_type": GGMLType.Q8_0}),
+    # the other gating functions of build_moe_ffn, through the file's expert_gating_func
+    "glm4moe-sqrt-softplus-f32": ("glm4moe", {"extra_keys": {
+        "leading_dense_block_count": 1, "expert_shared_count": 1, "expert_weights_norm": False,
+        "expert_weights_scale": 1.5, "expert_gating_func": 4}}),
+    "glm4moe-softmax-q8_0": ("glm4moe", {"weight_type": GGMLType.Q8_0, "extra_keys": {
+        "leading_dense_block_count": 1, "expert_shared_count": 1, "expert_weights_norm": True,
+        "expert_gating_func": 1}}),
     "gpt-oss-f32": ("gpt-oss", {}),
     # gpt-oss's own mix: MXFP4 experts, Q8_0 attention; YaRN as the released files have it
     "gpt-oss-mxfp4": ("gpt-oss", {"weight_type": GGMLType.Q8_0, "expert_type": GGMLType.MXFP4,

@@ -42,6 +42,7 @@ CODE_FOR_OP: dict[str, Callable[..., ir.Value]] = {
     "abs": lambda kb, a: kb.intrinsic("llvm.fabs", [a]),
     "sqrt": lambda kb, a: kb.sqrt(a),
     "exp": lambda kb, a: kb.exp(a),
+    "log": lambda kb, a: kb.log(a),
     "tanh": lambda kb, a: kb.tanh(a),
     "erf": lambda kb, a: kb.erf(a),
     "max": lambda kb, a, b: kb.fmax(a, b),

@@ -11,7 +11,7 @@ Primitives (all float32; a backend that lacks one does not lower the ops using i
   div_fast              a quotient a backend may compute approximately (the CPU's fast-math
                         vector code uses a reciprocal estimate; kept so CPU results stay
                         bit-identical to what they were)
-  neg abs sqrt exp tanh erf max
+  neg abs sqrt exp log tanh erf max
   ge le                 ordered comparisons (false with a NaN), only as select's condition
   select                cond ? a : b
   round_f16             round to half precision and back, where ggml's CPU backend computes
@@ -33,7 +33,7 @@ Number = Union[int, float]
 T = TypeVar("T")
 
 LEAVES = ("operand", "const", "param")
-PRIMITIVES = ("add", "sub", "mul", "div", "div_fast", "neg", "abs", "sqrt", "exp", "tanh", "erf",
+PRIMITIVES = ("add", "sub", "mul", "div", "div_fast", "neg", "abs", "sqrt", "exp", "log", "tanh", "erf",
               "max", "ge", "le", "select", "round_f16")
 
 
@@ -99,6 +99,7 @@ def _prim(op: str) -> Callable[..., Expr]:
 
 div_fast = _prim("div_fast")
 exp = _prim("exp")
+log = _prim("log")
 tanh = _prim("tanh")
 erf = _prim("erf")
 sqrt = _prim("sqrt")
@@ -157,6 +158,8 @@ FORMULAS: dict[str, Expr] = {
     "tanh": tanh(x0),
     "relu": vmax(x0, 0.0),
     "sigmoid": 1.0 / (1.0 + exp(-x0)),
+    # ggml's x > 20 ? x : logf(1 + expf(x)) (a NaN stays NaN)
+    "softplus": select(le(x0, 20.0), log(1.0 + exp(x0)), x0),
     "sqr": x0 * x0,
     "sqrt": sqrt(x0),
     "abs": vabs(x0),
@@ -212,7 +215,8 @@ def _round_f16(a: np.ndarray) -> np.ndarray:
 
 NUMPY: dict[str, Callable[..., np.ndarray]] = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "div_fast": np.divide,
-    "neg": np.negative, "abs": np.abs, "sqrt": np.sqrt, "exp": np.exp, "tanh": np.tanh, "erf": _erf_f32,
+    "neg": np.negative, "abs": np.abs, "sqrt": np.sqrt, "exp": np.exp, "log": np.log, "tanh": np.tanh,
+    "erf": _erf_f32,
     "max": np.fmax,  # NaN-ignoring, as llvm.maxnum and fmaxf
     "ge": np.greater_equal, "le": np.less_equal, "select": np.where, "round_f16": _round_f16,
 }

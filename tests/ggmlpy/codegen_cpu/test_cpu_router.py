@@ -41,3 +41,24 @@ def test_sum_rows_in_double_precision():
     case = OpCase((SrcSpec(F32, (101, 1, 1, 1)),))
     ours, _ = run_case("sum_rows", case, CpuBackend(n_threads=2), inputs={"src0": x})
     assert ours.reshape(-1).tolist() == [99.0]
+
+
+def test_gating_functions_across_their_range():
+    """sigmoid and softplus (sqrt-softplus gating; its ln is a polynomial in the CPU kernel,
+    no libm) against float64 math from -30 to 30 and at the edges: the 20 where softplus
+    turns into x, infinities, and NaN for softplus (the CPU's exp clamps its argument, so
+    sigmoid(NaN) comes out finite there)."""
+    x = np.concatenate([np.linspace(-30, 30, 1199), [19.999, 20.0, 20.001, -np.inf, np.inf, np.nan, 0.0]])
+    x = x.astype(np.float32).reshape(1, -1)
+    case = OpCase((SrcSpec(F32, (x.shape[1], 1, 1, 1)),))
+    x64 = x.astype(np.float64)
+    # ggml's softplus takes the log of 1 + exp(x) rounded to float32 (0 below about -16)
+    exact = {"sigmoid": (1.0 / (1.0 + np.exp(-x64)), 1e-30),
+             "softplus": (np.where(x > 20, x64, np.log((1.0 + np.exp(x64)).astype(np.float32).astype(np.float64))), 3e-7)}
+    for op, (want, atol) in exact.items():
+        ours, _ = run_case(op, case, CpuBackend(n_threads=2), inputs={"src0": x})
+        ours = ours.reshape(want.shape)
+        finite = np.isfinite(want)
+        np.testing.assert_allclose(ours[finite], want[finite], rtol=2e-6, atol=atol)
+        assert np.array_equal(ours[np.isinf(want)], want[np.isinf(want)])
+    assert np.isnan(ours[0, -2])   # softplus(NaN)

@@ -345,6 +345,7 @@ ORACLES: dict[str, Oracle] = {
     "tanh": unary(lambda v: 2.0 * sigmoid(2.0 * v) - 1.0),
     "relu": unary(lambda v: v if v > 0 else 0.0),
     "sigmoid": unary(lambda v: 1.0 / (1.0 + math.exp(-v)) if v > -700 else 0.0),
+    "softplus": unary(lambda v: v if v > 20 else math.log1p(math.exp(v))),
     "sqr": unary(lambda v: v ** 2),
     "sqrt": unary(math.sqrt),
     "abs": unary(lambda v: v if v >= 0 else -v),

@@ -68,7 +68,7 @@ def _pos(n):
 
 EXTRA: dict[str, list[OpCase]] = {
     **{op: _binary_extra(op) for op in ("add", "sub", "mul", "div")},
-    **{op: _unary_extra(op) for op in ("silu", "gelu", "gelu_erf", "tanh", "relu", "sqr", "sqrt", "abs", "sigmoid")},
+    **{op: _unary_extra(op) for op in ("silu", "gelu", "gelu_erf", "tanh", "relu", "sqr", "sqrt", "abs", "sigmoid", "softplus")},
     "scale": [OpCase((_spec(F32, (13, 7, 1, 1)),), (("s", 0.3), ("b", -1.5))),
               OpCase((_spec(F32, (5, 3, 4, 1), permute=P0213),), (("s", 2.0), ("b", 0.0)))],
     "swiglu": [OpCase((_spec(F32, (13, 1, 1, 1)), _spec(F32, (13, 1, 1, 1)))),

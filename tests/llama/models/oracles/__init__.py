@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tests.llama.models.oracles import gemma, gpt_oss, granite, llama, olmoe, phi3, qwen
+from tests.llama.models.oracles import gemma, glm4moe, gpt_oss, granite, llama, olmoe, phi3, qwen
 from tests.llama.models.oracles.common import Config, GGUFContents, read_gguf
 
 # arch -> (config from the file, forward pass)
@@ -32,6 +32,7 @@ ORACLES: dict[str, tuple[Callable[[GGUFContents], Config], Callable[..., np.ndar
     "granite": (granite.config, granite.forward),
     "granitemoe": (granite.config, granite.forward),
     "gpt-oss": (gpt_oss.config, gpt_oss.forward),
+    "glm4moe": (glm4moe.config, glm4moe.forward),
 }
 
 
