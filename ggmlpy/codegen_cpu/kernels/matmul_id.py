@@ -29,7 +29,7 @@ from ggmlpy.codegen_cpu.irgen import I32, KernelBuilder, i64
 from ggmlpy.codegen_cpu.kernels.matmul import QUANT, Tiler, activation_bytes
 from ggmlpy.codegen_cpu.kernels.qact import ALIGN, aligned_scratch, quantize_rows
 from ggmlpy.codegen_cpu.kernels.qdot import KINDS
-from ggmlpy.codegen_cpu.kernels.qrepacked import RepackedMatmul
+from ggmlpy.codegen_cpu.kernels.qrepacked import RepackedMatmul, chunk_groups
 from ggmlpy.codegen_cpu.lowering import lowering
 from ggmlpy.ir.symbolic import evaluate
 from ggmlpy.ir.tensor import Tensor
@@ -44,11 +44,11 @@ def _supported(node: Tensor) -> bool:
 
 
 def _scratch(node: Tensor, env: dict) -> int:
-    """The quantised activations, then (repacked experts) the pairs sorted by expert and each
-    expert's first position in that order (i32)."""
+    """The quantised activations, then (repacked experts) the pairs sorted by expert, each
+    expert's first position in that order, its count and the chosen experts (i32)."""
     w, _, ids = node.src
     n_pairs = evaluate(ids.ne[0], env) * evaluate(ids.ne[1], env)
-    return activation_bytes(w, node.src[1], env) + ALIGN + 4 * (n_pairs + 2 * evaluate(w.ne[2], env) + 1)
+    return activation_bytes(w, node.src[1], env) + ALIGN + 4 * (n_pairs + 3 * evaluate(w.ne[2], env) + 2)
 
 
 class _ExpertTiler(Tiler):
@@ -99,7 +99,8 @@ class _ExpertTiler(Tiler):
 
     def sort_pairs(self, order: ir.Value, first: ir.Value) -> None:
         """Thread 0: order[] = the pairs sorted by expert (stable), first[e] = where expert
-        e's pairs start in it (first[n_expert] = n_pairs); first[n_expert + 1 ...] counts."""
+        e's pairs start in it (first[n_expert] = n_pairs); after it the counts (n_expert),
+        the experts chosen at least once in id order (n_expert) and their number."""
         kb, b = self.kb, self.kb.b
         n_expert = self.n_expert
         at = (lambda base, i: kb.elem_ptr(base, i, I32))
@@ -123,32 +124,53 @@ class _ExpertTiler(Tiler):
                 slot = b.load(c, typ=I32)
                 b.store(b.trunc(p, I32), at(order, b.sext(slot, ir.IntType(64))))
                 b.store(b.add(slot, ir.Constant(I32, 1)), c)
+            active, n_active = self._active(first)
+            b.store(ir.Constant(I32, 0), n_active)
+            with kb.loop(i64(0), n_expert, "e") as e:
+                chosen = b.icmp_signed("<", b.load(at(first, e), typ=I32), b.load(at(first, b.add(e, i64(1))), typ=I32))
+                with kb.if_then(chosen):
+                    k = b.load(n_active, typ=I32)
+                    b.store(b.trunc(e, I32), at(active, b.sext(k, ir.IntType(64))))
+                    b.store(b.add(k, ir.Constant(I32, 1)), n_active)
+
+    def _active(self, first: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """Where sort_pairs keeps the chosen experts' ids and their number."""
+        kb, b = self.kb, self.kb.b
+        active = kb.elem_ptr(first, b.add(b.mul(self.n_expert, i64(2)), i64(1)), I32)
+        return active, kb.elem_ptr(active, self.n_expert, I32)
 
     def grouped(self, order: ir.Value, first: ir.Value, weight_args: tuple[str, ...] = ("src0",),
                 combine: Callable[[list[ir.Value]], ir.Value] | None = None) -> None:
-        """Expert by expert (repacked layout): this thread's groups of 16 rows against the
-        activation rows of the pairs that chose the expert, each result in its pair's row;
-        with several weights (kernel arguments of one shape), their results joined by
-        `combine` as they are stored."""
+        """Expert by expert (repacked layout): runs of 16-row groups of each chosen expert
+        against the activation rows of the pairs that chose it, each result in its pair's
+        row; with several weights (kernel arguments of one shape), their results joined by
+        `combine` as they are stored. The (expert, run) chunks are claimed by whichever
+        thread is free (qrepacked's chunking: a thread slowed by the VM does less)."""
         kb, b = self.kb, self.kb.b
         w = self.node.src[0]
         k, m = w.ne[0], w.ne[1]
         expert_bytes = repack.repacked_nbytes(w.type, k, m)
-        g0, g1 = kb.thread_range(i64(m // repack.GROUP))
+        n_groups = m // repack.GROUP
+        per_chunk = chunk_groups(n_groups)
+        runs = -(-n_groups // per_chunk)
         load = (lambda base, i: b.sext(b.load(kb.elem_ptr(base, i, I32), typ=I32), ir.IntType(64)))
-        with kb.loop(i64(0), self.n_expert, "expert") as e:
+        active, n_active = self._active(first)
+        with kb.claimed_chunks(b.mul(b.sext(b.load(n_active, typ=I32), ir.IntType(64)), i64(runs))) as chunk:
+            e = load(active, b.sdiv(chunk, i64(runs)))
+            g0 = b.mul(b.srem(chunk, i64(runs)), i64(per_chunk))
+            g1 = b.add(g0, i64(per_chunk))
+            g1 = b.select(b.icmp_signed("<", g1, i64(n_groups)), g1, i64(n_groups))
             start, end = load(first, e), load(first, b.add(e, i64(1)))
-            with kb.if_then(b.icmp_signed("<", start, end)):
-                weights = [kb.byte_ptr(kb.arg(arg), b.mul(e, i64(expert_bytes))) for arg in weight_args]
+            weights = [kb.byte_ptr(kb.arg(arg), b.mul(e, i64(expert_bytes))) for arg in weight_args]
 
-                def rows(j: ir.Value) -> tuple[ir.Value, ir.Value]:
-                    p = load(order, j)
-                    return self.act_row(p), kb.byte_ptr(kb.arg("dst"), b.mul(p, self.d_stride))
+            def rows(j: ir.Value) -> tuple[ir.Value, ir.Value]:
+                p = load(order, j)
+                return self.act_row(p), kb.byte_ptr(kb.arg("dst"), b.mul(p, self.d_stride))
 
-                product = RepackedMatmul(kb, w.type, self.kind.fmt, k, m, self.base, end, i64(0),
-                                         weights=weights, combine=combine, rows=rows)
-                with kb.loop(g0, g1, "g") as g:
-                    product.tokens(g, start, end)
+            product = RepackedMatmul(kb, w.type, self.kind.fmt, k, m, self.base, end, i64(0),
+                                     weights=weights, combine=combine, rows=rows)
+            with kb.loop(g0, g1, "g") as g:
+                product.tokens(g, start, end)
 
 
 @lowering("mul_mat_id", supports=_supported, scratch_bytes=_scratch)
@@ -162,6 +184,7 @@ def _mul_mat_id(kb: KernelBuilder, node: Tensor) -> None:
         tiler.emit()
         return
     order, first = _sorted_pairs(kb, tiler, base)
+    kb.reset_chunks()   # the grouped products' threads claim chunks after the barrier
     kb.barrier()
     tiler.grouped(order, first)
 
@@ -204,6 +227,7 @@ def _mul_mat_id_glu(kb: KernelBuilder, node: Tensor) -> None:
     quantize_rows(kb, x, KINDS[w.type].fmt, w.ne[0], base, x_arg="src2")
     tiler = _ExpertTiler(kb, product, base, ids_arg="src3")
     order, first = _sorted_pairs(kb, tiler, base)
+    kb.reset_chunks()
     kb.barrier()
     formula = op_formula(node.params["act"])
     tiler.grouped(order, first, ("src0", "src1"), combine=lambda v: formula(kb, v, node.params))
