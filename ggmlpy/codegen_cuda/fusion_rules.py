@@ -130,8 +130,6 @@ def attention_supported(b: Bindings, ctx: MatchContext) -> bool:
         return False
     if hv > 32 * MAX_DPL or hk > 1024 or n_head % k_heads or n_head % v_heads or sm.ne[2] != q.ne[2]:
         return False
-    if len(sm.src) > 2:   # attention sinks: not in the kernel
-        return False
     return not (len(sm.src) > 1 and (sm.src[1].type not in float_kv or sm.src[1].ne[3] != 1))
 
 

@@ -52,9 +52,10 @@ class AttentionStep(Step):
         k, q = kq.src
         v = kqv.src[0]
         mask = sm.src[1] if len(sm.src) > 1 else None
+        self.sinks = sm.src[2] if len(sm.src) > 2 else None
         out = cont if cont is not None else kqv
         nodes = [kq, sm, kqv] + ([perm, cont] if cont is not None else [])
-        reads = [q, k, v] + ([mask] if mask is not None else [])
+        reads = [q, k, v] + ([mask] if mask is not None else []) + ([self.sinks] if self.sinks is not None else [])
         if oproj is not None:
             nodes += [oproj.mm, oproj.add]
             reads += [oproj.wo, oproj.residual]
@@ -71,7 +72,7 @@ class AttentionStep(Step):
         # address for it, the kernel reads the length there instead of from its parameters
         self.count_symbol = _symbol_name(k.ne[1])
         self.count_at: int = 0
-        fields = [(n, "ptr") for n in ("q", "k", "v", "m", "o", "n_kv_dev")]
+        fields = [(n, "ptr") for n in ("q", "k", "v", "m", "o", "n_kv_dev", "sk")]
         fields += [(n, "i64") for n in ("n_kv", "hv", "rk", "rv", "mne2", "n_head_log2")]
         fields += [(f"qnb{i}", "i64") for i in range(3)] + [(f"knb{i}", "i64") for i in range(3)]
         fields += [(f"vnb{i}", "i64") for i in range(3)] + [(f"mnb{i}", "i64") for i in range(3)]
@@ -85,7 +86,7 @@ class AttentionStep(Step):
         self.spec = KernelSpec.make(
             "attention", fields, hk=hk, dpl=-(-hv // 32), ktype=sfx(k.type), vtype=sfx(v.type),
             mask=sfx(mask.type) if mask is not None else "none",
-            alibi=sm.params.get("max_bias", 0.0) > 0.0, kvec=_k_vectorisable(k, hk),
+            alibi=sm.params.get("max_bias", 0.0) > 0.0, kvec=_k_vectorisable(k, hk), sinks=self.sinks is not None,
             **_oproj_variant(oproj, hv))
 
     def specs(self) -> list[KernelSpec]:
@@ -113,7 +114,8 @@ class AttentionStep(Step):
         m0, m1, nhl = alibi_params(n_head, self.sm.params.get("max_bias", 0.0))
         vals = {"q": addr(q), "k": addr(k), "v": addr(v), "o": addr(self.out), "m": 0, "n_kv_dev": self.count_at,
                 "n_kv": kne[1], "hv": self.hv, "rk": n_head // kne[2], "rv": n_head // vne[2],
-                "mne2": 1, "n_head_log2": nhl, "scale": self.sm.params["scale"], "m0": m0, "m1": m1}
+                "mne2": 1, "n_head_log2": nhl, "scale": self.sm.params["scale"], "m0": m0, "m1": m1,
+                "sk": addr(self.sinks) if self.sinks is not None else 0}
         for prefix, t in (("q", q), ("k", k), ("v", v)):
             vals.update({f"{prefix}nb{i}": x for i, x in enumerate(nb_of(t, env)[:3])})
         vals.update({f"mnb{i}": 0 for i in range(3)})

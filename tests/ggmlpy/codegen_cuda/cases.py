@@ -72,7 +72,8 @@ def all_cases() -> Iterator[tuple[str, str, OpCase]]:
 # attention and fused graphs ---------------------------------------------------------------------
 def attention_graph(n_tokens: int = 5, n_kv: int = 40, kv_size: int = 64, head: int = 16,
                     n_head: int = 4, n_head_kv: int = 2, kv_type: GGMLType = F16,
-                    fuse_cont: bool = True, max_bias: float = 0.0, wo_type: GGMLType | None = None) -> Graph:
+                    fuse_cont: bool = True, max_bias: float = 0.0, wo_type: GGMLType | None = None,
+                    sinks: bool = False) -> Graph:
     """llama's attention block over a KV cache (store K and V, attend through strided views);
     with `wo_type`, followed by the output projection and the residual add, as a one-token
     (decode) graph."""
@@ -89,7 +90,7 @@ def attention_graph(n_tokens: int = 5, n_kv: int = 40, kv_size: int = 64, head: 
     kv = b.view(k_all, (head, n_head_kv, N_KV), (cache_k.nb[0] * head, cache_k.nb[1]))
     vv = b.view(v_all, (head, n_head_kv, N_KV), (cache_v.nb[0] * head, cache_v.nb[1]))
     kq = b.mul_mat(b.permute(kv, 0, 2, 1, 3), b.permute(q, 0, 2, 1, 3))
-    kq = b.soft_max_ext(kq, mask, 0.25, max_bias)
+    kq = b.soft_max_ext(kq, mask, 0.25, max_bias, sinks=b.input("sinks", F32, (n_head,)) if sinks else None)
     kqv = b.mul_mat(b.permute(vv, 1, 2, 0, 3), kq)
     out = b.cont(b.permute(kqv, 0, 2, 1, 3), head * n_head, N_TOKENS) if fuse_cont else kqv
     if wo_type is not None:
@@ -118,6 +119,8 @@ def attention_inputs(g: Graph, n_tokens: int, n_kv: int, rng: np.random.Generato
         "mask": mask,
         "cache_k": rng.standard_normal((kv_size, head * n_head_kv)).astype(dt),
         "cache_v": rng.standard_normal((kv_size, head * n_head_kv)).astype(dt),
+        **({"sinks": 2.0 * rng.standard_normal(n_head).astype(np.float32)}
+           if any(t.name == "sinks" for t in g.tensors) else {}),
         **_projection_inputs(g, n_tokens, rng),
     }
 
@@ -236,7 +239,8 @@ def fused_specs() -> dict[str, KernelSpec]:
     opts = lower_options("default")
     specs: dict[str, KernelSpec] = {}
     graphs = [attention_graph(), attention_graph(kv_type=F32, fuse_cont=False, max_bias=8.0),
-              attention_graph(head=64, n_head=9, n_head_kv=3), ffn_graph(), ffn_graph(single=False),
+              attention_graph(head=64, n_head=9, n_head_kv=3), attention_graph(sinks=True),
+              ffn_graph(), ffn_graph(single=False),
               ffn_graph(wtype=F16), ffn_graph(wtype=GGMLType.Q8_0), qkv_graph(), qkv_graph("norm"),
               qkv_graph(single=False), chain_graph()]
     for g in graphs:

@@ -34,6 +34,8 @@ ATTENTION = [
     dict(n_tokens=1, n_kv=64, kv_type=F16),                      # decode
     dict(n_tokens=7, n_kv=33, kv_type=F32, fuse_cont=False),     # f32 cache, no cont, odd n_kv
     dict(n_tokens=3, n_kv=24, kv_type=F16, max_bias=8.0),        # ALiBi
+    dict(n_tokens=3, n_kv=24, kv_type=F16, sinks=True),          # gpt-oss's sinks
+    dict(n_tokens=1, n_kv=64, kv_type=F16, sinks=True),          # and in decode
     dict(n_tokens=4, n_kv=50, kv_type=F16, head=64, n_head=9, n_head_kv=3),  # SmolLM2's heads
     dict(n_tokens=1, n_kv=1100, kv_type=F16, head=64, n_head=2, n_head_kv=1),  # more keys than threads
 ]
