@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ggmlpy.ir import N_KV, N_OUTPUTS, N_TOKENS, GGMLType, Graph, GraphBuilder, Tensor
 from ggmlpy.ir.symbolic import N_KV_SWA
@@ -343,6 +343,21 @@ class LlmGraph:
         if post_norm is not None:
             cur = self.cb(self.build_norm(cur, post_norm, None, NormType.RMS, il), "ffn_post_norm", il)
         return self.cb(self.b.add(cur, x), "l_out", il)
+
+    def build_decoder(self, ffn: Callable[[SimpleNamespace, Tensor, int], Tensor]) -> Tensor:
+        """The logits of a pre-norm decoder whose layers are LLaMA's attention block
+        (build_attn_block: whatever biases and q/k norms the layer has, the layer's RoPE)
+        followed by `ffn(layer, ffn_inp, il)`, which returns the layer's output: the loop the
+        mixture-of-experts model files share. The output projection is output.weight, or the
+        embedding where the file ties them."""
+        hp, m = self.hp, self.model
+        inp_l = self.build_inp_embd(m.w.tok_embd)
+        inp = self.build_layer_inputs()
+        kq_scale = self.default_kq_scale(hp)
+        for il, layer in enumerate(m.layers):
+            ffn_inp = self.build_attn_block(inp, layer, inp_l, hp.rope_args(il), kq_scale, il)
+            inp_l = ffn(layer, ffn_inp, il)
+        return self.build_output(inp_l, m.w.output_norm, m.w.output or m.w.tok_embd)
 
     def build_output(self, x: Tensor, output_norm: WeightRef, output: WeightRef,
                      output_b: WeightRef | None = None) -> Tensor:

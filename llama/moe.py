@@ -47,21 +47,6 @@ class Gating(Enum):
     SQRT_SOFTPLUS = 4    # sqrt(softplus(logits))
 
 
-def build_moe_decoder(g: "LlmGraph", act: FfnOp, norm_w: bool) -> Tensor:
-    """The logits of a pre-norm decoder whose every layer is LLaMA's attention block (with
-    whatever biases and q/k norms the layer has) and an experts block: Qwen 3 MoE, OLMoE.
-    The output projection is output.weight, or the embedding where the file ties them."""
-    hp, m = g.hp, g.model
-    inp_l = g.build_inp_embd(m.w.tok_embd)
-    inp = g.build_layer_inputs()
-    kq_scale = g.default_kq_scale(hp)
-    rope = hp.rope_args()
-    for il, layer in enumerate(m.layers):
-        ffn_inp = g.build_attn_block(inp, layer, inp_l, rope, kq_scale, il)
-        inp_l = build_moe_block(g, layer, ffn_inp, act, norm_w, il)
-    return g.build_output(inp_l, m.w.output_norm, m.w.output or m.w.tok_embd)
-
-
 def build_moe_block(g: "LlmGraph", layer: "SimpleNamespace", x: Tensor, act: FfnOp, norm_w: bool, il: int,
                     gating: Gating = Gating.SOFTMAX) -> Tensor:
     """The FFN half of a pre-norm decoder layer with experts: ffn_norm, the experts of the

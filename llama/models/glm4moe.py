@@ -71,13 +71,9 @@ def tensors(hp: HParams, t: TensorTable) -> None:
 
 
 def build(g: LlmGraph) -> Tensor:
-    hp, m, b = g.hp, g.model, g.b
-    inp_l = g.build_inp_embd(m.w.tok_embd)
-    inp = g.build_layer_inputs()
-    kq_scale = g.default_kq_scale(hp)
-    rope = hp.rope_args()
-    for il, layer in enumerate(m.layers):
-        ffn_inp = g.build_attn_block(inp, layer, inp_l, rope, kq_scale, il)
+    hp, b = g.hp, g.b
+
+    def ffn(layer, ffn_inp: Tensor, il: int) -> Tensor:
         cur = g.cb(g.build_norm(ffn_inp, layer.attn_post_norm, None, NormType.RMS, il), "post_attn_norm", il)
         if il < hp.extra["n_layer_dense_lead"]:
             cur = g.build_ffn(cur, layer.ffn_up, None, layer.ffn_gate, None, layer.ffn_down, None, FfnOp.SILU, il)
@@ -88,8 +84,9 @@ def build(g: LlmGraph) -> Tensor:
                                      layer.ffn_down_shexp, None, FfnOp.SILU, il)
                 routed = b.add(routed, g.cb(shared, "ffn_shexp_out", il))
             cur = g.cb(routed, "ffn_out", il)
-        inp_l = g.cb(b.add(cur, ffn_inp), "l_out", il)
-    return g.build_output(inp_l, m.w.output_norm, m.w.output or m.w.tok_embd)
+        return g.cb(b.add(cur, ffn_inp), "l_out", il)
+
+    return g.build_decoder(ffn)
 
 
 register(Architecture("glm4moe", load_hparams, tensors, build))

@@ -13,7 +13,7 @@ from llama.arch import Architecture, register
 from llama.graph import FfnOp, LlmGraph
 from llama.hparams import HParams, MetadataReader, load_experts, require_rms_eps
 from llama.models.decoder_tensors import add_embd_output
-from llama.moe import build_moe_decoder
+from llama.moe import build_moe_block
 from llama.weights import Need, TensorTable
 
 
@@ -35,7 +35,7 @@ def tensors(hp: HParams, t: TensorTable) -> None:
 
 
 def build(g: LlmGraph) -> Tensor:
-    return build_moe_decoder(g, FfnOp.SILU, False)
+    return g.build_decoder(lambda layer, x, il: build_moe_block(g, layer, x, FfnOp.SILU, False, il))
 
 
 register(Architecture("olmoe", load_hparams, tensors, build))

@@ -44,13 +44,9 @@ def tensors(hp: HParams, t: TensorTable) -> None:
 
 
 def build(g: LlmGraph) -> Tensor:
-    hp, m, b = g.hp, g.model, g.b
-    inp_l = g.build_inp_embd(m.w.tok_embd)
-    inp = g.build_layer_inputs()
-    kq_scale = g.default_kq_scale(hp)
-    rope = hp.rope_args()
-    for il, layer in enumerate(m.layers):
-        ffn_inp = g.build_attn_block(inp, layer, inp_l, rope, kq_scale, il)
+    b = g.b
+
+    def ffn(layer, ffn_inp: Tensor, il: int) -> Tensor:
         cur = g.cb(g.build_norm(ffn_inp, layer.ffn_norm, None, NormType.RMS, il), "ffn_norm", il)
         moe_out = build_moe_ffn(g, cur, layer, FfnOp.SILU, False, il)
         gate_inp = g.cb(g.build_lora_mm(layer.ffn_gate_inp_shexp, cur), "ffn_shexp_gate_inp", il)
@@ -59,8 +55,9 @@ def build(g: LlmGraph) -> Tensor:
                              FfnOp.SILU, il)
         shared = g.cb(b.mul(shared, gate), "ffn_shexp_out", il)
         cur = g.cb(b.add(moe_out, shared), "ffn_out", il)
-        inp_l = g.cb(b.add(cur, ffn_inp), "l_out", il)
-    return g.build_output(inp_l, m.w.output_norm, m.w.output)
+        return g.cb(b.add(cur, ffn_inp), "l_out", il)
+
+    return g.build_decoder(ffn)
 
 
 register(Architecture("qwen2moe", load_hparams, tensors, build))

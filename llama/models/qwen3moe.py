@@ -13,7 +13,7 @@ from llama.graph import FfnOp, LlmGraph
 from llama.hparams import HParams, MetadataReader, load_experts
 from llama.models import qwen3
 from llama.models.decoder_tensors import add_embd_output
-from llama.moe import build_moe_decoder
+from llama.moe import build_moe_block
 from llama.weights import Need, TensorTable
 
 
@@ -34,7 +34,7 @@ def tensors(hp: HParams, t: TensorTable) -> None:
 
 
 def build(g: LlmGraph) -> Tensor:
-    return build_moe_decoder(g, FfnOp.SILU, True)
+    return g.build_decoder(lambda layer, x, il: build_moe_block(g, layer, x, FfnOp.SILU, True, il))
 
 
 register(Architecture("qwen3moe", load_hparams, tensors, build))
