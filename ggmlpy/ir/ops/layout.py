@@ -179,6 +179,9 @@ def _concat_api(b, a, c, dim: int):
 
 register(OpDef("concat", Kind.OPAQUE, _concat_infer, _concat_ref, api={"concat": _concat_api},
                cases=lambda: [OpCase((SrcSpec(F32, (4, 3, 2, 1)), SrcSpec(F32, (4, 5, 2, 1))), (("dim", 1),)),
-                              OpCase((SrcSpec(F32, (4, 3, 2, 1)), SrcSpec(F32, (7, 3, 2, 1))), (("dim", 0),))],
+                              OpCase((SrcSpec(F32, (4, 3, 2, 1)), SrcSpec(F32, (7, 3, 2, 1))), (("dim", 0),)),
+                              OpCase((SrcSpec(F32, (5, 3, 2, 1)), SrcSpec(GGMLType.F16, (5, 3, 4, 1))), (("dim", 2),)),
+                              OpCase((SrcSpec(F32, (6, 2, 3, 1), permute=(0, 2, 1, 3)), SrcSpec(F32, (6, 3, 2, 2))),
+                                     (("dim", 3),), label="permuted a, dim 3")],
                doc="join along one dimension (ggml_concat)"))
 

@@ -19,7 +19,7 @@ CPU_ONLY = [OpCase((SrcSpec(t, (256, 9, 1, 1)), SrcSpec(GGMLType.F32, (256, n, 1
 CASES = list(iter_cases()) + [("mul_mat", 100 + i, case) for i, case in enumerate(CPU_ONLY)]
 
 # ops the CPU backend leaves to the reference backend (documented in the README)
-NOT_LOWERED = {"concat"}
+NOT_LOWERED: set[str] = set()
 
 
 @pytest.fixture(scope="module")
