@@ -437,9 +437,11 @@ class KernelBuilder:
         """exp(x) with a polynomial (no libm call), for scalars and float vectors alike.
 
         Range reduction x = n*ln2 + r, |r| <= ln2/2, then a degree-6 polynomial for e^r and
-        2^n built in the exponent bits; relative error about 2e-7 over float32's range.
+        2^n built in the exponent bits; relative error about 2e-7 over float32's range. A NaN
+        comes out NaN, as from expf (the clamp below would turn it into a finite number).
         """
         b = self.b
+        nan_in = x
         x = self.intrinsic("llvm.maxnum", [self.intrinsic("llvm.minnum", [x, f32(88.3762626647949)]), f32(-88.0)])
         n = self.intrinsic("llvm.rint", [self.fmul(x, f32(1.44269504088896341))])
         r = self.fsub(x, self.fmul(n, f32(0.693359375)))
@@ -452,7 +454,7 @@ class KernelBuilder:
         ni = b.fptosi(n, i32)
         biased = b.add(ni, self.like(ir.Constant(I32, 127), ni))
         scale = b.bitcast(b.shl(biased, self.like(ir.Constant(I32, 23), ni)), x.type)
-        return self.fmul(p, scale)
+        return self.select(b.fcmp_unordered("uno", nan_in, nan_in), nan_in, self.fmul(p, scale))
 
     def log(self, x: ir.Value) -> ir.Value:
         """ln(x) with a polynomial (no libm call; Cephes' logf), for scalars and float
