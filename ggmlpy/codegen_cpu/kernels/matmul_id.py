@@ -10,7 +10,9 @@ chosen by c pairs has this thread's 16-row groups multiplied with those c activa
 in kernels/qrepacked.py's tiles of up to 4, so a prompt reads each selected expert's
 weights once, as a decode step does. Every pair's arithmetic is the same whatever its tile,
 so the results do not depend on how the tokens group. Other experts (M not whole groups,
-weights computed at run time) take matmul.Tiler's one-token tiles pair by pair.
+weights computed at run time) take matmul.Tiler's one-token tiles pair by pair. F32, F16
+and BF16 experts (no 8-bit activations, as ggml's CPU backend computes them) take a vector
+dot per (pair, weight row), the rows split over the threads.
 
 mul_mat_id_glu (the expert_glu_product fusion group, codegen_cpu/fusion.py) is an expert
 FFN's gate and up products and their GLU in one kernel: one quantisation of x, one sort, and
@@ -25,25 +27,28 @@ from typing import Callable
 import llvmlite.ir as ir
 
 from ggmlpy.codegen_cpu import repack
-from ggmlpy.codegen_cpu.irgen import I32, KernelBuilder, i64
-from ggmlpy.codegen_cpu.kernels.matmul import QUANT, Tiler, activation_bytes
+from ggmlpy.codegen_cpu.irgen import I32, KernelBuilder, f32, i64
+from ggmlpy.codegen_cpu.kernels.matmul import FLOAT, QUANT, Tiler, activation_bytes
 from ggmlpy.codegen_cpu.kernels.qact import ALIGN, aligned_scratch, quantize_rows
 from ggmlpy.codegen_cpu.kernels.qdot import KINDS
 from ggmlpy.codegen_cpu.kernels.qrepacked import RepackedMatmul, chunk_groups
 from ggmlpy.codegen_cpu.lowering import lowering
 from ggmlpy.ir.symbolic import evaluate
 from ggmlpy.ir.tensor import Tensor
-from ggmlpy.ir.types import GGMLType
+from ggmlpy.ir.types import GGMLType, type_size
 
 
 def _supported(node: Tensor) -> bool:
     w, x, ids = node.src
-    return (w.type in QUANT and w.ne[3] == 1 and isinstance(w.ne[0], int) and w.ne[0] % KINDS[w.type].fmt.block == 0
-            and x.type == GGMLType.F32 and x.is_contiguous and ids.type == GGMLType.I32
+    weights = w.type in FLOAT and w.nb[0] == type_size(w.type) or (
+        w.type in QUANT and isinstance(w.ne[0], int) and w.ne[0] % KINDS[w.type].fmt.block == 0)
+    return (weights and w.ne[3] == 1 and x.type == GGMLType.F32 and x.is_contiguous and ids.type == GGMLType.I32
             and node.type == GGMLType.F32 and node.is_contiguous)
 
 
 def _scratch(node: Tensor, env: dict) -> int:
+    if node.src[0].type in FLOAT:
+        return 0
     """The quantised activations, then (repacked experts) the pairs sorted by expert, each
     expert's first position in that order, its count and the chosen experts (i32)."""
     w, _, ids = node.src
@@ -173,9 +178,42 @@ class _ExpertTiler(Tiler):
                 product.tokens(g, start, end)
 
 
+def _float_experts(kb: KernelBuilder, node: Tensor) -> None:
+    """F32/F16/BF16 experts: for every pair, this thread's rows of the pair's expert dotted
+    with the pair's input row in <16 x float> chunks (the last one masked)."""
+    b = kb.b
+    w, x, ids = node.src
+    n_used, n_b, k = kb.dim(ids.ne[0]), kb.dim(x.ne[1]), kb.dim(w.ne[0])
+    start, end = kb.thread_range(kb.dim(w.ne[1]))
+    width = 16
+    with kb.loop(i64(0), b.mul(n_used, kb.dim(ids.ne[1])), "pair") as p:
+        t, u = b.sdiv(p, n_used), b.srem(p, n_used)
+        at = b.add(b.mul(u, kb.dim(ids.nb[0])), b.mul(t, kb.dim(ids.nb[1])))
+        e = b.sext(b.load(kb.byte_ptr(kb.arg("src2"), at), typ=I32, align=4), ir.IntType(64))
+        n_expert = kb.dim(w.ne[2])   # an id outside [0, n_expert) reads the nearest expert
+        e = b.select(b.icmp_signed("<", e, i64(0)), i64(0), b.select(b.icmp_signed(">=", e, n_expert), b.sub(n_expert, i64(1)), e))
+        xrow = kb.byte_ptr(kb.arg("src1"), b.add(b.mul(b.srem(u, n_b), kb.dim(x.nb[1])), b.mul(t, kb.dim(x.nb[2]))))
+        drow = kb.byte_ptr(kb.arg("dst"), b.mul(p, kb.dim(node.nb[1])))
+        with kb.loop(start, end, "m") as m:
+            wrow = kb.byte_ptr(kb.arg("src0"), b.add(b.mul(e, kb.dim(w.nb[2])), b.mul(m, kb.dim(w.nb[1]))))
+            zero = kb.splat(f32(0.0), width)
+            acc = kb.var(zero.type, zero, "acc")
+
+            def chunk(i0: ir.Value, lanes: ir.Value | None) -> None:
+                wv = kb.load_vector(kb.byte_ptr(wrow, b.mul(i0, i64(type_size(w.type)))), w.type, width, lanes)
+                xv = kb.load_vector(kb.byte_ptr(xrow, b.mul(i0, i64(4))), GGMLType.F32, width, lanes)
+                b.store(kb.fadd(b.load(acc), kb.fmul(wv, xv)), acc)
+
+            kb.vector_chunks(k, chunk, width)
+            kb.store(kb.byte_ptr(drow, b.mul(m, i64(4))), kb.reduce(b.load(acc), kb.fadd), GGMLType.F32)
+
+
 @lowering("mul_mat_id", supports=_supported, scratch_bytes=_scratch)
 def _mul_mat_id(kb: KernelBuilder, node: Tensor) -> None:
     w, x = node.src[:2]
+    if w.type in FLOAT:
+        _float_experts(kb, node)
+        return
     base = aligned_scratch(kb)
     quantize_rows(kb, x, KINDS[w.type].fmt, w.ne[0], base)
     tiler = _ExpertTiler(kb, node, base)

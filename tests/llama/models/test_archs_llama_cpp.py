@@ -71,12 +71,10 @@ def test_logits_and_greedy_tokens_match_llama_cpp(files, name, backend):
     assert greedy == ref["greedy"]
 
 
-@pytest.mark.parametrize("name", sorted(n for n in VARIANTS if not n.endswith("f32")))
+@pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_sequences_of_a_batch_equal_each_alone(files, name):
     """Three sequences in each ubatch (their tokens route to different experts) against
-    each decoded alone, on the CPU backend. (The f32 files' experts run on numpy, whose
-    BLAS rounds a product of several tokens differently from one of a single token: up to
-    2e-4 on these logits.)"""
+    each decoded alone, on the CPU backend."""
     check_batched_equals_alone(llama.Model.load(str(files[name])), 3, n_vocab=320)
 
 
