@@ -7,6 +7,7 @@ import math
 from ggmlpy.codegen_cuda.kernels import KernelSpec, tensor_fields
 from ggmlpy.codegen_cuda import lower_elementwise as _elementwise  # noqa: F401  (registers its ops)
 from ggmlpy.codegen_cuda import lower_experts as _experts  # noqa: F401  (registers its ops)
+from ggmlpy.codegen_cuda import lower_recurrent as _recurrent  # noqa: F401  (registers its ops)
 from ggmlpy.codegen_cuda.lowering import lowering, supports
 from ggmlpy.codegen_cuda.steps import (
     DQ8_TYPES, FLOAT_TYPES, INDEX_TYPES, Addr, Env, Launch, Step, check_grid, ev,

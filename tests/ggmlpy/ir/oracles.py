@@ -326,6 +326,17 @@ def sum_rows(x, p, case):
     return out
 
 
+def ssm_conv(x, p, case):
+    """out[i, t, s] = sum over k of sx[t + k, i, s] * c[k, i] (a causal convolution per channel)."""
+    sx, c = x
+    d_conv, d_inner, n_s = c.shape[0], c.shape[1], sx.shape[2]
+    n_t = sx.shape[0] - d_conv + 1
+    out = np.zeros((d_inner, n_t, n_s, 1))
+    for i, t, s in itertools.product(range(d_inner), range(n_t), range(n_s)):
+        out[i, t, s, 0] = sum(float(sx[t + k, i, s, 0]) * float(c[k, i, 0, 0]) for k in range(d_conv))
+    return out
+
+
 def add_id(x, p, case):
     a, b, ids = x
     out = np.empty(a.shape)
@@ -368,6 +379,7 @@ ORACLES: dict[str, Oracle] = {
     "add_id": add_id,
     "clamp": clamp,
     "sum_rows": sum_rows,
+    "ssm_conv": ssm_conv,
 }
 
 
