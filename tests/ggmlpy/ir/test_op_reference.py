@@ -81,6 +81,9 @@ EXTRA: dict[str, list[OpCase]] = {
     "clamp": [OpCase((_spec(F32, (13, 7, 1, 1)),), (("min", -0.3), ("max", 0.4))),
               OpCase((_spec(F32, (5, 3, 4, 1), permute=P0213),), (("min", 0.0), ("max", 1.0)))],
     "sum_rows": [OpCase((_spec(F32, (13, 7, 1, 1)),)), OpCase((_spec(F32, (6, 4, 3, 1), permute=P0213),))],
+    # inputs stored (time, sequence, channel), read as (time, channel, sequence)
+    "ssm_conv": [OpCase((_spec(F32, (7, 3, 5, 1), permute=P0213), _spec(F32, (4, 5, 1, 1))),
+                        label="permuted inputs, odd sizes")],
     "argsort": [OpCase((_spec(F32, (33, 7, 1, 1)),), (("order", 1),)),
                 OpCase((_spec(F32, (7, 5, 1, 1), permute=P1023),), (("order", 0),))],
     "mul_mat_id": [OpCase((_spec(F32, (13, 5, 3, 1)), _spec(F32, (13, 1, 7, 1)), _spec(I32, (3, 7), "unique_rows:3")),
