@@ -198,7 +198,8 @@ def _float_experts(kb: KernelBuilder, node: Tensor) -> None:
         at = b.add(b.mul(u, kb.dim(ids.nb[0])), b.mul(t, kb.dim(ids.nb[1])))
         e = b.sext(b.load(kb.byte_ptr(kb.arg("src2"), at), typ=I32, align=4), ir.IntType(64))
         n_expert = kb.dim(w.ne[2])   # an id outside [0, n_expert) reads the nearest expert
-        e = b.select(b.icmp_signed("<", e, i64(0)), i64(0), b.select(b.icmp_signed(">=", e, n_expert), b.sub(n_expert, i64(1)), e))
+        e = b.select(b.icmp_signed("<", e, i64(0)), i64(0), e)
+        e = b.select(b.icmp_signed(">=", e, n_expert), b.sub(n_expert, i64(1)), e)
         xrow = kb.byte_ptr(kb.arg("src1"), b.add(b.mul(b.srem(u, n_b), kb.dim(x.nb[1])), b.mul(t, kb.dim(x.nb[2]))))
         drow = kb.byte_ptr(kb.arg("dst"), b.mul(p, kb.dim(node.nb[1])))
         with kb.loop(start, end, "m") as m:

@@ -146,6 +146,15 @@ def split_heads(x: np.ndarray, n_heads: int, head_dim: int) -> np.ndarray:
     return x.reshape(x.shape[0], n_heads, head_dim)
 
 
+def heads_with_rope(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos: np.ndarray,
+                    cfg: Config) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Projections [T, heads * D] split into heads, Q and K rotated (rotate_half, the first
+    rotary_dim dims): the step between the projections and attention() of most families."""
+    q = rope(split_heads(q, cfg.num_heads, cfg.head_dim), pos, cfg.rope_theta, cfg.rotary_dim, cfg.rope_style)
+    k = rope(split_heads(k, cfg.num_kv_heads, cfg.head_dim), pos, cfg.rope_theta, cfg.rotary_dim, cfg.rope_style)
+    return q, k, split_heads(v, cfg.num_kv_heads, cfg.head_dim)
+
+
 def moe_mlp(w: dict, p: str, h: np.ndarray, top_k: int, norm_topk: bool) -> np.ndarray:
     """A mixture-of-experts MLP (Mixtral's and Qwen's sparse blocks), token by token: a
     softmax router, the top_k experts (ties: the lower index), their SwiGLU outputs

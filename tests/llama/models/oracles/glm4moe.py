@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.llama.models.oracles.common import Config, GGUFContents, attention, base_config, rms_norm, rope, silu, split_heads
+from tests.llama.models.oracles.common import (
+    Config, GGUFContents, attention, base_config, heads_with_rope, rms_norm, silu,
+)
 
 GATINGS = {1: lambda x: np.exp(x - x.max()) / np.exp(x - x.max()).sum(), 2: lambda x: 1.0 / (1.0 + np.exp(-x)),
            4: lambda x: np.sqrt(np.log1p(np.exp(x)))}
@@ -46,10 +48,9 @@ def forward(c: GGUFContents, cfg: Config, tokens: list[int], use_selection_bias:
     for il in range(cfg.num_layers):
         p = f"blk.{il}."
         h = rms_norm(x, w[p + "attn_norm.weight"], cfg.rms_eps)
-        q, k, v = ((h @ w[p + f"attn_{n}.weight"].T + w[p + f"attn_{n}.bias"]) for n in "qkv")
-        q = rope(split_heads(q, cfg.num_heads, cfg.head_dim), pos, cfg.rope_theta, cfg.rotary_dim, cfg.rope_style)
-        k = rope(split_heads(k, cfg.num_kv_heads, cfg.head_dim), pos, cfg.rope_theta, cfg.rotary_dim, cfg.rope_style)
-        x = x + attention(q, k, split_heads(v, cfg.num_kv_heads, cfg.head_dim), cfg) @ w[p + "attn_output.weight"].T
+        q, k, v = heads_with_rope(*((h @ w[p + f"attn_{n}.weight"].T + w[p + f"attn_{n}.bias"]) for n in "qkv"),
+                                  pos, cfg)
+        x = x + attention(q, k, v, cfg) @ w[p + "attn_output.weight"].T
         h = rms_norm(x, w[p + "post_attention_norm.weight"], cfg.rms_eps)
         if p + "ffn_gate_inp.weight" not in w:   # the leading dense layers
             x = x + (silu(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.llama.models.oracles.common import Config, GGUFContents, base_config, rms_norm, rope, split_heads
+from tests.llama.models.oracles.common import Config, GGUFContents, base_config, heads_with_rope, rms_norm
 
 ALPHA, LIMIT = 1.702, 7.0
 
@@ -67,10 +67,8 @@ def forward(c: GGUFContents, cfg: Config, tokens: list[int], use_sinks: bool = T
     for il in range(cfg.num_layers):
         p = f"blk.{il}."
         h = rms_norm(x, w[p + "attn_norm.weight"], cfg.rms_eps)
-        q, k, v = ((h @ w[p + f"attn_{n}.weight"].T + w[p + f"attn_{n}.bias"]) for n in "qkv")
-        q = rope(split_heads(q, cfg.num_heads, cfg.head_dim), pos, cfg.rope_theta, cfg.rotary_dim, cfg.rope_style)
-        k = rope(split_heads(k, cfg.num_kv_heads, cfg.head_dim), pos, cfg.rope_theta, cfg.rotary_dim, cfg.rope_style)
-        v = split_heads(v, cfg.num_kv_heads, cfg.head_dim)
+        q, k, v = heads_with_rope(*((h @ w[p + f"attn_{n}.weight"].T + w[p + f"attn_{n}.bias"]) for n in "qkv"),
+                                  pos, cfg)
         window = cfg.sliding_window if cfg.sliding_layers[il] else 0
         attn = _attention(q, k, v, w[p + "attn_sinks.weight"] if use_sinks else None, cfg, window)
         x = x + attn @ w[p + "attn_output.weight"].T + w[p + "attn_output.bias"]

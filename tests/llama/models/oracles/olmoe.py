@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from tests.llama.models.oracles.common import (
-    Config, GGUFContents, attention, base_config, moe_mlp, rms_norm, rope, split_heads,
+    Config, GGUFContents, attention, base_config, heads_with_rope, moe_mlp, rms_norm,
 )
 
 
@@ -29,9 +29,7 @@ def forward(c: GGUFContents, cfg: Config, tokens: list[int], use_qk_norm: bool =
         if use_qk_norm:
             q = rms_norm(q, w[p + "attn_q_norm.weight"], cfg.rms_eps)
             k = rms_norm(k, w[p + "attn_k_norm.weight"], cfg.rms_eps)
-        q = rope(split_heads(q, cfg.num_heads, cfg.head_dim), pos, cfg.rope_theta, cfg.rotary_dim, cfg.rope_style)
-        k = rope(split_heads(k, cfg.num_kv_heads, cfg.head_dim), pos, cfg.rope_theta, cfg.rotary_dim, cfg.rope_style)
-        v = split_heads(h @ w[p + "attn_v.weight"].T, cfg.num_kv_heads, cfg.head_dim)
+        q, k, v = heads_with_rope(q, k, h @ w[p + "attn_v.weight"].T, pos, cfg)
         x = x + attention(q, k, v, cfg) @ w[p + "attn_output.weight"].T
         h = rms_norm(x, w[p + "ffn_norm.weight"], cfg.rms_eps)
         x = x + moe_mlp(w, p, h, c.key("expert_used_count"), False)
