@@ -273,7 +273,7 @@ class CpuSplit:
         # the symbol values each node's kernel reads, in its order (ProgramBuilder.symbol_plan)
         self._symbol_names, block_starts = builder.symbol_plan()
         self.symbol_values = np.zeros(len(self._symbol_names) + 1, dtype=np.int64)
-        self.rows[:, 6] = self.symbol_values.ctypes.data + 8 * block_starts
+        self.rows[:, ROW_WORDS - 1] = self.symbol_values.ctypes.data + 8 * block_starts
         self._entry_name = builder.entry_name
         self.modules: dict[str, NativeObject | JitModule] | None = None
         self._compiling: dict[str, concurrent.futures.Future] | None = units
@@ -389,7 +389,7 @@ class CpuSplit:
             ptrs = np.where(self.used, ctx[self.slots] + self.offsets, 0)
             for i, j, offs in self.dynamic:
                 ptrs[i, j] += evaluate(offs, env)
-            self.rows[:, 1:6] = ptrs
+            self.rows[:, 1:ROW_WORDS - 1] = ptrs
             self._rows_key = env_key
         self.wait_compiled()
         self._row_lookups.fill(store, env)

@@ -3,8 +3,10 @@ typed loads and stores, symbolic dims as code, and vectorisable math (exp, tanh)
 
 Every kernel has the same signature, so the graph function can call any of them:
 
-    void kernel(ptr dst, ptr src0, ptr src1, ptr src2, ptr src3,
+    void kernel(ptr dst, ptr src0, ptr src1, ptr src2, ptr src3, ptr src4, ptr src5,
                 ptr ctx, ptr scratch, ptr barrier, i32 ith, i32 nth)
+
+(six sources: gated_delta_net has six, ggml's GGML_MAX_SRC is ten; most kernels read one or two.)
 
 `ctx` points at the symbol values the kernel reads (as i64), so shapes that depend on the
 ubatch are computed at run time and one kernel serves every size. A kernel built for a graph
@@ -33,8 +35,9 @@ VECTOR_WIDTH = 16  # float lanes of the explicit vector loops: one AVX-512 regis
 
 # order of the symbol values at the start of the ctx array
 SYMBOLS = ("n_tokens", "n_kv", "n_outputs", "n_kv_swa")
-KERNEL_ARGS = ("dst", "src0", "src1", "src2", "src3", "ctx", "scratch", "barrier", "ith", "nth")
-KERNEL_TYPE = ir.FunctionType(VOID, [PTR] * 8 + [I32, I32])
+MAX_SRC = 6        # source pointers a kernel is passed
+KERNEL_ARGS = ("dst", *(f"src{i}" for i in range(MAX_SRC)), "ctx", "scratch", "barrier", "ith", "nth")
+KERNEL_TYPE = ir.FunctionType(VOID, [PTR] * (MAX_SRC + 4) + [I32, I32])
 BARRIER_TYPE = ir.FunctionType(VOID, [PTR, I32])
 
 

@@ -44,7 +44,7 @@ log = logging.getLogger("ggmlpy.codegen_cpu")
 TABLE_WORD = 0     # ctx's first word: the node table's address
 N_SYM_WORDS = 1    # ctx words before the externals (the table's address)
 TABLE_HEADER = 4   # node count, scratch, barrier, profile buffer; then ROW_WORDS per node
-ROW_WORDS = 7      # kernel, dst, src0..src3, the node's symbol values
+ROW_WORDS = 9      # kernel, dst, src0..src5 (irgen.MAX_SRC), the node's symbol values
 ENTRY_NAMES = {False: "graph", True: "graph_profiled"}   # the entry function, by profile
 
 
@@ -210,12 +210,12 @@ class ProgramBuilder:
         return names, np.array([starts[s] for s in self.kernel_symbols], dtype=np.int64)
 
     def pointer_plan(self) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, Dim]]]:
-        """Per node and operand (dst, src0..src3): which base pointer (ctx word) and which
+        """Per node and operand (dst, src0..src5): which base pointer (ctx word) and which
         static byte offset; symbolic view offsets are listed separately, evaluated per run."""
         lay = self.layout
         slot_of = {(r.id, packed): N_SYM_WORDS + i for i, (r, packed) in enumerate(lay.externals)}
-        slots = np.full((len(self.nodes), 5), -1, dtype=np.int64)
-        offs = np.zeros((len(self.nodes), 5), dtype=np.int64)
+        slots = np.full((len(self.nodes), ROW_WORDS - 2), -1, dtype=np.int64)
+        offs = np.zeros((len(self.nodes), ROW_WORDS - 2), dtype=np.int64)
         dynamic: list[tuple[int, int, Dim]] = []
         for i, node in enumerate(self.nodes):
             for j, t in enumerate((node, *node.src)):
@@ -234,9 +234,9 @@ class ProgramBuilder:
         return slots, offs, dynamic
 
 
-# The entry function: node i calls table[i].fn(table[i].ptr[0..4], table[i].syms, scratch,
-# barrier, ith, nth), then waits at the barrier. table rows are ROW_WORDS (7) words: fn, dst,
-# src0..src3, the address of the node's symbol values (the kernel's `ctx` argument).
+# The entry function: node i calls table[i].fn(table[i].ptr[0..6], table[i].syms, scratch,
+# barrier, ith, nth), then waits at the barrier. table rows are ROW_WORDS (9) words: fn, dst,
+# src0..src5, the address of the node's symbol values (the kernel's `ctx` argument).
 # ctx words: the table address (TABLE_WORD), the externals, the arena; the table starts with
 # the node count, the scratch and barrier addresses and the profile buffer's address (used
 # by PROFILED_ENTRY_IR only).
@@ -274,8 +274,13 @@ body:
   %p4 = getelementptr i64, ptr %rp, i64 5
   %s3 = load ptr, ptr %p4, align 8
   %p5 = getelementptr i64, ptr %rp, i64 6
-  %syms = load ptr, ptr %p5, align 8
-  call void %fn(ptr %d, ptr %s0, ptr %s1, ptr %s2, ptr %s3, ptr %syms, ptr %scratch, ptr %barrier, i32 %ith, i32 %nth)
+  %s4 = load ptr, ptr %p5, align 8
+  %p6 = getelementptr i64, ptr %rp, i64 7
+  %s5 = load ptr, ptr %p6, align 8
+  %p7 = getelementptr i64, ptr %rp, i64 8
+  %syms = load ptr, ptr %p7, align 8
+  call void %fn(ptr %d, ptr %s0, ptr %s1, ptr %s2, ptr %s3, ptr %s4, ptr %s5,
+                ptr %syms, ptr %scratch, ptr %barrier, i32 %ith, i32 %nth)
   call void @ggmlpy_barrier(ptr %barrier, i32 %nth)
   %i1 = add i64 %i, 1
   br label %head

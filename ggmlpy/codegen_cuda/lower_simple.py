@@ -13,7 +13,7 @@ from ggmlpy.codegen_cuda.steps import (
     DQ8_TYPES, FLOAT_TYPES, INDEX_TYPES, Addr, Env, Launch, Step, check_grid, ev,
     grid_stride_blocks, nb_of, ne_of, row_threads, sfx, tensor_values,
 )
-from ggmlpy.ir.ops.rope import yarn_corr_dims
+from ggmlpy.ir.ops.rope import ROPE_MULTI_MODES, ROPE_TYPE_NEOX, ROPE_TYPE_NORM, is_multi, yarn_corr_dims
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import GGMLType, is_quantized
 
@@ -86,8 +86,11 @@ class RopeStep(Step):
             pvariants.append(part)
         super().__init__(nodes, reads=reads, writes=writes)
         self.parts = parts
-        self.spec = KernelSpec.make("rope", fields, mode=int(first.params["mode"]), has_ff=has_ff,
-                                    parts=tuple(tuple(sorted(v.items())) for v in pvariants))
+        mode = int(first.params["mode"])
+        # multi-section modes only: the variants (and kernel names) of modes 0 and 2 stay as they were
+        multi = dict(sections=tuple(first.params["sections"])) if is_multi(mode) else {}
+        self.spec = KernelSpec.make("rope", fields, mode=mode, has_ff=has_ff,
+                                    parts=tuple(tuple(sorted(v.items())) for v in pvariants), **multi)
 
     def specs(self) -> list[KernelSpec]:
         return [self.spec]
@@ -247,7 +250,8 @@ def _norm(node: Tensor, opts) -> Step:
 def _rope_ok(node: Tensor) -> bool:
     srcs = node.src
     return srcs[0].type in FLOAT_TYPES and srcs[1].type == GGMLType.I32 and \
-        (len(srcs) < 3 or srcs[2].type == GGMLType.F32) and node.params["mode"] in (0, 2)
+        (len(srcs) < 3 or srcs[2].type == GGMLType.F32) and \
+        node.params["mode"] in (ROPE_TYPE_NORM, ROPE_TYPE_NEOX) + ROPE_MULTI_MODES
 
 
 @lowering("rope", supports=_rope_ok)

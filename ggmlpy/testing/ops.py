@@ -62,9 +62,9 @@ def _fill_rule(fill: str) -> tuple[str, int | None]:
         if not arg.isdigit() or int(arg) < 1:
             raise ValueError(f"fill {fill!r} needs a positive row count, as in {name}:10")
         return name, int(arg)
-    if arg or name not in ("normal", "positive", "pos", "mask", "zeros"):
-        raise ValueError(f"unknown fill rule {fill!r} (normal, positive, rows:N, unique_rows:N, "
-                         "pos, mask, zeros)")
+    if arg or name not in ("normal", "positive", "negative", "unit", "l2norm", "pos", "mask", "zeros"):
+        raise ValueError(f"unknown fill rule {fill!r} (normal, positive, negative, unit, l2norm, rows:N, "
+                         "unique_rows:N, pos, mask, zeros)")
     return name, None
 
 
@@ -81,6 +81,13 @@ def fill_values(spec: SrcSpec, rng: np.random.Generator) -> np.ndarray:
         return rng.standard_normal(shape).astype(np.float32)
     if rule == "positive":
         return rng.uniform(0.5, 2.0, size=shape).astype(np.float32)
+    if rule == "negative":   # log-decays: exp of them is in (0, 1), as a gated delta-net's gates
+        return rng.uniform(-1.0, -0.01, size=shape).astype(np.float32)
+    if rule == "unit":       # in (0, 1), as the sigmoid outputs of a delta-net's beta
+        return rng.uniform(0.01, 0.99, size=shape).astype(np.float32)
+    if rule == "l2norm":     # rows (along ne[0]) of unit length, as ggml_l2_norm's output
+        x = rng.standard_normal(shape)
+        return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
     if rule == "zeros":
         return np.zeros(shape, dtype=np.float32)
     if rule == "rows":

@@ -4,7 +4,11 @@ head (as ggml's rope cache), pairs adjacent (mode 0) or split in halves (mode 2,
 YaRN (ext_factor != 0, gpt-oss and other long-context files): each pair's angle blends the
 interpolated (freq_scale * theta) and the extrapolated (theta) angle by a ramp over the
 pair index, a constant per pair computed here at build time as ggml's rope_yarn_ramp does,
-and the magnitude grows by 1 + 0.1 ln(1 / freq_scale)."""
+and the magnitude grows by 1 + 0.1 ln(1 / freq_scale).
+
+Multi-section rope (modes 8 and 40, ggml_rope_multi) rotates halves as NeoX, but a token has
+four positions (t, h, w, e at pos[i2 + c * ne2]): they are read once per token, and each
+pair's angle takes the one a constant per-pair component table (mrope_components) names."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,7 +20,7 @@ import numpy as np
 from ggmlpy.codegen_cpu.irgen import F32, I32, KernelBuilder, f32, i64
 from ggmlpy.codegen_cpu.kernels.common import elem_ptr, row_ptr
 from ggmlpy.codegen_cpu.lowering import lowering
-from ggmlpy.ir.ops.rope import ROPE_TYPE_NEOX, yarn_corr_dims
+from ggmlpy.ir.ops.rope import MROPE_SECTIONS, ROPE_TYPE_NORM, is_multi, mrope_components, yarn_corr_dims
 from ggmlpy.ir.tensor import Tensor
 from ggmlpy.ir.types import GGMLType
 
@@ -69,9 +73,13 @@ def _rope_tokens(kb: KernelBuilder, node: Tensor, parts: list[tuple[Tensor, str,
         t *= theta_scale
     table = _constant_table(kb, "rope_theta", powers)
     ramp = _constant_table(kb, "rope_ramp", _yarn_ramp(p)) if p["ext_factor"] != 0.0 else None
+    multi = is_multi(p["mode"])
+    comps = _constant_table(kb, "rope_comp", list(mrope_components(n_dims, p["sections"], p["mode"])), I32) \
+        if multi else None
     with b.goto_block(kb.fn.entry_basic_block):
         cos_t = b.alloca(ir.ArrayType(F32, half), name="cos")
         sin_t = b.alloca(ir.ArrayType(F32, half), name="sin")
+        pos_t = b.alloca(ir.ArrayType(F32, MROPE_SECTIONS), name="pos4") if multi else None
 
     ne2 = kb.dim(node.ne[2])
     n_tok = b.mul(ne2, kb.dim(node.ne[3]))
@@ -84,8 +92,16 @@ def _rope_tokens(kb: KernelBuilder, node: Tensor, parts: list[tuple[Tensor, str,
     with kb.loop(start, end, "t") as t_:
         i2 = b.srem(t_, ne2)
         i3 = b.sdiv(t_, ne2)
-        position = b.sitofp(b.load(kb.elem_ptr(kb.arg("src1"), i2, I32), typ=I32), F32)
+        if multi:   # the token's t, h, w, e positions: pos[i2 + c * ne2]
+            for c in range(MROPE_SECTIONS):
+                at = b.add(i2, b.mul(i64(c), ne2))
+                value = b.sitofp(b.load(kb.elem_ptr(kb.arg("src1"), at, I32), typ=I32), F32)
+                b.store(value, b.gep(pos_t, [i64(0), i64(c)]))
+        else:
+            position = b.sitofp(b.load(kb.elem_ptr(kb.arg("src1"), i2, I32), typ=I32), F32)
         with kb.loop(i64(0), i64(half), "k") as k:
+            if multi:   # this pair's component, from the table
+                position = b.load(b.gep(pos_t, [i64(0), b.load(b.gep(comps, [i64(0), k]), typ=I32)]), typ=F32)
             if ramp is None:
                 theta = kb.fmul(kb.fmul(position, b.load(b.gep(table, [i64(0), k]), typ=F32)), f32(p["freq_scale"]))
                 if freq is not None:
@@ -103,9 +119,10 @@ def _rope_tokens(kb: KernelBuilder, node: Tensor, parts: list[tuple[Tensor, str,
             _rotate_heads(kb, part, src_arg, dst_arg, i2, i3, cos_t, sin_t, half)
 
 
-def _constant_table(kb: KernelBuilder, name: str, values: list[float]) -> ir.GlobalVariable:
-    table = ir.GlobalVariable(kb.module, ir.ArrayType(F32, len(values)), f"{name}_{kb.fn.name}")
-    table.initializer = ir.Constant(ir.ArrayType(F32, len(values)), [f32(v) for v in values])
+def _constant_table(kb: KernelBuilder, name: str, values: list, typ: ir.Type = F32) -> ir.GlobalVariable:
+    table = ir.GlobalVariable(kb.module, ir.ArrayType(typ, len(values)), f"{name}_{kb.fn.name}")
+    items = [f32(v) for v in values] if typ == F32 else [ir.Constant(typ, v) for v in values]
+    table.initializer = ir.Constant(ir.ArrayType(typ, len(values)), items)
     table.global_constant = True
     table.linkage = "internal"
     return table
@@ -136,7 +153,7 @@ def _rotate_heads(kb: KernelBuilder, node: Tensor, src_arg: str, dst_arg: str, i
         with kb.loop(i64(0), i64(half), "k") as k:
             c = b.load(b.gep(cos_t, [i64(0), k]), typ=F32)
             s = b.load(b.gep(sin_t, [i64(0), k]), typ=F32)
-            if p["mode"] == ROPE_TYPE_NEOX:
+            if p["mode"] != ROPE_TYPE_NORM:   # NeoX and the multi modes: halves
                 j0, j1 = k, b.add(k, i64(half))
             else:
                 j0 = b.mul(k, i64(2))

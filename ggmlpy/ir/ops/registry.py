@@ -45,8 +45,9 @@ class SrcSpec:
 
     type: GGMLType
     ne: tuple[int, ...]
-    # normal | positive | zeros | rows:N (row indices < N) | unique_rows:N (distinct per index
-    # row) | pos (positions) | mask (0 / -inf, a 0 in every row); see ggmlpy/testing/ops.py
+    # normal | positive | negative (-1 .. -0.01) | unit (0.01 .. 0.99) | l2norm (rows of length
+    # 1) | zeros | rows:N (row indices < N) | unique_rows:N (distinct per index row) | pos
+    # (positions) | mask (0 / -inf, a 0 in every row); see ggmlpy/testing/ops.py
     fill: str = "normal"
     permute: tuple[int, int, int, int] | None = None  # feed as a permuted (non-contiguous) view
     weight: bool = False  # a model weight leaf (backends may keep weights in their own layout)

@@ -200,15 +200,34 @@ def rope_rotation(pos: int, pair: int, p: dict, freq_factor: float) -> complex:
     return mscale * complex(math.cos(theta), math.sin(theta))
 
 
+def mrope_component(pair: int, sections: Sequence[int], interleaved: bool) -> int:
+    """Which of a token's 4 positions (t, h, w, e) pair `pair` of a multi-section rope uses:
+    M-RoPE walks the section bounds; I-RoPE's sector s belongs to component s % 3 while that
+    component's 3 * sections[c] sectors last, to e after."""
+    sector = pair % sum(sections)
+    if interleaved:
+        c = sector % 3
+        return c if sector < 3 * sections[c] else 3
+    bound = 0
+    for c in range(3):
+        bound += sections[c]
+        if sector < bound:
+            return c
+    return 3
+
+
 def rope(x, p, case):
     a, pos = x[0], x[1]
     ff = x[2][:, 0, 0, 0] if len(x) > 2 else None
     n_dims, half = p["n_dims"], p["n_dims"] // 2
+    multi = p["mode"] in (8, 40)
     out = a.copy()  # dims past n_dims pass through
     for i1, i2, i3 in itertools.product(*(range(n) for n in a.shape[1:])):
         for pair in range(half):
-            rot = rope_rotation(int(pos[i2, 0, 0, 0]), pair, p, 1.0 if ff is None else float(ff[pair]))
-            j0, j1 = (pair, pair + half) if p["mode"] == 2 else (2 * pair, 2 * pair + 1)
+            # multi modes: 4 positions per token, component c of token i2 at pos[i2 + c * n_tokens]
+            at = i2 + mrope_component(pair, p["sections"], p["mode"] == 40) * a.shape[2] if multi else i2
+            rot = rope_rotation(int(pos[at, 0, 0, 0]), pair, p, 1.0 if ff is None else float(ff[pair]))
+            j0, j1 = (2 * pair, 2 * pair + 1) if p["mode"] == 0 else (pair, pair + half)
             z = complex(a[j0, i1, i2, i3], a[j1, i1, i2, i3]) * rot
             out[j0, i1, i2, i3], out[j1, i1, i2, i3] = z.real, z.imag
     return out
@@ -337,6 +356,36 @@ def ssm_conv(x, p, case):
     return out
 
 
+def gated_delta_net(x, p, case, interleaved=False):
+    """The delta rule on S[i][j] (the state as ggml stores it, [i0, i1] = [i, j]), per value
+    head and sequence, in float64: S = exp(g) S (KDA: row i by exp(g[i])); S += k (beta (v -
+    S^T k))^T; o = S^T q / sqrt(S_v). Written into a flat buffer in ggml's memory order: the
+    outputs, then K snapshots (slot n: the state n tokens before the last; zero past the start).
+    `interleaved`: q/k head h * H_k // H_v instead of ggml's tiled h % H_k (to show the difference)."""
+    q, k, v, g, beta, state = x
+    S, H, T, n_s = v.shape
+    K = p.get("K", 1)
+    flat = np.zeros(S * H * (T * n_s + K * S * n_s))
+    snap0 = S * H * T * n_s
+    for h, s in itertools.product(range(H), range(n_s)):
+        hq, hk = (h * q.shape[1] // H, h * k.shape[1] // H) if interleaved else (h % q.shape[1], h % k.shape[1])
+        sq, sk = s // (n_s // q.shape[3]), s // (n_s // k.shape[3])
+        St = state[:, :, h, s].copy()
+        for t in range(T):
+            kt, qt = k[:, hk, t, sk], q[:, hq, t, sq]
+            St = St * np.exp(g[:, h, t, s])[:, None]          # a [1] gate scales every row
+            delta = beta[0, h, t, s] * (v[:, h, t, s] - np.einsum("ij,i->j", St, kt))
+            St = St + np.einsum("i,j->ij", kt, delta)
+            o = np.einsum("ij,i->j", St, qt) / math.sqrt(S)
+            at = S * (h + H * (t + T * s))
+            flat[at:at + S] = o
+            back = T - 1 - t
+            if back < K:
+                at = snap0 + S * S * (h + H * (s + n_s * back))
+                flat[at:at + S * S] = St.reshape(-1, order="F")   # i fastest
+    return flat.reshape((S * H, -1, 1, 1), order="F")
+
+
 def add_id(x, p, case):
     a, b, ids = x
     out = np.empty(a.shape)
@@ -380,6 +429,7 @@ ORACLES: dict[str, Oracle] = {
     "clamp": clamp,
     "sum_rows": sum_rows,
     "ssm_conv": ssm_conv,
+    "gated_delta_net": gated_delta_net,
 }
 
 

@@ -84,6 +84,16 @@ EXTRA: dict[str, list[OpCase]] = {
     # inputs stored (time, sequence, channel), read as (time, channel, sequence)
     "ssm_conv": [OpCase((_spec(F32, (7, 3, 5, 1), permute=P0213), _spec(F32, (4, 5, 1, 1))),
                         label="permuted inputs, odd sizes")],
+    # q, k, v stored (dim, token, head), read as (dim, head, token): views with a row stride
+    "gated_delta_net": [
+        OpCase((_spec(F32, (7, 5, 1, 1), "l2norm", P0213), _spec(F32, (7, 5, 1, 1), "l2norm", P0213),
+                _spec(F32, (7, 5, 3, 1), permute=P0213), _spec(F32, (1, 3, 5, 1), "negative"),
+                _spec(F32, (1, 3, 5, 1), "unit"), _spec(F32, (7, 7, 3, 1))), (("K", 2),),
+               label="permuted q k v, odd sizes, 2 snapshots"),
+        OpCase((_spec(F32, (5, 3, 1, 1), "l2norm", P0213), _spec(F32, (5, 1, 3, 1), "l2norm"),
+                _spec(F32, (5, 2, 3, 3)), _spec(F32, (5, 2, 3, 3), "negative"), _spec(F32, (1, 2, 3, 3), "unit"),
+                _spec(F32, (5, 5, 2, 3))), (("K", 5),), label="KDA gate, q k shared by 3 sequences, 5 snapshots"),
+    ],
     "argsort": [OpCase((_spec(F32, (33, 7, 1, 1)),), (("order", 1),)),
                 OpCase((_spec(F32, (7, 5, 1, 1), permute=P1023),), (("order", 0),))],
     "mul_mat_id": [OpCase((_spec(F32, (13, 5, 3, 1)), _spec(F32, (13, 1, 7, 1)), _spec(I32, (3, 7), "unique_rows:3")),
@@ -129,6 +139,14 @@ EXTRA: dict[str, list[OpCase]] = {
         OpCase((_spec(F32, (8, 2, 3, 2)), _pos(3)), _rope_params(8, 2, freq_base=500000.0), label="ne3=2"),
         OpCase((_spec(F32, (16, 2, 7, 1)), _pos(7), _spec(F32, (8,), "positive")),
                _rope_params(16, 2, freq_scale=0.5, ext_factor=1.0, attn_factor=0.8), label="yarn ff"),
+        # multi-section: 4 positions per token; stored (head, token, head index), read as 7 tokens
+        OpCase((_spec(F32, (10, 7, 3, 1), permute=P0213), _pos(28)), _rope_params(8, 8, sections=(1, 1, 0, 1)),
+               label="mrope permuted partial"),
+        OpCase((_spec(F32, (10, 3, 3, 2)), _pos(12)), _rope_params(10, 40, sections=(2, 1, 1, 1)),
+               label="imrope ne3=2"),
+        OpCase((_spec(F32, (14, 3, 1, 1)), _pos(4), _spec(F32, (7,), "positive")),
+               _rope_params(14, 40, sections=(3, 2, 2, 0), freq_scale=0.5, ext_factor=1.0),
+               label="imrope 1 token yarn"),
     ],
     "soft_max": [
         OpCase((_spec(F32, (10, 1, 4, 1)), _spec(F32, (10, 1, 1, 1), "mask")),
@@ -254,6 +272,66 @@ def test_oracle_detects_small_parameter_errors(op, label, param, factor, backend
     params[param] = params[param] * factor
     wrong = run_oracle(op, source_values(case, inputs), params, case)
     assert normalized_error(result, wrong) > MAX_NMSE
+
+
+@pytest.mark.parametrize("label, change", [
+    ("mrope", {"mode": 40}), ("imrope", {"mode": 8}), ("imrope", {"sections": (2, 2, 2, 0)}),
+    ("mrope", {"sections": (2, 1, 2, 1)}),
+])
+def test_oracle_detects_wrong_rope_sections(label, change, backend) -> None:
+    """Which position a pair takes is decided by mode and sections: another choice fails the bar."""
+    case = _case("rope", label)
+    inputs = make_inputs(case, np.random.default_rng(3))
+    result, _ = run_case("rope", case, backend, inputs=inputs)
+    wrong = run_oracle("rope", source_values(case, inputs), case.param_dict() | change, case)
+    assert normalized_error(result, wrong) > MAX_NMSE
+
+
+@pytest.mark.parametrize("mode", [8, 40])
+def test_multi_rope_with_equal_positions_is_neox(mode) -> None:
+    """With t = h = w = e every pair sees the token's one position: multi rope is NeoX rope."""
+    from ggmlpy.ir.ops.rope import rope_cos_sin
+
+    rng = np.random.default_rng(5)
+    pos = rng.integers(0, 512, size=6)
+    neox = dict(_rope_params(16, 2, freq_scale=0.5, ext_factor=1.0))
+    multi = neox | {"mode": mode, "sections": (2, 3, 1, 1)}
+    for got, want in zip(rope_cos_sin(np.tile(pos, 4), multi), rope_cos_sin(pos, neox)):
+        np.testing.assert_array_equal(got, want)
+    a = rng.standard_normal((1, 6, 2, 16)).astype(np.float32)
+    np.testing.assert_array_equal(OPS["rope"].reference([a, np.tile(pos, 4)], multi),
+                                  OPS["rope"].reference([a, pos], neox))
+
+
+@pytest.mark.parametrize("mode, n_pos, params, message", [
+    (24, 12, {"sections": (2, 2, 0, 0)}, "GGML_ROPE_TYPE_VISION"),
+    (8, 3, {"sections": (2, 2, 0, 0)}, "4 positions per token"),
+    (40, 12, {}, "needs the `sections` param"),
+    (8, 12, {"sections": [2, 2, 0, 0]}, "tuple of 4"),
+    (8, 12, {"sections": (0, 0, 0, 4)}, "give t, h and w no pair"),
+    (8, 12, {"sections": (8, 4, 4, 1)}, "more than the head dimension"),
+    (2, 3, {"sections": (2, 2, 0, 0)}, "only apply to modes 8 and 40"),
+])
+def test_rope_refuses_bad_multi_section_params(mode, n_pos, params, message) -> None:
+    from ggmlpy.ir.builder import GraphBuilder
+    from ggmlpy.ir.ops.common import ShapeError
+
+    b = GraphBuilder()
+    a, pos = b.input("a", F32, (16, 2, 3)), b.input("pos", I32, (n_pos,))
+    with pytest.raises(ShapeError, match=message):
+        b.make("rope", (a, pos), dict(_rope_params(16, mode)) | params)
+
+
+def test_rope_multi_api_takes_ggmls_argument_order() -> None:
+    from ggmlpy.ir.builder import GraphBuilder
+    from ggmlpy.ir.ops.common import ShapeError
+
+    b = GraphBuilder()
+    a, pos = b.input("a", F32, (16, 2, 3)), b.input("pos", I32, (12,))
+    t = b.rope_multi(a, pos, None, 16, [4, 2, 2, 0], 40, 4096, 5e6, 1.0, 0.0, 1.0, 32.0, 1.0)
+    assert t.params["sections"] == (4, 2, 2, 0) and t.params["mode"] == 40 and t.params["freq_base"] == 5e6
+    with pytest.raises(ShapeError, match="modes 8 and 40"):
+        b.rope_multi(a, pos, None, 16, (4, 2, 2, 0), 2)
 
 
 def test_mul_mat_broadcast_repeats_rather_than_tiles(backend) -> None:
