@@ -34,14 +34,16 @@ from ggmlpy.sched.scheduler import CompiledGraph
 from ggmlpy.sched.store import TensorStore
 from llama.batch import Batch, BatchAllocator, BatchError, UBatch
 from llama.graph import BuiltGraph, KVLayout, LlmGraph
-from llama.graph_inputs import GraphParams, InputBuffers, InputState, is_single
+from llama.graph_inputs import GraphParams, InputBuffers, InputState, is_single, rs_layout
 from llama.kshift import build_k_shift
 from llama.kv_cache import KV_TYPES, KVCache
 from llama.kv_cache_iswa import KVCacheISWA
 from llama.kv_cells import SEQ_BLOCK
 from llama.lora_scales import LoraScales
+from llama.memory_hybrid import HybridMemory
 from llama.model import Model
 from llama.pooling import PoolingType, batch_layout, check_supported, pool, resolve_pooling
+from llama.recurrent import split_blocks
 from llama.single_token import generation_ubatch
 
 if TYPE_CHECKING:
@@ -114,6 +116,7 @@ class Context:
         self.n_threads_batch = n_threads_batch or n_threads
         self.abort_callback = abort_callback
         self.swa_full = swa_full
+        self.recurrent = any(hp.recurrent_layers)   # a hybrid model: recurrent states beside the KV cache
         self.memory = self._make_memory(KV_TYPES[type_k], KV_TYPES[type_v])
         self.kv_layout: KVLayout = self.memory.layout()
         backend_options = backend_options if backend_options is not None else Options.from_env()
@@ -159,13 +162,17 @@ class Context:
         self._output_ids = np.zeros(0, np.int64)
         self._reserve()
 
-    def _make_memory(self, type_k, type_v) -> KVCache | KVCacheISWA:
+    def _make_memory(self, type_k, type_v) -> KVCache | KVCacheISWA | HybridMemory:
         """Models with sliding-window layers get llama.cpp's iSWA cache (a small cache for
-        the windowed layers, full-size with `swa_full`); the others one unified cache. With
-        several sequences, each keeps its cells in blocks of its own (kv_cells.py), so that
-        a batched decode step's attention skips the other sequences' cells."""
+        the windowed layers, full-size with `swa_full`), hybrid models a KV cache for their
+        attention layers beside recurrent states (memory_hybrid.py); the others one unified
+        cache. With several sequences, each keeps its cells in blocks of its own
+        (kv_cells.py), so that a batched decode step's attention skips the other sequences'
+        cells."""
         hp = self.model.hparams
         seq_block = SEQ_BLOCK if self.n_seq_max > 1 else 0
+        if self.recurrent:
+            return HybridMemory(hp, self.n_ctx, self.n_seq_max, type_k=type_k, type_v=type_v, seq_block=seq_block)
         if hp.n_swa > 0 and any(hp.swa_layers) and hp.extra.get("swa_type", 1) != 0:
             return KVCacheISWA(hp, self.n_ctx, self.n_seq_max, self.n_ubatch, swa_full=self.swa_full,
                                type_k=type_k, type_v=type_v, seq_block=seq_block)
@@ -219,8 +226,9 @@ class Context:
 
     def _reserve_graphs(self, loras: tuple[int, ...] = ()) -> None:
         for n_tokens in (self.n_ubatch, 1):
+            layout = ("tokens" if n_tokens == 1 else "seq") if self.recurrent else ""
             params = GraphParams("single" if n_tokens == 1 else "multi", False, self.n_ctx,
-                                 embeddings=self.embeddings, loras=loras)
+                                 embeddings=self.embeddings, loras=loras, rs_layout=layout)
             if params not in self._built:
                 built = self.build_graph(params)
                 self._built[params] = (built, self._compile(built))
@@ -300,6 +308,7 @@ class Context:
             try:
                 self.memory.apply_ubatch(slot, ub)
                 logits = self._process_ubatch(ub, slot)
+                self.memory.commit_ubatch(slot)
             except Exception:
                 self.memory.restore(state)  # the failed ubatch leaves no trace in the cache
                 log.exception("decode: computing a ubatch failed")
@@ -336,7 +345,10 @@ class Context:
         # the KV cache is one stream shared by every sequence (llama.cpp's kv_unified), for
         # which llama.cpp's init_batch splits simply: a server step's generated tokens and
         # new prompt chunks go in one ubatch, so each weight is read once for all of them
-        ubatches = ab.split_all(self.n_ubatch, "simple")
+        # recurrent layers take equal splits, one sequence or one token per sequence
+        ubatches = ab.split_all(self.n_ubatch, "equal" if self.recurrent else "simple")
+        if ubatches is not None and self.recurrent:
+            ubatches = split_blocks(ubatches)
         if ubatches is None:
             log.error("decode: the batch could not be split into ubatches")
             return DECODE_INVALID_BATCH
@@ -361,10 +373,11 @@ class Context:
     def _params_for(self, ub: UBatch) -> GraphParams:
         """GraphParams.for_ubatch, one object per value (the reuse check compares them)."""
         loras = self.lora_scales.active(ub)
-        key = (is_single(ub), ub.embd is not None, loras)
+        key = (is_single(ub), ub.embd is not None, loras, self.recurrent and rs_layout(ub))
         params = self._params.get(key)
         if params is None:
-            params = self._params[key] = GraphParams.for_ubatch(ub, self.n_ctx, self.embeddings, loras)
+            params = self._params[key] = GraphParams.for_ubatch(ub, self.n_ctx, self.embeddings, loras,
+                                                                recurrent=self.recurrent)
         return params
 
     # LoRA adapters (llama.cpp's llama_set_adapter_lora and friends) ---------------------------

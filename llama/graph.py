@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 from ggmlpy.ir import N_KV, N_OUTPUTS, N_TOKENS, GGMLType, Graph, GraphBuilder, Tensor
 from ggmlpy.ir.symbolic import N_KV_SWA
 from llama.graph_inputs import (
-    GraphInput, GraphParams, InpAttnKV, InpEmbd, InpOutIds, InpPos, InpTokens,
+    GraphInput, GraphParams, InpAttnKV, InpEmbd, InpOutIds, InpPos, InpRS, InpTokens,
 )
 from llama.hparams import HParams
 from llama.lora_scales import InpLoraScale, LoraScales, output_leaf, token_leaf
@@ -69,6 +69,7 @@ class KVLayout:
     type_k: GGMLType = GGMLType.F16
     type_v: GGMLType = GGMLType.F16
     kv_size_swa: int = 0
+    rs_rows: int = 0   # rows of each recurrent state buffer (hybrid models)
 
     def separate_swa(self, hp: HParams, il: int) -> bool:
         """Whether layer il lives in the separate sliding-window cache."""
@@ -98,6 +99,9 @@ class LlmGraph:
     # the context's adapter scales; the graph adapts the products of params.loras' adapters
     lora_scales: LoraScales | None = None
     _lora_inputs: dict[int, InpLoraScale] = field(default_factory=dict)
+    # nodes the graph runs for their writes alone (recurrent states stored for the next
+    # ubatch), as llama.cpp's ggml_build_forward_expand of a copy nothing reads
+    side_effects: list[Tensor] = field(default_factory=list)
 
     @property
     def hp(self) -> HParams:
@@ -139,8 +143,26 @@ class LlmGraph:
         return self.cb(cur, "inp_embd")
 
     def build_inp_pos(self) -> Tensor:
-        self.inputs.append(InpPos())
-        return self.b.input("inp_pos", GGMLType.I32, (N_TOKENS,))
+        n_pos = self.hp.n_pos_per_embd
+        self.inputs.append(InpPos(n_pos))
+        return self.b.input("inp_pos", GGMLType.I32, (N_TOKENS * n_pos,))
+
+    def build_inp_rs(self) -> "RSInput":
+        """The rows of the recurrent states the ubatch's sequences read and write."""
+        self.inputs.append(InpRS())
+        _, n_seqs = self.rs_dims()
+        return RSInput(self.b.input("inp_rs_src", GGMLType.I32, (n_seqs,)),
+                       self.b.input("inp_rs_dst", GGMLType.I64, (n_seqs,)))
+
+    def rs_dims(self) -> tuple:
+        """(n_seq_tokens, n_seqs) of the ubatch for the recurrent layers: one sequence of
+        n_tokens, or n_tokens sequences of one token (GraphParams.rs_layout)."""
+        if self.params.rs_layout == "seq":
+            return N_TOKENS, 1
+        if self.params.rs_layout == "tokens":
+            return 1, N_TOKENS
+        raise ValueError(f"{self.hp.arch}: a graph with recurrent layers needs rs_layout 'seq' or 'tokens', "
+                         f"got {self.params.rs_layout!r}")
 
     def build_inp_out_ids(self) -> Tensor | None:
         """The rows of the last layer that reach the output; None in the one-token graph,
@@ -370,11 +392,12 @@ class LlmGraph:
         """tanh(t / cap) * cap: Gemma's soft-capping of the final logits."""
         return self.b.scale(self.b.tanh(self.b.scale(t, 1.0 / cap)), cap)
 
-    def build_attn(self, inp: "AttnInput", wo: WeightRef, wo_b: WeightRef | None, q_cur: Tensor,
+    def build_attn(self, inp: "AttnInput", wo: WeightRef | None, wo_b: WeightRef | None, q_cur: Tensor,
                    k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int,
                    softcap: float = 0.0, sinks: WeightRef | None = None) -> Tensor:
         """Store K and V for this ubatch in the cache, attend over the n_kv cells read back;
-        with `sinks` (gpt-oss), one more logit per head joins each softmax.
+        with `sinks` (gpt-oss), one more logit per head joins each softmax. Without `wo` the
+        heads' outputs are returned unprojected [head_v * n_head, n_tokens] (Qwen3.5 gates them first).
 
         q_cur [head_dim, n_head, n_tokens]; k_cur, v_cur [head_dim, n_head_kv, n_tokens].
         The cached views depend on the set_rows results, so the store always precedes the read.
@@ -406,6 +429,8 @@ class LlmGraph:
         kqv = b.mul_mat(v, kq)                                     # [hv, n_tokens, n_head]
         cur = b.permute(kqv, 0, 2, 1, 3)                           # [hv, n_head, n_tokens]
         cur = self.cb(b.cont(cur, hv * hp.n_head[il], N_TOKENS), "kqv_out", il)
+        if wo is None:
+            return cur
         return self.cb(self.build_lora_mm(wo, cur, wo_b), "attn_out", il)
 
     def finish(self, logits: Tensor) -> BuiltGraph:
@@ -419,7 +444,7 @@ class LlmGraph:
                 raise ValueError(f"{self.hp.arch}: the graph names no 'result_norm' tensor, "
                                  "so it has no embeddings output")
             out = self.t_embd
-        graph = self.b.build([out])
+        graph = self.b.build([out, *self.side_effects])
         graph.hints["tokens"] = self.params.tokens_class
         return BuiltGraph(graph, out, self.inputs, self.params)
 
@@ -434,6 +459,12 @@ class AttnInput:
     mask: Tensor
     mask_swa: Tensor | None = None
     k_idxs_swa: Tensor | None = None  # only with a separate SWA cache
+
+
+@dataclass
+class RSInput:
+    src: Tensor   # I32 [n_seqs]: the state rows read
+    dst: Tensor   # I64 [n_seqs]: the rows the new states go to
 
 
 @dataclass

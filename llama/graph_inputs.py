@@ -14,6 +14,7 @@ from llama.kv_cells import SWAType
 if TYPE_CHECKING:
     from llama.batch import UBatch
     from llama.kv_cells import KVCells, SlotInfo
+    from llama.recurrent import RSSlot
 
 
 @dataclass(frozen=True)
@@ -28,12 +29,21 @@ class GraphParams:
     embeddings: bool = False
     # the model's LoRA adapters (by id) some token of the ubatch uses (llama/lora_scales.py)
     loras: tuple[int, ...] = ()
+    # models with recurrent layers: how the ubatch's tokens form sequences there, "seq" (one
+    # sequence of n_tokens) or "tokens" (n_tokens sequences of one token); "" otherwise
+    rs_layout: str = ""
 
     @staticmethod
     def for_ubatch(ub: "UBatch", kv_size: int, embeddings: bool = False,
-                   loras: tuple[int, ...] = ()) -> "GraphParams":
+                   loras: tuple[int, ...] = (), recurrent: bool = False) -> "GraphParams":
         return GraphParams("single" if is_single(ub) else "multi", ub.embd is not None, kv_size,
-                           embeddings=embeddings, loras=loras)
+                           embeddings=embeddings, loras=loras, rs_layout=rs_layout(ub) if recurrent else "")
+
+
+def rs_layout(ub: "UBatch") -> str:
+    """"tokens" when every token is a sequence of its own (a generation step), else "seq"
+    (the ubatch is then one sequence: recurrent.split_blocks makes it so)."""
+    return "tokens" if ub.n_tokens == 1 or not ub.equal_seqs or ub.n_seq_tokens == 1 else "seq"
 
 
 def is_single(ub: "UBatch") -> bool:
@@ -53,6 +63,7 @@ class InputState:
     slot: "SlotInfo"
     n_kv: int
     swa: "InputState | None" = None
+    rs: "RSSlot | None" = None   # the recurrent states' rows (hybrid memory)
 
     def symbols(self) -> dict[str, int]:
         """The values of the cache-size symbols for this ubatch (n_kv, n_kv_swa)."""
@@ -135,11 +146,32 @@ class InpEmbd(GraphInput):
         return params.use_embd
 
 
+@dataclass
 class InpPos(GraphInput):
+    """Token positions; with multi-section RoPE (n_pos 4) four per token, as llama.cpp
+    gives text tokens: the position thrice (t, h, w), then 0."""
+
+    n_pos: int = 1
     names = ("inp_pos",)
 
     def set_input(self, ub, state, bufs=None):
-        return {"inp_pos": fill_input(bufs, "inp_pos", np.int32, ub.pos)}
+        if self.n_pos == 1:
+            return {"inp_pos": fill_input(bufs, "inp_pos", np.int32, ub.pos)}
+        pos = np.zeros((self.n_pos, ub.n_tokens), np.int32)
+        pos[:3] = ub.pos
+        return {"inp_pos": fill_input(bufs, "inp_pos", np.int32, pos.reshape(-1))}
+
+
+class InpRS(GraphInput):
+    """The rows of the recurrent states each of the ubatch's sequences reads and writes."""
+
+    names = ("inp_rs_src", "inp_rs_dst")
+
+    def set_input(self, ub, state, bufs=None):
+        if state.rs is None:
+            raise ValueError("the graph has recurrent layers, but the memory gave no state rows")
+        return {"inp_rs_src": fill_input(bufs, "inp_rs_src", np.int32, state.rs.src),
+                "inp_rs_dst": fill_input(bufs, "inp_rs_dst", np.int64, state.rs.dst)}
 
 
 class InpOutIds(GraphInput):

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ggmlpy.ir.ops.rope import ROPE_TYPE_NORM
+from ggmlpy.ir.ops.rope import ROPE_MULTI_MODES, ROPE_TYPE_NORM
 
 
 class HParamsError(ValueError):
@@ -55,6 +55,14 @@ class HParams:
     n_expert_used: int = 0          # experts each token runs
     n_ff_exp: int = 0               # an expert's feed-forward width
     expert_weights_scale: float = 0.0  # times the selected experts' weights (0: not applied)
+    # recurrent layers (gated delta-net, Mamba): the `ssm.*` keys, which layers they are
+    ssm_d_conv: int = 0
+    ssm_d_inner: int = 0
+    ssm_d_state: int = 0
+    ssm_dt_rank: int = 0
+    ssm_n_group: int = 0
+    recurrent_layers: list[bool] = field(default_factory=list)
+    rope_sections: tuple[int, int, int, int] = (0, 0, 0, 0)  # multi-section RoPE (rope.dimension_sections)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def n_embd_k_gqa(self, il: int) -> int:
@@ -62,6 +70,25 @@ class HParams:
 
     def n_embd_v_gqa(self, il: int) -> int:
         return self.n_embd_head_v * self.n_head_kv[il]
+
+    def is_recurrent(self, il: int) -> bool:
+        return bool(self.recurrent_layers) and self.recurrent_layers[il]
+
+    @property
+    def n_embd_r(self) -> int:
+        """A recurrent layer's convolution state per sequence: the last d_conv - 1 inputs of
+        every channel (llama_hparams::n_embd_r)."""
+        return max(self.ssm_d_conv - 1, 0) * (self.ssm_d_inner + 2 * self.ssm_n_group * self.ssm_d_state)
+
+    @property
+    def n_embd_s(self) -> int:
+        """A recurrent layer's state per sequence (llama_hparams::n_embd_s)."""
+        return self.ssm_d_state * self.ssm_d_inner
+
+    @property
+    def n_pos_per_embd(self) -> int:
+        """Positions per token: 4 with multi-section RoPE (t, h, w and an extra one), else 1."""
+        return 4 if self.rope_type in ROPE_MULTI_MODES else 1
 
     def is_swa(self, il: int) -> bool:
         return bool(self.swa_layers) and self.swa_layers[il]

@@ -72,6 +72,9 @@ class KVCache:
     def apply_ubatch(self, slot: SlotInfo, ubatch: UBatch) -> None:
         self.cells.apply_ubatch(slot, ubatch)
 
+    def commit_ubatch(self, slot: SlotInfo) -> None:
+        """After the ubatch computed: nothing to do, its K and V are already in place."""
+
     def input_state(self, slot: SlotInfo) -> InputState:
         """Cells, slot and n_kv for the graph inputs; call after apply_ubatch."""
         return InputState(self.cells, slot, self.cells.get_n_kv())
@@ -104,17 +107,27 @@ class KVCache:
 
     def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
         """Shift positions; cached keys are re-rotated (K-shift) before the next decode."""
+        self._check_shift("seq_add")
         self.cells.seq_add(seq_id, p0, p1, delta)
+
+    def _check_shift(self, op: str) -> None:
+        """llama.cpp asserts (aborts) here with multi-section RoPE: its keys cannot be
+        re-rotated by one position delta."""
+        if self.hp.n_pos_per_embd > 1:
+            raise ValueError(f"{op}: positions cannot be moved in the KV cache of a model with multi-section "
+                             f"RoPE ({self.hp.arch})")
 
     def seq_shared(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         return self.cells.seq_shared(seq_id, p0, p1)
 
     @property
     def can_shift(self) -> bool:
-        """Context shifting (seq_add + K-shift) is always possible on a full-attention cache."""
-        return True
+        """Context shifting (seq_add + K-shift) is possible on a full-attention cache unless
+        the model's RoPE has several sections (llama_kv_cache::get_can_shift)."""
+        return self.hp.n_pos_per_embd == 1
 
     def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
+        self._check_shift("seq_div")
         self.cells.seq_div(seq_id, p0, p1, d)
 
     def seq_pos_min(self, seq_id: int) -> int:

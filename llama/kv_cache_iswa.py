@@ -112,6 +112,9 @@ class KVCacheISWA:
         self.base.apply_ubatch(slot.base, ubatch)
         self.swa.apply_ubatch(slot.swa, ubatch)
 
+    def commit_ubatch(self, slot: ISWASlot) -> None:
+        """After the ubatch computed: nothing to do (KVCache.commit_ubatch)."""
+
     def input_state(self, slot: ISWASlot) -> InputState:
         state = self.base.input_state(slot.base)
         state.swa = self.swa.input_state(slot.swa)

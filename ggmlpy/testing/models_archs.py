@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ggmlpy.gguf.writer import GGUFWriter
+from ggmlpy.gguf.writer import GGUFWriter, GGUFValueType
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.quants import quantize
 from ggmlpy.testing.models import add_random_matrix, add_tiny_bpe_vocab
@@ -51,6 +51,7 @@ class TinyConfig:
     n_ff_shexp: int = 0               # a shared expert's width (0: none), Qwen 2 MoE, Granite MoE
     shexp_gate: bool = False          # the shared expert's sigmoid gate ffn_gate_inp_shexp (Qwen 2 MoE)
     expert_type: GGMLType | None = None  # the experts' type (None: weight_type), e.g. gpt-oss's MXFP4
+    legacy_ssm_in: bool = False       # qwen3next: Q, K, V and z in one ssm_in.weight (older converters)
     omit: tuple[str, ...] = ()        # tensor names to leave out (files for error tests)
     extra_keys: dict[str, Any] = field(default_factory=dict)
     extra_tensors: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. rope_freqs.weight
@@ -67,6 +68,9 @@ class TinyConfig:
     def n_kv(self) -> int:
         return self.head * self.n_head_kv
 
+
+SSM_KEYS = {"rope.dimension_sections": [3, 1, 1, 0], "full_attention_interval": 2, "ssm.conv_kernel": 4,
+            "ssm.inner_size": 64, "ssm.state_size": 16, "ssm.time_step_rank": 4, "ssm.group_count": 2}
 
 # per-architecture defaults: what makes a tiny file of that family interesting
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -94,6 +98,14 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                                 "expert_weights_norm": True, "expert_weights_scale": 2.5, "expert_gating_func": 2}),
     # alternating 4-token windows (even layers), Q wider than n_embd as in gpt-oss (64 heads of 64 in 2880)
     "gpt-oss": dict(n_layer=4, head_dim=32, n_swa=4, rope_base=1.5e5, n_expert=8, n_expert_used=2, n_ff_exp=32),
+    # delta-net layers 0 and 2, gated attention 1 and 3; 4 value heads over 2 key heads; partial
+    # rotary whose last section pair falls outside t/h/w (the extra position, 0 for text)
+    "qwen35": dict(n_layer=4, head_dim=32, n_rot=16, rope_base=1e6, extra_keys=SSM_KEYS),
+    "qwen35moe": dict(n_layer=4, head_dim=32, n_rot=16, rope_base=1e6, n_expert=8, n_expert_used=2, n_ff_exp=32,
+                      n_ff_shexp=64, shexp_gate=True, extra_keys=SSM_KEYS),
+    "qwen3next": dict(n_layer=4, head_dim=32, n_rot=16, rope_base=1e6, n_expert=8, n_expert_used=2, n_ff_exp=32,
+                      n_ff_shexp=64, shexp_gate=True,
+                      extra_keys={k: v for k, v in SSM_KEYS.items() if k != "rope.dimension_sections"}),
 }
 
 
@@ -164,6 +176,8 @@ def _common_keys(t: _Tiny) -> None:
             t.w.add_string(f"{c.arch}.{key}", value)
         elif isinstance(value, float):
             t.key_f32(key, value)
+        elif isinstance(value, (list, tuple)):
+            t.w.add_array(f"{c.arch}.{key}", [int(v) for v in value], GGUFValueType.INT32)
         else:
             t.key_u32(key, value)
     add_tiny_bpe_vocab(t.w, c.n_vocab)
@@ -197,12 +211,13 @@ def _attn(t: _Tiny, p: str, biases: bool = False, qk_norm: bool = False, qk_norm
         t.norm(p + "attn_k_norm.weight", c.n_kv if qk_norm_rows else c.head)
 
 
-def _ffn(t: _Tiny, p: str, norm: str = "ffn_norm.weight", expert_biases: bool = False) -> None:
+def _ffn(t: _Tiny, p: str, norm: str | None = "ffn_norm.weight", expert_biases: bool = False) -> None:
     """A gated FFN, or with n_expert a router and n_expert gated experts (Qwen 3 MoE:
     n_ff_exp wide; Mixtral: n_ff), with expert_biases the router's and the experts' biases
-    (gpt-oss); `norm` names the norm before it."""
+    (gpt-oss); `norm` names the norm before it (None: the caller writes it)."""
     c = t.cfg
-    t.norm(p + norm, c.n_embd)
+    if norm is not None:
+        t.norm(p + norm, c.n_embd)
     if c.n_expert:
         width = c.n_ff_exp or c.n_ff
         t.mat(p + "ffn_gate_inp.weight", c.n_embd, c.n_expert)
@@ -279,6 +294,41 @@ def _gpt_oss_layer(t: _Tiny, p: str) -> None:
     _ffn(t, p, norm="post_attention_norm.weight", expert_biases=True)
 
 
+def _qwen35_layer(t: _Tiny, p: str) -> None:
+    """Qwen3.5 and Qwen3-Next: a gated delta-net or (every full_attention_interval-th) a
+    gated attention layer, post_attention_norm, a SwiGLU FFN or experts."""
+    c, k = t.cfg, t.cfg.extra_keys
+    t.norm(p + "attn_norm.weight", c.n_embd)
+    t.norm(p + "post_attention_norm.weight", c.n_embd)
+    if (int(p.split(".")[1]) + 1) % k["full_attention_interval"]:
+        d_state, n_v = k["ssm.state_size"], k["ssm.time_step_rank"]
+        key_dim, value_dim = d_state * k["ssm.group_count"], d_state * n_v
+        conv_dim = 2 * key_dim + value_dim
+        if c.legacy_ssm_in:
+            t.mat(p + "ssm_in.weight", c.n_embd, conv_dim + value_dim)
+        else:
+            t.mat(p + "attn_qkv.weight", c.n_embd, conv_dim)
+            t.mat(p + "attn_gate.weight", c.n_embd, value_dim)
+        t.add(p + "ssm_conv1d.weight", (0.5 * t.rng.standard_normal((conv_dim, k["ssm.conv_kernel"]))).astype(np.float32))
+        t.bias(p + "ssm_dt.bias", n_v)
+        t.add(p + "ssm_a", -np.exp(0.5 * t.rng.standard_normal(n_v)).astype(np.float32))
+        if c.arch == "qwen3next":   # per key head: its value heads' betas, then their alphas
+            t.mat(p + "ssm_ba.weight", c.n_embd, 2 * n_v)
+        else:
+            t.mat(p + "ssm_beta.weight", c.n_embd, n_v)
+            t.mat(p + "ssm_alpha.weight", c.n_embd, n_v)
+        t.norm(p + "ssm_norm.weight", d_state)
+        t.mat(p + "ssm_out.weight", value_dim, c.n_embd)
+    else:
+        t.mat(p + "attn_q.weight", c.n_embd, 2 * c.n_q)
+        t.mat(p + "attn_k.weight", c.n_embd, c.n_kv)
+        t.mat(p + "attn_v.weight", c.n_embd, c.n_kv)
+        t.mat(p + "attn_output.weight", c.n_q, c.n_embd)
+        t.norm(p + "attn_q_norm.weight", c.head)
+        t.norm(p + "attn_k_norm.weight", c.head)
+    _ffn(t, p, norm=None)
+
+
 def _phi3_layer(t: _Tiny, p: str) -> None:
     c = t.cfg
     t.norm(p + "attn_norm.weight", c.n_embd)
@@ -320,6 +370,9 @@ LAYER_WRITERS: dict[str, Callable[[_Tiny, str], None]] = {
     "granitemoe": _llama_like(),
     "gpt-oss": _gpt_oss_layer,
     "glm4moe": _glm4moe_layer,
+    "qwen35": _qwen35_layer,
+    "qwen35moe": _qwen35_layer,
+    "qwen3next": _qwen35_layer,
 }
 ARCHS_WITHOUT_OUTPUT = {"gemma", "gemma2"}  # llama.cpp always ties their output
 

@@ -68,7 +68,7 @@ class Engine:
             raise ValueError("the prompt is empty (no tokens)")
         ctx = self.ctx
         keep = self.reusable_prefix(seq_id, tokens) if reuse and not logits_all else 0
-        self.forget(seq_id, keep)
+        keep = self.forget(seq_id, keep)
         rows = []
         todo = tokens[keep:]
         pos = keep
@@ -196,10 +196,15 @@ class Engine:
                 head_c += 1
         return head_p
 
-    def forget(self, seq_id: int, keep: int = 0) -> None:
-        """Drop the cells of `seq_id` from position `keep` on."""
-        self.ctx.memory.seq_rm(seq_id, keep, -1)
+    def forget(self, seq_id: int, keep: int = 0) -> int:
+        """Drop the cells of `seq_id` from position `keep` on; returns how many tokens stay.
+        A recurrent state cannot lose its last tokens (seq_rm refuses), so there the whole
+        sequence goes, as llama-cpp-python resets it."""
+        if not self.ctx.memory.seq_rm(seq_id, keep, -1):
+            self.ctx.memory.seq_rm(seq_id, -1, -1)
+            keep = 0
         self.cached[seq_id] = self.cached[seq_id][:keep]
+        return keep
 
     def reset(self) -> None:
         self.ctx.memory.clear()

@@ -13,3 +13,6 @@ from llama.models import olmoe  # noqa: F401
 from llama.models import granite  # noqa: F401
 from llama.models import gpt_oss  # noqa: F401
 from llama.models import glm4moe  # noqa: F401
+from llama.models import qwen35  # noqa: F401
+from llama.models import qwen35moe  # noqa: F401
+from llama.models import qwen3next  # noqa: F401

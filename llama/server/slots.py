@@ -91,11 +91,12 @@ class SlotPool:
         keep = engine.reusable_prefix(slot.id, prompt) if cache_prompt and same_lora else 0
         if cache_prompt and same_lora and task.n_cache_reuse > 0:
             keep = engine.reuse_chunks(slot.id, prompt, keep, task.n_cache_reuse)
-        engine.forget(slot.id, keep)
+        keep = engine.forget(slot.id, keep)
         slot.n_shared_in = 0
         if engine.ctx.model.loras:
             self._apply_lora(slot, task.lora)
-        if cache_prompt and self.share_prefix:
+        # a recurrent state holds all of a sequence's tokens: no prefix of it can be shared
+        if cache_prompt and self.share_prefix and not engine.ctx.recurrent:
             donor, n = self._best_donor(slot, prompt)
             if n > keep:
                 engine.forget(slot.id, 0)

@@ -57,6 +57,14 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "gpt-oss-mxfp4": ("gpt-oss", {"weight_type": GGMLType.Q8_0, "expert_type": GGMLType.MXFP4,
                                   "extra_keys": {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
                                                  "rope.scaling.original_context_length": 32}}),
+    # hybrids: gated delta-net layers beside gated attention with multi-section RoPE
+    "qwen35-f32": ("qwen35", {}),
+    "qwen35-q8_0": ("qwen35", {"weight_type": GGMLType.Q8_0}),
+    "qwen35moe-f32": ("qwen35moe", {}),
+    "qwen35moe-q4_0": ("qwen35moe", {"weight_type": GGMLType.Q4_0}),
+    "qwen3next-q8_0": ("qwen3next", {"weight_type": GGMLType.Q8_0}),
+    # older converters' fused ssm_in (Q, K, V and z per key head)
+    "qwen3next-ssm-in-f32": ("qwen3next", {"legacy_ssm_in": True}),
 }
 PROMPT = [5, 17, 200, 33, 41, 9, 8, 7, 100]
 N_GREEDY = 8

@@ -37,6 +37,7 @@ VARIANTS.update({
     "llama-experts": ("llama", {"n_expert": 4, "n_expert_used": 2}),   # Mixtral
     "mistral-no-window": ("mistral", {"n_swa": 0}),
     "phi3-split-qkv": ("phi3", {"fused_qkv": False}),
+    "qwen3next-ssm-in": ("qwen3next", {"legacy_ssm_in": True}),
 })
 TOKENS = [5, 17, 200, 33, 41, 9, 8, 7, 100, 101, 102, 103]  # windows are 4 positions
 N_PROMPT = 7          # then the remaining tokens one at a time
@@ -75,6 +76,12 @@ CONTROLS = [
     ("gemma3", "sliding window", dict(sliding_window=0)),
     ("gemma3", "global 6th layer", dict(sliding_layers=[True] * 6)),
     ("gemma3", "local RoPE base", dict(rope_local_theta=None)),
+    ("qwen35", "the delta rule's decay gate", dict(forward_kw={"use_decay": False})),
+    ("qwen35", "value heads tiled over the key heads", dict(forward_kw={"interleave": True})),
+    ("qwen35", "the attention's output gate", dict(forward_kw={"use_attn_gate": False})),
+    ("qwen35", "partial rotary", dict(rotary_dim=32)),
+    ("qwen35moe", "the gated shared expert", dict(forward_kw={"use_shared_expert": False})),
+    ("qwen3next", "value heads interleaved over the key heads", dict(forward_kw={"interleave": False})),
 ]
 
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tests.llama.models.oracles import gemma, glm4moe, gpt_oss, granite, llama, olmoe, phi3, qwen
+from tests.llama.models.oracles import gemma, glm4moe, gpt_oss, granite, llama, olmoe, phi3, qwen, qwen35
 from tests.llama.models.oracles.common import Config, GGUFContents, read_gguf
 
 # arch -> (config from the file, forward pass)
@@ -33,6 +33,9 @@ ORACLES: dict[str, tuple[Callable[[GGUFContents], Config], Callable[..., np.ndar
     "granitemoe": (granite.config, granite.forward),
     "gpt-oss": (gpt_oss.config, gpt_oss.forward),
     "glm4moe": (glm4moe.config, glm4moe.forward),
+    "qwen35": (qwen35.config, qwen35.forward),
+    "qwen35moe": (qwen35.config, qwen35.forward),
+    "qwen3next": (qwen35.config, qwen35.forward),
 }
 
 
