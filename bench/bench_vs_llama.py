@@ -3,7 +3,10 @@ so the ratios come from the same minutes of a shared machine. Prints one JSON ob
 round's figures from both, and per model the medians, the ratios (ggmlpy / llama.cpp), each
 round's own ratios, and the spread of each side's tg128 over the rounds (max / min).
 
-Usage: python bench/bench_vs_llama.py --llama-bench PATH [-m MODEL ...] [-t 2] [--rounds 2]
+Usage: python bench/bench_vs_llama.py --llama-bench PATH [-m MODEL ...] [-t 2] [--rounds 2] [--depth D]
+
+With --depth D, tg128 after a D-token prompt too (llama-bench's -d D, one repetition a
+round on its side; ggmlpy decodes the prompt once and restores the cache before each run).
 
 Start times and batched decode are measured in the first round only (they take longest and
 have no llama-bench figure to alternate with); pp512 and tg128 in every round.
@@ -25,16 +28,23 @@ from ggmlpy.hub import resolve_model
 SHARED = ("pp512_tok_s", "tg128_tok_s")
 
 
-def llama_bench(binary: str, path: str, threads: int) -> dict:
+def llama_bench(binary: str, path: str, threads: int, depth: int = 0) -> dict:
     out = subprocess.run([binary, "-m", path, "-t", str(threads), "-p", "512", "-n", "128", "-r", "3",
                           "-o", "json"], capture_output=True, text=True, check=True).stdout
     rows = json.loads(out)
     by_test = {(r["n_prompt"], r["n_gen"]): r["avg_ts"] for r in rows}
-    return {"pp512_tok_s": round(by_test[(512, 0)], 2), "tg128_tok_s": round(by_test[(0, 128)], 2)}
+    result = {"pp512_tok_s": round(by_test[(512, 0)], 2), "tg128_tok_s": round(by_test[(0, 128)], 2)}
+    if depth:
+        out = subprocess.run([binary, "-m", path, "-t", str(threads), "-p", "0", "-n", "128", "-d", str(depth),
+                              "-r", "1", "-o", "json"], capture_output=True, text=True, check=True).stdout
+        result[f"tg128_d{depth}_tok_s"] = round(json.loads(out)[0]["avg_ts"], 2)
+    return result
 
 
-def ggmlpy_bench(path: str, threads: int, first: bool) -> dict:
+def ggmlpy_bench(path: str, threads: int, first: bool, depth: int = 0) -> dict:
     args = [sys.executable, "-m", "ggmlpy", "bench", "-m", path, "-t", str(threads)]
+    if depth:
+        args += ["-d", str(depth)]
     if not first:
         args += ["--no-start-times", "--batched", ""]
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
@@ -47,20 +57,22 @@ def main() -> int:
     p.add_argument("-m", "--model", action="append", help="GGUF path or known name (repeatable)")
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2, help="alternations per model")
+    p.add_argument("--depth", type=int, default=0, help="also tg128 after a prompt of this many tokens")
     a = p.parse_args()
+    shared = SHARED + ((f"tg128_d{a.depth}_tok_s",) if a.depth else ())
     models = a.model or ["smollm2-135m", "gemma3-270m"]
     report: dict = {"threads": a.threads, "models": {}}
     for name in models:
         path = str(resolve_model(name))
         rounds = []
         for r in range(a.rounds):
-            peer = llama_bench(a.llama_bench, path, a.threads)
-            ours = ggmlpy_bench(path, a.threads, first=r == 0)
+            peer = llama_bench(a.llama_bench, path, a.threads, a.depth)
+            ours = ggmlpy_bench(path, a.threads, first=r == 0, depth=a.depth)
             rounds.append({"llama.cpp": peer, "ggmlpy": ours})
         sides = ("llama.cpp", "ggmlpy")
-        med = {side: {k: statistics.median(x[side][k] for x in rounds) for k in SHARED} for side in sides}
-        ratios = {k: round(med["ggmlpy"][k] / med["llama.cpp"][k], 2) for k in SHARED}
-        per_round = [{k: round(x["ggmlpy"][k] / x["llama.cpp"][k], 2) for k in SHARED} for x in rounds]
+        med = {side: {k: statistics.median(x[side][k] for x in rounds) for k in shared} for side in sides}
+        ratios = {k: round(med["ggmlpy"][k] / med["llama.cpp"][k], 2) for k in shared}
+        per_round = [{k: round(x["ggmlpy"][k] / x["llama.cpp"][k], 2) for k in shared} for x in rounds]
         spread = {side: round(max(x[side]["tg128_tok_s"] for x in rounds)
                               / min(x[side]["tg128_tok_s"] for x in rounds), 2) for side in sides}
         report["models"][name] = {"rounds": rounds, "median": med, "ratio": ratios,

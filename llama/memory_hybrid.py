@@ -20,7 +20,7 @@ from llama.graph_inputs import InputState
 from llama.hparams import HParams
 from llama.kv_cache import KVCache
 from llama.kv_cells import KVCellsState, KVCellsUndo, SlotInfo
-from llama.recurrent import RecurrentMemory, RSSlot, RSState
+from llama.recurrent import RecurrentMemory, RSSeqState, RSSlot, RSState
 
 
 @dataclass(frozen=True)
@@ -133,6 +133,17 @@ class HybridMemory:
 
     def seq_pos_max(self, seq_id: int) -> int:
         return min(self.attn.seq_pos_max(seq_id), self.rs.seq_pos_max(seq_id))
+
+    def seq_state(self, seq_id: int) -> RSSeqState:
+        """The part of a sequence's memory that cannot be rolled back: its recurrent states
+        (llama.cpp's state_seq with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)."""
+        return self.rs.seq_state(seq_id)
+
+    def restore_seq_state(self, seq_id: int, state: RSSeqState) -> None:
+        """Back to a checkpoint: the recurrent states as saved, the KV cells after its
+        position dropped."""
+        self.rs.set_seq_state(seq_id, state)
+        self.attn.seq_rm(seq_id, state.pos + 1, -1)
 
     def snapshot(self) -> HybridState:
         return HybridState(self.attn.snapshot(), self.rs.snapshot())

@@ -44,6 +44,18 @@ class RSSlot:
 
 
 @dataclass(frozen=True)
+class RSSeqState:
+    """One sequence's states (every layer's row) and last position: a context checkpoint."""
+
+    pos: int
+    rows: dict[str, np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.rows.values())
+
+
+@dataclass(frozen=True)
 class RSState:
     """What restore() needs: every sequence's row and position."""
 
@@ -118,6 +130,18 @@ class RecurrentMemory:
 
     def restore(self, state: RSState) -> None:
         self.row, self.pos = list(state.row), list(state.pos)
+
+    def seq_state(self, seq_id: int) -> RSSeqState:
+        """A copy of the sequence's states and position."""
+        row = self.row[seq_id]
+        return RSSeqState(self.pos[seq_id], {name: a[row].copy() for name, a in self._bindings.items()})
+
+    def set_seq_state(self, seq_id: int, state: RSSeqState) -> None:
+        """The sequence's states and position become `state`'s (llama.cpp's state_seq_set)."""
+        row = self.row[seq_id]
+        for name, a in self._bindings.items():
+            a[row] = state.rows[name]
+        self.pos[seq_id] = state.pos
 
     def _spare(self, row: int) -> int:
         return row + self.n_seq_max if row < self.n_seq_max else row - self.n_seq_max

@@ -16,6 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-r", "--reps", type=int, default=3, help="timed repetitions after one warm-up")
     p.add_argument("-p", "--n-prompt", type=int, default=512)
     p.add_argument("-n", "--n-gen", type=int, default=128)
+    p.add_argument("-d", "--depth", type=int, default=0,
+                   help="also decode n-gen tokens after a prompt of this many (tg at depth, llama-bench's -d)")
     p.add_argument("--no-start-times", action="store_true", help="skip the cold/warm start subprocesses")
     p.add_argument("--batched", default="1,2,4,8", type=_counts,
                    help="sequence counts for batched decode (tg128_batched), comma-separated; '' skips it")
@@ -37,10 +39,10 @@ def _counts(text: str) -> tuple[int, ...]:
 def run(args: argparse.Namespace) -> int:
     from ggmlpy.cli.bench_run import run_bench
 
-    if args.threads < 1 or args.reps < 1 or args.n_prompt < 1 or args.n_gen < 1:
-        raise ValueError("threads, reps, n-prompt and n-gen must be positive")
+    if args.threads < 1 or args.reps < 1 or args.n_prompt < 1 or args.n_gen < 1 or args.depth < 0:
+        raise ValueError("threads, reps, n-prompt and n-gen must be positive, depth at least 0")
     result = run_bench(args.model, threads=args.threads, backend=args.backend, n_prompt=args.n_prompt,
-                       n_gen=args.n_gen, reps=args.reps, start_times=not args.no_start_times, batched=args.batched,
+                       n_gen=args.n_gen, reps=args.reps, start_times=not args.no_start_times, batched=args.batched, depth=args.depth,
                        **placement_kwargs(args))
     print(json.dumps(result))
     return 0

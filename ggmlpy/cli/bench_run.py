@@ -49,10 +49,12 @@ def _tokens(model: llama.Model, n: int, seed: int = 0) -> list[int]:
 def run_bench(model_name: str, *, threads: int = 2, backend: str | None = None, n_prompt: int = 512,
               n_gen: int = 128, reps: int = 3, start_times: bool = True, devices: list[str] | None = None,
               n_gpu_layers: int = 0, tensor_split: list[float] | None = None,
-              override_tensor: list[str] | None = None, batched: tuple[int, ...] = (1, 2, 4, 8)) -> dict:
+              override_tensor: list[str] | None = None, batched: tuple[int, ...] = (1, 2, 4, 8),
+              depth: int = 0) -> dict:
     """`devices`, `n_gpu_layers`, `tensor_split`, `override_tensor`: offloading, as
     llama.Model.load takes them (llama-bench's -ngl, -ts and -ot). `batched`: the sequence
-    counts of `tg128_batched` (empty: skipped)."""
+    counts of `tg128_batched` (empty: skipped). `depth` > 0 adds tg at that depth
+    (`tg128_d{depth}_tok_s`, llama-bench's -d)."""
     where = {"devices": devices, "n_gpu_layers": n_gpu_layers, "tensor_split": tensor_split,
              "override_tensor": override_tensor}
     t0 = time.perf_counter()
@@ -122,9 +124,38 @@ def run_bench(model_name: str, *, threads: int = 2, backend: str | None = None, 
         if on_host:
             result[f"tg{n_gen}_batched_roofline"] = {
                 str(n): round(step_bytes * v / n / (gb_s[n] * 1e9), 3) for n, v in agg.items()}
+    if depth:
+        result[f"tg{n_gen}_d{depth}_tok_s"] = round(decode_at_depth(model, threads, backend, depth, n_gen, reps), 2)
     if start_times:
         result["cold_start_s"], result["warm_start_s"] = start_times_s(model_name, threads, backend, where)
     return result
+
+
+def decode_at_depth(model: llama.Model, threads: int, backend: str | None, depth: int, n_gen: int,
+                    reps: int, n_batch: int = 512) -> float:
+    """tokens/s of n_gen one-token steps after a depth-token prompt (llama-bench's -d): the
+    prompt is decoded once, untimed, and the memory put back to it before each round (a
+    copy of its buffers), so each round starts from the same cache."""
+    ctx = llama.Context(model, n_ctx=depth + n_gen + 256, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
+                        backend=backend)
+    toks = _tokens(model, depth + n_gen, seed=2)
+    for i in range(0, depth, n_batch):
+        if ctx.decode(llama.Batch.from_tokens(toks[i:min(i + n_batch, depth)])) != 0:
+            raise RuntimeError("depth prompt decode failed")
+    mem = ctx.memory
+    saved, cells = {k: a.copy() for k, a in mem.bindings().items()}, mem.snapshot()
+    rates = []
+    for rep in range(reps + 1):
+        for k, a in mem.bindings().items():
+            np.copyto(a, saved[k])
+        mem.restore(cells)
+        t0 = time.perf_counter()
+        for i in range(n_gen):
+            if ctx.decode(llama.Batch.from_tokens([toks[depth + i]])) != 0:
+                raise RuntimeError("decode at depth failed")
+        if rep:
+            rates.append(n_gen / (time.perf_counter() - t0))
+    return statistics.median(rates)
 
 
 def weight_bytes_per_step(ctx: llama.Context) -> int:

@@ -61,6 +61,8 @@ def register(subparsers: Any) -> None:
     a("--no-context-shift", dest="context_shift", action="store_false")
     a("--spm-infill", action="store_true",
       help="/infill prompts in Suffix/Prefix/Middle order (default: Prefix/Suffix/Middle)")
+    a("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", dest="ctx_checkpoints", type=int, default=32,
+      help="context checkpoints kept per slot where the memory cannot drop tokens (recurrent models)")
     a("--cache-reuse", type=int, default=0,
       help="least chunk of cached tokens to move by KV shifting instead of decoding again (default 0, off)")
     a("--sse-ping-interval", type=int, default=30,
@@ -155,7 +157,7 @@ def config_from_args(args: argparse.Namespace):
         alias=args.alias, n_predict=args.n_predict, seed=args.seed, temp=args.temp,
         embedding=args.embedding, pooling=args.pooling, metrics=args.metrics, slots=args.slots,
         jinja=args.jinja, chat_template=template, context_shift=args.context_shift,
-        cache_reuse=args.cache_reuse, spm_infill=args.spm_infill,
+        cache_reuse=args.cache_reuse, ctx_checkpoints=args.ctx_checkpoints, spm_infill=args.spm_infill,
         sse_ping_interval=args.sse_ping_interval,
         slot_save_path=args.slot_save_path, cont_batching=args.cont_batching,
         flash_attn=args.flash_attn, cache_type_k=args.cache_type_k,

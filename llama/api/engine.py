@@ -6,7 +6,9 @@ sequence keeps the longest common prefix and decodes only the rest (a second cha
 re-reads nothing it has seen), as llama-cpp-python and llama-server's `cache_prompt` do. The
 last prompt token is always decoded again when everything else is cached, because its
 logits are needed. With sliding-window layers the prefix is kept only while the window
-still holds the positions the next token attends to (llama-server's rule).
+still holds the positions the next token attends to (llama-server's rule). A hybrid model's
+recurrent states cannot drop tokens: there a prompt resumes from a context checkpoint
+(llama/api/checkpoints.py) or is decoded from its start.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from llama.api.checkpoints import DEFAULT_MAX, Checkpoints
 from llama.batch import Batch
 from llama.context import Context
 
@@ -42,9 +45,11 @@ class Engine:
     `n_prompt_decoded` counts the prompt tokens actually decoded (not taken from the cache),
     so tests and benchmarks can see the prefix reuse."""
 
-    def __init__(self, ctx: Context):
+    def __init__(self, ctx: Context, n_ctx_checkpoints: int = DEFAULT_MAX):
         self.ctx = ctx
         self.cached: list[list[int]] = [[] for _ in range(ctx.n_seq_max)]
+        # context checkpoints: only where the memory cannot drop tokens (recurrent states)
+        self.checkpoints = Checkpoints(ctx.n_seq_max, n_ctx_checkpoints if ctx.recurrent else 0)
         self.n_prompt_decoded = 0
         self.n_swa = ctx.model.hparams.n_swa if ctx.kv_layout.kv_size_swa else 0
 
@@ -70,26 +75,58 @@ class Engine:
         keep = self.reusable_prefix(seq_id, tokens) if reuse and not logits_all else 0
         keep = self.forget(seq_id, keep)
         rows = []
-        todo = tokens[keep:]
         pos = keep
-        for i in range(0, len(todo), ctx.n_batch):
-            chunk = todo[i:i + ctx.n_batch]
-            last = i + ctx.n_batch >= len(todo)
+        for end in self._chunk_ends(len(tokens), keep):
+            chunk = tokens[pos:end]
+            last = end == len(tokens)
             flags = [logits_all or (last and j == len(chunk) - 1) for j in range(len(chunk))]
-            batch = Batch(tokens=chunk, pos=list(range(pos, pos + len(chunk))),
-                          seq_ids=[[seq_id]] * len(chunk), logits=flags)
+            batch = Batch(tokens=chunk, pos=list(range(pos, end)), seq_ids=[[seq_id]] * len(chunk), logits=flags)
             rc = ctx.decode(batch)
             if rc != 0:
                 self.forget(seq_id, keep)
                 raise DecodeError(rc, "prompt")
             self.n_prompt_decoded += len(chunk)
-            self.cached[seq_id] = tokens[:pos + len(chunk)]
-            pos += len(chunk)
+            self.cached[seq_id] = tokens[:end]
+            pos = end
+            self.after_prompt_chunk(seq_id, len(tokens))
             if logits_all:
                 rows.append(np.array(ctx.get_logits()))
         if logits_all:
             return np.concatenate(rows)
         return ctx.get_logits_ith(-1)
+
+    def set_max_checkpoints(self, n_max: int) -> None:
+        """Context checkpoints kept per sequence (llama-server's --ctx-checkpoints); they are
+        taken only where the memory cannot drop tokens."""
+        if n_max < 0:
+            raise ValueError(f"ctx_checkpoints must be >= 0, got {n_max}")
+        self.checkpoints.n_max = n_max if self.ctx.recurrent else 0
+
+    def _chunk_ends(self, n_prompt: int, done: int) -> list[int]:
+        """Where the prompt's batches end: every n_batch tokens, and at the checkpoints'
+        pauses."""
+        n_batch = self.ctx.n_batch
+        ends = set(range(done + n_batch, n_prompt, n_batch)) | {n_prompt}
+        if self.checkpoints.n_max:
+            ends |= set(Checkpoints.stops(n_prompt, done, n_batch, self.ctx.n_ubatch))
+        return sorted(ends)
+
+    def next_stop(self, seq_id: int, n_prompt: int) -> int:
+        """The end of the prompt, or the next checkpoint pause (the server cuts its prompt
+        chunks there)."""
+        if not self.checkpoints.n_max:
+            return n_prompt
+        done = len(self.cached[seq_id])
+        stops = Checkpoints.stops(n_prompt, done, self.ctx.n_batch, self.ctx.n_ubatch)
+        return stops[0] if stops else n_prompt
+
+    def after_prompt_chunk(self, seq_id: int, n_prompt: int) -> None:
+        """A prompt chunk of seq_id was decoded: at a checkpoint pause, keep its states."""
+        if not self.checkpoints.n_max:
+            return
+        n = len(self.cached[seq_id])
+        if n in Checkpoints.stops(n_prompt, 0, self.ctx.n_batch, self.ctx.n_ubatch):
+            self.checkpoints.save(seq_id, n, self.ctx.memory.seq_state(seq_id))
 
     def decode_step(self, items: list[tuple[int, int]]) -> np.ndarray:
         """One decode of one token for each (seq_id, token); rows of logits in that order."""
@@ -198,14 +235,23 @@ class Engine:
 
     def forget(self, seq_id: int, keep: int = 0) -> int:
         """Drop the cells of `seq_id` from position `keep` on; returns how many tokens stay.
-        A recurrent state cannot lose its last tokens (seq_rm refuses), so there the whole
-        sequence goes, as llama-cpp-python resets it."""
-        if not self.ctx.memory.seq_rm(seq_id, keep, -1):
-            self.ctx.memory.seq_rm(seq_id, -1, -1)
-            keep = 0
+        A recurrent state cannot lose its last tokens (seq_rm refuses): there the sequence
+        goes back to the newest context checkpoint within its first `keep` tokens, or, with
+        none, starts over (as llama-server)."""
+        mem = self.ctx.memory
+        if not mem.seq_rm(seq_id, keep, -1):
+            ckpt = self.checkpoints.newest_within(seq_id, keep)
+            if ckpt is None:
+                mem.seq_rm(seq_id, -1, -1)
+                keep = 0
+            else:
+                mem.restore_seq_state(seq_id, ckpt.state)
+                keep = ckpt.n_tokens
+        self.checkpoints.drop_after(seq_id, keep)
         self.cached[seq_id] = self.cached[seq_id][:keep]
         return keep
 
     def reset(self) -> None:
         self.ctx.memory.clear()
         self.cached = [[] for _ in range(self.ctx.n_seq_max)]
+        self.checkpoints = Checkpoints(self.ctx.n_seq_max, self.checkpoints.n_max)

@@ -33,6 +33,7 @@ class ServerConfig:
     context_shift: bool = False
     spm_infill: bool = False      # /infill's suffix before the prefix (--spm-infill)
     cache_reuse: int = 0          # --cache-reuse: the requests' default n_cache_reuse (0: off)
+    ctx_checkpoints: int = 32     # --ctx-checkpoints: per slot, where the memory cannot drop tokens
     sse_ping_interval: int = 30   # seconds of silence in a stream before a ":" ping; -1: none
     slot_save_path: str | None = None
     cont_batching: bool = True

@@ -194,6 +194,7 @@ class Scheduler:
         for slot, (_, toks, want), row in zip(slots, items, rows):
             if slot.next_token is None:
                 slot.n_prompt_done += len(toks)
+                self.engine.after_prompt_chunk(slot.id, len(slot.task.seq.prompt))
                 self._progress(slot)
             if row is not None:
                 self._advance(slot, row)
@@ -276,7 +277,8 @@ class Scheduler:
             if budget <= 0:
                 break
             prompt = slot.task.seq.prompt
-            chunk = prompt[slot.n_prompt_done:slot.n_prompt_done + budget]
+            end = min(slot.n_prompt_done + budget, self.engine.next_stop(slot.id, len(prompt)))
+            chunk = prompt[slot.n_prompt_done:end]
             last = slot.n_prompt_done + len(chunk) == len(prompt)
             items.append((slot.id, chunk, last))
             slots.append(slot)

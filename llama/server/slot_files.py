@@ -1,6 +1,7 @@
 """`POST /slots/{id}?action=save|restore|erase`: a slot's KV cells to a file and back
 (llama-server's slot persistence), so a long prompt is read once across restarts. The
-file holds the slot's tokens and, per layer, the K and V rows of its cells by position."""
+file holds the slot's tokens and, per layer, the K and V rows of its cells by position; for
+a hybrid model also its recurrent states (every recurrent layer's row, `rs:` names)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,11 +12,17 @@ from llama.api.engine import Engine
 from llama.batch import UBatch
 from llama.kv_cache import KVCache
 from llama.kv_cells import SlotInfo
+from llama.memory_hybrid import HybridMemory
+from llama.recurrent import RSSeqState
 from llama.server.errors import APIError
+
+RS_PREFIX = "rs:"
 
 
 def _cache(engine: Engine) -> KVCache:
     mem = engine.ctx.memory
+    if isinstance(mem, HybridMemory):
+        return mem.attn
     if not isinstance(mem, KVCache):
         raise APIError(501, "slot files are not supported for sliding-window caches",
                        type="not_supported_error")
@@ -34,6 +41,11 @@ def save(engine: Engine, seq_id: int, path: Path) -> dict:
     for il in mem.layers:
         arrays[f"k{il}"] = mem.k[il][idx]
         arrays[f"v{il}"] = mem.v[il][idx]
+    hybrid = engine.ctx.memory
+    if isinstance(hybrid, HybridMemory):
+        state = hybrid.seq_state(seq_id)
+        arrays["rs_pos"] = np.array(state.pos, np.int64)
+        arrays.update({RS_PREFIX + name: row for name, row in state.rows.items()})
     with open(path, "wb") as f:
         np.savez(f, **arrays)
     return {"n_saved": len(tokens), "n_written": path.stat().st_size}
@@ -49,6 +61,14 @@ def restore(engine: Engine, seq_id: int, path: Path) -> dict:
     for il in mem.layers:
         if arrays.get(f"k{il}") is None or arrays[f"k{il}"].shape[1:] != mem.k[il].shape[1:]:
             raise APIError(400, "the slot file was saved from another model")
+    hybrid = engine.ctx.memory
+    rs_state = None
+    if isinstance(hybrid, HybridMemory):
+        rows = {name: arrays.get(RS_PREFIX + name) for name in hybrid.rs.bindings()}
+        if "rs_pos" not in arrays or any(r is None or r.shape != a.shape[1:]
+                                         for r, a in zip(rows.values(), hybrid.rs.bindings().values())):
+            raise APIError(400, "the slot file holds no recurrent states of this model")
+        rs_state = RSSeqState(int(arrays["rs_pos"]), rows)
     engine.forget(seq_id, 0)
     cells = mem.cells
     free = np.flatnonzero(cells.pos < 0)[:len(tokens)]
@@ -62,5 +82,7 @@ def restore(engine: Engine, seq_id: int, path: Path) -> dict:
     for il in mem.layers:
         mem.k[il][free] = arrays[f"k{il}"]
         mem.v[il][free] = arrays[f"v{il}"]
+    if rs_state is not None:
+        hybrid.rs.set_seq_state(seq_id, rs_state)
     engine.cached[seq_id] = tokens.tolist()
     return {"n_restored": n, "n_read": path.stat().st_size}

@@ -22,6 +22,7 @@ import numpy as np
 from llama.api.engine import Engine, common_prefix
 from llama.kv_cache import KVCache
 from llama.kv_cells import KVCells
+from llama.memory_hybrid import HybridMemory
 
 
 @dataclass
@@ -46,8 +47,11 @@ class Slot:
 
 
 def base_cells(engine: Engine) -> KVCells:
-    """The cells of the full-attention cache (the only one of a non-SWA model)."""
+    """The cells of the full-attention cache (the only one of a non-SWA model; a hybrid
+    model's attention layers')."""
     mem = engine.ctx.memory
+    if isinstance(mem, HybridMemory):
+        return mem.attn.cells
     return mem.cells if isinstance(mem, KVCache) else mem.base.cells
 
 

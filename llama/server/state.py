@@ -38,6 +38,7 @@ class ServerState:
             self.llm.dry_breakers(DEFAULT_BREAKERS)
             vocab = self.llm.model.vocab
             self.eog_ids = sorted(vocab.eog_ids)
+            self.llm.engine.set_max_checkpoints(self.config.ctx_checkpoints)
             self.scheduler = Scheduler(self.llm.engine, self.config.parallel,
                                        max_queue=self.config.max_queue,
                                        context_shift=self.config.context_shift)

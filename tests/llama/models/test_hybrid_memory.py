@@ -158,3 +158,19 @@ def test_seq_cp_gives_the_destination_its_own_copy():
     assert mem.row[1] in (1, 3) and (mem.s[0][mem.row[1]] == 1.5).all()
     mem.s[0][mem.row[0]] = 2.0   # changing the source leaves the copy alone
     assert (mem.s[0][mem.row[1]] == 1.5).all()
+
+
+def test_a_follow_up_prompt_resumes_from_a_context_checkpoint(tmp_path):
+    """The Llama API keeps llama-server's checkpoint 4 tokens before a prompt's end: a
+    follow-up that shares the prompt but not the reply decodes only what follows it."""
+    path = str(write_tiny_model("qwen35", tmp_path / "q.gguf"))
+    llm = llama.Llama(path, n_ctx=128, n_threads=2, verbose=False)
+    fresh = llama.Llama(path, n_ctx=128, n_threads=2, verbose=False)
+    first = [(7 * i + 3) % 300 + 10 for i in range(30)]
+    follow = first + [200, 201, 202]
+    llm.create_completion(first, max_tokens=4, temperature=0.0)
+    assert [c.n_tokens for c in llm.engine.checkpoints.by_seq[0]] == [len(first) - 4]
+    before = llm.engine.n_prompt_decoded
+    out = llm.create_completion(follow, max_tokens=4, temperature=0.0)["choices"][0]["text"]
+    assert llm.engine.n_prompt_decoded - before == len(follow) - (len(first) - 4)
+    assert out == fresh.create_completion(follow, max_tokens=4, temperature=0.0)["choices"][0]["text"]
