@@ -94,6 +94,16 @@ def synthetic_f16(path: Path, shapes: Shapes, seed: int = 0) -> Path:
     return w.write(path)
 
 
+def quantized_once(binary: str, dst: Path, write_f16) -> Path:
+    """dst, made unless it exists: write_f16(path) writes the F16 file beside it, which
+    llama-quantize turns into Q4_K_M and which is then deleted."""
+    if not dst.exists():
+        f16 = write_f16(dst.with_name(dst.name.replace("-q4_k_m", "-f16")))
+        quantize(binary, f16, dst, "Q4_K_M")
+        f16.unlink()
+    return dst
+
+
 def quantize(binary: str, src: Path, dst: Path, ftype: str, requantize: bool = False) -> Path:
     args = [binary] + (["--allow-requantize"] if requantize else []) + [str(src), str(dst), ftype, "2"]
     subprocess.run(args, check=True, capture_output=True, text=True)
@@ -113,11 +123,8 @@ def main() -> int:
     for key, shapes in SYNTHETIC.items():
         if key not in wanted:
             continue
-        dst = out / f"synthetic-{key}-q4_k_m.gguf"
-        if not dst.exists():
-            f16 = synthetic_f16(out / f"synthetic-{key}-f16.gguf", shapes)
-            quantize(a.llama_quantize, f16, dst, "Q4_K_M")
-            f16.unlink()
+        dst = quantized_once(a.llama_quantize, out / f"synthetic-{key}-q4_k_m.gguf",
+                             lambda path, shapes=shapes: synthetic_f16(path, shapes))
         made[key] = str(dst)
     base = resolve_model("qwen2.5-coder-1.5b")
     for key, ftype in (("q2k", "Q2_K"), ("q3km", "Q3_K_M")):

@@ -27,7 +27,7 @@ import numpy as np
 
 from ggmlpy.gguf import GGUFFile, GGUFWriter
 from ggmlpy.gguf.writer import GGUFValueType
-from make_bench_models import quantize
+from make_bench_models import quantized_once
 
 ARCH = "qwen35"
 N_EMBD, N_FF = 2560, 9216
@@ -115,11 +115,8 @@ def main() -> int:
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    dst = out / f"synthetic-qwen35-{a.layers}l-q4_k_m.gguf"
-    if not dst.exists():
-        f16 = synthetic_f16(out / f"synthetic-qwen35-{a.layers}l-f16.gguf", a.layers)
-        quantize(a.llama_quantize, f16, dst, "Q4_K_M")
-        f16.unlink()
+    dst = quantized_once(a.llama_quantize, out / f"synthetic-qwen35-{a.layers}l-q4_k_m.gguf",
+                         lambda path: synthetic_f16(path, a.layers))
     print(json.dumps({"qwen35": str(dst)}, indent=1))
     return 0
 

@@ -34,7 +34,7 @@ from ggmlpy.gguf import GGUFFile, GGUFWriter
 from ggmlpy.hub import resolve_model
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.quants import quantize as quantize_rows
-from make_bench_models import quantize
+from make_bench_models import quantized_once
 
 ARCH = "qwen3moe"
 N_EMBD, N_HEAD, N_HEAD_KV, HEAD = 2048, 32, 4, 128
@@ -168,11 +168,8 @@ def main() -> int:
     if not a.llama_quantize:
         ap.error("--llama-quantize is needed for the qwen3moe file")
     a.layers = a.layers or 24
-    dst = out / f"synthetic-qwen3moe-{a.layers}l-q4_k_m.gguf"
-    if not dst.exists():
-        f16 = synthetic_f16(out / f"synthetic-qwen3moe-{a.layers}l-f16.gguf", a.layers)
-        quantize(a.llama_quantize, f16, dst, "Q4_K_M")
-        f16.unlink()
+    dst = quantized_once(a.llama_quantize, out / f"synthetic-qwen3moe-{a.layers}l-q4_k_m.gguf",
+                         lambda path: synthetic_f16(path, a.layers))
     print(json.dumps({"qwen3moe": str(dst)}, indent=1))
     return 0
 

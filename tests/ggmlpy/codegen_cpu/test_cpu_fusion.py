@@ -27,10 +27,10 @@ from ggmlpy.ir.types import GGMLType
 from ggmlpy.passes.buffers import plan_buffers
 from ggmlpy.passes.fusion import fusion_groups
 from ggmlpy.passes.pipeline import run_pipeline
-from ggmlpy.sched.ref_backend import RefBackend
 from ggmlpy.sched.store import TensorStore
 
 from llama.graph_inputs import GraphParams
+from tests.ggmlpy.codegen_cpu.pipeline_runs import run_cpu_and_ref
 from tests.ggmlpy.passes.helpers import check_plan
 
 G = GGMLType
@@ -89,15 +89,8 @@ def _graph_epilogue(t, k, m, n):
 
 
 def _compare(graph, out, inputs):
-    results = []
-    for backend in (CpuBackend(n_threads=2), RefBackend()):
-        g = run_pipeline(graph, backend.name, env={"n_tokens": 512, "n_kv": 512, "n_outputs": 512},
-                         rules=backend.fusion_rules()).graph
-        store = TensorStore({k: np.array(v, copy=True) for k, v in inputs.items()})
-        compiled = backend.compile(g, g.nodes)
-        compiled.run(store, {})
-        results.append((np.array(store.array(g.outputs[0], {}), copy=True), compiled))
-    return results
+    """(first output, compiled) for the CPU backend, then the reference backend."""
+    return [(outs[0], compiled) for outs, compiled in run_cpu_and_ref(graph, inputs)]
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "norm"])

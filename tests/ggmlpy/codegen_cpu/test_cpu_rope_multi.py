@@ -7,15 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ggmlpy.codegen_cpu.backend import CpuBackend
 from ggmlpy.ir.builder import GraphBuilder
 from ggmlpy.ir.ops.rope import ROPE_TYPE_IMROPE, ROPE_TYPE_MROPE
 from ggmlpy.ir.symbolic import N_TOKENS
 from ggmlpy.ir.types import GGMLType
-from ggmlpy.passes.pipeline import run_pipeline
-from ggmlpy.sched.ref_backend import RefBackend
-from ggmlpy.sched.store import TensorStore
 from ggmlpy.testing.ops import normalized_error
+from tests.ggmlpy.codegen_cpu.pipeline_runs import run_cpu_and_ref
 
 F32, I32 = GGMLType.F32, GGMLType.I32
 
@@ -44,15 +41,7 @@ def test_fused_multi_rope_pair_matches_reference(mode, sections, n_dims, n_token
               "wq": rng.standard_normal((48, 32)).astype(np.float32),
               "wk": rng.standard_normal((32, 32)).astype(np.float32),
               "pos": rng.integers(0, 512, size=4 * n_tokens).astype(np.int32)}
-    results = []
-    for backend in (CpuBackend(n_threads=2), RefBackend()):
-        g = run_pipeline(graph, backend.name, env={"n_tokens": 512, "n_kv": 512, "n_outputs": 512},
-                         rules=backend.fusion_rules()).graph
-        store = TensorStore({k: np.array(v, copy=True) for k, v in inputs.items()})
-        compiled = backend.compile(g, g.nodes)
-        compiled.run(store, {"n_tokens": n_tokens})
-        results.append(([np.array(store.array(o, {"n_tokens": n_tokens}), copy=True) for o in g.outputs], compiled))
-    (ours, cpu), (refs, _) = results
+    (ours, cpu), (refs, _) = run_cpu_and_ref(graph, inputs, {"n_tokens": n_tokens})
     assert [n.op for n in cpu.nodes].count("rope_pair") == 1
     for o, r in zip(ours, refs):
         assert normalized_error(o, r) <= 1e-6
