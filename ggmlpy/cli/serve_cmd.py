@@ -1,8 +1,8 @@
 """`ggmlpy serve`: the OpenAI-compatible server with continuous batching (llama/server).
 
 The flags are llama-server's, by the same names and meanings, for what ggmlpy implements;
-an unknown flag is an error naming it. ggmlpy adds --max-queue, --body-limit,
---cors-origin and --backend, and `--ray` with its flags: replicas of the server on Ray
+an unknown flag is an error naming it. ggmlpy adds --max-queue, --body-limit and
+--backend, and `--ray` with its flags: replicas of the server on Ray
 Serve behind one endpoint (ggmlpy/distributed, docs/distributed.md).
 """
 from __future__ import annotations
@@ -79,7 +79,10 @@ def register(subparsers: Any) -> None:
     a("--no-webui", action="store_true", help="no web UI (ggmlpy has none)")
     a("--max-queue", type=int, default=64, help="requests that may wait for a slot (ggmlpy)")
     a("--body-limit", type=int, default=8 << 20, help="largest request body in bytes (ggmlpy)")
-    a("--cors-origin", action="append", default=[], help="allow CORS from this origin (ggmlpy)")
+    a("--cors-origins", default="*",
+      help="allowed CORS origins: * (default: any, reflected), localhost, or a comma-separated list")
+    a("--cors-methods", default="GET, POST, DELETE, OPTIONS", help="CORS preflight's allowed methods")
+    a("--cors-headers", default="*", help="CORS preflight's allowed headers")
     a("--backend", default=None, help="compute backend by name (ggmlpy)")
     add_placement_args(p)
     add_lora_args(p)
@@ -163,7 +166,8 @@ def config_from_args(args: argparse.Namespace):
         flash_attn=args.flash_attn, cache_type_k=args.cache_type_k,
         cache_type_v=args.cache_type_v, kv_unified=args.kv_unified, swa_full=args.swa_full,
         offline=args.offline, webui=not args.no_webui, backend=args.backend,
-        max_queue=args.max_queue, body_limit=args.body_limit, cors_origins=args.cors_origin,
+        max_queue=args.max_queue, body_limit=args.body_limit, cors_origins=args.cors_origins,
+        cors_methods=args.cors_methods, cors_headers=args.cors_headers,
         lora=args.lora, lora_init_without_apply=args.lora_init_without_apply)
 
 

@@ -1,8 +1,8 @@
 """`create_app(config)`: the FastAPI app. It only translates (docs/architecture.md, decision 11):
 bodies become `prepare_chat`/`prepare_completion` jobs for the scheduler, events become
 OpenAI's (or llama-server's) responses. Security as llama-server: API keys compared in
-constant time with `/health` and `/v1/models` public, a request body limit, CORS only for
-the origins asked for.
+constant time with `/health` and `/v1/models` public, a request body limit, CORS as
+llama-server answers it (llama/server/cors.py).
 """
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.datastructures import URL, Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llama.server import routes_llama, routes_openai
 from llama.server.config import ServerConfig
+from llama.server.cors import allowed_origin, preflight_headers
 from llama.server.errors import APIError
 from llama.server.state import ServerState
 
@@ -55,10 +55,6 @@ def install_guards(app: FastAPI, config: ServerConfig) -> None:
     the Ray Serve ingress (llama.server.ray_serve.app), so both answer alike."""
     app.add_middleware(Guard, config=config)
 
-    if config.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins,
-                           allow_methods=["*"], allow_headers=["*"])
-
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
         return exc.response()
@@ -74,7 +70,8 @@ def install_guards(app: FastAPI, config: ServerConfig) -> None:
 
 
 class Guard:
-    """The body limit and the API keys, checked before a request reaches its route.
+    """The body limit and the API keys, checked before a request reaches its route, and
+    CORS: a preflight answered here, the allowed origin added to every other answer.
 
     A plain ASGI middleware rather than `@app.middleware("http")`: Starlette's
     BaseHTTPMiddleware hands every chunk of a streamed response from one task to another
@@ -88,6 +85,15 @@ class Guard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            origin = Headers(scope=scope).get("origin")
+            if scope["method"] == "OPTIONS":
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": preflight_headers(self.config, origin)})
+                await send({"type": "http.response.body", "body": b""})
+                return
+            allow = allowed_origin(self.config, origin)
+            if allow is not None:
+                send = _with_origin(send, allow.encode())
             refusal = self._refusal(scope)
             if refusal is not None:
                 await refusal.response()(scope, receive, send)
@@ -100,10 +106,18 @@ class Guard:
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > config.body_limit):
             return APIError(413, f"the request body exceeds {config.body_limit} bytes")
-        if (config.api_keys and scope["method"] != "OPTIONS"
-                and URL(scope=scope).path not in PUBLIC and not _key_ok(headers, config.api_keys)):
+        if config.api_keys and URL(scope=scope).path not in PUBLIC and not _key_ok(headers, config.api_keys):
             return APIError(401, "Invalid API Key")
         return None
+
+
+def _with_origin(send: Send, origin: bytes) -> Send:
+    """send, adding Access-Control-Allow-Origin to the answer's headers."""
+    async def send_with_origin(message) -> None:
+        if message["type"] == "http.response.start":
+            message = dict(message, headers=[*message.get("headers", []), (b"access-control-allow-origin", origin)])
+        await send(message)
+    return send_with_origin
 
 
 def _key_ok(headers: Headers, keys: list[str]) -> bool:

@@ -1,5 +1,5 @@
 """The server's configuration: llama-server's options that ggmlpy implements, by the same
-names and meanings, plus a few of ggmlpy's own (`max_queue`, `body_limit`, `cors_origins`)."""
+names and meanings, plus a few of ggmlpy's own (`max_queue`, `body_limit`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -50,7 +50,9 @@ class ServerConfig:
     lora_init_without_apply: bool = False  # loaded with scale 0 (POST /lora-adapters applies them)
     max_queue: int = 64           # requests waiting for a slot; beyond: 503
     body_limit: int = 8 << 20     # bytes of a request body; beyond: 413
-    cors_origins: list[str] = field(default_factory=list)
+    cors_origins: str = "*"       # --cors-origins: "*", "localhost" or a comma-separated list
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"   # --cors-methods
+    cors_headers: str = "*"       # --cors-headers
     timeout_graceful_shutdown: float = 10.0
 
     @property

@@ -3,7 +3,6 @@
 llama.api's jobs and response shapes."""
 from __future__ import annotations
 
-from pathlib import Path
 
 from fastapi import FastAPI, Request
 
@@ -23,14 +22,12 @@ from llama.server.timings import TimedChunks, with_timings
 
 
 def check_model(body: dict, state: ServerState) -> None:
-    """A `model` other than this server's (its alias, path or file name) is a 404."""
+    """The request's `model`, a name, is not checked against the server's: llama-server
+    serves its one model under any name (clients send `gpt-3.5-turbo`), and answers with its
+    own name. Only a `model` that is not a string is refused."""
     name = body.get("model")
-    if name is None:
-        return
-    cfg = state.config
-    known = {cfg.model_name, cfg.model, Path(cfg.model).name, Path(cfg.model).stem}
-    if name not in known:
-        raise APIError(404, f"The model '{name}' does not exist", type="not_found_error")
+    if name is not None and not isinstance(name, str):
+        raise APIError(400, "'model' must be a string", type="invalid_request_error")
 
 
 def not_embedding(state: ServerState) -> None:

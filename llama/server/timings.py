@@ -1,10 +1,15 @@
 """llama-server's `timings` of a request (its nine fields), from the scheduler's clock: the
-prompt from the task's start in a slot to its first token, the generation from there on."""
+prompt from the task's start in a slot to its first token, the generation from there on;
+and the `system_fingerprint` of its OpenAI answers and chunks."""
 from __future__ import annotations
 
 import time
 
+import ggmlpy
 from llama.server.scheduler import Task
+
+# llama-server's is its build ("b<number>-<commit>"); ggmlpy's has the same form, its version
+SYSTEM_FINGERPRINT = f"b{ggmlpy.__version__}-ggmlpy"
 
 
 def timings(task: Task) -> dict:
@@ -26,6 +31,7 @@ def with_timings(answer: dict, task: Task) -> dict:
     """An OpenAI answer (or a stream's last chunk) with llama-server's additions: `timings`,
     and the prompt tokens the cache served (`usage.prompt_tokens_details.cached_tokens`)."""
     answer["timings"] = timings(task)
+    answer["system_fingerprint"] = SYSTEM_FINGERPRINT
     if answer.get("usage"):
         answer["usage"]["prompt_tokens_details"] = {"cached_tokens": task.n_cached}
     return answer
@@ -39,13 +45,19 @@ class TimedChunks:
         self.chunks, self.task = chunks, task
 
     def start(self) -> list[dict]:
-        return self.chunks.start()
+        return _fingerprinted(self.chunks.start())
 
     def feed(self, step) -> list[dict]:
-        return self.chunks.feed(step)
+        return _fingerprinted(self.chunks.feed(step))
 
     def end(self) -> list[dict]:
         out = self.chunks.end()
         if out:
             with_timings(out[-1], self.task)
-        return out
+        return _fingerprinted(out)
+
+
+def _fingerprinted(chunks: list[dict]) -> list[dict]:
+    for chunk in chunks:
+        chunk["system_fingerprint"] = SYSTEM_FINGERPRINT
+    return chunks

@@ -87,14 +87,33 @@ def test_slot_files_save_erase_restore(smollm2_path, tmp_path):
             assert bad.status_code == 400
 
 
-def test_cors_only_when_asked(smollm2_path):
-    origin = {"Origin": "http://app.example"}
-    with running(smollm2_path, parallel=1, ctx_size=256) as s:
-        r = httpx.get(s.url + "/health", headers=origin, timeout=10)
-        assert "access-control-allow-origin" not in r.headers
-    with running(smollm2_path, parallel=1, ctx_size=256, cors_origins=["http://app.example"]) as s:
-        r = httpx.get(s.url + "/health", headers=origin, timeout=10)
+PREFLIGHT = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "Authorization"}
+
+
+def test_cors_as_llama_server(smollm2_path):
+    """llama-server's CORS: any Origin reflected by default (a preflight answered 200 before
+    the API key is asked for, with its methods, headers and credentials); `localhost` only
+    local origins; a list only those on it."""
+    with running(smollm2_path, parallel=1, ctx_size=256, api_keys=["k"]) as s:
+        pre = httpx.options(s.url + "/completions", headers={"Origin": "web.mydomain.fr", **PREFLIGHT}, timeout=10)
+        assert pre.status_code == 200 and pre.text == ""
+        assert pre.headers["access-control-allow-origin"] == "web.mydomain.fr"
+        assert pre.headers["access-control-allow-credentials"] == "true"
+        assert pre.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
+        assert pre.headers["access-control-allow-headers"] == "*"
+        r = httpx.get(s.url + "/health", headers={"Origin": "http://app.example"}, timeout=10)
         assert r.headers["access-control-allow-origin"] == "http://app.example"
+        refused = httpx.post(s.url + "/completion", json={"prompt": "a"}, headers={"Origin": "http://a.b"}, timeout=10)
+        assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == "http://a.b"
+    with running(smollm2_path, parallel=1, ctx_size=256, cors_origins="localhost") as s:
+        for origin, allowed in (("http://localhost:8080", True), ("http://[::1]:3000", True), ("http://127.0.0.1", True),
+                                ("http://localhost.evil.com", False), ("http://evil.com", False)):
+            pre = httpx.options(s.url + "/completions", headers={"Origin": origin, **PREFLIGHT}, timeout=10)
+            assert pre.status_code == 200
+            assert pre.headers.get("access-control-allow-origin") == (origin if allowed else None), origin
+    with running(smollm2_path, parallel=1, ctx_size=256, cors_origins="http://app.example, http://b.example") as s:
+        r = httpx.get(s.url + "/health", headers={"Origin": "http://b.example"}, timeout=10)
+        assert r.headers["access-control-allow-origin"] == "http://b.example"
         other = httpx.get(s.url + "/health", headers={"Origin": "http://evil.example"}, timeout=10)
         assert "access-control-allow-origin" not in other.headers
 
