@@ -28,6 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:   # llama-server's spellings, and its flags ggmlpy lacks refused by name
+        from ggmlpy.cli.server_flags import preprocess
+        argv = argv[:1] + preprocess(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

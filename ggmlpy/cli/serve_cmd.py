@@ -42,7 +42,9 @@ def register(subparsers: Any) -> None:
     a("-ub", "--ubatch-size", type=int, default=512, help="physical batch size (default 512)")
     a("--api-key", action="append", default=[], help="an API key (repeatable, or comma-separated)")
     a("--api-key-file", type=Path, default=None, help="a file with one API key per line")
-    a("--alias", default=None, help="the model name the API reports")
+    a("--alias", default=None, help="the model's names the API reports, comma-separated")
+    a("--tags", default=None, help="the model's tags, comma-separated (listed by /v1/models)")
+    a("-v", "--verbose", action="store_true", help="log at debug level")
     a("-n", "--n-predict", type=int, default=-1, help="default max tokens; -1 = up to the context")
     a("-s", "--seed", type=int, default=-1, help="default sampling seed; -1 = random")
     a("--temp", type=float, default=0.8, help="default temperature (default 0.8)")
@@ -76,7 +78,7 @@ def register(subparsers: Any) -> None:
     a("-kvu", "--kv-unified", action="store_true", help="one KV buffer for every slot (always)")
     a("--swa-full", action="store_true", help="full-size cache for sliding-window layers")
     a("--offline", action="store_true", help="never download (ggmlpy never does)")
-    a("--no-webui", action="store_true", help="no web UI (ggmlpy has none)")
+    a("--no-webui", "--no-ui", dest="no_webui", action="store_true", help="no web UI (ggmlpy has none)")
     a("--max-queue", type=int, default=64, help="requests that may wait for a slot (ggmlpy)")
     a("--body-limit", type=int, default=8 << 20, help="largest request body in bytes (ggmlpy)")
     a("--cors-origins", default="*",
@@ -157,7 +159,7 @@ def config_from_args(args: argparse.Namespace):
         parallel=args.parallel, threads=args.threads, batch_size=args.batch_size,
         ubatch_size=args.ubatch_size, n_gpu_layers=where["n_gpu_layers"], devices=where["devices"],
         tensor_split=where["tensor_split"], override_tensor=where["override_tensor"], api_keys=keys,
-        alias=args.alias, n_predict=args.n_predict, seed=args.seed, temp=args.temp,
+        alias=args.alias, tags=args.tags, n_predict=args.n_predict, seed=args.seed, temp=args.temp,
         embedding=args.embedding, pooling=args.pooling, metrics=args.metrics, slots=args.slots,
         jinja=args.jinja, chat_template=template, context_shift=args.context_shift,
         cache_reuse=args.cache_reuse, ctx_checkpoints=args.ctx_checkpoints, spm_infill=args.spm_infill,
@@ -184,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     config = config_from_args(args)
     ray_options_from_args(args)  # a Ray flag without --ray is an error
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s")
     print(f"ggmlpy serve: {config.model} on http://{config.host}:{config.port} "
           f"({config.parallel} slots)", file=sys.stderr)
     server = uvicorn.Server(uvicorn.Config(

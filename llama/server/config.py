@@ -20,7 +20,8 @@ class ServerConfig:
     tensor_split: list[float] | None = None   # -ts
     override_tensor: list[str] | None = None  # -ot PATTERN=DEVICE items
     api_keys: list[str] = field(default_factory=list)
-    alias: str | None = None
+    alias: str | None = None      # --alias: the model's names, comma-separated (the first in order is its id)
+    tags: str | None = None       # --tags: comma-separated, listed by /v1/models
     n_predict: int = -1           # default max tokens per request; -1: up to the slot's end
     seed: int = -1
     temp: float = 0.8
@@ -56,6 +57,15 @@ class ServerConfig:
     timeout_graceful_shutdown: float = 10.0
 
     @property
+    def aliases(self) -> list[str]:
+        return sorted({a.strip() for a in (self.alias or "").split(",") if a.strip()})
+
+    @property
+    def tag_list(self) -> list[str]:
+        return sorted({t.strip() for t in (self.tags or "").split(",") if t.strip()})
+
+    @property
     def model_name(self) -> str:
-        """The id /v1/models reports: the alias, or the model as given."""
-        return self.alias or self.model
+        """The id /v1/models reports: the first alias in order (llama-server keeps them in a
+        std::set), or the model as given."""
+        return self.aliases[0] if self.aliases else self.model

@@ -159,7 +159,7 @@ def register(app: FastAPI, state: ServerState) -> None:
                     "n_embd": llm.n_embd()}
         return {"object": "list",
                 "data": [{"id": cfg.model_name, "object": "model", "created": responses.now(),
-                          "owned_by": "ggmlpy", "meta": meta}]}
+                          "owned_by": "ggmlpy", "aliases": cfg.aliases, "tags": cfg.tag_list, "meta": meta}]}
 
     for prefix in ("/v1", ""):
         app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"])

@@ -94,3 +94,27 @@ def test_serve_ray_without_the_ray_extra_names_it(tmp_path):
     assert res.returncode == 1
     assert res.stderr.strip().splitlines() == [
         "ggmlpy serve: error: ray is not installed; --ray needs the extra: pip install 'ggmlpy[ray]'"]
+
+
+def test_llama_server_spellings_and_the_flags_ggmlpy_lacks():
+    """llama.cpp reads `_` as `-` in flag names; a flag whose feature ggmlpy lacks is refused
+    by name (exit 2, the reason on stderr), one whose ask ggmlpy already meets is accepted."""
+    from ggmlpy.cli.server_flags import FlagError, check, normalize
+
+    assert normalize(["--cors_origins=a_b", "--no_ui", "x_y"]) == ["--cors-origins=a_b", "--no-ui", "x_y"]
+    assert check(["-m", "m", "--cache-ram", "0", "--no-cache-idle-slots", "--reasoning-format=none", "-np", "2"]) \
+        == ["-m", "m", "-np", "2"]
+    for argv, needle in ((["--mmproj-url", "u"], "--mmproj-url is not supported: ggmlpy runs no vision"),
+                         (["--backend-sampling"], "--backend-sampling is not supported"),
+                         (["--cache-ram", "256"], "--cache-ram 256: ggmlpy supports only --cache-ram 0"),
+                         (["--reasoning-format", "deepseek"], "supports only --reasoning-format none")):
+        with pytest.raises(FlagError, match=needle):
+            check(argv)
+    proc = subprocess.run([sys.executable, "-m", "ggmlpy", "serve", "-m", "m.gguf", "--model_draft", "d.gguf"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "--model-draft is not supported" in proc.stderr and "usage" not in proc.stderr
+    args = build_parser().parse_args(["serve", "-m", "m", "--alias", "tinyllama-2,fim,code", "--tags", "chat,fim,small",
+                                      "--no-ui", "--verbose"])
+    cfg = config_from_args(args)
+    assert cfg.aliases == ["code", "fim", "tinyllama-2"] and cfg.model_name == "code"
+    assert cfg.tag_list == ["chat", "fim", "small"] and not cfg.webui and args.verbose

@@ -308,6 +308,7 @@ def test_models_and_health_are_public(server):
     assert httpx.get(server.url + "/health", timeout=10).json() == {"status": "ok"}
     models = httpx.get(server.url + "/v1/models", timeout=10).json()
     assert models["data"][0]["id"] == "smol"
+    assert models["data"][0]["aliases"] == ["smol"] and models["data"][0]["tags"] == []
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"X-Api-Key": "nope"}])
