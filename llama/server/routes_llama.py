@@ -119,6 +119,7 @@ def register(app: FastAPI, state: ServerState) -> None:
         return {"status": "ok"}
 
     @app.post("/completion")
+    @app.post("/completions")
     async def completion(request: Request):
         body = await read_body(request, cfg.body_limit)
         state.ready()

@@ -1,6 +1,7 @@
 """OpenAI's endpoints: /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings,
-/v1/models (and the same without /v1), and Anthropic's /v1/messages, answered with
-llama.api's jobs and response shapes."""
+/v1/models (and the same without /v1, but for /completions and /embeddings, which are
+llama-server's own shapes there), and Anthropic's /v1/messages, answered with llama.api's
+jobs and response shapes."""
 from __future__ import annotations
 
 
@@ -161,13 +162,15 @@ def register(app: FastAPI, state: ServerState) -> None:
                 "data": [{"id": cfg.model_name, "object": "model", "created": responses.now(),
                           "owned_by": "ggmlpy", "aliases": cfg.aliases, "tags": cfg.tag_list, "meta": meta}]}
 
+    # as llama-server's routes: /completions and /embeddings without /v1 are its own shapes
+    # (routes_llama), the others the same with or without the prefix
+    app.add_api_route("/v1/completions", completions, methods=["POST"])
+    app.add_api_route("/v1/embeddings", embeddings, methods=["POST"])
     for prefix in ("/v1", ""):
         app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"])
-        app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
         app.add_api_route(f"{prefix}/responses", responses_create, methods=["POST"])
         app.add_api_route(f"{prefix}/chat/completions/input_tokens", chat_input_tokens, methods=["POST"])
         app.add_api_route(f"{prefix}/responses/input_tokens", responses_input_tokens, methods=["POST"])
-        app.add_api_route(f"{prefix}/embeddings", embeddings, methods=["POST"])
         app.add_api_route(f"{prefix}/models", models, methods=["GET"])
     app.add_api_route("/v1/messages", anthropic_messages, methods=["POST"])
     app.add_api_route("/v1/messages/count_tokens", anthropic_count_tokens, methods=["POST"])

@@ -479,3 +479,15 @@ def test_timings_and_cached_tokens(server):
         assert lines[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] == lines[-1]["timings"]["cache_n"]
         native = c.post("/completion", json={"prompt": "Hi", "n_predict": 3}).json()
         assert set(native["timings"]) == TIMINGS and native["timings"]["predicted_n"] == 3
+
+
+def test_completions_and_embeddings_without_v1_are_llama_servers(server):
+    """llama-server's routes: /completions is /completion's shape (content), /v1/completions
+    OpenAI's (choices)."""
+    body = {"prompt": "The capital of France is", "n_predict": 4, "max_tokens": 4, "temperature": 0}
+    with server.client() as c:
+        native = c.post("/completions", json=body).json()
+        legacy = c.post("/completion", json=body).json()
+        oai = c.post("/v1/completions", json=body).json()
+    assert native["content"] == legacy["content"] == oai["choices"][0]["text"]
+    assert "choices" not in native and "content" not in oai
