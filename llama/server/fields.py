@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llama.sampling.dry import DEFAULT_BREAKERS
 from llama.sampling.order import parse_order
 from llama.server.config import ServerConfig
 from llama.server.errors import bad_request
+
+if TYPE_CHECKING:
+    from llama.vocab.vocab import Vocab
 
 NUMBER = (int, float)
 MAX_DRY_BREAKERS = 64   # a request's DRY breakers (llama-server sets no bound)
@@ -68,23 +71,40 @@ def stop_strings(body: dict) -> list[str] | None:
     raise bad_request("'stop' must be a string or an array of strings")
 
 
-def logit_bias(body: dict, eog_ids: list[int]) -> dict[int, float] | None:
-    """OpenAI's {"token id": bias} or llama-server's [[id, bias], ...]; `ignore_eos` adds
-    -inf for every end-of-generation token (llama-server's way)."""
+def logit_bias(body: dict, vocab: "Vocab | None") -> dict[int, float] | None:
+    """llama-server's forms: OpenAI's {"token id": bias}, [[id, bias], ...], and either with
+    a text in place of the id (each of its tokens gets the bias); `false` bans a token (-inf).
+    As llama-server, entries it cannot read are skipped and ids outside the vocabulary left
+    out. `ignore_eos` adds -inf for every end-of-generation token (llama-server's way).
+    Without a vocabulary (the settings a request reports) there are none."""
     raw = body.get("logit_bias")
+    if vocab is None:
+        return None
+    if raw is not None and not isinstance(raw, (dict, list)):
+        raise bad_request("'logit_bias' must be an object or an array of [token, bias] pairs")
+    pairs = raw.items() if isinstance(raw, dict) else [p for p in raw or [] if isinstance(p, list) and len(p) == 2]
     bias: dict[int, float] = {}
-    try:
-        if isinstance(raw, dict):
-            bias = {int(k): float(v) for k, v in raw.items()}
-        elif isinstance(raw, list):
-            bias = {int(t): (float("-inf") if v is False else float(v)) for t, v in raw}
-        elif raw is not None:
-            raise TypeError
-    except (TypeError, ValueError):
-        raise bad_request("'logit_bias' must map token ids to numbers") from None
+    for key, value in pairs:
+        if value is False:
+            value = float("-inf")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        for tok in _bias_tokens(key, vocab, isinstance(raw, dict)):
+            bias[tok] = float(value)
     if field(body, "ignore_eos", (bool,), False):
-        bias.update({t: float("-inf") for t in eog_ids})
+        bias.update({t: float("-inf") for t in vocab.eog_ids})
     return bias or None
+
+
+def _bias_tokens(key, vocab: "Vocab", from_object: bool) -> list[int]:
+    """A logit_bias key's tokens: an id (an object's keys are strings of digits), or a text."""
+    if from_object and isinstance(key, str) and key.lstrip("-").isdigit():
+        key = int(key)
+    if isinstance(key, int) and not isinstance(key, bool):
+        return [key] if 0 <= key < vocab.n_vocab else []
+    if isinstance(key, str):
+        return vocab.tokenize(key, add_special=False)
+    return []
 
 
 def mirostat_version(body: dict) -> int:
@@ -124,7 +144,7 @@ def sampler_order(body: dict) -> str | tuple[str, ...] | None:
     return order
 
 
-def sampling(body: dict, config: ServerConfig, eog_ids: list[int]) -> dict:
+def sampling(body: dict, config: ServerConfig, vocab: "Vocab | None") -> dict:
     """The sampling fields shared by every generation endpoint."""
     seed = field(body, "seed", (int,), config.seed)
     out = {
@@ -139,7 +159,7 @@ def sampling(body: dict, config: ServerConfig, eog_ids: list[int]) -> dict:
         "seed": None if seed is None or seed < 0 else seed,
         "stop": stop_strings(body),
         "max_tokens": max_tokens(body, config),
-        "logit_bias": logit_bias(body, eog_ids),
+        "logit_bias": logit_bias(body, vocab),
         "grammar": field(body, "grammar", (str,)),
         # llama-server's names; the OpenAI endpoints take them as extra fields too
         "mirostat_mode": mirostat_version(body),
@@ -187,11 +207,11 @@ def _null_content(message: Any) -> Any:
     return message
 
 
-def chat_kwargs(body: dict, config: ServerConfig, eog_ids: list[int]) -> dict:
+def chat_kwargs(body: dict, config: ServerConfig, vocab: "Vocab") -> dict:
     messages = field(body, "messages", (list,))
     if not messages:
         raise bad_request("'messages' is required and must be a non-empty array")
-    kwargs = sampling(body, config, eog_ids)
+    kwargs = sampling(body, config, vocab)
     kwargs.update(
         messages=[_null_content(m) for m in messages],
         tools=field(body, "tools", (list,)),
@@ -218,7 +238,7 @@ def prompts(body: dict) -> list:
     return [{**body, "prompt": p} for p in prompt] if several else [body]
 
 
-def completion_kwargs(body: dict, config: ServerConfig, eog_ids: list[int]) -> dict:
+def completion_kwargs(body: dict, config: ServerConfig, vocab: "Vocab") -> dict:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # OpenAI's batch of one prompt
@@ -227,7 +247,7 @@ def completion_kwargs(body: dict, config: ServerConfig, eog_ids: list[int]) -> d
             raise bad_request("'prompt' must be a string or an array of token ids")
     elif not isinstance(prompt, str):
         raise bad_request("'prompt' is required and must be a string or an array of token ids")
-    kwargs = sampling(body, config, eog_ids)
+    kwargs = sampling(body, config, vocab)
     logprobs = field(body, "logprobs", (int,))
     n_probs = field(body, "n_probs", (int,))  # llama-server's field
     if n_probs:
@@ -380,7 +400,7 @@ def lora_json(scales: tuple[float, ...]) -> list[dict]:
 def generation_settings(body: dict, config: ServerConfig, server_lora: tuple[float, ...] = ()) -> dict:
     """A request's sampling settings by llama-server's names (its answers'
     `generation_settings`; `/props` gives those of an empty request)."""
-    out = {k: v for k, v in sampling(body, config, []).items()
+    out = {k: v for k, v in sampling(body, config, None).items()
            if k not in ("stop", "max_tokens", "logit_bias", "grammar", "seed")}
     out["mirostat"] = out.pop("mirostat_mode")
     out["samplers"] = list(parse_order(out["samplers"]))

@@ -142,7 +142,7 @@ def register(app: FastAPI, state: ServerState) -> None:
 
     async def complete(request: Request, body: dict):
         llm, sched = state.ready()
-        kwargs = fields.completion_kwargs(body, cfg, state.eog_ids)
+        kwargs = fields.completion_kwargs(body, cfg, state.vocab)
         slot_options = fields.slot_options(body, cfg, state.lora_scales)
         if fields.n_choices(body, cfg.parallel) > 1:
             raise bad_request("several completions of one prompt (n_cmpl > 1) are served by "

@@ -68,7 +68,7 @@ def register(app: FastAPI, state: ServerState) -> None:
         stream = fields.field(body, "stream", (bool,), False)
         jobs = []
         for one in bodies:   # each prompt's n choices
-            kwargs = request_kwargs(one, cfg, state.eog_ids)
+            kwargs = request_kwargs(one, cfg, state.vocab)
             for i in range(n):   # choice i draws with seed + i (a random seed each without one)
                 seed = None if kwargs["seed"] is None else (kwargs["seed"] + i) % 2**32
                 jobs.append(prepare(prepare_job, llm, dict(kwargs, seed=seed), state))
@@ -116,7 +116,7 @@ def register(app: FastAPI, state: ServerState) -> None:
         if other_api is not None:
             body = other_api.chat_body(body)
         llm, _ = state.ready()
-        job = prepare(prepare_chat, llm, fields.chat_kwargs(body, cfg, state.eog_ids), state)
+        job = prepare(prepare_chat, llm, fields.chat_kwargs(body, cfg, state.vocab), state)
         return len(job.seq.prompt)
 
     async def anthropic_count_tokens(request: Request):

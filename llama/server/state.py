@@ -21,12 +21,16 @@ class ServerState:
     config: ServerConfig
     llm: object = None            # llama.Llama once loaded
     scheduler: Scheduler | None = None
-    eog_ids: list[int] = field(default_factory=list)
     load_error: str | None = None
     loaded: threading.Event = field(default_factory=threading.Event)
     # the server's adapter scales, by adapter id (--lora, POST /lora-adapters): a request
     # without a `lora` field takes them as they are when it arrives
     lora_scales: tuple[float, ...] = ()
+
+    @property
+    def vocab(self):
+        """The loaded model's vocabulary (what request fields with texts tokenize with)."""
+        return self.llm.model.vocab
 
     def load(self) -> None:
         """Load the model and start the scheduler (on a thread of its own)."""
@@ -36,8 +40,6 @@ class ServerState:
             # DRY's breakers search an index of every token's text (0.25 s for SmolLM2): now, not
             # in the event loop on the first request that turns DRY on
             self.llm.dry_breakers(DEFAULT_BREAKERS)
-            vocab = self.llm.model.vocab
-            self.eog_ids = sorted(vocab.eog_ids)
             self.llm.engine.set_max_checkpoints(self.config.ctx_checkpoints)
             self.scheduler = Scheduler(self.llm.engine, self.config.parallel,
                                        max_queue=self.config.max_queue,

@@ -491,3 +491,19 @@ def test_completions_and_embeddings_without_v1_are_llama_servers(server):
         oai = c.post("/v1/completions", json=body).json()
     assert native["content"] == legacy["content"] == oai["choices"][0]["text"]
     assert "choices" not in native and "content" not in oai
+
+
+def test_logit_bias_in_every_llama_server_form(server):
+    """[[id, bias]], {"id": bias}, and a text in place of the id (each of its tokens biased);
+    `false` bans. Each form here bans the greedy continuation's first token the same way."""
+    body = {"prompt": "The capital of France is", "n_predict": 4, "temperature": 0, "return_tokens": True}
+    with server.client() as c:
+        plain = c.post("/completion", json=body).json()
+        first = plain["tokens"][0]
+        text = c.post("/detokenize", json={"tokens": [first]}).json()["content"]
+        forms = [[[first, -100]], {str(first): -100}, [[text, False]], {text: -100}, [[first, "x"], [text, False]]]
+        outs = [c.post("/completion", json=dict(body, logit_bias=f)).json() for f in forms]
+        bad = c.post("/completion", json=dict(body, logit_bias="nope"))
+    assert all(o["tokens"][0] != first for o in outs)
+    assert len({tuple(o["tokens"]) for o in outs}) == 1
+    assert bad.status_code == 400
