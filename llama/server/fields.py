@@ -227,21 +227,48 @@ def chat_kwargs(body: dict, config: ServerConfig, vocab: "Vocab") -> dict:
     return kwargs
 
 
-def prompts(body: dict) -> list:
-    """OpenAI's several prompts in one completion request (an array of strings, or of
-    token-id arrays): each one's request body; one body when the prompt is a single one
-    (`completion_kwargs` checks its shape)."""
+def prompts(body: dict, vocab: "Vocab | None" = None) -> list:
+    """The prompts of one completion request, each its own request body, as llama-server's
+    tokenize_input_prompts reads `prompt`: an array holding no token id is several prompts
+    (each a string, an array of ids or of ids and strings, or an object with
+    `prompt_string`); anything else is one."""
     prompt = body.get("prompt")
-    several = (isinstance(prompt, list) and len(prompt) > 1
-               and (all(isinstance(p, str) for p in prompt)
-                    or all(isinstance(p, list) for p in prompt)))
-    return [{**body, "prompt": p} for p in prompt] if several else [body]
+    several = isinstance(prompt, list) and len(prompt) > 1 and not any(_is_id(p) for p in prompt)
+    return [{**body, "prompt": one_prompt(p, vocab)} for p in prompt] if several else [body]
+
+
+def one_prompt(prompt, vocab: "Vocab | None"):
+    """One prompt as a string or an array of token ids: an array of ids and strings is
+    tokenized as llama-server's tokenize_mixed (the first element's text with the special
+    tokens the vocabulary adds, the others without); an object gives its `prompt_string`."""
+    if isinstance(prompt, dict):
+        if "multimodal_data" in prompt:
+            raise bad_request("Multimodal data provided, but model does not support multimodal requests.")
+        prompt = prompt.get("prompt_string")
+        if not isinstance(prompt, (str, list)):
+            raise bad_request("a prompt object needs a 'prompt_string'")
+    if isinstance(prompt, list) and any(isinstance(p, str) for p in prompt) and vocab is not None:
+        tokens: list[int] = []
+        for i, part in enumerate(prompt):
+            if isinstance(part, str):
+                tokens += vocab.tokenize(part, add_special=i == 0, parse_special=True)
+            elif _is_id(part):
+                tokens.append(part)
+            else:
+                raise bad_request("'prompt' elements must be strings or token ids")
+        return tokens
+    return prompt
+
+
+def _is_id(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def completion_kwargs(body: dict, config: ServerConfig, vocab: "Vocab") -> dict:
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list, dict)):
         prompt = prompt[0]  # OpenAI's batch of one prompt
+    prompt = one_prompt(prompt, vocab)
     if isinstance(prompt, list):
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             raise bad_request("'prompt' must be a string or an array of token ids")

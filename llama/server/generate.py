@@ -105,6 +105,27 @@ async def _stream(scheduler, task: Task, ev: Events, chunks, done_marker: bool,
         scheduler.cancel(task)  # a client gone mid-stream frees its slot next step
 
 
+async def serve_all(request: Request, scheduler, seqs: list, responses: list[Callable[[Task], dict]],
+                    slot: SlotOptions, shift: tuple[int, int] = (0, 0)) -> Response:
+    """Several prompts of one llama-server /completion request, each a task of its own (the
+    first taking `id_slot`): the array of their answers, in order, once all are done."""
+    evs = [Events() for _ in seqs]
+    tasks = [_task(seq, ev, slot, slot.id_slot if i == 0 else -1, shift, False)
+             for i, (seq, ev) in enumerate(zip(seqs, evs))]
+    try:
+        for task in tasks:
+            submit(scheduler, task)
+    except APIError:   # all of them or none
+        for task in tasks:
+            scheduler.cancel(task)
+        raise
+    async with watched(request, scheduler, *tasks):
+        for ev in evs:
+            async for _ in events(ev):
+                pass
+    return JSONResponse([response(task) for response, task in zip(responses, tasks)])
+
+
 async def serve_choices(request: Request, scheduler, jobs: list, *, stream: bool,
                         slot: SlotOptions, shift: tuple[int, int] = (0, 0),
                         ping_every: float | None = None, progress: Progress | None = None,

@@ -17,7 +17,7 @@ from llama.server import fields, slot_files
 from llama.server import infill as infill_api
 from llama.server.bridge import run_call
 from llama.server.errors import APIError, bad_request
-from llama.server.generate import read_body, serve
+from llama.server.generate import read_body, serve, serve_all
 from llama.server.metrics import make_registry, render
 from llama.server.routes_openai import embedding_input, not_embedding, prepare
 from llama.server.scheduler import Task
@@ -142,11 +142,14 @@ def register(app: FastAPI, state: ServerState) -> None:
 
     async def complete(request: Request, body: dict):
         llm, sched = state.ready()
-        kwargs = fields.completion_kwargs(body, cfg, state.vocab)
         slot_options = fields.slot_options(body, cfg, state.lora_scales)
         if fields.n_choices(body, cfg.parallel) > 1:
             raise bad_request("several completions of one prompt (n_cmpl > 1) are served by "
                               "/v1/completions and /v1/chat/completions (n), not /completion")
+        bodies = fields.prompts(body, state.vocab)
+        if len(bodies) > 1:
+            return await complete_several(request, bodies, slot_options)
+        kwargs = fields.completion_kwargs(body, cfg, state.vocab)
         options = fields.response_options(body)
         job = prepare(prepare_completion, llm, kwargs, state)   # checks the fields first
         job.seq.t_max_predict_ms = fields.time_limit_ms(body)
@@ -168,6 +171,23 @@ def register(app: FastAPI, state: ServerState) -> None:
                            if options.return_progress else None,
                            stream=fields.field(body, "stream", (bool,), False),
                            slot=slot_options, done_marker=False)
+
+    async def complete_several(request: Request, bodies: list[dict], slot_options):
+        """llama-server's /completion with several prompts: an array of answers, in order."""
+        llm, sched = state.ready()
+        if fields.field(bodies[0], "stream", (bool,), False):
+            raise bad_request("streaming several prompts in one /completion request is not supported")
+        options = fields.response_options(bodies[0])
+        settings = fields.generation_settings(bodies[0], cfg, state.lora_scales)
+        jobs = [prepare(prepare_completion, llm, fields.completion_kwargs(b, cfg, state.vocab), state) for b in bodies]
+
+        def answer(job):
+            prompt_text = (llm.model.detokenize(job.seq.prompt, unparse_special=True)
+                           if isinstance(job.seq.prompt, list) else job.prompt_text)
+            return lambda task: LlamaCompletion(job, task, cfg.model_name, options, settings, prompt_text).response()
+
+        return await serve_all(request, sched, [j.seq for j in jobs], [answer(j) for j in jobs], slot_options,
+                               shift=fields.shift_options(bodies[0]))
 
     @app.post("/tokenize")
     async def tokenize(request: Request):

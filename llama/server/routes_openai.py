@@ -62,7 +62,7 @@ def register(app: FastAPI, state: ServerState) -> None:
         llm, sched = state.ready()
         not_embedding(state)
         check_model(body, state)
-        bodies = fields.prompts(body) if request_kwargs is fields.completion_kwargs else [body]
+        bodies = fields.prompts(body, state.vocab) if request_kwargs is fields.completion_kwargs else [body]
         slot_options = fields.slot_options(body, cfg, state.lora_scales)
         n = fields.n_choices(body, cfg.parallel)
         stream = fields.field(body, "stream", (bool,), False)

@@ -507,3 +507,23 @@ def test_logit_bias_in_every_llama_server_form(server):
     assert all(o["tokens"][0] != first for o in outs)
     assert len({tuple(o["tokens"]) for o in outs}) == 1
     assert bad.status_code == 400
+
+
+def test_completion_prompts_in_every_llama_server_form(server):
+    """llama-server's prompt forms on /completion: token ids, several prompts (an array of
+    them: an array of answers), ids mixed with texts in one prompt, an object with
+    `prompt_string`; multimodal data is refused."""
+    text = "The capital of France is"
+    body = {"n_predict": 4, "temperature": 0}
+    with server.client() as c:
+        tokens = c.post("/tokenize", json={"content": text, "add_special": True}).json()["tokens"]
+        one = c.post("/completion", json=dict(body, prompt=tokens)).json()
+        several = c.post("/completion", json=dict(body, prompt=[tokens, text, {"prompt_string": text}])).json()
+        mixed = c.post("/completion", json=dict(body, prompt=[text])).json()
+        split = c.post("/completion", json=dict(body, prompt=tokens[:3] + [c.post(
+            "/detokenize", json={"tokens": tokens[3:]}).json()["content"]])).json()
+        media = c.post("/completion", json=dict(body, prompt={"prompt_string": text, "multimodal_data": ["AA=="]}))
+    assert isinstance(several, list) and [s["content"] for s in several] == [one["content"]] * 3
+    assert mixed["content"] == one["content"]
+    assert split["tokens_evaluated"] >= len(tokens) - 1 and isinstance(split["content"], str)
+    assert media.status_code == 400 and "multimodal" in media.json()["error"]["message"].lower()
