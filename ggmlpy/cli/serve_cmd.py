@@ -32,7 +32,7 @@ def register(subparsers: Any) -> None:
                               "batching over parallel slots.", allow_abbrev=False)
     a = p.add_argument
     a("-m", "--model", required=True, help="a GGUF file or a known model name")
-    a("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    a("--host", default="127.0.0.1", help="address(es) to listen on, comma-separated (default 127.0.0.1)")
     a("--port", type=int, default=8080, help="port to listen on (default 8080)")
     a("-c", "--ctx-size", type=int, default=4096,
       help="total context, shared by the slots (default 4096; 0 = the model's)")
@@ -190,15 +190,29 @@ def run(args: argparse.Namespace) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     print(f"ggmlpy serve: {config.model} on http://{config.host}:{config.port} "
           f"({config.parallel} slots)", file=sys.stderr)
+    hosts = [h.strip() for h in config.host.split(",") if h.strip()]   # llama-server: several addresses
     server = uvicorn.Server(uvicorn.Config(
-        create_app(config), host=config.host, port=config.port, log_level="warning",
+        create_app(config), host=hosts[0], port=config.port, log_level="warning",
         timeout_graceful_shutdown=config.timeout_graceful_shutdown))
     # uvicorn stops accepting on SIGTERM, lets running requests finish (cancelling them after
     # the grace period), then raises the signal again once it is done; with this handler in
     # place that last raise returns, and the process exits 0 instead of dying by the signal
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    server.run()
+    server.run(sockets=[_listening_socket(h, config.port) for h in hosts] if len(hosts) > 1 else None)
     return 0
+
+
+def _listening_socket(host: str, port: int):
+    """A socket bound to host (IPv4 or IPv6) and port, for uvicorn to serve on."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    sock.bind((host, port))
+    return sock
 
 
 def _run_ray(args: argparse.Namespace) -> int:

@@ -158,3 +158,32 @@ def test_sigterm_stops_cleanly(smollm2_path):
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_several_listening_addresses(smollm2_path):
+    """llama-server's --host with a comma-separated list: the server answers on each."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ggmlpy", "serve", "-m", str(smollm2_path), "--host", "127.0.0.1,::1",
+                             "--port", str(port), "-np", "1", "-c", "256", "-t", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        answers = {}
+        deadline = time.monotonic() + 180
+        for host in ("127.0.0.1", "[::1]"):
+            while time.monotonic() < deadline and answers.get(host) != 200:   # 503 while loading
+                try:
+                    answers[host] = httpx.get(f"http://{host}:{port}/health", timeout=2).status_code
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.3)
+        assert answers == {"127.0.0.1": 200, "[::1]": 200}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
