@@ -112,18 +112,28 @@ async def serve_all(request: Request, scheduler, seqs: list, responses: list[Cal
     evs = [Events() for _ in seqs]
     tasks = [_task(seq, ev, slot, slot.id_slot if i == 0 else -1, shift, False)
              for i, (seq, ev) in enumerate(zip(seqs, evs))]
+    _submit_all(scheduler, tasks)
+    await _finish_all(request, scheduler, tasks, evs)
+    return JSONResponse([response(task) for response, task in zip(responses, tasks)])
+
+
+def _submit_all(scheduler, tasks: list[Task]) -> None:
+    """Every task queued, or (a full queue: a 503) none."""
     try:
         for task in tasks:
             submit(scheduler, task)
-    except APIError:   # all of them or none
+    except APIError:
         for task in tasks:
             scheduler.cancel(task)
         raise
+
+
+async def _finish_all(request: Request, scheduler, tasks: list[Task], evs: list[Events]) -> None:
+    """Wait until every task is done (each cancelled if the client goes)."""
     async with watched(request, scheduler, *tasks):
         for ev in evs:
             async for _ in events(ev):
                 pass
-    return JSONResponse([response(task) for response, task in zip(responses, tasks)])
 
 
 async def serve_choices(request: Request, scheduler, jobs: list, *, stream: bool,
@@ -143,18 +153,9 @@ async def serve_choices(request: Request, scheduler, jobs: list, *, stream: bool
     for i, task in enumerate(tasks):
         if i % per_prompt:   # they start from their prompt's first task's cells once it has decoded them
             task.parent = tasks[i - i % per_prompt]
-    try:
-        for task in tasks:
-            submit(scheduler, task)
-    except APIError:   # all of them or none
-        for task in tasks:
-            scheduler.cancel(task)
-        raise
+    _submit_all(scheduler, tasks)
     if not stream:
-        async with watched(request, scheduler, *tasks):
-            for ev in evs:
-                async for _ in events(ev):
-                    pass
+        await _finish_all(request, scheduler, tasks, evs)
         return JSONResponse(merge_choices([job.response() for job in jobs], per_prompt))
     return StreamingResponse(_stream_choices(scheduler, tasks, evs, [job.chunks() for job in jobs],
                                              ping_every, progress, per_prompt),
