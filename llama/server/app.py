@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llama.server import routes_llama, routes_openai
 from llama.server.config import ServerConfig
-from llama.server.cors import allowed_origin, preflight_headers
+from llama.server.cors import ALLOW_ORIGIN, allowed_origin, preflight_headers
 from llama.server.errors import APIError
 from llama.server.state import ServerState
 
@@ -115,7 +115,7 @@ def _with_origin(send: Send, origin: bytes) -> Send:
     """send, adding Access-Control-Allow-Origin to the answer's headers."""
     async def send_with_origin(message) -> None:
         if message["type"] == "http.response.start":
-            message = dict(message, headers=[*message.get("headers", []), (b"access-control-allow-origin", origin)])
+            message = dict(message, headers=[*message.get("headers", []), (ALLOW_ORIGIN, origin)])
         await send(message)
     return send_with_origin
 

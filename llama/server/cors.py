@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from llama.server.config import ServerConfig
 
 LOCALHOST = "localhost"
+ALLOW_ORIGIN = b"access-control-allow-origin"
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
 
 
@@ -42,5 +43,5 @@ def preflight_headers(config: ServerConfig, origin: str | None) -> list[tuple[by
                (b"content-length", b"0"), (b"content-type", b"text/html")]
     allow = allowed_origin(config, origin)
     if allow is not None:
-        headers.append((b"access-control-allow-origin", allow.encode()))
+        headers.append((ALLOW_ORIGIN, allow.encode()))
     return headers
