@@ -48,7 +48,7 @@ ALREADY = {"--no-cache-idle-slots": None, "--cache-ram": {"0"}, "--reasoning-for
 
 
 class FlagError(ValueError):
-    pass
+    """A llama-server flag `ggmlpy serve` refuses, with the reason."""
 
 
 def normalize(argv: list[str]) -> list[str]:
