@@ -59,6 +59,13 @@ def register(subparsers: Any) -> None:
     a("--no-jinja", dest="jinja", action="store_false")
     a("--chat-template", default=None, help="a built-in template name (chatml, llama3, ...)")
     a("--chat-template-file", type=Path, default=None, help="a jinja chat template file")
+    a("--chat-template-kwargs", default=None, metavar="JSON",
+      help="extra variables for the chat template, a JSON object (e.g. '{\"enable_thinking\": false}')")
+    a("-rea", "--reasoning", type=_on_off, default="auto",
+      help="thinking in chats: on, off or auto (default: where the template shows it)")
+    a("--reasoning-format", default="auto", choices=["auto", "deepseek", "deepseek-legacy", "none"],
+      help="how reasoning is returned: auto/deepseek (message.reasoning_content), deepseek-legacy "
+      "(also left in content), none (left in content)")
     a("--context-shift", dest="context_shift", action="store_true", default=False)
     a("--no-context-shift", dest="context_shift", action="store_false")
     a("--spm-infill", action="store_true",
@@ -154,6 +161,14 @@ def config_from_args(args: argparse.Namespace):
     template = args.chat_template
     if args.chat_template_file is not None:
         template = args.chat_template_file.read_text(encoding="utf-8")
+    kwargs = {}
+    if args.chat_template_kwargs is not None:
+        try:
+            kwargs = json.loads(args.chat_template_kwargs)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--chat-template-kwargs is not valid JSON: {e}") from None
+        if not isinstance(kwargs, dict):
+            raise ValueError("--chat-template-kwargs must be a JSON object")
     return ServerConfig(
         model=args.model, host=args.host, port=args.port, ctx_size=args.ctx_size,
         parallel=args.parallel, threads=args.threads, batch_size=args.batch_size,
@@ -161,7 +176,8 @@ def config_from_args(args: argparse.Namespace):
         tensor_split=where["tensor_split"], override_tensor=where["override_tensor"], api_keys=keys,
         alias=args.alias, tags=args.tags, n_predict=args.n_predict, seed=args.seed, temp=args.temp,
         embedding=args.embedding, pooling=args.pooling, metrics=args.metrics, slots=args.slots,
-        jinja=args.jinja, chat_template=template, context_shift=args.context_shift,
+        jinja=args.jinja, chat_template=template, chat_template_kwargs=kwargs, reasoning=args.reasoning,
+        reasoning_format=args.reasoning_format, context_shift=args.context_shift,
         cache_reuse=args.cache_reuse, ctx_checkpoints=args.ctx_checkpoints, spm_infill=args.spm_infill,
         sse_ping_interval=args.sse_ping_interval,
         slot_save_path=args.slot_save_path, cont_batching=args.cont_batching,

@@ -4,8 +4,8 @@ for features ggmlpy lacks.
 llama.cpp's argument parser reads `_` as `-` in a flag's name (`--backend_sampling`); so does
 this. A llama-server flag whose feature ggmlpy does not have is refused by name with the
 reason, exit status 2, rather than with argparse's usage dump; a few are accepted where
-ggmlpy already behaves as the flag asks (`--no-cache-idle-slots`, `--cache-ram 0`,
-`--reasoning-format none`: ggmlpy keeps no idle slots in RAM and parses no reasoning).
+ggmlpy already behaves as the flag asks (`--no-cache-idle-slots`, `--cache-ram 0`: ggmlpy
+keeps no idle slots in RAM).
 """
 from __future__ import annotations
 
@@ -40,11 +40,10 @@ UNSUPPORTED = {
     "--hf-repo": "ggmlpy serve loads a local file or a known model name (-m)",
     "--hf-file": "ggmlpy serve loads a local file or a known model name (-m)",
     "--model-url": "ggmlpy serve loads a local file or a known model name (-m)",
-    "--reasoning": "reasoning budgets are not implemented",
 }
 NO_VALUE = {"--no-models-autoload", "--ui-mcp-proxy", "--backend-sampling", "--reranking", "--rerank"}
 # flag -> the values accepted because ggmlpy already does what they ask (None: any, no value)
-ALREADY = {"--no-cache-idle-slots": None, "--cache-ram": {"0"}, "--reasoning-format": {"none"}}
+ALREADY = {"--no-cache-idle-slots": None, "--cache-ram": {"0"}}
 
 
 class FlagError(ValueError):

@@ -12,6 +12,7 @@ the completion loop with the constraints the request asks for:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Iterator
 
 from llama.api import responses
@@ -20,6 +21,7 @@ from llama.api.logprobs import chat_logprobs
 from llama.api.sequence import Sequence, Step
 from llama.chat import ChatTemplate, select_template
 from llama.chat.named_formats import FormatTemplate
+from llama.chat.reasoning import Reasoning, ReasoningSplit, ThinkingTags, check_format, opens_thinking, thinking_tags
 from llama.chat.tool_calls import (ToolCallStream, detect_tool_format, generic_tools_instruction,
                                    parse_tool_calls, tool_call_grammar)
 from llama.model import Model
@@ -53,6 +55,11 @@ class ChatSetup:
     @property
     def tool_format(self) -> str:
         return detect_tool_format(self.template.source)
+
+    @property
+    def thinking(self) -> ThinkingTags | None:
+        """The template's thinking markers (None: the model does not think)."""
+        return thinking_tags(self.template.source)
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True,
                tools: list[dict] | None = None, **kwargs: Any) -> str:
@@ -141,11 +148,15 @@ class ChatJob:
     fmt: str | None
     include_usage: bool
     logprobs: bool
+    reasoning: Reasoning | None = None
 
     def response(self) -> dict:
         """The `chat.completion` of the finished sequence."""
         seq = self.seq
         content: str | None = seq.completion_text()
+        thought = ""
+        if self.reasoning is not None:
+            thought, content = self.reasoning.split(content)
         message: dict = {"role": "assistant", "content": content}
         finish = seq.finish_reason
         if self.fmt is not None:
@@ -153,6 +164,8 @@ class ChatJob:
             if calls:
                 message = {"role": "assistant", "content": content, "tool_calls": calls}
                 finish = "tool_calls"
+        if thought:
+            message["reasoning_content"] = thought
         lp = chat_logprobs(seq.logprobs) if self.logprobs else None
         return responses.chat_completion(*self.meta, message, finish, lp,
                                          responses.usage(len(seq.prompt), len(seq.tokens)))
@@ -162,13 +175,14 @@ class ChatJob:
 
 
 class ChatChunks:
-    """The streamed chunks, built step by step: a role delta, content (or tool-call)
-    deltas, a final chunk with the finish reason; with include_usage, every chunk has
-    "usage": null and a last one carries the usage."""
+    """The streamed chunks, built step by step: a role delta, reasoning, content (or
+    tool-call) deltas, a final chunk with the finish reason; with include_usage, every chunk
+    has "usage": null and a last one carries the usage."""
 
     def __init__(self, job: ChatJob):
         self.job = job
         self.calls = ToolCallStream(job.fmt) if job.fmt is not None else None
+        self.thoughts = ReasoningSplit(job.reasoning) if job.reasoning is not None else None
         self.saw_call = False
 
     def _chunk(self, delta: dict, finish: str | None = None, lp: dict | None = None) -> dict:
@@ -176,15 +190,29 @@ class ChatChunks:
                                     with_usage_field=self.job.include_usage)
 
     def start(self) -> list[dict]:
-        return [self._chunk({"role": "assistant", "content": ""})]
+        return [self._chunk({"role": "assistant", "content": None})]
+
+    def _deltas(self, text: str, final: bool) -> list[dict]:
+        """The deltas `text` settles: reasoning first split off, then tool calls."""
+        if self.thoughts is None:
+            pieces = [("content", text)] if text else []
+        else:
+            pieces = self.thoughts.feed(text) + (self.thoughts.finish() if final else [])
+        calls, deltas = self.calls, []
+        for kind, piece in pieces:
+            if kind == "reasoning":
+                deltas.append({"reasoning_content": piece})
+            elif calls is not None:
+                deltas += calls.feed(piece)
+            elif piece:
+                deltas.append({"content": piece})
+        if final and calls is not None:
+            deltas += calls.finish()
+        return deltas
 
     def feed(self, step: Step) -> list[dict]:
-        calls = self.calls
         lp = chat_logprobs(step.logprobs) if self.job.logprobs and step.logprobs else None
-        deltas = calls.feed(step.text) if calls is not None else (
-            [{"content": step.text}] if step.text else [])
-        if step.finish_reason is not None and calls is not None:
-            deltas += calls.finish()
+        deltas = self._deltas(step.text, step.finish_reason is not None)
         out = []
         for i, delta in enumerate(deltas):
             self.saw_call = self.saw_call or "tool_calls" in delta
@@ -217,12 +245,16 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
                  logprobs: bool | None = None, top_logprobs: int | None = None,
                  stream_options: dict | None = None,
                  chat_template_kwargs: dict | None = None,
+                 reasoning_format: str = "auto", reasoning: str = "auto",
+                 reasoning_effort: str | None = None,
                  n_ctx: int | None = None, context_shift: bool = False,
                  **server_sampling: Any) -> ChatJob:
     """A chat request -> a `ChatJob` (template, constraints, sampler chain); the checks
     fail here, before anything is decoded. `n_ctx`: the context the sequence may fill.
-    `server_sampling`: llama-server's fields beyond llama-cpp-python's arguments
-    (completion.sampling_params)."""
+    `reasoning_format`, `reasoning` (llama-server's --reasoning on/off/auto) and
+    `reasoning_effort`: how a thinking model's reasoning is asked for and split off
+    (`template_variables`). `server_sampling`: llama-server's fields beyond
+    llama-cpp-python's arguments (completion.sampling_params)."""
     if functions:
         tools, tool_choice = _legacy_functions(functions, function_call)
     choice = _tool_choice(tools, tool_choice)
@@ -231,8 +263,14 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
     fmt = setup.tool_format if tools else "generic"
     if tools and choice != "none" and fmt == "generic":
         msgs = [{"role": "system", "content": generic_tools_instruction(tools)}] + msgs
+    check_format(reasoning_format)
+    tags = setup.thinking
     text = setup.render(msgs, add_generation_prompt=True, tools=tools or None,
-                        **(chat_template_kwargs or {}))
+                        **template_variables(tags, reasoning, reasoning_effort, chat_template_kwargs))
+    split = None
+    if tags is not None and reasoning_format != "none":
+        split = Reasoning(tags, "deepseek" if reasoning_format == "auto" else reasoning_format,
+                          opens_thinking(text, tags))
     ids = setup.tokens(text)
     n_max = resolve_max_tokens(max_tokens, len(ids), n_ctx or llm.n_ctx(), context_shift)
 
@@ -264,7 +302,30 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
                         grammar=constraint, logits_processor=logits_processor)
     meta = (responses.new_id("chatcmpl"), responses.now(), model or llm.model_path)
     include_usage = bool((stream_options or {}).get("include_usage"))
-    return ChatJob(seq, meta, fmt if choice != "none" else None, include_usage, bool(logprobs))
+    return ChatJob(seq, meta, fmt if choice != "none" else None, include_usage, bool(logprobs), split)
+
+
+def template_variables(tags: ThinkingTags | None, reasoning: str = "auto", reasoning_effort: str | None = None,
+                       chat_template_kwargs: dict | None = None) -> dict:
+    """The variables llama.cpp gives every chat template besides the messages:
+    `enable_thinking` (true where the model thinks, unless `reasoning` is "off"; "on"
+    asks for it even where the template shows no thinking), today's `date_string` and
+    `datetime` (Llama 3.x and FireFunction print them), `reasoning_effort` ("none" turns
+    thinking off), then the request's own `chat_template_kwargs`, which win."""
+    if reasoning not in ("on", "off", "auto"):
+        raise ValueError(f"reasoning {reasoning!r} is not one of on, off, auto")
+    today = datetime.now()
+    variables: dict = {"enable_thinking": reasoning == "on" or (reasoning == "auto" and tags is not None),
+                       "date_string": today.strftime("%d %b %Y"), "datetime": today.strftime("%b %d %Y")}
+    if reasoning_effort == "none":
+        variables["enable_thinking"] = False
+    elif reasoning_effort:
+        variables["reasoning_effort"] = reasoning_effort
+    kwargs = dict(chat_template_kwargs or {})
+    if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
+        raise ValueError("invalid type for \"enable_thinking\" (expected boolean, got "
+                         f"{type(kwargs['enable_thinking']).__name__})")
+    return {**variables, **kwargs}
 
 
 def create_chat_completion(llm: "Llama", messages: list[dict], *, stream: bool = False,

@@ -364,10 +364,14 @@ class Llama:
         return chat_api.create_chat_completion(self, messages, **kwargs)
 
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None, **kwargs: Any) -> str:
-        """The prompt text the chat template makes of `messages`."""
+                            tools: list[dict] | None = None, reasoning: str = "auto",
+                            reasoning_effort: str | None = None, **kwargs: Any) -> str:
+        """The prompt text the chat template makes of `messages`, with the variables a chat
+        completion gives it (`chat_api.template_variables`: enable_thinking, today's date);
+        `kwargs` are more template variables, which win."""
+        variables = chat_api.template_variables(self._chat.thinking, reasoning, reasoning_effort, kwargs)
         return self._chat.render(messages, add_generation_prompt=add_generation_prompt,
-                                 tools=tools, **kwargs)
+                                 tools=tools, **variables)
 
     def create_embedding(self, input: str | list, model: str | None = None) -> dict:
         return embedding_api.create_embedding(self, input, model=model)

@@ -31,6 +31,9 @@ class ServerConfig:
     slots: bool = True
     jinja: bool = True
     chat_template: str | None = None   # a built-in format name or a jinja source
+    chat_template_kwargs: dict = field(default_factory=dict)   # --chat-template-kwargs: template variables
+    reasoning: str = "auto"       # -rea: thinking on, off or auto (where the template shows it)
+    reasoning_format: str = "auto"   # how reasoning is returned: auto, deepseek, deepseek-legacy, none
     context_shift: bool = False
     spm_infill: bool = False      # /infill's suffix before the prefix (--spm-infill)
     cache_reuse: int = 0          # --cache-reuse: the requests' default n_cache_reuse (0: off)

@@ -15,7 +15,9 @@ from urllib.parse import urlsplit
 from llama.server.config import ServerConfig
 
 LOCALHOST = "localhost"
-ALLOW_ORIGIN = b"access-control-allow-origin"
+# Header names as llama-server writes them: some clients (the llama.cpp server suite among
+# them) copy the headers into a plain dict and look them up by this spelling.
+ALLOW_ORIGIN = b"Access-Control-Allow-Origin"
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
 
 
@@ -37,10 +39,10 @@ def allowed_origin(config: ServerConfig, origin: str | None) -> str | None:
 
 def preflight_headers(config: ServerConfig, origin: str | None) -> list[tuple[bytes, bytes]]:
     """The headers of the answer to an OPTIONS request."""
-    headers = [(b"access-control-allow-credentials", b"true"),
-               (b"access-control-allow-methods", config.cors_methods.encode()),
-               (b"access-control-allow-headers", config.cors_headers.encode()),
-               (b"content-length", b"0"), (b"content-type", b"text/html")]
+    headers = [(b"Access-Control-Allow-Credentials", b"true"),
+               (b"Access-Control-Allow-Methods", config.cors_methods.encode()),
+               (b"Access-Control-Allow-Headers", config.cors_headers.encode()),
+               (b"Content-Length", b"0"), (b"Content-Type", b"text/html")]
     allow = allowed_origin(config, origin)
     if allow is not None:
         headers.append((ALLOW_ORIGIN, allow.encode()))

@@ -220,7 +220,10 @@ def chat_kwargs(body: dict, config: ServerConfig, vocab: "Vocab") -> dict:
         logprobs=field(body, "logprobs", (bool,)),
         top_logprobs=field(body, "top_logprobs", (int,)),
         stream_options=field(body, "stream_options", (dict,)),
-        chat_template_kwargs=field(body, "chat_template_kwargs", (dict,)),
+        chat_template_kwargs={**config.chat_template_kwargs, **field(body, "chat_template_kwargs", (dict,), {})},
+        reasoning_format=field(body, "reasoning_format", (str,), config.reasoning_format),
+        reasoning=config.reasoning,
+        reasoning_effort=field(body, "reasoning_effort", (str,)),
     )
     if kwargs["grammar"] is not None and kwargs["response_format"] is not None:
         raise bad_request("give either 'grammar' or 'response_format', not both")

@@ -10,6 +10,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from llama.server.scheduler import Scheduler
 
+N_TOKENS_MAX = "n_tokens_max"
+
 
 class SchedulerCollector:
     def __init__(self, scheduler: Callable[[], Scheduler | None]):
@@ -31,10 +33,15 @@ class SchedulerCollector:
             return GaugeMetricFamily(f"llamacpp:{name}", doc, value=value)
 
         yield counter("prompt_tokens", "Number of prompt tokens processed.", st.n_prompt_tokens)
+        yield counter("prompt_tokens_cached", "Number of prompt tokens served from the cache.",
+                      st.n_prompt_cached)
         yield counter("prompt_seconds", "Prompt process time.", st.t_prompt)
         yield counter("tokens_predicted", "Number of generation tokens processed.", st.n_predicted)
         yield counter("tokens_predicted_seconds", "Predict process time.", st.t_predicted)
         yield counter("n_decode", "Number of llama_decode() calls.", st.n_decode)
+        yield counter(N_TOKENS_MAX, "Largest observed n_tokens.", st.n_tokens_max)
+        for name in ("num_draft_tokens", "num_accepted_tokens", "num_drafts"):   # no speculative decoding
+            yield counter(f"spec_decode_{name}", f"Speculative decoding: {name.replace('_', ' ')}.", 0)
         yield counter("sampling_seconds", "Time the slots spent sampling after each decode, "
                       "while no decode runs (ggmlpy).", st.t_sampling)
         yield counter("requests_failed", "Requests that failed (ggmlpy).", st.n_failed)
@@ -61,4 +68,8 @@ def make_registry(scheduler: Callable[[], Scheduler | None]) -> CollectorRegistr
 
 
 def render(registry: CollectorRegistry) -> bytes:
-    return generate_latest(registry)
+    """The exposition text. llama-server names one counter without the `_total` suffix
+    prometheus_client gives every counter; it is renamed back so scrapers configured for
+    llama-server find it."""
+    suffixed = f"llamacpp:{N_TOKENS_MAX}_total".encode()
+    return generate_latest(registry).replace(suffixed, suffixed[:-len(b"_total")])

@@ -23,7 +23,7 @@ from llama.server.routes_openai import embedding_input, not_embedding, prepare
 from llama.server.scheduler import Task
 from llama.server.slots import base_cells, shared_cells
 from llama.server.state import ServerState, safe_slot_file
-from llama.server.timings import timings
+from llama.server.timings import progress_timings, timings
 
 
 FLOAT_LOWEST = -3.4028234663852886e38   # what llama-server sends for log(0)
@@ -78,8 +78,11 @@ class LlamaCompletion:
 
     def progress(self, info: dict) -> dict:
         """A chunk of llama-server's prompt processing progress (return_progress)."""
-        return {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": self.task.slot,
-                "prompt_progress": info}
+        chunk = {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": self.task.slot,
+                 "prompt_progress": info}
+        if self.options.timings_per_token:
+            chunk["timings"] = progress_timings(info)
+        return chunk
 
     def end(self) -> list[dict]:
         final = self.response(streamed=True)
@@ -227,8 +230,12 @@ def register(app: FastAPI, state: ServerState) -> None:
         body = await read_body(request, cfg.body_limit)
         llm, _ = state.ready()
         try:
-            prompt = llm.apply_chat_template(fields.field(body, "messages", (list,), []),
-                                             tools=fields.field(body, "tools", (list,)))
+            kwargs = fields.chat_kwargs(body, cfg, state.vocab)
+            prompt = llm.apply_chat_template(
+                kwargs["messages"], tools=kwargs["tools"] or None, reasoning=kwargs["reasoning"],
+                reasoning_effort=kwargs["reasoning_effort"],
+                add_generation_prompt=fields.field(body, "add_generation_prompt", (bool,), True),
+                **kwargs["chat_template_kwargs"])
         except ValueError as e:
             raise bad_request(str(e)) from None
         return {"prompt": prompt}
@@ -335,4 +342,5 @@ def register(app: FastAPI, state: ServerState) -> None:
             raise APIError(501, "This server does not support metrics endpoint. Start it with "
                            "`--metrics`", type="not_supported_error")
         state.ready()
-        return Response(render(registry), media_type="text/plain; version=0.0.4")
+        return Response(render(registry), media_type="text/plain; version=0.0.4",
+                        headers={"Process-Start-Time-Unix": str(state.started)})

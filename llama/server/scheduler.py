@@ -66,9 +66,11 @@ class CallTask:
 
 @dataclass
 class Stats:
-    n_prompt_tokens: int = 0      # prompt tokens decoded
+    n_prompt_tokens: int = 0      # prompt tokens decoded (each request's timings.prompt_n, summed)
+    n_prompt_cached: int = 0      # prompt tokens the cache held (timings.cache_n, summed)
     t_prompt: float = 0.0
-    n_predicted: int = 0
+    n_predicted: int = 0          # tokens generated (timings.predicted_n, summed)
+    n_tokens_max: int = 0         # the most tokens one slot has held
     t_predicted: float = 0.0
     n_decode: int = 0
     n_busy_slots_total: int = 0
@@ -292,8 +294,6 @@ class Scheduler:
         n = n_gen + n_prompt
         st.n_decode += 1
         st.n_busy_slots_total += sum(1 for s in self.pool.slots if s.busy)
-        st.n_predicted += n_gen
-        st.n_prompt_tokens += n_prompt
         if n:
             st.t_predicted += dt * n_gen / n
             st.t_prompt += dt * n_prompt / n
@@ -302,6 +302,8 @@ class Scheduler:
         task = slot.task
         if not task.t_first:
             task.t_first = time.perf_counter()
+            self.stats.n_prompt_tokens += len(task.seq.prompt) - task.n_cached
+            self.stats.n_prompt_cached += task.n_cached
         try:
             step = task.seq.step(row)
         except Exception as e:  # a grammar or sampler failure ends this task only
@@ -333,6 +335,9 @@ class Scheduler:
 
     def _finish(self, slot: Slot) -> None:
         task = slot.task
+        st = self.stats
+        st.n_predicted += len(task.seq.tokens)
+        st.n_tokens_max = max(st.n_tokens_max, len(task.seq.prompt) + len(task.seq.tokens))
         self.pool.release(slot)
         self._emit(task.sink, "done", None)
 

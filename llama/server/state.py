@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,7 @@ class ServerState:
     # the server's adapter scales, by adapter id (--lora, POST /lora-adapters): a request
     # without a `lora` field takes them as they are when it arrives
     lora_scales: tuple[float, ...] = ()
+    started: int = field(default_factory=lambda: int(time.time()))   # Unix time the server started
 
     @property
     def vocab(self):

@@ -13,18 +13,30 @@ SYSTEM_FINGERPRINT = f"b{ggmlpy.__version__}-ggmlpy"
 
 
 def timings(task: Task) -> dict:
+    """The prompt from the task's start in a slot to its first token, the generation from
+    there on. The first token comes from the prompt's last batch, so the generation's rates
+    are over one step fewer than its tokens (0 with one token), as llama-server counts."""
     seq = task.seq
-    prompt_n = len(seq.prompt) - task.n_cached
     prompt_ms = (task.t_first - task.t_start) * 1000 if task.t_first else 0.0
-    predicted_n = len(seq.tokens)
     predicted_ms = (time.perf_counter() - task.t_first) * 1000 if task.t_first else 0.0
-    return {"cache_n": task.n_cached,
+    return _timings(task.n_cached, len(seq.prompt) - task.n_cached, prompt_ms, len(seq.tokens), predicted_ms)
+
+
+def progress_timings(info: dict) -> dict:
+    """The timings of a prompt_progress chunk: the prompt so far, nothing generated."""
+    prompt_n = info["processed"] - info["cache"]
+    return _timings(info["cache"], prompt_n, info["time_ms"] if prompt_n else 0.0, 0, 0.0)
+
+
+def _timings(cache_n: int, prompt_n: int, prompt_ms: float, predicted_n: int, predicted_ms: float) -> dict:
+    steps = max(predicted_n - 1, 0)
+    return {"cache_n": cache_n,
             "prompt_n": prompt_n, "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
             "prompt_per_second": prompt_n / prompt_ms * 1000 if prompt_ms else 0.0,
             "predicted_n": predicted_n, "predicted_ms": predicted_ms,
-            "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
-            "predicted_per_second": predicted_n / predicted_ms * 1000 if predicted_ms else 0.0}
+            "predicted_per_token_ms": predicted_ms / steps if steps else 0.0,
+            "predicted_per_second": 1e3 / predicted_ms * steps if predicted_ms and steps else 0.0}
 
 
 def with_timings(answer: dict, task: Task) -> dict:

@@ -55,9 +55,9 @@ def test_stream_shape_and_usage(smol):
     whole = smol.create_chat_completion(HELLO, max_tokens=20, temperature=0)
     chunks = list(smol.create_chat_completion(HELLO, max_tokens=20, temperature=0, stream=True,
                                               stream_options={"include_usage": True}))
-    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
     body = chunks[1:-2]
-    assert "".join(c["choices"][0]["delta"].get("content", "") for c in body) == \
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in body) == \
         whole["choices"][0]["message"]["content"]
     assert chunks[-2]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
     assert all(c["usage"] is None for c in chunks[:-1])

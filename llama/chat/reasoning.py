@@ -1,0 +1,185 @@
+"""A thinking model's reasoning, split from its answer as llama-server splits it.
+
+Thinking models write their reasoning between two markers before the answer (`<think>` ..
+`</think>` for Qwen3, QwQ and the DeepSeek R1 family, `<|START_THINKING|>` ..
+`<|END_THINKING|>` for Command R7B). Which markers a model uses is read from its chat
+template (`thinking_tags`); whether its prompt already opened the block (R1's and QwQ's
+templates end the generation prompt with `<think>\\n`) is read from the rendered prompt.
+
+`ReasoningSplit` turns the generated text, whole or streamed, into reasoning and content,
+as llama-server's `--reasoning-format`:
+- `deepseek` (and `auto`, the default): the leading thinking block becomes
+  `reasoning_content`, the rest `content`;
+- `deepseek-legacy`: the same `reasoning_content`, and `content` keeps the raw text;
+- `none`: nothing is split, `content` is the raw text.
+
+A marker cut in half by the stream is held back until it is known, so no reasoning text ever
+reaches `content`. Only a block at the very start is reasoning (after whitespace), as in
+llama.cpp: a `<think>` later in an answer is the answer's text. An unclosed block (the
+budget ran out, the model stopped) is reasoning to the end.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+REASONING_FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
+
+
+@dataclass(frozen=True)
+class ThinkingTags:
+    """The markers around a model's reasoning."""
+    start: str
+    end: str
+
+
+# The families llama.cpp's template analysis finds, in the order they are tried.
+KNOWN_TAGS = (
+    ThinkingTags("<think>", "</think>"),
+    ThinkingTags("<|START_THINKING|>", "<|END_THINKING|>"),
+    ThinkingTags("<seed:think>", "</seed:think>"),
+    ThinkingTags("[THINK]", "[/THINK]"),
+    ThinkingTags("<|think|>", "<|/think|>"),
+)
+
+
+def thinking_tags(template_source: str | None) -> ThinkingTags | None:
+    """The thinking markers a chat template writes, None for a model that does not think."""
+    if not template_source:
+        return None
+    return next((t for t in KNOWN_TAGS if t.end in template_source), None)
+
+
+def check_format(name: str, where: str = "reasoning_format") -> str:
+    """`name` if it is one of llama-server's reasoning formats, else ValueError naming it."""
+    if name not in REASONING_FORMATS:
+        raise ValueError(f"{where} {name!r} is not one of {', '.join(REASONING_FORMATS)}")
+    return name
+
+
+def opens_thinking(prompt: str, tags: ThinkingTags | None) -> bool:
+    """Whether the prompt ends inside a thinking block the template opened."""
+    if tags is None:
+        return False
+    tail = prompt.rstrip()
+    return tail.endswith(tags.start)
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """How one chat request's output is split: the markers, the format, and whether the
+    prompt already opened the block."""
+    tags: ThinkingTags
+    fmt: str = "deepseek"
+    opened: bool = False
+
+    def split(self, text: str) -> tuple[str, str]:
+        """(reasoning, content) of a whole reply."""
+        stream = ReasoningSplit(self)
+        parts = stream.feed(text) + stream.finish()
+        reasoning = "".join(s for kind, s in parts if kind == "reasoning")
+        content = "".join(s for kind, s in parts if kind == "content")
+        return reasoning, content
+
+
+_BEFORE, _INSIDE, _AFTER = "before", "inside", "after"
+
+
+class ReasoningSplit:
+    """Streamed text -> ("reasoning", text) and ("content", text) pieces, in order.
+
+    Reasoning is trimmed at both ends, and the whitespace between the end marker and the
+    answer is dropped; the content is passed on as it comes (the tool-call stream trims it)."""
+
+    def __init__(self, reasoning: Reasoning) -> None:
+        self.tags = reasoning.tags
+        self.fmt = reasoning.fmt
+        self._state = _INSIDE if reasoning.opened else _BEFORE
+        self._buf = ""          # text not yet settled
+        self._started = False   # some reasoning has been emitted
+        self._ws = ""           # reasoning whitespace held until more reasoning follows
+        self._prefix = self.tags.start if reasoning.opened else ""   # for deepseek-legacy
+        self._after_end = False  # the block just closed: the answer's leading whitespace is dropped
+
+    def feed(self, text: str) -> list[tuple[str, str]]:
+        if self.fmt == "none":
+            return [("content", text)] if text else []
+        self._buf += text
+        return self._scan(final=False)
+
+    def finish(self) -> list[tuple[str, str]]:
+        if self.fmt == "none":
+            return []
+        return self._scan(final=True)
+
+    def _scan(self, final: bool) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        while self._buf:
+            if self._state == _BEFORE:
+                stripped = self._buf.lstrip()
+                start = self.tags.start
+                if stripped.startswith(start):
+                    self._state = _INSIDE
+                    self._prefix = self._buf[:len(self._buf) - len(stripped)] + start
+                    self._buf = stripped[len(start):]
+                    continue
+                if not final and (not stripped or start.startswith(stripped)):
+                    break   # could still become the opening marker
+                self._state = _AFTER
+                continue
+            if self._state == _INSIDE:
+                end = self._buf.find(self.tags.end)
+                if end >= 0:
+                    self._reasoning(out, self._buf[:end], closing=True)
+                    raw = self._buf[:end + len(self.tags.end)]
+                    self._buf = self._buf[end + len(self.tags.end):]
+                    self._state = _AFTER
+                    self._legacy(out, raw)
+                    self._after_end = True
+                    continue
+                keep = 0 if final else _partial_suffix(self._buf, self.tags.end)
+                body = self._buf[:len(self._buf) - keep]
+                self._reasoning(out, body, closing=final)
+                self._legacy(out, body)
+                self._buf = self._buf[len(body):]
+                break
+            # after the block: the answer
+            if self._after_end and self.fmt != "deepseek-legacy":
+                stripped = self._buf.lstrip()
+                if not stripped:
+                    if final:
+                        self._buf = ""
+                    break
+                self._buf = stripped
+                self._after_end = False
+            self._after_end = False
+            out.append(("content", self._buf))
+            self._buf = ""
+        return out
+
+    def _reasoning(self, out: list, text: str, closing: bool) -> None:
+        if not self._started:
+            text = text.lstrip()
+        body = text.rstrip()
+        if not body:
+            self._ws += text
+        else:
+            out.append(("reasoning", self._ws + body))
+            self._ws = text[len(body):]
+            self._started = True
+        if closing:
+            self._ws = ""
+
+    def _legacy(self, out: list, raw: str) -> None:
+        """deepseek-legacy: the raw text of the block in the content too."""
+        if self.fmt == "deepseek-legacy" and (raw or self._prefix):
+            out.append(("content", self._prefix + raw))
+            self._prefix = ""
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """The length of the longest end of `text` that begins `marker` (held back: the marker
+    may be arriving)."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
