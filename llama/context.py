@@ -153,7 +153,7 @@ class Context:
         self.embeddings = embeddings
         self.pooling_type = resolve_pooling(pooling_type, model.gguf.metadata, hp.arch)
         if embeddings:
-            check_supported(self.pooling_type)
+            check_supported(self.pooling_type, list(model.gguf.tensors))
         self._row_width = hp.n_embd if embeddings else hp.n_vocab
         self._embd_seq: dict[int, np.ndarray] = {}  # pooled vectors of the last decode
         # the output rows of the last decode: logits, or t_embd in an embeddings context
@@ -319,7 +319,7 @@ class Context:
                 self._logits[self._output_ids[ub.idxs[ub.output]]] = logits
         if self.embeddings and self.pooling_type != PoolingType.NONE:
             pos, seq_ids = batch_layout(ubatches, len(output_ids))
-            self._embd_seq = pool(self._logits, pos, seq_ids, self.pooling_type)
+            self._embd_seq = pool(self._logits, pos, seq_ids, self.pooling_type, self.model.hparams.causal_attn)
         return DECODE_OK
 
     def _clear_outputs(self) -> None:

@@ -62,12 +62,17 @@ def resolve_pooling(value: str | int | None, metadata: Mapping[str, Any], arch: 
     raise ValueError(f"pooling_type must be a name, an int or None, got {value!r}")
 
 
-def check_supported(kind: PoolingType) -> None:
-    """Rank pooling scores a sequence with a classifier head (cls.weight, cls.output.weight)
-    that no architecture here loads; refuse it at context creation, not at the first decode."""
+def check_supported(kind: PoolingType, tensor_names: Sequence[str] = ()) -> None:
+    """Rank pooling is llama.cpp's: the sequence's last token (its first for a non-causal
+    model), then the file's classification head, the score being the first value. No
+    architecture here applies a head (`cls.*` tensors): a file that has one is refused at
+    context creation, not scored wrong; without one the score is the pooled state's first
+    value, as llama.cpp gives it."""
     if kind == PoolingType.RANK:
-        raise ValueError("pooling type 'rank' needs a reranker's classification head, "
-                         "which no supported architecture has")
+        head = sorted(n for n in tensor_names if n.startswith("cls"))
+        if head:
+            raise ValueError(f"pooling type 'rank': this file's classification head ({', '.join(head)}) "
+                             "is not implemented")
 
 
 def batch_layout(ubatches: Sequence[UBatch], n_tokens: int) -> tuple[np.ndarray, list[tuple[int, ...]]]:
@@ -82,12 +87,15 @@ def batch_layout(ubatches: Sequence[UBatch], n_tokens: int) -> tuple[np.ndarray,
 
 
 def pool(rows: np.ndarray, pos: np.ndarray, seq_ids: Sequence[Sequence[int]],
-         kind: PoolingType) -> dict[int, np.ndarray]:
+         kind: PoolingType, causal: bool = True) -> dict[int, np.ndarray]:
     """One vector per sequence from the token rows [n_tokens, n_embd] (batch order).
 
     mean: the average of the sequence's tokens; cls: its token at the lowest position
     (position 0 for a new sequence, as llama.cpp's inp_cls); last: its token at the highest
-    position (llama.cpp's LAST). A token in several sequences counts in each."""
+    position (llama.cpp's LAST); rank: last for a causal model, else cls (the score is the
+    vector's first value, `check_supported`). A token in several sequences counts in each."""
+    if kind == PoolingType.RANK:
+        kind = PoolingType.LAST if causal else PoolingType.CLS
     members: dict[int, list[int]] = {}
     for i, ids in enumerate(seq_ids):
         for s in ids:

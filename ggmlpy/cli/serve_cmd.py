@@ -51,6 +51,8 @@ def register(subparsers: Any) -> None:
     a("--embedding", "--embeddings", dest="embedding", action="store_true",
       help="serve embeddings only")
     a("--pooling", choices=["none", "mean", "cls", "last", "rank"], default=None)
+    a("--reranking", "--rerank", dest="reranking", action="store_true",
+      help="serve /rerank: embeddings with rank pooling (the score is the pooled state's first value)")
     a("--metrics", action="store_true", help="enable the Prometheus /metrics endpoint")
     a("--slots", dest="slots", action="store_true", default=True, help="enable /slots (default)")
     a("--no-slots", dest="slots", action="store_false", help="disable /slots")
@@ -82,17 +84,30 @@ def register(subparsers: Any) -> None:
     a("-fa", "--flash-attn", type=_on_off, default="auto", help="on, off or auto")
     a("-ctk", "--cache-type-k", default="f16", choices=["f16", "f32", "bf16"])
     a("-ctv", "--cache-type-v", default="f16", choices=["f16", "f32", "bf16"])
-    a("-kvu", "--kv-unified", action="store_true", help="one KV buffer for every slot (always)")
+    a("-kvu", "--kv-unified", action="store_true",
+      help="every slot may fill the whole context, the slots sharing the cache (default: each its share)")
     a("--swa-full", action="store_true", help="full-size cache for sliding-window layers")
     a("--offline", action="store_true", help="never download (ggmlpy never does)")
     a("--no-webui", "--no-ui", dest="no_webui", action="store_true", help="no web UI (ggmlpy has none)")
+    a("--sleep-idle-seconds", type=float, default=-1,
+      help="unload the model after this many seconds without a request (-1: never; default)")
     a("--max-queue", type=int, default=64, help="requests that may wait for a slot (ggmlpy)")
     a("--body-limit", type=int, default=8 << 20, help="largest request body in bytes (ggmlpy)")
-    a("--cors-origins", default="*",
-      help="allowed CORS origins: * (default: any, reflected), localhost, or a comma-separated list")
+    a("--cors-origins", default=None,
+      help="allowed CORS origins: * (default: any, reflected; localhost with tools), localhost, or a list")
     a("--cors-methods", default="GET, POST, DELETE, OPTIONS", help="CORS preflight's allowed methods")
     a("--cors-headers", default="*", help="CORS preflight's allowed headers")
     a("--backend", default=None, help="compute backend by name (ggmlpy)")
+    t = p.add_argument_group("tools for agents (POST /tools; never on an untrusted network)")
+    t.add_argument("--tools", default=None, metavar="TOOL1,TOOL2",
+                   help="built-in tools to serve, or all: read_file, file_glob_search, grep_search, "
+                   "exec_shell_command, write_file, edit_file, ... (limits --cors-origins to localhost)")
+    t.add_argument("--tools-runtime", default=None, metavar="SPEC",
+                   help="where tools run: docker:<image>, docker-container:<id>, podman-..., ssh:<target>")
+    t.add_argument("--mcp-servers-config", default=None, metavar="PATH",
+                   help="a JSON file of MCP servers ({\"mcpServers\": {...}}) whose tools to serve")
+    t.add_argument("--mcp-servers-json", default=None, metavar="JSON", help="the same, inline")
+    t.add_argument("--ui-mcp-proxy", action="store_true", help="serve /cors-proxy for pages that reach MCP servers")
     add_placement_args(p)
     add_lora_args(p)
     a("--lora-init-without-apply", action="store_true",
@@ -161,6 +176,10 @@ def config_from_args(args: argparse.Namespace):
     template = args.chat_template
     if args.chat_template_file is not None:
         template = args.chat_template_file.read_text(encoding="utf-8")
+    from llama.server.tools.mcp import load_config
+    tools = [n.strip() for n in (args.tools or "").split(",") if n.strip()]
+    mcp = load_config(args.mcp_servers_config, args.mcp_servers_json)
+    cors = args.cors_origins or ("localhost" if tools or mcp else "*")   # llama-server's default
     kwargs = {}
     if args.chat_template_kwargs is not None:
         try:
@@ -175,7 +194,8 @@ def config_from_args(args: argparse.Namespace):
         ubatch_size=args.ubatch_size, n_gpu_layers=where["n_gpu_layers"], devices=where["devices"],
         tensor_split=where["tensor_split"], override_tensor=where["override_tensor"], api_keys=keys,
         alias=args.alias, tags=args.tags, n_predict=args.n_predict, seed=args.seed, temp=args.temp,
-        embedding=args.embedding, pooling=args.pooling, metrics=args.metrics, slots=args.slots,
+        embedding=args.embedding or args.reranking, reranking=args.reranking,
+        pooling="rank" if args.reranking else args.pooling, metrics=args.metrics, slots=args.slots,
         jinja=args.jinja, chat_template=template, chat_template_kwargs=kwargs, reasoning=args.reasoning,
         reasoning_format=args.reasoning_format, context_shift=args.context_shift,
         cache_reuse=args.cache_reuse, ctx_checkpoints=args.ctx_checkpoints, spm_infill=args.spm_infill,
@@ -184,9 +204,11 @@ def config_from_args(args: argparse.Namespace):
         flash_attn=args.flash_attn, cache_type_k=args.cache_type_k,
         cache_type_v=args.cache_type_v, kv_unified=args.kv_unified, swa_full=args.swa_full,
         offline=args.offline, webui=not args.no_webui, backend=args.backend,
-        max_queue=args.max_queue, body_limit=args.body_limit, cors_origins=args.cors_origins,
+        max_queue=args.max_queue, body_limit=args.body_limit, cors_origins=cors,
         cors_methods=args.cors_methods, cors_headers=args.cors_headers,
-        lora=args.lora, lora_init_without_apply=args.lora_init_without_apply)
+        lora=args.lora, lora_init_without_apply=args.lora_init_without_apply, verbose=args.verbose,
+        sleep_idle_seconds=args.sleep_idle_seconds,
+        tools=tools, tools_runtime=args.tools_runtime, mcp_servers=mcp, ui_mcp_proxy=args.ui_mcp_proxy)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -195,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from llama.server import create_app
+        from llama.server import HTTP_PROTOCOL, create_app
     except ImportError as e:  # the web stack is the optional extra, not a core dependency
         print(f"ggmlpy serve: error: {e.name} is not installed; the server needs the extra: "
               "pip install 'ggmlpy[server]'", file=sys.stderr)
@@ -208,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
           f"({config.parallel} slots)", file=sys.stderr)
     hosts = [h.strip() for h in config.host.split(",") if h.strip()]   # llama-server: several addresses
     server = uvicorn.Server(uvicorn.Config(
-        create_app(config), host=hosts[0], port=config.port, log_level="warning",
+        create_app(config), host=hosts[0], port=config.port, log_level="warning", http=HTTP_PROTOCOL,
         timeout_graceful_shutdown=config.timeout_graceful_shutdown))
     # uvicorn stops accepting on SIGTERM, lets running requests finish (cancelling them after
     # the grace period), then raises the signal again once it is done; with this handler in

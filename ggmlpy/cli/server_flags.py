@@ -22,26 +22,18 @@ UNSUPPORTED = {
     "--spec-draft-n-max": "ggmlpy has no speculative decoding",
     "--spec-synth-len": "ggmlpy has no speculative decoding",
     "--spec-synth-rates": "ggmlpy has no speculative decoding",
-    "--reranking": "ggmlpy serves no reranking models",
-    "--rerank": "ggmlpy serves no reranking models",
     "--models-dir": "ggmlpy serves one model (no router mode)",
     "--models-max": "ggmlpy serves one model (no router mode)",
     "--models-preset": "ggmlpy serves one model (no router mode)",
     "--no-models-autoload": "ggmlpy serves one model (no router mode)",
     "--grp-attn-n": "ggmlpy has no group attention (self-extend)",
     "--grp-attn-w": "ggmlpy has no group attention (self-extend)",
-    "--tools": "ggmlpy's server runs no built-in tools",
-    "--tools-runtime": "ggmlpy's server runs no built-in tools",
-    "--mcp-servers-config": "ggmlpy's server has no MCP client",
-    "--mcp-servers-json": "ggmlpy's server has no MCP client",
-    "--ui-mcp-proxy": "ggmlpy's server has no web UI",
-    "--sleep-idle-seconds": "ggmlpy does not unload an idle model",
     "--backend-sampling": "ggmlpy samples on the host only",
     "--hf-repo": "ggmlpy serve loads a local file or a known model name (-m)",
     "--hf-file": "ggmlpy serve loads a local file or a known model name (-m)",
     "--model-url": "ggmlpy serve loads a local file or a known model name (-m)",
 }
-NO_VALUE = {"--no-models-autoload", "--ui-mcp-proxy", "--backend-sampling", "--reranking", "--rerank"}
+NO_VALUE = {"--no-models-autoload", "--backend-sampling"}
 # flag -> the values accepted because ggmlpy already does what they ask (None: any, no value)
 ALREADY = {"--no-cache-idle-slots": None, "--cache-ram": {"0"}}
 

@@ -12,7 +12,6 @@ the completion loop with the constraints the request asks for:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, Iterator
 
 from llama.api import responses
@@ -21,9 +20,9 @@ from llama.api.logprobs import chat_logprobs
 from llama.api.sequence import Sequence, Step
 from llama.chat import ChatTemplate, select_template
 from llama.chat.named_formats import FormatTemplate
-from llama.chat.reasoning import Reasoning, ReasoningSplit, ThinkingTags, check_format, opens_thinking, thinking_tags
-from llama.chat.tool_calls import (ToolCallStream, detect_tool_format, generic_tools_instruction,
-                                   parse_tool_calls, tool_call_grammar)
+from llama.api.chat_prompt import chat_prompt, normalize_messages
+from llama.chat.reasoning import Reasoning, ReasoningSplit, ThinkingTags, check_format, thinking_tags
+from llama.chat.tool_calls import ToolCallStream, detect_tool_format, parse_tool_calls, tool_call_grammar
 from llama.model import Model
 
 if TYPE_CHECKING:
@@ -74,37 +73,6 @@ class ChatSetup:
         if vocab.flags.add_bos and bos is not None and text.startswith(vocab.tokens[bos]):
             text = text[len(vocab.tokens[bos]):]
         return self.model.tokenize(text, add_special=True, parse_special=True)
-
-
-def normalize_messages(messages: list[dict]) -> list[dict]:
-    """Check the roles and flatten OpenAI's content parts: text parts are joined (as
-    llama.cpp does for templates that take a string); other part types are refused."""
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("messages must be a non-empty list")
-    out = []
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, dict) or "role" not in msg:
-            raise ValueError(f"messages[{i}] must be an object with a 'role'")
-        if msg["role"] not in ("system", "developer", "user", "assistant", "tool", "function"):
-            raise ValueError(f"messages[{i}].role {msg['role']!r} is not one of system, user, "
-                             "assistant, tool")
-        if "content" not in msg and msg["role"] != "assistant":   # llama-server's rule
-            raise ValueError(f"messages[{i}] ({msg['role']}) has no 'content': all non-assistant "
-                             "messages must contain 'content'")
-        content = msg.get("content")
-        if isinstance(content, list):
-            texts = []
-            for j, part in enumerate(content):
-                if not isinstance(part, dict) or part.get("type") != "text":
-                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                    raise ValueError(f"messages[{i}].content[{j}]: content part type {kind!r} is "
-                                     "not supported (only 'text')")
-                texts.append(str(part.get("text", "")))
-            msg = {**msg, "content": "".join(texts)}
-        elif content is not None and not isinstance(content, str):
-            raise ValueError(f"messages[{i}].content must be a string or a list of parts")
-        out.append(msg)
-    return out
 
 
 def _legacy_functions(functions, function_call) -> tuple[list | None, Any]:
@@ -247,30 +215,31 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
                  chat_template_kwargs: dict | None = None,
                  reasoning_format: str = "auto", reasoning: str = "auto",
                  reasoning_effort: str | None = None,
+                 add_generation_prompt: bool = True, continue_final_message: bool | None = None,
                  n_ctx: int | None = None, context_shift: bool = False,
                  **server_sampling: Any) -> ChatJob:
     """A chat request -> a `ChatJob` (template, constraints, sampler chain); the checks
     fail here, before anything is decoded. `n_ctx`: the context the sequence may fill.
     `reasoning_format`, `reasoning` (llama-server's --reasoning on/off/auto) and
     `reasoning_effort`: how a thinking model's reasoning is asked for and split off
-    (`template_variables`). `server_sampling`: llama-server's fields beyond
+    (`template_variables`). A last assistant message is continued, not answered
+    (`final_continuation`). `server_sampling`: llama-server's fields beyond
     llama-cpp-python's arguments (completion.sampling_params)."""
     if functions:
         tools, tool_choice = _legacy_functions(functions, function_call)
     choice = _tool_choice(tools, tool_choice)
     setup = llm._chat
-    msgs = normalize_messages(messages)
-    fmt = setup.tool_format if tools else "generic"
-    if tools and choice != "none" and fmt == "generic":
-        msgs = [{"role": "system", "content": generic_tools_instruction(tools)}] + msgs
     check_format(reasoning_format)
+    fmt = setup.tool_format if tools else "generic"
+    text, opened = chat_prompt(setup, messages, tools=tools, generic_tools=bool(tools) and choice != "none"
+                               and fmt == "generic", reasoning=reasoning, reasoning_effort=reasoning_effort,
+                               chat_template_kwargs=chat_template_kwargs,
+                               add_generation_prompt=add_generation_prompt,
+                               continue_final_message=continue_final_message)
     tags = setup.thinking
-    text = setup.render(msgs, add_generation_prompt=True, tools=tools or None,
-                        **template_variables(tags, reasoning, reasoning_effort, chat_template_kwargs))
     split = None
     if tags is not None and reasoning_format != "none":
-        split = Reasoning(tags, "deepseek" if reasoning_format == "auto" else reasoning_format,
-                          opens_thinking(text, tags))
+        split = Reasoning(tags, "deepseek" if reasoning_format == "auto" else reasoning_format, opened)
     ids = setup.tokens(text)
     n_max = resolve_max_tokens(max_tokens, len(ids), n_ctx or llm.n_ctx(), context_shift)
 
@@ -303,29 +272,6 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
     meta = (responses.new_id("chatcmpl"), responses.now(), model or llm.model_path)
     include_usage = bool((stream_options or {}).get("include_usage"))
     return ChatJob(seq, meta, fmt if choice != "none" else None, include_usage, bool(logprobs), split)
-
-
-def template_variables(tags: ThinkingTags | None, reasoning: str = "auto", reasoning_effort: str | None = None,
-                       chat_template_kwargs: dict | None = None) -> dict:
-    """The variables llama.cpp gives every chat template besides the messages:
-    `enable_thinking` (true where the model thinks, unless `reasoning` is "off"; "on"
-    asks for it even where the template shows no thinking), today's `date_string` and
-    `datetime` (Llama 3.x and FireFunction print them), `reasoning_effort` ("none" turns
-    thinking off), then the request's own `chat_template_kwargs`, which win."""
-    if reasoning not in ("on", "off", "auto"):
-        raise ValueError(f"reasoning {reasoning!r} is not one of on, off, auto")
-    today = datetime.now()
-    variables: dict = {"enable_thinking": reasoning == "on" or (reasoning == "auto" and tags is not None),
-                       "date_string": today.strftime("%d %b %Y"), "datetime": today.strftime("%b %d %Y")}
-    if reasoning_effort == "none":
-        variables["enable_thinking"] = False
-    elif reasoning_effort:
-        variables["reasoning_effort"] = reasoning_effort
-    kwargs = dict(chat_template_kwargs or {})
-    if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
-        raise ValueError("invalid type for \"enable_thinking\" (expected boolean, got "
-                         f"{type(kwargs['enable_thinking']).__name__})")
-    return {**variables, **kwargs}
 
 
 def create_chat_completion(llm: "Llama", messages: list[dict], *, stream: bool = False,

@@ -25,6 +25,7 @@ class DecodeError(RuntimeError):
     """decode failed; the message names the code. The KV cache is left consistent."""
 
     def __init__(self, rc: int, what: str):
+        self.rc = rc
         names = {1: "no KV cache slot", 2: "aborted", -1: "invalid batch"}
         super().__init__(f"decode of the {what} failed with {rc} ({names.get(rc, 'fatal error')})")
         self.rc = rc

@@ -30,6 +30,7 @@ from llama.api import chat_completion as chat_api
 from llama.api import compat, state_cache
 from llama.api import completion as completion_api
 from llama.api import embedding as embedding_api
+from llama.api.chat_prompt import chat_prompt
 from llama.api.engine import Engine
 from llama.api.progress import LoadProgress
 from llama.chat.select import DEFAULT_FORMAT, TEMPLATE_KEY
@@ -365,13 +366,15 @@ class Llama:
 
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
                             tools: list[dict] | None = None, reasoning: str = "auto",
-                            reasoning_effort: str | None = None, **kwargs: Any) -> str:
-        """The prompt text the chat template makes of `messages`, with the variables a chat
-        completion gives it (`chat_api.template_variables`: enable_thinking, today's date);
+                            reasoning_effort: str | None = None, continue_final_message: bool | None = None,
+                            **kwargs: Any) -> str:
+        """The prompt text a chat completion makes of `messages` (`chat_prompt.chat_prompt`:
+        the variables llama.cpp gives templates, a last assistant message continued);
         `kwargs` are more template variables, which win."""
-        variables = chat_api.template_variables(self._chat.thinking, reasoning, reasoning_effort, kwargs)
-        return self._chat.render(messages, add_generation_prompt=add_generation_prompt,
-                                 tools=tools, **variables)
+        return chat_prompt(self._chat, messages, tools=tools, reasoning=reasoning,
+                           reasoning_effort=reasoning_effort, chat_template_kwargs=kwargs,
+                           add_generation_prompt=add_generation_prompt,
+                           continue_final_message=continue_final_message)[0]
 
     def create_embedding(self, input: str | list, model: str | None = None) -> dict:
         return embedding_api.create_embedding(self, input, model=model)

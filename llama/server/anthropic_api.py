@@ -17,10 +17,13 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from llama.server.errors import bad_request
+from llama.server.errors import APIError, bad_request
 from llama.server.responses_api import NamedEvent
 
 PASSED_THROUGH = ("temperature", "top_p", "top_k", "stream", "chat_template_kwargs")
+# llama-server's answer to an image for a model without a vision projector (a 500, as its)
+NO_IMAGES = APIError(500, "image input is not supported - hint: if this is unexpected, you may need to "
+                     "provide the mmproj")
 
 
 def chat_body(body: dict) -> dict:
@@ -36,6 +39,8 @@ def chat_body(body: dict) -> dict:
         raise bad_request("'messages' is required")
     for msg in body["messages"]:
         messages += _messages(msg)
+    if not any(m["role"] != "system" for m in messages):   # llama-server answers an empty chat
+        messages.append({"role": "user", "content": ""})
     out: dict = {"messages": messages, "max_tokens": body.get("max_tokens", 4096)}
     if isinstance(body.get("tools"), list):
         out["tools"] = [{"type": "function", "function": {
@@ -69,13 +74,15 @@ def _messages(msg: Any) -> list[dict]:
         elif kind == "thinking":
             reasoning += block.get("thinking", "")
         elif kind == "image":
-            raise bad_request("'image' blocks are not supported by this server")
+            raise NO_IMAGES
         elif kind == "tool_use":
             calls.append({"id": block.get("id", ""), "type": "function", "function": {
                 "name": block.get("name", ""), "arguments": json.dumps(block.get("input", {}))}})
         elif kind == "tool_result":
             result = block.get("content")
             if isinstance(result, list):
+                if any(isinstance(c, dict) and c.get("type") == "image" for c in result):
+                    raise NO_IMAGES
                 result = "".join(c.get("text", "") for c in result if isinstance(c, dict) and c.get("type") == "text")
             results.append({"role": "tool", "tool_call_id": block.get("tool_use_id", ""),
                             "content": result if isinstance(result, str) else ""})
@@ -101,6 +108,7 @@ class MessagesAnswer:
     job: Any
     task: Any
     model: str
+    timings_per_token: bool = False   # accepted as the other APIs' answers take it; no field for it here
     msg_id: str = field(default_factory=lambda: f"msg_{secrets.token_hex(12)}")
     _chunks: Any = None
     _text_open: bool = False
@@ -149,6 +157,10 @@ class MessagesAnswer:
     @staticmethod
     def _event(kind: str, **data: Any) -> NamedEvent:
         return NamedEvent(kind, {"type": kind, **data})
+
+    def progress(self, info: dict) -> NamedEvent:
+        """llama-server's prompt progress (`return_progress`), as a ping event carrying it."""
+        return NamedEvent("ping", {"type": "ping", "prompt_progress": info})
 
     def start(self) -> list[NamedEvent]:
         self._chunks = self.job.chunks()

@@ -14,20 +14,31 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.datastructures import URL, Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from llama.server import routes_llama, routes_openai
+from llama.server import cors_proxy, gcp, rerank, routes_llama, routes_openai
 from llama.server.config import ServerConfig
 from llama.server.cors import ALLOW_ORIGIN, allowed_origin, preflight_headers
-from llama.server.errors import APIError
+from llama.server.errors import APIError, feature_disabled
+from llama.server.gcp import VertexRoutes
+from llama.server.metrics import samples
+from llama.server.sleep import IdleSleeper
 from llama.server.state import ServerState
+from llama.server.tools import routes as tool_routes
+from llama.server.tools.toolbox import Toolbox
 
 PUBLIC = {"/health", "/v1/health", "/models", "/v1/models"}
+# uvicorn's HTTP implementation: h11 writes header names as the app spells them (httptools
+# lowercases them), and clients written for llama-server (its own test suite among them)
+# read `Access-Control-Allow-Origin` and `Process-Start-Time-Unix` by that spelling.
+HTTP_PROTOCOL = "h11"
 
 
 def create_app(config: ServerConfig, *, load_in_background: bool = True) -> FastAPI:
     state = ServerState(config)
+    toolbox = Toolbox(config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -35,7 +46,16 @@ def create_app(config: ServerConfig, *, load_in_background: bool = True) -> Fast
         loader.start()
         if not load_in_background:
             loader.join()
+        await run_in_threadpool(toolbox.start)   # MCP servers warm up before the first request
+        sleeper = None
+        if config.sleep_idle_seconds >= 0:
+            sleeper = IdleSleeper(state, config.sleep_idle_seconds,
+                                  lambda: samples(state.scheduler) if state.scheduler is not None else [])
+            sleeper.start()
         yield
+        if sleeper is not None:
+            sleeper.stop()
+        toolbox.close()
         loader.join(timeout=60)
         if state.scheduler is not None:
             state.scheduler.stop()
@@ -46,7 +66,26 @@ def create_app(config: ServerConfig, *, load_in_background: bool = True) -> Fast
     install_guards(app, config)
     routes_openai.register(app, state)
     routes_llama.register(app, state)
+    rerank.register(app, state)
+    if config.ui_mcp_proxy:
+        cors_proxy.register(app)
+    else:
+        disabled(app, "/cors-proxy", ["GET", "POST"])
+    if toolbox.enabled:
+        tool_routes.register(app, toolbox.tools, runtime=lambda: toolbox.runtime, body_limit=config.body_limit)
+    else:
+        disabled(app, "/tools", ["GET", "POST"])
+    vertex = VertexRoutes.from_env()
+    if vertex is not None:   # AIP_MODE=PREDICTION: serving for Google Cloud's Vertex AI
+        gcp.register(app, vertex, config.body_limit)
     return app
+
+
+def disabled(app: FastAPI, path: str, methods: list[str]) -> None:
+    """`path` answered as llama-server answers a feature it was not started with: 403."""
+    async def refuse():
+        return feature_disabled()
+    app.add_api_route(path, refuse, methods=methods)
 
 
 def install_guards(app: FastAPI, config: ServerConfig) -> None:

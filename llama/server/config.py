@@ -26,6 +26,7 @@ class ServerConfig:
     seed: int = -1
     temp: float = 0.8
     embedding: bool = False
+    reranking: bool = False       # --reranking: /rerank answers (embedding on, pooling rank)
     pooling: str | None = None
     metrics: bool = False
     slots: bool = True
@@ -58,6 +59,14 @@ class ServerConfig:
     cors_methods: str = "GET, POST, DELETE, OPTIONS"   # --cors-methods
     cors_headers: str = "*"       # --cors-headers
     timeout_graceful_shutdown: float = 10.0
+    # tools for agents (llama/server/tools): built-in ones by name ("all"), the runtime they run
+    # in, MCP servers ({"mcpServers": {...}}), and the /cors-proxy for pages that reach MCP servers
+    tools: list[str] = field(default_factory=list)
+    tools_runtime: str | None = None
+    mcp_servers: dict | None = None
+    ui_mcp_proxy: bool = False
+    sleep_idle_seconds: float = -1   # --sleep-idle-seconds: unload the model after this long idle (-1: never)
+    verbose: bool = False         # --verbose: debug logs, and answers carry `__verbose` unless asked not to
 
     @property
     def aliases(self) -> list[str]:

@@ -28,6 +28,12 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
+def feature_disabled() -> JSONResponse:
+    """llama-server's answer on the route of a feature it was not started with."""
+    return JSONResponse({"error": {"code": 403, "message": "this feature is disabled", "type": "feature_disabled"}},
+                        status_code=403)
+
+
 def bad_request(message: str) -> APIError:
     return APIError(400, message)
 

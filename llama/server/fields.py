@@ -224,6 +224,8 @@ def chat_kwargs(body: dict, config: ServerConfig, vocab: "Vocab") -> dict:
         reasoning_format=field(body, "reasoning_format", (str,), config.reasoning_format),
         reasoning=config.reasoning,
         reasoning_effort=field(body, "reasoning_effort", (str,)),
+        add_generation_prompt=field(body, "add_generation_prompt", (bool,), True),
+        continue_final_message=field(body, "continue_final_message", (bool,)),
     )
     if kwargs["grammar"] is not None and kwargs["response_format"] is not None:
         raise bad_request("give either 'grammar' or 'response_format', not both")
@@ -427,9 +429,11 @@ def lora_json(scales: tuple[float, ...]) -> list[dict]:
     return [{"id": i, "scale": s} for i, s in enumerate(scales)]
 
 
-def generation_settings(body: dict, config: ServerConfig, server_lora: tuple[float, ...] = ()) -> dict:
+def generation_settings(body: dict, config: ServerConfig, server_lora: tuple[float, ...] = (),
+                        vocab: "Vocab | None" = None) -> dict:
     """A request's sampling settings by llama-server's names (its answers'
-    `generation_settings`; `/props` gives those of an empty request)."""
+    `generation_settings`; `/props` gives those of an empty request). The logit biases
+    (with `vocab`) as llama-server lists them, -inf written as null."""
     out = {k: v for k, v in sampling(body, config, None).items()
            if k not in ("stop", "max_tokens", "logit_bias", "grammar", "seed")}
     out["mirostat"] = out.pop("mirostat_mode")
@@ -438,4 +442,6 @@ def generation_settings(body: dict, config: ServerConfig, server_lora: tuple[flo
     return {"n_predict": -1 if n_predict is None else n_predict,
             "seed": field(body, "seed", (int,), config.seed), **out,
             "stop": stop_strings(body) or [], "n_indent": n_indent(body),
-            "lora": lora_json(lora_scales(body, server_lora))}
+            "lora": lora_json(lora_scales(body, server_lora)),
+            "logit_bias": [{"bias": None if math.isinf(b) else b, "token": t}
+                           for t, b in sorted((logit_bias(body, vocab) or {}).items())]}

@@ -19,6 +19,7 @@ from typing import Any
 
 from llama.api import responses
 from llama.server.errors import bad_request
+from llama.server.timings import timings
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,7 @@ class ResponsesAnswer:
     job: Any
     task: Any
     model: str
+    timings_per_token: bool = False   # llama-server's telemetry: `timings` on each text delta
     resp_id: str = field(default_factory=lambda: _rid("resp"))
     msg_id: str = field(default_factory=lambda: _rid("msg"))
     created: int = field(default_factory=responses.now)
@@ -211,6 +213,8 @@ class ResponsesAnswer:
                 events.append(self._event("response.output_text.delta", item_id=self.msg_id,
                                           output_index=self._index["msg"], content_index=0,
                                           delta=delta["content"], logprobs=[]))
+                if self.timings_per_token:
+                    events[-1].data["timings"] = timings(self.task)
             for call in delta.get("tool_calls") or []:
                 events += self._call_events(call)
         return events
@@ -252,7 +256,12 @@ class ResponsesAnswer:
             events.append(self._event("response.output_item.done", output_index=index, item=item))
         events.append(self._event("response.completed",
                                   response=self.response([items[k] for k in order])))
+        events[-1].data["timings"] = timings(self.task)
         return events
+
+    def progress(self, info: dict) -> NamedEvent:
+        """llama-server's prompt progress (`return_progress`), as an in_progress event."""
+        return self._event("response.in_progress", response=self._state("in_progress"), prompt_progress=info)
 
 
 ANSWER = ResponsesAnswer   # what routes_openai.generate answers this API's requests with

@@ -18,7 +18,7 @@ from llama.server import infill as infill_api
 from llama.server.bridge import run_call
 from llama.server.errors import APIError, bad_request
 from llama.server.generate import read_body, serve, serve_all
-from llama.server.metrics import make_registry, render
+from llama.server.metrics import make_registry, render, samples, without_rates
 from llama.server.routes_openai import embedding_input, not_embedding, prepare
 from llama.server.scheduler import Task
 from llama.server.slots import base_cells, shared_cells
@@ -113,12 +113,20 @@ class LlamaCompletion:
 
 def register(app: FastAPI, state: ServerState) -> None:
     cfg = state.config
-    registry = make_registry(lambda: state.scheduler)
+    def metric_samples():
+        """The metrics now; while the model sleeps, those taken as it fell asleep (their
+        throughput reported once)."""
+        if state.sleeping:
+            taken = state.metrics_snapshot
+            state.metrics_snapshot = without_rates(taken or [])
+            return taken
+        return samples(state.scheduler) if state.scheduler is not None else None
+    registry = make_registry(metric_samples)
 
     @app.get("/health")
     @app.get("/v1/health")
     async def health():
-        state.ready()
+        state.ready(wake=False)
         return {"status": "ok"}
 
     @app.post("/completion")
@@ -158,7 +166,7 @@ def register(app: FastAPI, state: ServerState) -> None:
         job.seq.t_max_predict_ms = fields.time_limit_ms(body)
         job.seq.n_indent = fields.n_indent(body)
         job.seq.post_sampling_probs = options.post_sampling_probs
-        settings = fields.generation_settings(body, cfg, state.lora_scales)
+        settings = fields.generation_settings(body, cfg, state.lora_scales, state.vocab)
         # a prompt of token ids (an /infill's) reads as llama-server shows it: special tokens included
         prompt_text = (llm.model.detokenize(job.seq.prompt, unparse_special=True)
                        if isinstance(kwargs["prompt"], list) else job.prompt_text)
@@ -181,7 +189,7 @@ def register(app: FastAPI, state: ServerState) -> None:
         if fields.field(bodies[0], "stream", (bool,), False):
             raise bad_request("streaming several prompts in one /completion request is not supported")
         options = fields.response_options(bodies[0])
-        settings = fields.generation_settings(bodies[0], cfg, state.lora_scales)
+        settings = fields.generation_settings(bodies[0], cfg, state.lora_scales, state.vocab)
         jobs = [prepare(prepare_completion, llm, fields.completion_kwargs(b, cfg, state.vocab), state) for b in bodies]
 
         def answer(job):
@@ -233,9 +241,8 @@ def register(app: FastAPI, state: ServerState) -> None:
             kwargs = fields.chat_kwargs(body, cfg, state.vocab)
             prompt = llm.apply_chat_template(
                 kwargs["messages"], tools=kwargs["tools"] or None, reasoning=kwargs["reasoning"],
-                reasoning_effort=kwargs["reasoning_effort"],
-                add_generation_prompt=fields.field(body, "add_generation_prompt", (bool,), True),
-                **kwargs["chat_template_kwargs"])
+                reasoning_effort=kwargs["reasoning_effort"], add_generation_prompt=kwargs["add_generation_prompt"],
+                continue_final_message=kwargs["continue_final_message"], **kwargs["chat_template_kwargs"])
         except ValueError as e:
             raise bad_request(str(e)) from None
         return {"prompt": prompt}
@@ -258,17 +265,14 @@ def register(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/props")
     async def props():
-        llm, sched = state.ready()
-        try:
-            template = llm._chat.template.source  # noqa: SLF001 - the template being served
-        except ValueError:
-            template = ""
+        state.ready(wake=False)
+        template = state.template_source
         return {"default_generation_settings": {"n_ctx": state.n_ctx_slot,
                                                 "params": fields.generation_settings(
                                                     {}, cfg, state.lora_scales)},
                 "total_slots": cfg.parallel, "model_path": cfg.model, "model_alias": cfg.model_name,
                 "chat_template": template, "modalities": {"vision": False, "audio": False},
-                "build_info": "ggmlpy", "is_sleeping": False}
+                "build_info": "ggmlpy", "is_sleeping": state.sleeping}
 
     @app.get("/slots")
     async def slots():
@@ -341,6 +345,6 @@ def register(app: FastAPI, state: ServerState) -> None:
         if not cfg.metrics:
             raise APIError(501, "This server does not support metrics endpoint. Start it with "
                            "`--metrics`", type="not_supported_error")
-        state.ready()
+        state.ready(wake=False)
         return Response(render(registry), media_type="text/plain; version=0.0.4",
                         headers={"Process-Start-Time-Unix": str(state.started)})

@@ -19,7 +19,7 @@ from llama.server.bridge import run_call
 from llama.server.errors import APIError, bad_request, context_overflow
 from llama.server.generate import read_body, serve, serve_choices
 from llama.server.state import ServerState
-from llama.server.timings import TimedChunks, with_timings
+from llama.server.timings import TimedChunks, verbose_answer, with_timings
 
 
 def check_model(body: dict, state: ServerState) -> None:
@@ -86,17 +86,28 @@ def register(app: FastAPI, state: ServerState) -> None:
                 raise bad_request("this API gives one answer per request ('n' must be 1)")
             job, answers = jobs[0], {}
 
+            telemetry = fields.field(body, "timings_per_token", (bool,), False)
+
             def answer(task):   # one per task, shared by its response and its stream
-                return answers.setdefault(id(task), other_api.ANSWER(job, task, cfg.model_name))
+                return answers.setdefault(id(task), other_api.ANSWER(job, task, cfg.model_name,
+                                                                     timings_per_token=telemetry))
             return await serve(request, sched, job.seq, response=lambda t: answer(t).response(),
                                chunks=answer, stream=stream, slot=slot_options, done_marker=False,
-                               shift=shift, ping_every=ping_every)
+                               shift=shift, ping_every=ping_every,
+                               progress=(lambda t, info: answer(t).progress(info)) if progress else None)
         if len(jobs) > 1:
             return await serve_choices(request, sched, jobs, stream=stream,
                                        slot=slot_options, shift=shift,
                                        ping_every=ping_every, progress=progress, per_prompt=n)
         job = jobs[0]
-        return await serve(request, sched, job.seq, response=lambda t: with_timings(job.response(), t),
+
+        def respond(task) -> dict:
+            answer = with_timings(job.response(), task)
+            if fields.field(body, "verbose", (bool,), cfg.verbose):
+                prompt_text = llm.detokenize(job.seq.prompt, special=True).decode("utf-8", "replace")
+                answer["__verbose"] = verbose_answer(task, prompt_text)
+            return answer
+        return await serve(request, sched, job.seq, response=respond,
                            chunks=lambda t: TimedChunks(job.chunks(), t), stream=stream,
                            slot=slot_options, done_marker=True,
                            shift=shift, ping_every=ping_every, progress=progress)
@@ -177,7 +188,9 @@ def register(app: FastAPI, state: ServerState) -> None:
 
 
 def embedding_input(value) -> str | list:
-    """A string, a list of strings, token ids, or lists of token ids."""
+    """A string, token ids, or a list of strings, lists of token ids and multimodal-style
+    objects whose `content` is a string or text parts (joined as they are, as llama-server
+    joins them; a model without a projector takes no other part)."""
     def ok_tokens(x) -> bool:
         return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool)
                                                        for t in x)
@@ -185,7 +198,21 @@ def embedding_input(value) -> str | list:
         return value
     if ok_tokens(value):
         return value
-    if isinstance(value, list) and value and all((isinstance(v, str) and v) or ok_tokens(v)
-                                                 for v in value):
-        return value
+    if isinstance(value, list) and value:
+        items = [_content_text(v) if isinstance(v, dict) else v for v in value]
+        if all((isinstance(v, str) and v) or ok_tokens(v) for v in items):
+            return items
     raise bad_request("'input' must be a non-empty string, array of strings or of token ids")
+
+
+def _content_text(item: dict) -> str:
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        raise bad_request("an input object needs a 'content' string or array of parts")
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise bad_request(f"input content part type {kind!r} is not supported: the model is text-only")
+    return "".join(part["text"] for part in content)

@@ -77,6 +77,15 @@ class Stats:
     n_requests: int = 0
     n_failed: int = 0
     t_sampling: float = 0.0       # the slots' sampling after each decode (ggmlpy)
+    # llama-server's throughput buckets: tokens decoded and their time since the last scrape
+    bucket_prompt: tuple[int, float] = (0, 0.0)
+    bucket_predicted: tuple[int, float] = (0, 0.0)
+
+    def take_rates(self) -> tuple[float, float]:
+        """(prompt, generation) tokens per second since the last call, which starts anew."""
+        rates = tuple(n / t if t else 0.0 for n, t in (self.bucket_prompt, self.bucket_predicted))
+        self.bucket_prompt, self.bucket_predicted = (0, 0.0), (0, 0.0)
+        return rates
 
 
 class QueueFull(Exception):
@@ -85,12 +94,12 @@ class QueueFull(Exception):
 
 class Scheduler:
     def __init__(self, engine: Engine, n_slots: int, *, max_queue: int = 64,
-                 context_shift: bool = False):
+                 context_shift: bool = False, kv_unified: bool = False, stats: Stats | None = None):
         self.engine = engine
         self.context_shift = context_shift
-        self.pool = SlotPool(engine, n_slots)
+        self.pool = SlotPool(engine, n_slots, kv_unified=kv_unified)
         self.max_queue = max_queue
-        self.stats = Stats()
+        self.stats = stats if stats is not None else Stats()   # a server that slept keeps its counts
         self._pending: deque[Task | CallTask] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -142,6 +151,11 @@ class Scheduler:
     def n_pending(self) -> int:
         return len(self._pending)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing waits and no slot runs."""
+        return not self._pending and not any(s.busy for s in self.pool.slots)
+
     # the worker thread ---------------------------------------------------------------------------
     def _run(self) -> None:
         while True:
@@ -188,8 +202,11 @@ class Scheduler:
         try:
             rows = self.engine.decode_mixed(items)
         except (DecodeError, ValueError) as e:
+            message = str(e)
+            if isinstance(e, DecodeError) and e.rc == 1:   # the slots together filled a unified cache
+                message = f"Context size has been exceeded: the KV cache is full ({e})"
             for slot in slots:
-                self._fail(slot, APIError(500, str(e)))
+                self._fail(slot, APIError(500, message))
             return
         t1 = time.perf_counter()
         self._account(items, slots, t1 - t0)
@@ -297,6 +314,8 @@ class Scheduler:
         if n:
             st.t_predicted += dt * n_gen / n
             st.t_prompt += dt * n_prompt / n
+            st.bucket_prompt = (st.bucket_prompt[0] + n_prompt, st.bucket_prompt[1] + dt * n_prompt / n)
+            st.bucket_predicted = (st.bucket_predicted[0] + n_gen, st.bucket_predicted[1] + dt * n_gen / n)
 
     def _advance(self, slot: Slot, row) -> None:
         task = slot.task

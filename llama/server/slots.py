@@ -64,9 +64,11 @@ def shared_cells(cells: KVCells, seq_id: int | None = None) -> int:
 
 
 class SlotPool:
-    def __init__(self, engine: Engine, n_slots: int, *, share_prefix: bool = True):
+    def __init__(self, engine: Engine, n_slots: int, *, share_prefix: bool = True, kv_unified: bool = False):
+        """kv_unified: every slot may fill the whole context (llama-server's --kv-unified),
+        the slots competing for the cache's cells; otherwise each has its share of it."""
         self.engine = engine
-        n_ctx = engine.ctx.n_ctx // n_slots
+        n_ctx = engine.ctx.n_ctx if kv_unified else engine.ctx.n_ctx // n_slots
         self.slots = [Slot(i, n_ctx) for i in range(n_slots)]
         self.share_prefix = share_prefix and not engine.n_swa
         self._clock = 0

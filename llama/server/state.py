@@ -12,7 +12,7 @@ from pathlib import Path
 from llama.sampling.dry import DEFAULT_BREAKERS
 from llama.server.config import ServerConfig
 from llama.server.errors import APIError
-from llama.server.scheduler import Scheduler
+from llama.server.scheduler import Scheduler, Stats
 
 log = logging.getLogger("llama.server")
 
@@ -28,6 +28,15 @@ class ServerState:
     # without a `lora` field takes them as they are when it arrives
     lora_scales: tuple[float, ...] = ()
     started: int = field(default_factory=lambda: int(time.time()))   # Unix time the server started
+    # --sleep-idle-seconds: the model unloaded while idle (llama/server/sleep.py); what the
+    # read-only routes still report meanwhile
+    sleeping: bool = False
+    last_used: float = field(default_factory=time.monotonic)
+    template_source: str = ""
+    slot_n_ctx: int = 0
+    stats: Stats | None = None    # the scheduler's counters, kept across sleeps
+    metrics_snapshot: list | None = None
+    _wake_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def vocab(self):
@@ -38,17 +47,25 @@ class ServerState:
         """Load the model and start the scheduler (on a thread of its own)."""
         try:
             self.llm = load_llama(self.config)
-            self.set_lora_scales(load_adapters(self.llm, self.config))
+            scales = load_adapters(self.llm, self.config)
+            self.set_lora_scales(self.lora_scales if self.sleeping else scales)   # waking: as they were
             # DRY's breakers search an index of every token's text (0.25 s for SmolLM2): now, not
             # in the event loop on the first request that turns DRY on
             self.llm.dry_breakers(DEFAULT_BREAKERS)
             self.llm.engine.set_max_checkpoints(self.config.ctx_checkpoints)
-            self.scheduler = Scheduler(self.llm.engine, self.config.parallel,
+            self.scheduler = Scheduler(self.llm.engine, self.config.parallel, stats=self.stats,
                                        max_queue=self.config.max_queue,
-                                       context_shift=self.config.context_shift)
+                                       context_shift=self.config.context_shift,
+                                       kv_unified=self.config.kv_unified)
             if self.config.context_shift and not self.llm.ctx.memory.can_shift:
                 log.warning("--context-shift: this model's cache cannot shift (an iSWA cache of two "
                             "sizes, as llama.cpp); generations end at their slot's context")
+            self.stats = self.scheduler.stats
+            self.slot_n_ctx = self.scheduler.pool.slots[0].n_ctx
+            try:
+                self.template_source = self.llm._chat.template.source  # noqa: SLF001 - the template served
+            except ValueError:
+                self.template_source = ""
             self.scheduler.start()
         except Exception as e:  # reported by /health; the server stays up to say so
             log.exception("loading the model failed")
@@ -68,8 +85,16 @@ class ServerState:
                 ctx.rm_adapter_lora(adapter)
         self.lora_scales = tuple(scales)
 
-    def ready(self) -> tuple:
-        """(llm, scheduler), or a 503 while loading / 500 if the load failed."""
+    def ready(self, wake: bool = True) -> tuple:
+        """(llm, scheduler), or a 503 while loading / 500 if the load failed. A request that
+        needs the model wakes a sleeping server (`wake`); the read-only routes pass
+        wake=False and get (None, None) while it sleeps."""
+        if wake:
+            self.last_used = time.monotonic()
+            if self.sleeping:
+                self.wake()
+        elif self.sleeping:
+            return None, None
         if self.load_error is not None:
             raise APIError(500, f"the model failed to load: {self.load_error}")
         if self.scheduler is None:
@@ -78,7 +103,28 @@ class ServerState:
 
     @property
     def n_ctx_slot(self) -> int:
-        return self.scheduler.pool.slots[0].n_ctx
+        return self.slot_n_ctx
+
+    def sleep(self, snapshot) -> None:
+        """Unload the model (the scheduler stopped, the Llama and its cache dropped), keeping
+        `snapshot` (the metrics as they were) for /metrics meanwhile."""
+        with self._wake_lock:
+            if self.sleeping or self.scheduler is None:
+                return
+            self.metrics_snapshot = snapshot
+            self.scheduler.stop()
+            self.scheduler, self.llm, self.sleeping = None, None, True
+        log.info("idle: the model is unloaded until the next request")
+
+    def wake(self) -> None:
+        """Load the model again (the request that wakes it waits for the load)."""
+        with self._wake_lock:
+            if not self.sleeping:
+                return
+            self.loaded.clear()
+            self.load()
+            self.sleeping, self.metrics_snapshot = False, None
+            self.last_used = time.monotonic()
 
 
 def load_llama(config: ServerConfig):

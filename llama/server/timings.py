@@ -39,6 +39,16 @@ def _timings(cache_n: int, prompt_n: int, prompt_ms: float, predicted_n: int, pr
             "predicted_per_second": 1e3 / predicted_ms * steps if predicted_ms and steps else 0.0}
 
 
+def verbose_answer(task: Task, prompt_text: str) -> dict:
+    """llama-server's `__verbose` (asked for by `verbose`, on by default with --verbose):
+    the answer as its native /completion gives it, with the prompt's text."""
+    seq = task.seq
+    return {"index": 0, "content": seq.completion_text(), "tokens": [], "id_slot": task.slot, "stop": True,
+            "tokens_predicted": len(seq.tokens), "tokens_evaluated": len(seq.prompt), "prompt": prompt_text,
+            "stop_type": "limit" if seq.finish_reason == "length" else "word" if seq.text.stopped else "eos",
+            "tokens_cached": len(seq.prompt) + len(seq.tokens), "timings": timings(task)}
+
+
 def with_timings(answer: dict, task: Task) -> dict:
     """An OpenAI answer (or a stream's last chunk) with llama-server's additions: `timings`,
     and the prompt tokens the cache served (`usage.prompt_tokens_details.cached_tokens`)."""

@@ -100,6 +100,8 @@ def main() -> int:
             servers["llama-server"] = a.llama_server
         for name, path in servers.items():
             log = a.log_dir / f"{name}.log" if a.log_dir else None
+            if log is not None:
+                log.parent.mkdir(parents=True, exist_ok=True)
             report[name] = run_suite(a.suite.resolve(), a.model.resolve(), path, extra, a.timeout, log)
     if "llama-server" in report:
         theirs = set(report["llama-server"].get("passed", []))

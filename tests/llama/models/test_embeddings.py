@@ -217,9 +217,19 @@ def test_bad_pooling_types_raise(bad, models):
         make_ctx(models["llama"], embeddings=True, pooling_type=bad)
 
 
-def test_rank_pooling_is_refused(models):
-    with pytest.raises(ValueError, match="rank"):
-        make_ctx(models["llama"], embeddings=True, pooling_type="rank")
+def test_rank_pooling_without_a_head_is_the_last_token(models):
+    """llama.cpp's rank pooling on a causal model without a classification head: the last
+    token's state (the server's score is its first value); a file with a head ggmlpy does
+    not apply is refused by name."""
+    from llama.pooling import check_supported
+    vectors = {}
+    for kind in ("rank", "last"):
+        ctx = make_ctx(models["llama"], embeddings=True, pooling_type=kind)
+        assert ctx.decode(llama.Batch.from_tokens(TOKENS[:5])) == 0
+        vectors[kind] = np.asarray(ctx.get_embeddings_seq(0))
+    np.testing.assert_array_equal(vectors["rank"], vectors["last"])
+    with pytest.raises(ValueError, match="cls.output.weight"):
+        check_supported(PoolingType.RANK, ["token_embd.weight", "cls.output.weight"])
 
 
 def test_logits_and_embeddings_getters_are_exclusive(models):

@@ -87,13 +87,24 @@ def test_tool_use_and_tool_results(claude):
         m.usage.input_tokens + m.usage.cache_read_input_tokens
 
 
-@pytest.mark.parametrize("body, message", [
-    ({"max_tokens": 4}, "'messages' is required"),
-    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
-     "'image' blocks are not supported"),
-    ({"messages": [{"role": "user", "content": [{"type": "video"}]}]}, "unknown content block type"),
+@pytest.mark.parametrize("body, status, message", [
+    ({"max_tokens": 4}, 400, "'messages' is required"),
+    ({"messages": [{"role": "user", "content": [{"type": "video"}]}]}, 400, "unknown content block type"),
+    # an image for a model without a vision projector: llama-server's 500 and message
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 500,
+     "image input is not supported"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+        {"type": "text", "text": "File: a.png"}, {"type": "image", "source": {}}]}]}]}, 500,
+     "image input is not supported"),
 ])
-def test_refusals_are_400s(server, body, message):
+def test_refusals(server, body, status, message):
     r = httpx.post(server.url + "/v1/messages", json={"model": "smol", **body},
                    headers={"x-api-key": API_KEY}, timeout=60)
-    assert r.status_code == 400 and message in r.json()["error"]["message"]
+    assert r.status_code == status and message in r.json()["error"]["message"]
+
+
+def test_an_empty_chat_is_answered(server):
+    """llama-server answers a Messages request without messages (an empty user turn)."""
+    r = httpx.post(server.url + "/v1/messages", json={"model": "smol", "max_tokens": 4, "messages": []},
+                   headers={"x-api-key": API_KEY}, timeout=60)
+    assert r.status_code == 200 and r.json()["type"] == "message"

@@ -1,0 +1,136 @@
+"""The prompt of a chat request, as llama-server makes it: the template rendered with the
+variables llama.cpp gives every template (`template_variables`), the tools described in a
+system message where the template cannot show them, and a last assistant message
+continued rather than answered (`final_continuation`, `continue_prompt`)."""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from llama.chat.reasoning import ThinkingTags, opens_thinking
+from llama.chat.tool_calls import generic_tools_instruction
+
+if TYPE_CHECKING:
+    from llama.api.chat_completion import ChatSetup
+
+
+def chat_prompt(setup: "ChatSetup", messages: list, *, tools: list | None = None, generic_tools: bool = False,
+                reasoning: str = "auto", reasoning_effort: str | None = None,
+                chat_template_kwargs: dict | None = None, add_generation_prompt: bool = True,
+                continue_final_message: bool | None = None) -> tuple[str, bool]:
+    """(the prompt text, whether it ends inside the model's reasoning). `generic_tools`: the
+    template has no tool syntax ggmlpy reads, so the tools are described in a first system
+    message (`generic_tools_instruction`)."""
+    continuation = final_continuation(messages, add_generation_prompt, continue_final_message)
+    if continuation is not None:
+        messages = messages[:-1]
+    msgs = normalize_messages(messages)
+    if generic_tools:
+        msgs = [{"role": "system", "content": generic_tools_instruction(tools or [])}] + msgs
+    tags = setup.thinking
+    variables = template_variables(tags, reasoning, reasoning_effort, chat_template_kwargs)
+    text = setup.render(msgs, add_generation_prompt=add_generation_prompt or continuation is not None,
+                        tools=tools or None, **variables)
+    if continuation is None:
+        return text, opens_thinking(text, tags)
+    text, in_reasoning = continue_prompt(text, continuation, tags)
+    return text, in_reasoning
+
+
+def normalize_messages(messages: list[dict]) -> list[dict]:
+    """Check the roles and flatten OpenAI's content parts: text parts are joined (as
+    llama.cpp does for templates that take a string); other part types are refused."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list")
+    out = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or "role" not in msg:
+            raise ValueError(f"messages[{i}] must be an object with a 'role'")
+        if msg["role"] not in ("system", "developer", "user", "assistant", "tool", "function"):
+            raise ValueError(f"messages[{i}].role {msg['role']!r} is not one of system, user, "
+                             "assistant, tool")
+        if "content" not in msg and msg["role"] != "assistant":   # llama-server's rule
+            raise ValueError(f"messages[{i}] ({msg['role']}) has no 'content': all non-assistant "
+                             "messages must contain 'content'")
+        content = msg.get("content")
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                    raise ValueError(f"messages[{i}].content[{j}]: content part type {kind!r} is "
+                                     "not supported (only 'text')")
+                texts.append(str(part.get("text", "")))
+            msg = {**msg, "content": "".join(texts)}
+        elif content is not None and not isinstance(content, str):
+            raise ValueError(f"messages[{i}].content must be a string or a list of parts")
+        out.append(msg)
+    return out
+
+
+def final_continuation(messages: list, add_generation_prompt: bool,
+                       continue_final_message: bool | None) -> dict | None:
+    """The assistant message the reply continues, or None, by llama-server's rules: a chat
+    that ends with an assistant message is continued from it (prefill), as it is with
+    `continue_final_message` (vLLM's and transformers' name for it); asking for that and for
+    `add_generation_prompt` at once, two assistant messages at the end, or continuing a
+    message with tool calls is an error."""
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+        return None
+    last = messages[-1]
+    explicit = continue_final_message is not None and continue_final_message
+    if explicit and add_generation_prompt:
+        raise ValueError("Cannot set both add_generation_prompt and continue_final_message to true.")
+    if continue_final_message is False or last.get("role") != "assistant":
+        if explicit:
+            raise ValueError("continue_final_message needs a last assistant message to continue")
+        return None
+    if not explicit and len(messages) >= 2 and isinstance(messages[-2], dict) \
+            and messages[-2].get("role") == "assistant":
+        raise ValueError("Cannot have 2 or more assistant messages at the end of the list.")
+    if last.get("tool_calls"):
+        raise ValueError("Cannot continue an assistant message that contains tool calls.")
+    return last
+
+
+def continue_prompt(prompt: str, message: dict, tags: ThinkingTags | None) -> tuple[str, bool]:
+    """The prompt rendered with a generation prompt, continued by `message`, and whether it
+    ends inside the reasoning. As llama.cpp: for a thinking model the generation prompt's
+    own opening marker gives way to the message's reasoning between the markers, left open
+    when the message has reasoning and no content (the reply continues the reasoning); the
+    content's text parts are joined by a blank line."""
+    content = message.get("content") or ""
+    if isinstance(content, list):
+        content = "\n\n".join(str(p.get("text", "")) for p in content
+                               if isinstance(p, dict) and p.get("type") == "text")
+    if tags is None:
+        return prompt + content, False
+    thought = message.get("reasoning_content") or ""
+    cut = prompt.rfind(tags.start)
+    if cut >= 0 and not prompt[cut + len(tags.start):].strip():
+        prompt = prompt[:cut]
+    in_reasoning = bool(thought) and not content
+    return prompt + tags.start + thought + ("" if in_reasoning else tags.end) + content, in_reasoning
+
+
+def template_variables(tags: ThinkingTags | None, reasoning: str = "auto", reasoning_effort: str | None = None,
+                       chat_template_kwargs: dict | None = None) -> dict:
+    """The variables llama.cpp gives every chat template besides the messages:
+    `enable_thinking` (true where the model thinks, unless `reasoning` is "off"; "on"
+    asks for it even where the template shows no thinking), today's `date_string` and
+    `datetime` (Llama 3.x and FireFunction print them), `reasoning_effort` ("none" turns
+    thinking off), then the request's own `chat_template_kwargs`, which win."""
+    if reasoning not in ("on", "off", "auto"):
+        raise ValueError(f"reasoning {reasoning!r} is not one of on, off, auto")
+    today = datetime.now()
+    variables: dict = {"enable_thinking": reasoning == "on" or (reasoning == "auto" and tags is not None),
+                       "date_string": today.strftime("%d %b %Y"), "datetime": today.strftime("%b %d %Y")}
+    if reasoning_effort == "none":
+        variables["enable_thinking"] = False
+    elif reasoning_effort:
+        variables["reasoning_effort"] = reasoning_effort
+    kwargs = dict(chat_template_kwargs or {})
+    if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
+        raise ValueError("invalid type for \"enable_thinking\" (expected boolean, got "
+                         f"{type(kwargs['enable_thinking']).__name__})")
+    return {**variables, **kwargs}

@@ -1,0 +1,95 @@
+"""Reasoning in `Llama.create_chat_completion`, llama-server's shape: `message.reasoning_content`
+and `delta.reasoning_content`, for SmolLM2 under DeepSeek R1's template (whose generation
+prompt opens `<think>`), the reply scripted by a logits processor since the model cannot
+think."""
+from __future__ import annotations
+
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llama import Llama
+
+TEMPLATES = Path(__file__).parents[1] / "chat" / "templates"
+HELLO = [{"role": "user", "content": "What is today?"}]
+SCRIPT = "I should greet.</think>\n\nHello there"
+
+
+@pytest.fixture(scope="module")
+def thinker(smollm2_path) -> Llama:
+    source = (TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text()
+    return Llama(str(smollm2_path), n_ctx=512, n_threads=2, verbose=False, chat_template=source)
+
+
+def scripted(llm: Llama, text: str):
+    """A logits processor that makes the model write `text`, then its end-of-generation token."""
+    ids = llm.tokenize(text.encode(), add_bos=False, special=True) + [llm.token_eos()]
+    start: list[int] = []
+
+    def processor(input_ids, scores):
+        if not start:
+            start.append(len(input_ids))
+        forced = np.full_like(scores, -np.inf)
+        forced[ids[min(len(input_ids) - start[0], len(ids) - 1)]] = 0.0
+        return forced
+    return processor
+
+
+def test_the_prompt_opens_the_thinking_and_off_closes_it(thinker):
+    assert thinker.apply_chat_template(HELLO).endswith("<｜Assistant｜><think>\n")
+    assert thinker.apply_chat_template(HELLO, reasoning="off").endswith("<think>\n</think>")
+    assert thinker.apply_chat_template(HELLO, enable_thinking=False).endswith("<think>\n</think>")
+
+
+def test_reasoning_content_whole_and_streamed(thinker):
+    whole = thinker.create_chat_completion(HELLO, max_tokens=40, logits_processor=[scripted(thinker, SCRIPT)])
+    message = whole["choices"][0]["message"]
+    assert message["reasoning_content"] == "I should greet."
+    assert message["content"] == "Hello there"
+    chunks = list(thinker.create_chat_completion(HELLO, max_tokens=40, stream=True,
+                                                 logits_processor=[scripted(thinker, SCRIPT)]))
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert deltas[0] == {"role": "assistant", "content": None}
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == "I should greet."
+    assert "".join(d.get("content") or "" for d in deltas) == "Hello there"
+    assert all("greet" not in (d.get("content") or "") and "</think>" not in (d.get("content") or "")
+               for d in deltas)
+
+
+def test_reasoning_format_none_keeps_the_raw_text(thinker):
+    raw = thinker.create_chat_completion(HELLO, max_tokens=40, reasoning_format="none",
+                                         logits_processor=[scripted(thinker, SCRIPT)])
+    message = raw["choices"][0]["message"]
+    assert message["content"] == SCRIPT and "reasoning_content" not in message
+    legacy = thinker.create_chat_completion(HELLO, max_tokens=40, reasoning_format="deepseek-legacy",
+                                            logits_processor=[scripted(thinker, SCRIPT)])
+    message = legacy["choices"][0]["message"]
+    assert message["reasoning_content"] == "I should greet." and message["content"] == "<think>" + SCRIPT
+    with pytest.raises(ValueError, match="reasoning_format 'deep' is not one of"):
+        thinker.create_chat_completion(HELLO, max_tokens=1, reasoning_format="deep")
+
+
+def test_llama_3_templates_print_today(smollm2_path):
+    source = (TEMPLATES / "meta-llama-Llama-3.3-70B-Instruct.jinja").read_text()
+    llm = Llama(str(smollm2_path), n_ctx=256, n_threads=2, verbose=False, chat_template=source)
+    assert date.today().strftime("%d %b %Y") in llm.apply_chat_template(HELLO)
+
+
+def test_a_last_assistant_message_is_continued(thinker):
+    """llama-server's prefill: the reply continues the last assistant message, whose
+    reasoning goes between the markers the generation prompt opens."""
+    chat = HELLO + [{"role": "assistant", "content": "It is", "reasoning_content": "Look at the date."}]
+    prompt = thinker.apply_chat_template(chat)
+    assert prompt.endswith("<｜Assistant｜><think>Look at the date.</think>It is")
+    thought_only = HELLO + [{"role": "assistant", "content": "", "reasoning_content": "Hmm"}]
+    assert thinker.apply_chat_template(thought_only).endswith("<｜Assistant｜><think>Hmm")
+    reply = thinker.create_chat_completion(thought_only, max_tokens=40,
+                                           logits_processor=[scripted(thinker, SCRIPT)])["choices"][0]["message"]
+    assert reply["reasoning_content"] == "I should greet." and reply["content"] == "Hello there"
+    for bad, needle in ((HELLO + [{"role": "assistant", "content": "a"}] * 2, "2 or more assistant"),
+                        (chat, "Cannot set both")):
+        with pytest.raises(ValueError, match=needle):
+            thinker.create_chat_completion(bad, max_tokens=1, continue_final_message=True) \
+                if needle == "Cannot set both" else thinker.create_chat_completion(bad, max_tokens=1)
