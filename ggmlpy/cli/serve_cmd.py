@@ -65,6 +65,10 @@ def register(subparsers: Any) -> None:
       help="extra variables for the chat template, a JSON object (e.g. '{\"enable_thinking\": false}')")
     a("-rea", "--reasoning", type=_on_off, default="auto",
       help="thinking in chats: on, off or auto (default: where the template shows it)")
+    a("--reasoning-budget", type=int, default=-1,
+      help="reasoning tokens before the end of thinking is forced (-1: unlimited, 0: none)")
+    a("--reasoning-budget-message", default=None,
+      help="text forced before the end of thinking when the budget runs out")
     a("--reasoning-format", default="auto", choices=["auto", "deepseek", "deepseek-legacy", "none"],
       help="how reasoning is returned: auto/deepseek (message.reasoning_content), deepseek-legacy "
       "(also left in content), none (left in content)")
@@ -172,6 +176,8 @@ def config_from_args(args: argparse.Namespace):
         keys += [line.strip() for line in args.api_key_file.read_text().splitlines() if line.strip()]
     if args.parallel < 1:
         raise ValueError(f"--parallel must be at least 1, got {args.parallel}")
+    if args.reasoning_budget < -1:
+        raise ValueError(f"--reasoning-budget must be -1 (unlimited) or a number of tokens, got {args.reasoning_budget}")
     where = placement_kwargs(args)
     template = args.chat_template
     if args.chat_template_file is not None:
@@ -197,7 +203,8 @@ def config_from_args(args: argparse.Namespace):
         embedding=args.embedding or args.reranking, reranking=args.reranking,
         pooling="rank" if args.reranking else args.pooling, metrics=args.metrics, slots=args.slots,
         jinja=args.jinja, chat_template=template, chat_template_kwargs=kwargs, reasoning=args.reasoning,
-        reasoning_format=args.reasoning_format, context_shift=args.context_shift,
+        reasoning_format=args.reasoning_format, reasoning_budget=args.reasoning_budget,
+        reasoning_budget_message=args.reasoning_budget_message, context_shift=args.context_shift,
         cache_reuse=args.cache_reuse, ctx_checkpoints=args.ctx_checkpoints, spm_infill=args.spm_infill,
         sse_ping_interval=args.sse_ping_interval,
         slot_save_path=args.slot_save_path, cont_batching=args.cont_batching,
@@ -215,9 +222,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ray:
         return _run_ray(args)
     try:
-        import uvicorn
-
-        from llama.server import HTTP_PROTOCOL, create_app
+        from llama.server import Server, create_app
     except ImportError as e:  # the web stack is the optional extra, not a core dependency
         print(f"ggmlpy serve: error: {e.name} is not installed; the server needs the extra: "
               "pip install 'ggmlpy[server]'", file=sys.stderr)
@@ -229,9 +234,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"ggmlpy serve: {config.model} on http://{config.host}:{config.port} "
           f"({config.parallel} slots)", file=sys.stderr)
     hosts = [h.strip() for h in config.host.split(",") if h.strip()]   # llama-server: several addresses
-    server = uvicorn.Server(uvicorn.Config(
-        create_app(config), host=hosts[0], port=config.port, log_level="warning", http=HTTP_PROTOCOL,
-        timeout_graceful_shutdown=config.timeout_graceful_shutdown))
+    server = Server(create_app(config), host=hosts[0], port=config.port, log_level="warning",
+                    timeout_graceful_shutdown=config.timeout_graceful_shutdown)
     # uvicorn stops accepting on SIGTERM, lets running requests finish (cancelling them after
     # the grace period), then raises the signal again once it is done; with this handler in
     # place that last raise returns, and the process exits 0 instead of dying by the signal

@@ -24,6 +24,7 @@ from llama.api.chat_prompt import chat_prompt, normalize_messages
 from llama.chat.reasoning import Reasoning, ReasoningSplit, ThinkingTags, check_format, thinking_tags
 from llama.chat.tool_calls import ToolCallStream, detect_tool_format, parse_tool_calls, tool_call_grammar
 from llama.model import Model
+from llama.sampling.reasoning_budget import ReasoningBudget
 
 if TYPE_CHECKING:
     from llama.api.llama import Llama
@@ -48,7 +49,7 @@ class ChatSetup:
                 self.model.gguf.metadata, chat_format=self.chat_format,
                 chat_template=self.chat_template,
                 bos_token=vocab.tokens[bos] if bos is not None else "",
-                eos_token=vocab.tokens[eos] if eos is not None else "")
+                eos_token=vocab.tokens[eos] if eos is not None else "", lenient=True)
         return self._template
 
     @property
@@ -214,7 +215,8 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
                  stream_options: dict | None = None,
                  chat_template_kwargs: dict | None = None,
                  reasoning_format: str = "auto", reasoning: str = "auto",
-                 reasoning_effort: str | None = None,
+                 reasoning_effort: str | None = None, reasoning_budget: int = -1,
+                 reasoning_budget_message: str | None = None,
                  add_generation_prompt: bool = True, continue_final_message: bool | None = None,
                  n_ctx: int | None = None, context_shift: bool = False,
                  **server_sampling: Any) -> ChatJob:
@@ -222,7 +224,8 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
     fail here, before anything is decoded. `n_ctx`: the context the sequence may fill.
     `reasoning_format`, `reasoning` (llama-server's --reasoning on/off/auto) and
     `reasoning_effort`: how a thinking model's reasoning is asked for and split off
-    (`template_variables`). A last assistant message is continued, not answered
+    (`template_variables`); `reasoning_budget` (-1: none) caps it, forcing the end marker
+    after `reasoning_budget_message` (llama/sampling/reasoning_budget.py). A last assistant message is continued, not answered
     (`final_continuation`). `server_sampling`: llama-server's fields beyond
     llama-cpp-python's arguments (completion.sampling_params)."""
     if functions:
@@ -241,6 +244,9 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
     if tags is not None and reasoning_format != "none":
         split = Reasoning(tags, "deepseek" if reasoning_format == "auto" else reasoning_format, opened)
     ids = setup.tokens(text)
+    if tags is not None and reasoning_budget >= 0:
+        logits_processor = list(logits_processor or []) + [
+            budget_processor(llm, tags, reasoning_budget, reasoning_budget_message, len(ids), opened)]
     n_max = resolve_max_tokens(max_tokens, len(ids), n_ctx or llm.n_ctx(), context_shift)
 
     constraint = grammar
@@ -272,6 +278,13 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
     meta = (responses.new_id("chatcmpl"), responses.now(), model or llm.model_path)
     include_usage = bool((stream_options or {}).get("include_usage"))
     return ChatJob(seq, meta, fmt if choice != "none" else None, include_usage, bool(logprobs), split)
+
+
+def budget_processor(llm: "Llama", tags: ThinkingTags, budget: int, message: str | None,
+                     n_prompt: int, opened: bool) -> ReasoningBudget:
+    """The reasoning budget for this model's markers: the message, then the end marker, forced."""
+    forced = llm.model.vocab.tokenize((message or "") + tags.end, add_special=False, parse_special=True)
+    return ReasoningBudget(tags.start, tags.end, forced, budget, llm.piece, n_prompt=n_prompt, opened=opened)
 
 
 def create_chat_completion(llm: "Llama", messages: list[dict], *, stream: bool = False,

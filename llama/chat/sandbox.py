@@ -79,6 +79,18 @@ class TemplateNamespace(jinja2.utils.Namespace):
             raise SecurityError(f"templates cannot store underscore-prefixed attributes on a namespace: {name!r}")
 
 
+class ConcatUndefined(jinja2.Undefined):
+    """The lenient environment's undefined: joined to a string it reads as "", as llama.cpp's
+    template engine reads it (FireFunction v2's template adds `functions`, which nothing
+    defines); any other use raises."""
+
+    def __add__(self, other: Any) -> Any:
+        return other if isinstance(other, str) else self._fail_with_undefined_error()
+
+    def __radd__(self, other: Any) -> Any:
+        return other if isinstance(other, str) else self._fail_with_undefined_error()
+
+
 class StrictSandbox(ImmutableSandboxedEnvironment):
     """jinja2's immutable sandbox, refusing loudly.
 
@@ -105,9 +117,10 @@ def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def make_environment(clock: Clock = datetime.now) -> StrictSandbox:
+def make_environment(clock: Clock = datetime.now, lenient: bool = False) -> StrictSandbox:
     """A fresh environment; `clock` is what `strftime_now` reads (injectable so that tests
-    and reproducible prompts need no patched global time)."""
+    and reproducible prompts need no patched global time). `lenient`: an undefined variable
+    joined to a string is "" (llama.cpp's engine) rather than an error (transformers')."""
 
     def strftime_now(format: str) -> str:
         return clock().strftime(format)
@@ -115,7 +128,7 @@ def make_environment(clock: Clock = datetime.now) -> StrictSandbox:
     if _version_tuple(jinja2.__version__) < MIN_JINJA2:
         raise RuntimeError(f"chat templates need jinja2>={'.'.join(map(str, MIN_JINJA2))} (older sandboxes have "
                            f"known escapes, CVE-2024-56326 and CVE-2025-27516); found {jinja2.__version__}")
-    env = StrictSandbox(
+    env = StrictSandbox(undefined=ConcatUndefined if lenient else jinja2.Undefined,
         trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception

@@ -35,10 +35,11 @@ def named_templates(metadata: Mapping[str, Any]) -> dict[str, str]:
 
 def select_template(metadata: Mapping[str, Any], *, chat_format: str | None = None,
                     chat_template: str | None = None, bos_token: str = "",
-                    eos_token: str = "") -> ChatTemplate | FormatTemplate:
+                    eos_token: str = "", lenient: bool = False) -> ChatTemplate | FormatTemplate:
     """The ChatTemplate for a model with GGUF `metadata` (parsed now; a template that does
-    not parse raises ChatTemplateError here, one that misbehaves raises it when rendered)."""
-    tokens = {"bos_token": bos_token, "eos_token": eos_token}
+    not parse raises ChatTemplateError here, one that misbehaves raises it when rendered).
+    `lenient`: see ChatTemplate."""
+    tokens = {"bos_token": bos_token, "eos_token": eos_token, "lenient": lenient}
     if chat_template is not None:
         return ChatTemplate(chat_template, name="chat_template argument", **tokens)
     if chat_format is not None:

@@ -26,19 +26,21 @@ class ChatTemplate:
     """A parsed chat template.
 
     `clock` feeds `strftime_now` (templates such as Llama 3.x print today's date); pass a
-    fixed one for reproducible prompts.
+    fixed one for reproducible prompts. `lenient`: render, as llama.cpp does, the templates
+    that join an undefined variable to a string, where transformers raises (the chat API
+    uses it; the default is transformers' behaviour).
     """
 
     stop: tuple[str, ...] = ()   # a jinja template adds no stop strings (named_formats' do)
 
     def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "", name: str | None = None,
-                 clock: Clock = datetime.now) -> None:
+                 clock: Clock = datetime.now, lenient: bool = False) -> None:
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.name = name
         try:
-            self._template = make_environment(clock).from_string(source)
+            self._template = make_environment(clock, lenient).from_string(source)
         except TemplateSyntaxError as exc:
             raise ChatTemplateError(self.label, f"does not parse: {exc.message} (line {exc.lineno})") from exc
         except jinja2.TemplateError as exc:

@@ -111,7 +111,8 @@ class MessagesAnswer:
     timings_per_token: bool = False   # accepted as the other APIs' answers take it; no field for it here
     msg_id: str = field(default_factory=lambda: f"msg_{secrets.token_hex(12)}")
     _chunks: Any = None
-    _text_open: bool = False
+    _open: str | None = None       # the kind of the block the stream has open ("thinking", "text")
+    _n_blocks: int = 0             # blocks the stream has started
     _sent_start: bool = False
 
     def _message(self) -> dict:
@@ -146,7 +147,9 @@ class MessagesAnswer:
 
     def response(self) -> dict:
         message = self._message()
-        blocks = ([{"type": "text", "text": message["content"]}] if message.get("content") else [])
+        blocks = ([{"type": "thinking", "thinking": message["reasoning_content"], "signature": ""}]
+                  if message.get("reasoning_content") else [])
+        blocks += [{"type": "text", "text": message["content"]}] if message.get("content") else []
         blocks += self._tool_blocks(message)
         reason, word = self._stop(message)
         return {"id": self.msg_id, "type": "message", "role": "assistant", "content": blocks,
@@ -170,27 +173,41 @@ class MessagesAnswer:
             "model": self.model, "stop_reason": None, "stop_sequence": None,
             "usage": {**self._usage(), "output_tokens": 0}})]
 
+    def _block(self, kind: str) -> list[NamedEvent]:
+        """The events that make `kind` the open block: the previous one stopped, this started."""
+        if self._open == kind:
+            return []
+        events = self._close()
+        self._open = kind
+        self._n_blocks += 1
+        start = {"type": "thinking", "thinking": ""} if kind == "thinking" else {"type": "text", "text": ""}
+        return events + [self._event("content_block_start", index=self._n_blocks - 1, content_block=start)]
+
+    def _close(self) -> list[NamedEvent]:
+        if self._open is None:
+            return []
+        self._open = None
+        return [self._event("content_block_stop", index=self._n_blocks - 1)]
+
     def feed(self, step) -> list[NamedEvent]:
         events = []
         for chunk in self._chunks.feed(step):
-            text = chunk["choices"][0]["delta"].get("content")
-            if text:
-                if not self._text_open:
-                    self._text_open = True
-                    events.append(self._event("content_block_start", index=0,
-                                              content_block={"type": "text", "text": ""}))
-                events.append(self._event("content_block_delta", index=0,
-                                          delta={"type": "text_delta", "text": text}))
+            delta = chunk["choices"][0]["delta"]
+            if delta.get("reasoning_content"):
+                events += self._block("thinking")
+                events.append(self._event("content_block_delta", index=self._n_blocks - 1, delta={
+                    "type": "thinking_delta", "thinking": delta["reasoning_content"]}))
+            if delta.get("content"):
+                events += self._block("text")
+                events.append(self._event("content_block_delta", index=self._n_blocks - 1,
+                                          delta={"type": "text_delta", "text": delta["content"]}))
         return events
 
     def end(self) -> list[NamedEvent]:
         self._chunks.end()
         message = self._message()
-        events = []
-        index = 0
-        if self._text_open:
-            events.append(self._event("content_block_stop", index=0))
-            index = 1
+        events = self._close()
+        index = self._n_blocks
         for block in self._tool_blocks(message):
             events.append(self._event("content_block_start", index=index, content_block={
                 "type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}))

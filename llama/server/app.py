@@ -10,6 +10,7 @@ import contextlib
 import hmac
 import threading
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.datastructures import URL, Headers
@@ -63,6 +64,7 @@ def create_app(config: ServerConfig, *, load_in_background: bool = True) -> Fast
     app = FastAPI(title="ggmlpy server", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.server = state
+    app.state.toolbox = toolbox
     install_guards(app, config)
     routes_openai.register(app, state)
     routes_llama.register(app, state)
@@ -79,6 +81,20 @@ def create_app(config: ServerConfig, *, load_in_background: bool = True) -> Fast
     if vertex is not None:   # AIP_MODE=PREDICTION: serving for Google Cloud's Vertex AI
         gcp.register(app, vertex, config.body_limit)
     return app
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server on `HTTP_PROTOCOL`, which on SIGTERM/SIGINT first stops the app's
+    tools: a running MCP call or shell command answers at once, so the drain does not wait
+    for it (llama-server closes its MCP servers first too)."""
+
+    def __init__(self, app: FastAPI, **config) -> None:
+        super().__init__(uvicorn.Config(app, http=HTTP_PROTOCOL, **config))
+        self.app = app
+
+    def handle_exit(self, sig, frame) -> None:
+        self.app.state.toolbox.close()
+        super().handle_exit(sig, frame)
 
 
 def disabled(app: FastAPI, path: str, methods: list[str]) -> None:

@@ -35,6 +35,8 @@ class ServerConfig:
     chat_template_kwargs: dict = field(default_factory=dict)   # --chat-template-kwargs: template variables
     reasoning: str = "auto"       # -rea: thinking on, off or auto (where the template shows it)
     reasoning_format: str = "auto"   # how reasoning is returned: auto, deepseek, deepseek-legacy, none
+    reasoning_budget: int = -1    # --reasoning-budget: reasoning tokens before the end marker is forced (-1: no cap)
+    reasoning_budget_message: str | None = None   # --reasoning-budget-message: written before it
     context_shift: bool = False
     spm_infill: bool = False      # /infill's suffix before the prefix (--spm-infill)
     cache_reuse: int = 0          # --cache-reuse: the requests' default n_cache_reuse (0: off)

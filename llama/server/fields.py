@@ -224,12 +224,23 @@ def chat_kwargs(body: dict, config: ServerConfig, vocab: "Vocab") -> dict:
         reasoning_format=field(body, "reasoning_format", (str,), config.reasoning_format),
         reasoning=config.reasoning,
         reasoning_effort=field(body, "reasoning_effort", (str,)),
+        reasoning_budget=reasoning_budget(body, config),
+        reasoning_budget_message=field(body, "reasoning_budget_message", (str,), config.reasoning_budget_message),
         add_generation_prompt=field(body, "add_generation_prompt", (bool,), True),
         continue_final_message=field(body, "continue_final_message", (bool,)),
     )
     if kwargs["grammar"] is not None and kwargs["response_format"] is not None:
         raise bad_request("give either 'grammar' or 'response_format', not both")
     return kwargs
+
+
+def reasoning_budget(body: dict, config: ServerConfig) -> int:
+    """llama-server's `reasoning_budget_tokens` (or `thinking_budget_tokens`): -1 takes the
+    server's `--reasoning-budget`."""
+    value = field(body, "reasoning_budget_tokens", (int,), field(body, "thinking_budget_tokens", (int,), -1))
+    if value < -1:
+        raise bad_request("'reasoning_budget_tokens' must be -1 (none) or a number of tokens")
+    return config.reasoning_budget if value == -1 else value
 
 
 def prompts(body: dict, vocab: "Vocab | None" = None) -> list:

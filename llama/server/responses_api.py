@@ -145,6 +145,7 @@ class ResponsesAnswer:
     timings_per_token: bool = False   # llama-server's telemetry: `timings` on each text delta
     resp_id: str = field(default_factory=lambda: _rid("resp"))
     msg_id: str = field(default_factory=lambda: _rid("msg"))
+    reasoning_id: str = field(default_factory=lambda: _rid("rs"))
     created: int = field(default_factory=responses.now)
     _chunks: Any = None
     _seq: int = 0
@@ -155,6 +156,9 @@ class ResponsesAnswer:
         """The finished output items, by key ("msg", or a tool call's index)."""
         message = self.job.response()["choices"][0]["message"]
         items = {}
+        if message.get("reasoning_content"):
+            items["reasoning"] = self._reasoning_item(
+                "completed", [{"type": "reasoning_text", "text": message["reasoning_content"]}])
         if message.get("content"):
             items["msg"] = {"type": "message", "id": self.msg_id, "status": "completed",
                             "role": "assistant",
@@ -165,6 +169,11 @@ class ResponsesAnswer:
                         "status": "completed", "call_id": call["id"],
                         "name": call["function"]["name"], "arguments": call["function"]["arguments"]}
         return items
+
+    def _reasoning_item(self, status: str, content: list) -> dict:
+        """A reasoning output item (llama-server's: the text in `content`, no summary)."""
+        return {"type": "reasoning", "id": self.reasoning_id, "summary": [], "content": content,
+                "encrypted_content": "", "status": status}
 
     def _usage(self) -> dict:
         seq = self.job.seq
@@ -201,6 +210,12 @@ class ResponsesAnswer:
         events = []
         for chunk in self._chunks.feed(step):
             delta = chunk["choices"][0]["delta"]
+            if delta.get("reasoning_content"):
+                if "reasoning" not in self._index:
+                    events += self._added("reasoning", self._reasoning_item("in_progress", []))
+                events.append(self._event("response.reasoning_text.delta", item_id=self.reasoning_id,
+                                          output_index=self._index["reasoning"], content_index=0,
+                                          delta=delta["reasoning_content"]))
             if delta.get("content"):
                 if "msg" not in self._index:
                     events += self._added("msg", {"type": "message", "id": self.msg_id,
@@ -237,13 +252,16 @@ class ResponsesAnswer:
         for key, item in items.items():   # items the deltas never opened get the next indices
             if key not in self._index:
                 opened = dict(item, status="in_progress")
-                if item["type"] == "message":
+                if item["type"] in ("message", "reasoning"):
                     opened["content"] = []
                 events += self._added(key, opened)
         order = sorted(items, key=lambda k: self._index[k])
         for key in order:
             item, index = items[key], self._index[key]
-            if item["type"] == "message":
+            if item["type"] == "reasoning":
+                events.append(self._event("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                                          content_index=0, text=item["content"][0]["text"]))
+            elif item["type"] == "message":
                 part = item["content"][0]
                 events.append(self._event("response.output_text.done", item_id=self.msg_id,
                                           output_index=index, content_index=0, text=part["text"],

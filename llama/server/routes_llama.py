@@ -346,5 +346,7 @@ def register(app: FastAPI, state: ServerState) -> None:
             raise APIError(501, "This server does not support metrics endpoint. Start it with "
                            "`--metrics`", type="not_supported_error")
         state.ready(wake=False)
-        return Response(render(registry), media_type="text/plain; version=0.0.4",
-                        headers={"Process-Start-Time-Unix": str(state.started)})
+        response = Response(render(registry), media_type="text/plain; version=0.0.4")
+        # spelled as llama-server does (Starlette's `headers=` would lower-case it)
+        response.raw_headers.append((b"Process-Start-Time-Unix", str(state.started).encode()))
+        return response

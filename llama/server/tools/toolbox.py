@@ -58,7 +58,9 @@ class Toolbox:
         return self._tools
 
     def close(self) -> None:
+        """Stop the MCP servers (calls in flight answer at once) and the runtime; again is a no-op."""
         if self.mcp is not None:
             self.mcp.close()
         if self._runtime is not None:
             self._runtime.close()
+            self._runtime = None

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from llama import Llama
+from llama.chat import ChatTemplate, ChatTemplateError
 
 TEMPLATES = Path(__file__).parents[1] / "chat" / "templates"
 HELLO = [{"role": "user", "content": "What is today?"}]
@@ -71,10 +72,18 @@ def test_reasoning_format_none_keeps_the_raw_text(thinker):
         thinker.create_chat_completion(HELLO, max_tokens=1, reasoning_format="deep")
 
 
-def test_llama_3_templates_print_today(smollm2_path):
-    source = (TEMPLATES / "meta-llama-Llama-3.3-70B-Instruct.jinja").read_text()
+@pytest.mark.parametrize("name, fmt", [("meta-llama-Llama-3.3-70B-Instruct", "%d %b %Y"),
+                                       ("fireworks-ai-llama-3-firefunction-v2", "%b %d %Y")])
+def test_templates_print_today(smollm2_path, name, fmt):
+    """llama.cpp's `date_string` and `datetime`; FireFunction's template also joins an
+    undefined `functions` to a string, which transformers refuses and llama.cpp (and the
+    chat API, leniently) reads as ""."""
+    source = (TEMPLATES / f"{name}.jinja").read_text()
     llm = Llama(str(smollm2_path), n_ctx=256, n_threads=2, verbose=False, chat_template=source)
-    assert date.today().strftime("%d %b %Y") in llm.apply_chat_template(HELLO)
+    assert date.today().strftime(fmt) in llm.apply_chat_template(HELLO)
+    if "firefunction" in name:
+        with pytest.raises(ChatTemplateError, match="'functions' is undefined"):
+            ChatTemplate(source).render(HELLO, datetime="today")
 
 
 def test_a_last_assistant_message_is_continued(thinker):
@@ -93,3 +102,18 @@ def test_a_last_assistant_message_is_continued(thinker):
         with pytest.raises(ValueError, match=needle):
             thinker.create_chat_completion(bad, max_tokens=1, continue_final_message=True) \
                 if needle == "Cannot set both" else thinker.create_chat_completion(bad, max_tokens=1)
+
+
+def test_a_reasoning_budget_forces_the_end_of_thinking(thinker):
+    """llama-server's reasoning budget: after N reasoning tokens the message and the end
+    marker are forced, and the model goes on with its answer (here it only ever writes
+    " a")."""
+    always_a = scripted(thinker, " a" * 64)
+    reply = thinker.create_chat_completion(HELLO, max_tokens=12, reasoning_budget=4,
+                                           reasoning_budget_message=" Enough.",
+                                           logits_processor=[always_a])["choices"][0]["message"]
+    assert reply["reasoning_content"] == "a a a a Enough."
+    assert reply["content"].startswith("a a")
+    none = thinker.create_chat_completion(HELLO, max_tokens=6, reasoning_budget=0,
+                                          logits_processor=[scripted(thinker, " a" * 64)])["choices"][0]["message"]
+    assert "reasoning_content" not in none and none["content"].startswith("a")

@@ -9,9 +9,8 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
-import uvicorn
 
-from llama.server import HTTP_PROTOCOL, ServerConfig, create_app
+from llama.server import Server, ServerConfig, create_app
 
 API_KEY = "test-key-123"
 
@@ -20,9 +19,8 @@ class RunningServer:
     def __init__(self, config: ServerConfig):
         self.config = config
         self.app = create_app(config)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=config.port, http=HTTP_PROTOCOL,
-                                                    log_level="warning", lifespan="on",
-                                                    timeout_graceful_shutdown=5))
+        self.server = Server(self.app, host="127.0.0.1", port=config.port, log_level="warning", lifespan="on",
+                             timeout_graceful_shutdown=5)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property

@@ -253,3 +253,25 @@ def test_idle_sleep_and_wake(smollm2_path):
         assert post(s, "/tokenize", {"content": "Hello"}).json()["tokens"]
         assert not httpx.get(s.url + "/props").json()["is_sleeping"]
         assert float(re.search(rate, httpx.get(s.url + "/metrics").text, re.M)[1]) == 0
+
+
+def test_reasoning_in_the_messages_and_responses_apis(r1):
+    """A thinking template's reasoning as Anthropic's thinking block and the Responses API's
+    reasoning item (llama-server's shapes), whole and streamed."""
+    chat = {"max_tokens": 6, "messages": [{"role": "user", "content": "What is the best book"}], "temperature": 0}
+    message = post(r1, "/v1/messages", {"model": "x", **chat}).json()
+    thinking = message["content"][0]
+    assert thinking["type"] == "thinking" and thinking["thinking"] and thinking["signature"] == ""
+    with httpx.stream("POST", r1.url + "/v1/messages", json={"model": "x", "stream": True, **chat}, timeout=120) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    starts = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+    deltas = "".join(e["delta"].get("thinking", "") for e in events if e["type"] == "content_block_delta")
+    assert starts[0] == "thinking" and deltas == thinking["thinking"]
+    body = {"model": "x", "input": "What is the best book", "max_output_tokens": 6, "temperature": 0}
+    output = post(r1, "/v1/responses", body).json()["output"]
+    assert output[0]["type"] == "reasoning" and output[0]["content"][0]["text"] == thinking["thinking"]
+    with httpx.stream("POST", r1.url + "/v1/responses", json={**body, "stream": True}, timeout=120) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    text = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
+    assert text == thinking["thinking"]
+    assert events[-1]["type"] == "response.completed" and events[-1]["response"]["output"][0]["type"] == "reasoning"
