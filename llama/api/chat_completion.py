@@ -118,6 +118,7 @@ class ChatJob:
     include_usage: bool
     logprobs: bool
     reasoning: Reasoning | None = None
+    tools: list | None = None     # the request's tools (they type XML calls' values)
 
     def response(self) -> dict:
         """The `chat.completion` of the finished sequence."""
@@ -129,7 +130,7 @@ class ChatJob:
         message: dict = {"role": "assistant", "content": content}
         finish = seq.finish_reason
         if self.fmt is not None:
-            content, calls = parse_tool_calls(content, self.fmt)
+            content, calls = parse_tool_calls(content, self.fmt, tools=self.tools)
             if calls:
                 message = {"role": "assistant", "content": content, "tool_calls": calls}
                 finish = "tool_calls"
@@ -150,7 +151,7 @@ class ChatChunks:
 
     def __init__(self, job: ChatJob):
         self.job = job
-        self.calls = ToolCallStream(job.fmt) if job.fmt is not None else None
+        self.calls = ToolCallStream(job.fmt, tools=job.tools) if job.fmt is not None else None
         self.thoughts = ReasoningSplit(job.reasoning) if job.reasoning is not None else None
         self.saw_call = False
 
@@ -277,7 +278,7 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
                         grammar=constraint, logits_processor=logits_processor)
     meta = (responses.new_id("chatcmpl"), responses.now(), model or llm.model_path)
     include_usage = bool((stream_options or {}).get("include_usage"))
-    return ChatJob(seq, meta, fmt if choice != "none" else None, include_usage, bool(logprobs), split)
+    return ChatJob(seq, meta, fmt if choice != "none" else None, include_usage, bool(logprobs), split, tools)
 
 
 def budget_processor(llm: "Llama", tags: ThinkingTags, budget: int, message: str | None,

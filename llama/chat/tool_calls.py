@@ -7,6 +7,8 @@ Four families, as llama.cpp names them (``common/chat.cpp``):
 - ``llama3``  — Llama 3.1/3.2/3.3: a bare ``{"name": .., "parameters": {..}}`` (also after ``<|python_tag|>``,
   where the builtin-tool form ``brave_search.call(query="..")`` is read too)
 - ``mistral`` — Mistral Nemo: ``[TOOL_CALLS][{"name": .., "arguments": {..}, "id": ..}]``
+- ``qwen3_coder`` — Qwen3-Coder, Qwen3.5: ``<tool_call>\n<function=name>\n<parameter=key>\nvalue\n</parameter>\n
+  </function>\n</tool_call>`` (xml_calls.py)
 - ``generic`` — the fallback for templates without a call syntax we read: the whole reply is one JSON object,
   ``{"tool_calls": [{"name": .., "arguments": {..}}]}`` (or ``{"tool_call": {..}}``) or ``{"response": ".."}``;
   the model learns it from :func:`generic_tools_instruction` and is held to it by :func:`tool_call_grammar`.
@@ -15,7 +17,7 @@ Parsing and streaming are one scanner: :func:`parse_tool_calls` is a :class:`Too
 text at once, so a streamed reply always adds up to the parsed one. A call is emitted only once its block has
 closed and its JSON parsed; until then its text is held back, so text that turns out malformed (or is cut off)
 comes out as plain content instead of a call that has to be taken back. This module imports nothing else
-from ``llama.chat``.
+from ``llama.chat`` but xml_calls.py.
 """
 from __future__ import annotations
 
@@ -28,8 +30,12 @@ from typing import Any, Callable, Literal, Mapping, Optional
 
 import regex
 
+from llama.chat.xml_calls import read_xml_calls, xml_call_grammar
+
 Call = tuple[str, str]
 """A parsed call: the function name and its arguments as JSON text."""
+Schemas = Mapping[str, Any]
+"""Each tool's `parameters` schema, by name (what types an XML call's values)."""
 
 _WS = " \t\r\n"
 
@@ -75,12 +81,12 @@ def _loads(text: str) -> tuple[bool, Any]:
         return False, None
 
 
-def _read_json_calls(payload: str, spec: ToolFormat) -> Optional[list[Call]]:
+def _read_json_calls(payload: str, spec: ToolFormat, schemas: Schemas) -> Optional[list[Call]]:
     ok, value = _loads(payload.strip())
     return _calls_from(value, spec) if ok else None
 
 
-def _read_generic(payload: str, spec: ToolFormat) -> Optional[list[Call]]:
+def _read_generic(payload: str, spec: ToolFormat, schemas: Schemas) -> Optional[list[Call]]:
     ok, value = _loads(payload)
     if not ok or not isinstance(value, dict):
         return None
@@ -91,9 +97,9 @@ def _read_generic(payload: str, spec: ToolFormat) -> Optional[list[Call]]:
     return None
 
 
-def _read_python_tag(payload: str, spec: ToolFormat) -> Optional[list[Call]]:
+def _read_python_tag(payload: str, spec: ToolFormat, schemas: Schemas) -> Optional[list[Call]]:
     """After ``<|python_tag|>``: JSON call(s), or a Llama builtin call ``name.call(key=literal, ..)``."""
-    calls = _read_json_calls(payload, spec)
+    calls = _read_json_calls(payload, spec, schemas)
     if calls is not None:
         return calls
     try:
@@ -109,6 +115,10 @@ def _read_python_tag(payload: str, spec: ToolFormat) -> Optional[list[Call]]:
     except (ValueError, TypeError):
         return None
     return [(tree.func.value.id, text)]
+
+
+def _read_xml(payload: str, spec: ToolFormat, schemas: Schemas) -> Optional[list[Call]]:
+    return read_xml_calls(payload, schemas)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -130,7 +140,7 @@ class Block:
 
     open: str
     kind: BlockKind
-    read: Optional[Callable[[str, ToolFormat], Optional[list[Call]]]] = None
+    read: Optional[Callable[[str, ToolFormat, Schemas], Optional[list[Call]]]] = None
     close: str = ""
     json_at_open: bool = False
 
@@ -142,12 +152,13 @@ class Block:
 @dataclass(frozen=True)
 class GrammarShape:
     """How a forced call is written: markers before and after the JSON, and its JSON shape (``object``:
-    the call itself; ``array``: a one-element list of it; ``tool_calls``: generic's wrapper object).
+    the call itself; ``array``: a one-element list of it; ``tool_calls``: generic's wrapper object;
+    ``xml``: no JSON, Qwen3-Coder's tags, whose grammar xml_calls.py writes).
     ``call_extra`` adds optional properties after the arguments (Mistral's 9-character ``id``)."""
 
     before: tuple[str, ...]
     after: tuple[str, ...]
-    json: Literal["object", "array", "tool_calls"]
+    json: Literal["object", "array", "tool_calls", "xml"]
     call_extra: tuple[tuple[str, Any], ...] = ()  # (property, schema) pairs
 
 
@@ -191,6 +202,13 @@ FORMATS: Mapping[str, ToolFormat] = MappingProxyType({
                              call_extra=(("id", {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}),)),
         id_len=9, id_prefix="",  # Mistral's template rejects tool call ids that are not 9 characters long
     ),
+    "qwen3_coder": ToolFormat(
+        name="qwen3_coder",
+        blocks=(Block(regex.escape(_HERMES_OPEN), "closed", _read_xml, close="</tool_call>"),),
+        arg_keys=("arguments",),
+        grammar=GrammarShape(before=(), after=(), json="xml"),
+        id_len=24, id_prefix="call_",
+    ),
     "generic": ToolFormat(
         name="generic",
         blocks=(
@@ -207,7 +225,8 @@ FORMATS: Mapping[str, ToolFormat] = MappingProxyType({
 # our JSON syntaxes (XML-style parameters, Mistral v11's ``name[ARGS]{..}``) come first and get the generic
 # format: the template would teach the model a syntax we could not read back.
 _DETECT: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("<function=",), "generic"),        # Qwen3-Coder, Qwen 3.5, Nemotron, functionary v3.1
+    (("<tool_call>", "<function=", "<parameter="), "qwen3_coder"),   # Qwen3-Coder, Qwen 3.5, Nemotron Nano 3
+    (("<function=",), "generic"),        # functionary v3.1
     (("<arg_key>",), "generic"),         # GLM 4.5+
     (("<invoke name=",), "generic"),     # MiniMax
     (("[TOOL_CALLS]", "[ARGS]"), "generic"),  # Mistral Small 3.2, Devstral, Ministral 3
@@ -347,8 +366,9 @@ class ToolCallStream:
     unfinished call as content). Content is trimmed at both ends of the reply, as the parse is.
     """
 
-    def __init__(self, fmt: str, seed: str | int = 0) -> None:
+    def __init__(self, fmt: str, seed: str | int = 0, tools: Optional[list[dict]] = None) -> None:
         self._fmt = _format(fmt)
+        self._schemas = {f.get("name"): f.get("parameters") or {} for f in (_function(t) for t in tools or [])}
         self._patterns = tuple(b.pattern for b in self._fmt.blocks)
         self._seed = seed
         self._text = ""
@@ -410,7 +430,7 @@ class ToolCallStream:
         limit included) must not raise."""
         assert block.read is not None
         try:
-            return block.read(payload, self._fmt)
+            return block.read(payload, self._fmt, self._schemas)
         except (ValueError, TypeError, RecursionError, MemoryError):
             return None
 
@@ -493,11 +513,13 @@ def assemble_deltas(deltas: list[dict]) -> tuple[Optional[str], list[dict]]:
     return content or None, [calls[i] for i in sorted(calls)]
 
 
-def parse_tool_calls(text: str, fmt: str, seed: str | int = 0) -> tuple[Optional[str], list[dict]]:
+def parse_tool_calls(text: str, fmt: str, seed: str | int = 0,
+                     tools: Optional[list[dict]] = None) -> tuple[Optional[str], list[dict]]:
     """Split a finished reply into its content (None if empty) and OpenAI tool calls
     ``{"id", "type": "function", "function": {"name", "arguments": JSON text}}``. Never raises on model
-    text: a block that is malformed or unfinished stays in the content. ``seed`` makes the call ids."""
-    stream = ToolCallStream(fmt, seed)
+    text: a block that is malformed or unfinished stays in the content. ``seed`` makes the call ids;
+    ``tools`` type the values of formats that write them as text (XML)."""
+    stream = ToolCallStream(fmt, seed, tools)
     return assemble_deltas(stream.feed(text) + stream.finish())
 
 
@@ -556,6 +578,8 @@ def tool_call_grammar(tools: list[dict], tool_choice: Any, fmt: str,
     spec = _format(fmt)
     if tool_choice == "auto" and fmt != "generic":
         raise ValueError(f"tool_choice='auto' needs no grammar in the {fmt} format")
+    if spec.grammar.json == "xml":
+        return xml_call_grammar(_chosen(tools, tool_choice))
     calls = [_call_schema(f, spec) for f in _chosen(tools, tool_choice)]
     call = {"anyOf": calls} if len(calls) > 1 else calls[0]
     if spec.grammar.json == "array":

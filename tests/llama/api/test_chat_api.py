@@ -194,3 +194,22 @@ def test_second_chat_turn_decodes_only_its_new_tokens(smol):
     assert ctx.decode(Batch.from_tokens(ids2)) == 0
     fresh = log_softmax(ctx.get_logits_ith(-1))
     assert second["choices"][0]["logprobs"]["content"][0]["logprob"] == pytest.approx(fresh.max(), abs=2e-3)
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_forced_xml_tool_call(smollm2_path, choice):
+    """Qwen3-Coder's XML format: the grammar makes SmolLM2 write one call in it, whose values
+    come back typed by the tool's schema (`days` an integer), whole and streamed alike."""
+    coder = (TEMPLATES / "Qwen3-Coder.jinja").read_text()
+    llm = Llama(str(smollm2_path), n_ctx=2048, chat_template=coder, verbose=False)
+    msgs = [{"role": "user", "content": "What's the weather in Paris for 3 days?"}]
+    out = llm.create_chat_completion(msgs, tools=[WEATHER, TIME], tool_choice=choice, temperature=0, max_tokens=120)
+    assert out["choices"][0]["finish_reason"] == "tool_calls"
+    calls = out["choices"][0]["message"]["tool_calls"]
+    assert len(calls) == 1
+    tool = {"get_weather": WEATHER, "get_time": TIME}[calls[0]["function"]["name"]]
+    jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), tool["function"]["parameters"])
+    chunks = list(llm.create_chat_completion(msgs, tools=[WEATHER, TIME], tool_choice=choice, temperature=0,
+                                             max_tokens=120, stream=True))
+    _, streamed = assemble_deltas([c["choices"][0]["delta"] for c in chunks[1:]])
+    assert [c["function"] for c in streamed] == [c["function"] for c in calls]

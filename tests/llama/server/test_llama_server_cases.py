@@ -275,3 +275,14 @@ def test_reasoning_in_the_messages_and_responses_apis(r1):
     text = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
     assert text == thinking["thinking"]
     assert events[-1]["type"] == "response.completed" and events[-1]["response"]["output"][0]["type"] == "reasoning"
+
+
+def test_the_openai_client_reads_reasoning_content(r1):
+    from openai import OpenAI
+    client = OpenAI(base_url=r1.url + "/v1", api_key="none")
+    chat = dict(model="x", max_tokens=6, temperature=0, messages=[{"role": "user", "content": "What is the best book"}])
+    message = client.chat.completions.create(**chat).choices[0].message
+    assert message.reasoning_content and message.content == ""
+    streamed = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or ""
+                       for c in client.chat.completions.create(stream=True, **chat) if c.choices)
+    assert streamed == message.reasoning_content
