@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -139,6 +140,19 @@ RAY_FLAGS = ("replicas", "autoscaling_min", "autoscaling_max", "autoscaling_conf
              "ray_address", "replica_cpus")
 
 
+def json_object_flag(flag: str, value: str | None) -> dict | None:
+    """A flag whose value is a JSON object, parsed (None when not given)."""
+    if value is None:
+        return None
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{flag} is not valid JSON: {e}") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{flag} must be a JSON object")
+    return parsed
+
+
 def ray_options_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
     """The `--ray` settings for llama.server.ray_serve.run.main, or None without --ray."""
     if not args.ray:
@@ -149,14 +163,7 @@ def ray_options_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
     replicas = 1 if args.replicas is None else args.replicas
     if replicas < 1:
         raise ValueError(f"--replicas must be at least 1, got {replicas}")
-    autoscaling = None
-    if args.autoscaling_config is not None:
-        try:
-            autoscaling = json.loads(args.autoscaling_config)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--autoscaling-config is not valid JSON: {e}") from None
-        if not isinstance(autoscaling, dict):
-            raise ValueError("--autoscaling-config must be a JSON object")
+    autoscaling = json_object_flag("--autoscaling-config", args.autoscaling_config)
     if args.autoscaling_min is not None or args.autoscaling_max is not None:
         autoscaling = dict(autoscaling or {})
         if args.autoscaling_min is not None:
@@ -182,18 +189,12 @@ def config_from_args(args: argparse.Namespace):
     template = args.chat_template
     if args.chat_template_file is not None:
         template = args.chat_template_file.read_text(encoding="utf-8")
+    from llama.server.gcp import VertexRoutes
     from llama.server.tools.mcp import load_config
     tools = [n.strip() for n in (args.tools or "").split(",") if n.strip()]
     mcp = load_config(args.mcp_servers_config, args.mcp_servers_json)
     cors = args.cors_origins or ("localhost" if tools or mcp else "*")   # llama-server's default
-    kwargs = {}
-    if args.chat_template_kwargs is not None:
-        try:
-            kwargs = json.loads(args.chat_template_kwargs)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--chat-template-kwargs is not valid JSON: {e}") from None
-        if not isinstance(kwargs, dict):
-            raise ValueError("--chat-template-kwargs must be a JSON object")
+    kwargs = json_object_flag("--chat-template-kwargs", args.chat_template_kwargs) or {}
     return ServerConfig(
         model=args.model, host=args.host, port=args.port, ctx_size=args.ctx_size,
         parallel=args.parallel, threads=args.threads, batch_size=args.batch_size,
@@ -214,7 +215,7 @@ def config_from_args(args: argparse.Namespace):
         max_queue=args.max_queue, body_limit=args.body_limit, cors_origins=cors,
         cors_methods=args.cors_methods, cors_headers=args.cors_headers,
         lora=args.lora, lora_init_without_apply=args.lora_init_without_apply, verbose=args.verbose,
-        sleep_idle_seconds=args.sleep_idle_seconds,
+        sleep_idle_seconds=args.sleep_idle_seconds, vertex=VertexRoutes.from_env(os.environ),
         tools=tools, tools_runtime=args.tools_runtime, mcp_servers=mcp, ui_mcp_proxy=args.ui_mcp_proxy)
 
 

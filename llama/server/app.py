@@ -23,7 +23,6 @@ from llama.server import cors_proxy, gcp, rerank, routes_llama, routes_openai
 from llama.server.config import ServerConfig
 from llama.server.cors import ALLOW_ORIGIN, allowed_origin, preflight_headers
 from llama.server.errors import APIError, feature_disabled
-from llama.server.gcp import VertexRoutes
 from llama.server.metrics import samples
 from llama.server.sleep import IdleSleeper
 from llama.server.state import ServerState
@@ -77,9 +76,8 @@ def create_app(config: ServerConfig, *, load_in_background: bool = True) -> Fast
         tool_routes.register(app, toolbox.tools, runtime=lambda: toolbox.runtime, body_limit=config.body_limit)
     else:
         disabled(app, "/tools", ["GET", "POST"])
-    vertex = VertexRoutes.from_env()
-    if vertex is not None:   # AIP_MODE=PREDICTION: serving for Google Cloud's Vertex AI
-        gcp.register(app, vertex, config.body_limit)
+    if config.vertex is not None:   # AIP_MODE=PREDICTION: serving for Google Cloud's Vertex AI
+        gcp.register(app, config.vertex, config.body_limit)
     return app
 
 

@@ -3,6 +3,7 @@ names and meanings, plus a few of ggmlpy's own (`max_queue`, `body_limit`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -67,6 +68,7 @@ class ServerConfig:
     tools_runtime: str | None = None
     mcp_servers: dict | None = None
     ui_mcp_proxy: bool = False
+    vertex: Any = None            # gcp.VertexRoutes: Vertex AI's routes (AIP_MODE=PREDICTION), or None
     sleep_idle_seconds: float = -1   # --sleep-idle-seconds: unload the model after this long idle (-1: never)
     verbose: bool = False         # --verbose: debug logs, and answers carry `__verbose` unless asked not to
 

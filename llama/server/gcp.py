@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from fastapi import FastAPI, Request
 from starlette.routing import Route
@@ -32,9 +31,9 @@ class VertexRoutes:
     health: str | None
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "VertexRoutes | None":
-        """The routes the AIP_* variables ask for, or None when not serving for Vertex AI."""
-        env = dict(os.environ) if env is None else env
+    def from_env(cls, env: Mapping[str, str]) -> "VertexRoutes | None":
+        """The routes the AIP_* variables ask for, or None when not serving for Vertex AI
+        (`ggmlpy serve` reads them from its environment into the server's config)."""
         if env.get("AIP_MODE") != "PREDICTION":
             return None
         return cls(_slashed(env.get("AIP_PREDICT_ROUTE") or "/predict"),

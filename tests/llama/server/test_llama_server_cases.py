@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llama.server.gcp import format_alias
+from llama.server.gcp import VertexRoutes, format_alias
 from tests.llama.server.conftest import running
 
 TEMPLATES = Path(__file__).parents[1] / "chat" / "templates"
@@ -37,17 +37,10 @@ def llama31(smollm2_path):
 
 
 @pytest.fixture(scope="module")
-def r1(smollm2_path, monkeypatch_module):
-    monkeypatch_module.setenv("AIP_MODE", "PREDICTION")
-    with running(smollm2_path, parallel=2, ctx_size=1024,
+def r1(smollm2_path):
+    with running(smollm2_path, parallel=2, ctx_size=1024, vertex=VertexRoutes.from_env({"AIP_MODE": "PREDICTION"}),
                  chat_template=template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B")) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as mp:
-        yield mp
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +208,9 @@ def test_embeddings_of_content_parts(reranker):
 
 
 def test_vertex_ai_predict(r1):
+    assert VertexRoutes.from_env({}) is None
+    assert VertexRoutes.from_env({"AIP_MODE": "PREDICTION", "AIP_PREDICT_ROUTE": "p", "AIP_HEALTH_ROUTE": "/h"}) \
+        == VertexRoutes("/p", "/h")
     assert format_alias("/v1/chat/completions") == "chatCompletions"
     assert format_alias("/apply-template") == "applyTemplate"
     r = post(r1, "/predict", {"instances": [
