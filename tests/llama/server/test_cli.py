@@ -117,3 +117,29 @@ def test_llama_server_spellings_and_the_flags_ggmlpy_lacks():
     cfg = config_from_args(args)
     assert cfg.aliases == ["code", "fim", "tinyllama-2"] and cfg.model_name == "code"
     assert cfg.tag_list == ["chat", "fim", "small"] and not cfg.webui and args.verbose
+
+
+def test_llama_server_flags_for_reasoning_tools_and_modes(monkeypatch):
+    """The flags llama-server's suite starts its server with, read into the config with
+    llama-server's meanings; bad values fail naming the flag."""
+    from llama.server.gcp import VertexRoutes
+    parse = build_parser().parse_args
+    cfg = config_from_args(parse([
+        "serve", "-m", "m", "-rea", "off", "--reasoning-format", "deepseek-legacy", "--reasoning-budget", "16",
+        "--reasoning-budget-message", "Done.", "--chat-template-kwargs", '{"enable_thinking": false}',
+        "--reranking", "--sleep-idle-seconds", "2.5", "--mcp-servers-json",
+        '{"mcpServers": {"echo": {"command": "python3", "args": ["x.py"]}}}', "--ui-mcp-proxy", "-kvu"]))
+    assert (cfg.reasoning, cfg.reasoning_format, cfg.reasoning_budget, cfg.reasoning_budget_message) == \
+        ("off", "deepseek-legacy", 16, "Done.")
+    assert cfg.chat_template_kwargs == {"enable_thinking": False}
+    assert cfg.reranking and cfg.embedding and cfg.pooling == "rank" and cfg.sleep_idle_seconds == 2.5
+    assert cfg.mcp_servers["mcpServers"]["echo"]["args"] == ["x.py"] and cfg.ui_mcp_proxy and cfg.kv_unified
+    assert cfg.cors_origins == "localhost"   # MCP servers narrow CORS, as llama-server's
+    assert cfg.vertex is None
+    monkeypatch.setenv("AIP_MODE", "PREDICTION")
+    assert config_from_args(parse(["serve", "-m", "m"])).vertex == VertexRoutes("/predict", None)
+    for argv, message in ((["--reasoning-budget", "-2"], "--reasoning-budget"),
+                          (["--chat-template-kwargs", "[1]"], "--chat-template-kwargs must be a JSON object"),
+                          (["--mcp-servers-json", "{"], "MCP config")):
+        with pytest.raises(ValueError, match=message):
+            config_from_args(parse(["serve", "-m", "m", *argv]))
