@@ -20,9 +20,10 @@ from llama.api.logprobs import chat_logprobs
 from llama.api.sequence import Sequence, Step
 from llama.chat import ChatTemplate, select_template
 from llama.chat.named_formats import FormatTemplate
-from llama.api.chat_prompt import chat_prompt, normalize_messages
-from llama.chat.reasoning import Reasoning, ReasoningSplit, ThinkingTags, check_format, thinking_tags
-from llama.chat.tool_calls import ToolCallStream, detect_tool_format, parse_tool_calls, tool_call_grammar
+from llama.api.chat_prompt import ChatPrompt, chat_prompt, normalize_messages
+from llama.chat.reasoning import Reasoning, ThinkingTags, check_format, thinking_tags
+from llama.chat.reply import ReplyReader, parse_reply
+from llama.chat.tool_calls import detect_tool_format, tool_call_grammar
 from llama.model import Model
 from llama.sampling.reasoning_budget import ReasoningBudget
 
@@ -38,7 +39,15 @@ class ChatSetup:
         self.model = model
         self.chat_format = chat_format
         self.chat_template = chat_template
-        self._template: ChatTemplate | None = None
+        self._template: ChatTemplate | FormatTemplate | None = None
+
+    @classmethod
+    def for_template(cls, template: ChatTemplate | FormatTemplate) -> "ChatSetup":
+        """A setup with its template given (no model: it renders and reads replies, it does
+        not tokenize)."""
+        setup = cls(None, chat_format=None, chat_template=None)  # type: ignore[arg-type]
+        setup._template = template
+        return setup
 
     @property
     def template(self) -> ChatTemplate | FormatTemplate:
@@ -110,32 +119,19 @@ def _tool_choice(tools: list | None, tool_choice: Any) -> Any:
 
 @dataclass
 class ChatJob:
-    """A chat request made ready to run: its `Sequence` and what the response needs.
-    fmt: the tool-call syntax to parse out of the text (None: keep the text as it is)."""
+    """A chat request made ready to run: its `Sequence` and what the response needs
+    (`reader`: how its text becomes reasoning, content and tool calls)."""
     seq: Sequence
     meta: tuple  # (id, created, model)
-    fmt: str | None
+    reader: ReplyReader
     include_usage: bool
     logprobs: bool
-    reasoning: Reasoning | None = None
-    tools: list | None = None     # the request's tools (they type XML calls' values)
 
     def response(self) -> dict:
         """The `chat.completion` of the finished sequence."""
         seq = self.seq
-        content: str | None = seq.completion_text()
-        thought = ""
-        if self.reasoning is not None:
-            thought, content = self.reasoning.split(content)
-        message: dict = {"role": "assistant", "content": content}
-        finish = seq.finish_reason
-        if self.fmt is not None:
-            content, calls = parse_tool_calls(content, self.fmt, tools=self.tools)
-            if calls:
-                message = {"role": "assistant", "content": content, "tool_calls": calls}
-                finish = "tool_calls"
-        if thought:
-            message["reasoning_content"] = thought
+        message = parse_reply(seq.completion_text(), self.reader)
+        finish = "tool_calls" if message.get("tool_calls") else seq.finish_reason
         lp = chat_logprobs(seq.logprobs) if self.logprobs else None
         return responses.chat_completion(*self.meta, message, finish, lp,
                                          responses.usage(len(seq.prompt), len(seq.tokens)))
@@ -151,8 +147,7 @@ class ChatChunks:
 
     def __init__(self, job: ChatJob):
         self.job = job
-        self.calls = ToolCallStream(job.fmt, tools=job.tools) if job.fmt is not None else None
-        self.thoughts = ReasoningSplit(job.reasoning) if job.reasoning is not None else None
+        self.reply = job.reader.stream()
         self.saw_call = False
 
     def _chunk(self, delta: dict, finish: str | None = None, lp: dict | None = None) -> dict:
@@ -162,27 +157,11 @@ class ChatChunks:
     def start(self) -> list[dict]:
         return [self._chunk({"role": "assistant", "content": None})]
 
-    def _deltas(self, text: str, final: bool) -> list[dict]:
-        """The deltas `text` settles: reasoning first split off, then tool calls."""
-        if self.thoughts is None:
-            pieces = [("content", text)] if text else []
-        else:
-            pieces = self.thoughts.feed(text) + (self.thoughts.finish() if final else [])
-        calls, deltas = self.calls, []
-        for kind, piece in pieces:
-            if kind == "reasoning":
-                deltas.append({"reasoning_content": piece})
-            elif calls is not None:
-                deltas += calls.feed(piece)
-            elif piece:
-                deltas.append({"content": piece})
-        if final and calls is not None:
-            deltas += calls.finish()
-        return deltas
-
     def feed(self, step: Step) -> list[dict]:
         lp = chat_logprobs(step.logprobs) if self.job.logprobs and step.logprobs else None
-        deltas = self._deltas(step.text, step.finish_reason is not None)
+        deltas = self.reply.feed(step.text)
+        if step.finish_reason is not None:
+            deltas += self.reply.finish()
         out = []
         for i, delta in enumerate(deltas):
             self.saw_call = self.saw_call or "tool_calls" in delta
@@ -235,19 +214,16 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
     setup = llm._chat
     check_format(reasoning_format)
     fmt = setup.tool_format if tools else "generic"
-    text, opened = chat_prompt(setup, messages, tools=tools, generic_tools=bool(tools) and choice != "none"
+    prompt = chat_prompt(setup, messages, tools=tools, generic_tools=bool(tools) and choice != "none"
                                and fmt == "generic", reasoning=reasoning, reasoning_effort=reasoning_effort,
                                chat_template_kwargs=chat_template_kwargs,
                                add_generation_prompt=add_generation_prompt,
                                continue_final_message=continue_final_message)
     tags = setup.thinking
-    split = None
-    if tags is not None and reasoning_format != "none":
-        split = Reasoning(tags, "deepseek" if reasoning_format == "auto" else reasoning_format, opened)
-    ids = setup.tokens(text)
+    ids = setup.tokens(prompt.text)
     if tags is not None and reasoning_budget >= 0:
         logits_processor = list(logits_processor or []) + [
-            budget_processor(llm, tags, reasoning_budget, reasoning_budget_message, len(ids), opened)]
+            budget_processor(llm, tags, reasoning_budget, reasoning_budget_message, len(ids), prompt.opened)]
     n_max = resolve_max_tokens(max_tokens, len(ids), n_ctx or llm.n_ctx(), context_shift)
 
     constraint = grammar
@@ -278,7 +254,22 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
                         grammar=constraint, logits_processor=logits_processor)
     meta = (responses.new_id("chatcmpl"), responses.now(), model or llm.model_path)
     include_usage = bool((stream_options or {}).get("include_usage"))
-    return ChatJob(seq, meta, fmt if choice != "none" else None, include_usage, bool(logprobs), split, tools)
+    reader = reply_reader(setup, prompt, tools, choice, reasoning_format)
+    return ChatJob(seq, meta, reader, include_usage, bool(logprobs))
+
+
+def reply_reader(setup: "ChatSetup", prompt: ChatPrompt, tools: list | None, choice: Any,
+                 reasoning_format: str) -> ReplyReader:
+    """How the reply to `prompt` is read: the template's thinking markers split off the
+    reasoning (unless `reasoning_format` is "none"), its tool-call syntax reads the calls
+    (unless there are no tools or `tool_choice` is "none")."""
+    tags = setup.thinking
+    split = None
+    if tags is not None and reasoning_format != "none":
+        split = Reasoning(tags, "deepseek" if reasoning_format == "auto" else reasoning_format,
+                          prompt.opened and not prompt.prefill)
+    fmt = setup.tool_format if tools and choice != "none" else None
+    return ReplyReader(split, fmt, tools, prefill=prompt.prefill)
 
 
 def budget_processor(llm: "Llama", tags: ThinkingTags, budget: int, message: str | None,

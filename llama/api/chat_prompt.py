@@ -5,7 +5,7 @@ continued rather than answered (`final_continuation`, `continue_prompt`)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from llama.chat.reasoning import ThinkingTags, opens_thinking
 from llama.chat.tool_calls import generic_tools_instruction
@@ -14,13 +14,22 @@ if TYPE_CHECKING:
     from llama.api.chat_completion import ChatSetup
 
 
+class ChatPrompt(NamedTuple):
+    """A rendered chat prompt. `opened`: it ends inside the model's reasoning. `prefill`: the
+    part of the reply the prompt already wrote (a continued assistant message, markers and
+    all), which the reply is read with, as llama-server returns it: the continued message
+    whole, not only its new text."""
+    text: str
+    opened: bool
+    prefill: str = ""
+
+
 def chat_prompt(setup: "ChatSetup", messages: list, *, tools: list | None = None, generic_tools: bool = False,
                 reasoning: str = "auto", reasoning_effort: str | None = None,
                 chat_template_kwargs: dict | None = None, add_generation_prompt: bool = True,
-                continue_final_message: bool | None = None) -> tuple[str, bool]:
-    """(the prompt text, whether it ends inside the model's reasoning). `generic_tools`: the
-    template has no tool syntax ggmlpy reads, so the tools are described in a first system
-    message (`generic_tools_instruction`)."""
+                continue_final_message: bool | None = None) -> ChatPrompt:
+    """The prompt of a chat request. `generic_tools`: the template has no tool syntax ggmlpy
+    reads, so the tools are described in a first system message (`generic_tools_instruction`)."""
     continuation = final_continuation(messages, add_generation_prompt, continue_final_message)
     if continuation is not None:
         messages = messages[:-1]
@@ -32,9 +41,9 @@ def chat_prompt(setup: "ChatSetup", messages: list, *, tools: list | None = None
     text = setup.render(msgs, add_generation_prompt=add_generation_prompt or continuation is not None,
                         tools=tools or None, **variables)
     if continuation is None:
-        return text, opens_thinking(text, tags)
-    text, in_reasoning = continue_prompt(text, continuation, tags)
-    return text, in_reasoning
+        return ChatPrompt(text, opens_thinking(text, tags))
+    continued, in_reasoning = continue_prompt(text, continuation, tags)
+    return ChatPrompt(continued, in_reasoning, continued[len(_cut_open_marker(text, tags)):])
 
 
 def normalize_messages(messages: list[dict]) -> list[dict]:
@@ -106,11 +115,17 @@ def continue_prompt(prompt: str, message: dict, tags: ThinkingTags | None) -> tu
     if tags is None:
         return prompt + content, False
     thought = message.get("reasoning_content") or ""
-    cut = prompt.rfind(tags.start)
-    if cut >= 0 and not prompt[cut + len(tags.start):].strip():
-        prompt = prompt[:cut]
+    prompt = _cut_open_marker(prompt, tags)
     in_reasoning = bool(thought) and not content
     return prompt + tags.start + thought + ("" if in_reasoning else tags.end) + content, in_reasoning
+
+
+def _cut_open_marker(prompt: str, tags: ThinkingTags | None) -> str:
+    """The prompt without the opening thinking marker its generation prompt ends with."""
+    if tags is None:
+        return prompt
+    cut = prompt.rfind(tags.start)
+    return prompt[:cut] if cut >= 0 and not prompt[cut + len(tags.start):].strip() else prompt
 
 
 def template_variables(tags: ThinkingTags | None, reasoning: str = "auto", reasoning_effort: str | None = None,

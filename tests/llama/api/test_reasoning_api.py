@@ -88,7 +88,8 @@ def test_templates_print_today(smollm2_path, name, fmt):
 
 def test_a_last_assistant_message_is_continued(thinker):
     """llama-server's prefill: the reply continues the last assistant message, whose
-    reasoning goes between the markers the generation prompt opens."""
+    reasoning goes between the markers the generation prompt opens; the answer is that
+    message whole (its reasoning, then what the model wrote), as llama.cpp's parser reads it."""
     chat = HELLO + [{"role": "assistant", "content": "It is", "reasoning_content": "Look at the date."}]
     prompt = thinker.apply_chat_template(chat)
     assert prompt.endswith("<｜Assistant｜><think>Look at the date.</think>It is")
@@ -96,7 +97,7 @@ def test_a_last_assistant_message_is_continued(thinker):
     assert thinker.apply_chat_template(thought_only).endswith("<｜Assistant｜><think>Hmm")
     reply = thinker.create_chat_completion(thought_only, max_tokens=40,
                                            logits_processor=[scripted(thinker, SCRIPT)])["choices"][0]["message"]
-    assert reply["reasoning_content"] == "I should greet." and reply["content"] == "Hello there"
+    assert reply["reasoning_content"] == "HmmI should greet." and reply["content"] == "Hello there"
     for bad, needle in ((HELLO + [{"role": "assistant", "content": "a"}] * 2, "2 or more assistant"),
                         (chat, "Cannot set both")):
         with pytest.raises(ValueError, match=needle):

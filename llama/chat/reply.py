@@ -1,0 +1,85 @@
+"""A model's reply read as llama-server reads it: reasoning, content and tool calls.
+
+Two stages, each streamed: the reasoning is split off first (reasoning.py), then the tool
+calls are read out of what is left (tool_calls.py). `ReplyStream` is what a streamed chat
+completion feeds its text to; `parse_reply` is the same stream fed the whole reply at once,
+so a streamed answer always adds up to the unstreamed one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from llama.chat.reasoning import Reasoning, ReasoningSplit
+from llama.chat.tool_calls import ToolCallStream, assemble_deltas
+
+
+@dataclass(frozen=True)
+class ReplyReader:
+    """How one request's reply is read: `reasoning` (None: not split), `tool_format` (None:
+    calls are not parsed, the text stays content), the request's `tools` (they type the
+    values of XML calls), the `seed` of the call ids, and the `prefill`: the part of the
+    reply the prompt wrote (a continued message), read before the generated text."""
+    reasoning: Optional[Reasoning] = None
+    tool_format: Optional[str] = None
+    tools: Optional[list] = None
+    seed: str | int = 0
+    prefill: str = ""
+
+    def stream(self) -> "ReplyStream":
+        return ReplyStream(self)
+
+
+class ReplyStream:
+    """Text deltas in, OpenAI `delta` fragments out: `{"reasoning_content": ..}`,
+    `{"content": ..}` and the tool-call fragments of `ToolCallStream`."""
+
+    def __init__(self, reader: ReplyReader) -> None:
+        self._thoughts = ReasoningSplit(reader.reasoning) if reader.reasoning is not None else None
+        self._calls = (ToolCallStream(reader.tool_format, reader.seed, reader.tools)
+                       if reader.tool_format is not None else None)
+        self._prefill = reader.prefill
+
+    def feed(self, text: str) -> list[dict]:
+        return self._deltas(text, final=False)
+
+    def finish(self) -> list[dict]:
+        return self._deltas("", final=True)
+
+    def _deltas(self, text: str, final: bool) -> list[dict]:
+        text, self._prefill = self._prefill + text, ""
+        if self._thoughts is None:
+            pieces = [("content", text)] if text else []
+        else:
+            pieces = self._thoughts.feed(text) + (self._thoughts.finish() if final else [])
+        deltas: list[dict] = []
+        for kind, piece in pieces:
+            if kind == "reasoning":
+                deltas.append({"reasoning_content": piece})
+            elif self._calls is not None:
+                deltas += self._calls.feed(piece)
+            elif piece:
+                deltas.append({"content": piece})
+        if final and self._calls is not None:
+            deltas += self._calls.finish()
+        return deltas
+
+
+def assemble_message(deltas: list[dict]) -> dict:
+    """Stream fragments folded into one assistant message, as a client folds them:
+    `content` (None when there is none and calls were made), `reasoning_content` when there
+    was any, `tool_calls` when there were any."""
+    content, calls = assemble_deltas(deltas)
+    reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
+    message: dict = {"role": "assistant", "content": content if calls else (content or "")}
+    if calls:
+        message["tool_calls"] = calls
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    return message
+
+
+def parse_reply(text: str, reader: ReplyReader) -> dict:
+    """A finished reply as one assistant message (see `assemble_message`)."""
+    stream = reader.stream()
+    return assemble_message(stream.feed(text) + stream.finish())

@@ -1,0 +1,120 @@
+"""llama.cpp's own chat-parser cases (its tests/test-chat.cpp), run against ggmlpy.
+
+Each case of parser_cases/test_chat.jsonl (written by llama.cpp's test binary, see
+make_cases.sh) gives a real template, the request (messages, tools, tool_choice,
+enable_thinking, reasoning_format, a continued message), a model output, and the message
+llama.cpp parses out of it. ggmlpy renders the prompt with the same template, reads the
+output as a chat completion reads it (`reply_reader`, `ReplyStream`), and must give the same
+content, reasoning_content and tool calls (content and reasoning compared trimmed, arguments
+as JSON values, ids where llama.cpp's parse has one, all as llama.cpp's test compares them).
+Streamed one character at a time, the same output must add up to the same message.
+
+Cases ggmlpy does not pass yet are listed in parser_cases/known_failures.json with the
+reason; they run as strict xfails, so one that starts passing must be taken off the list.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from llama.api.chat_completion import ChatSetup, reply_reader
+from llama.api.chat_prompt import chat_prompt
+from llama.chat import ChatTemplate
+from llama.chat.reply import assemble_message, parse_reply
+
+HERE = Path(__file__).resolve().parent
+CASES_DIR = HERE / "parser_cases"
+
+
+def _load_cases() -> list[dict]:
+    cases, seen = [], Counter()
+    for line in (CASES_DIR / "test_chat.jsonl").read_text(encoding="utf-8").splitlines():
+        case = json.loads(line)
+        stem = case["template"].removesuffix(".jinja")
+        case["id"] = f"{stem}-{seen[stem]}"
+        seen[stem] += 1
+        cases.append(case)
+    return cases
+
+
+CASES = _load_cases()
+KNOWN = json.loads((CASES_DIR / "known_failures.json").read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=None)
+def _setup(template: str) -> ChatSetup:
+    source = (HERE / "templates" / template).read_text(encoding="utf-8")
+    return ChatSetup.for_template(ChatTemplate(source, name=template, lenient=True))
+
+
+def _read(case: dict):
+    """The reply reader a chat completion would use for this case's request."""
+    setup = _setup(case["template"])
+    tools = case["tools"] or None
+    choice = case["tool_choice"] if tools else "none"
+    prompt = chat_prompt(setup, case["messages"], tools=tools, reasoning="on" if case["enable_thinking"] else "off",
+                         add_generation_prompt=case["add_generation_prompt"],
+                         continue_final_message=True if case["continue_final_message"] != "none" else None)
+    return reply_reader(setup, prompt, tools, choice, case["reasoning_format"])
+
+
+def _args(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _comparable(message: dict, ids: list[str] | None = None) -> dict:
+    """The parts of a message llama.cpp's test compares, in the form it compares them."""
+    calls = message.get("tool_calls") or []
+    return {
+        "content": (message.get("content") or "").strip(),
+        "reasoning_content": (message.get("reasoning_content") or "").strip(),
+        "tool_calls": [{"name": c["function"]["name"], "arguments": _args(c["function"]["arguments"]),
+                        **({"id": c.get("id")} if ids and ids[i] else {})}
+                       for i, c in enumerate(calls)],
+    }
+
+
+def _outcome(case: dict) -> tuple[dict, dict, dict]:
+    """(expected, ggmlpy's parse, ggmlpy's stream one character at a time), comparable."""
+    reader = _read(case)
+    ids = case["expect_tool_call_ids"]
+    if case["is_partial"]:   # llama.cpp parses a cut-off output: what a stream has settled so far
+        whole = assemble_message(reader.stream().feed(case["input"]))
+    else:
+        whole = parse_reply(case["input"], reader)
+    stream = reader.stream()
+    deltas = [d for ch in case["input"] for d in stream.feed(ch)]
+    if not case["is_partial"]:
+        deltas += stream.finish()
+    return _comparable(case["expect"], ids), _comparable(whole, ids), _comparable(assemble_message(deltas), ids)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_llama_cpp_parser_case(case: dict) -> None:
+    if case["id"] in KNOWN:
+        pytest.xfail(KNOWN[case["id"]])
+    expected, whole, streamed = _outcome(case)
+    assert whole == expected
+    assert streamed == whole
+
+
+def test_known_failures_are_cases_and_still_fail() -> None:
+    """The list names real cases, and each still fails (a fixed one must leave the list)."""
+    by_id = {c["id"]: c for c in CASES}
+    assert set(KNOWN) <= set(by_id)
+    fixed = []
+    for case_id in KNOWN:
+        try:
+            expected, whole, streamed = _outcome(by_id[case_id])
+        except Exception:  # noqa: BLE001 - a case that raises still fails
+            continue
+        if whole == expected and streamed == whole:
+            fixed.append(case_id)
+    assert fixed == []
