@@ -18,12 +18,13 @@ from llama.api import responses
 from llama.api.completion import make_sequence, resolve_max_tokens, run_sequence, sampling_params
 from llama.api.logprobs import chat_logprobs
 from llama.api.sequence import Sequence, Step
-from llama.chat import ChatTemplate, select_template
+from llama.chat import ChatTemplate, ChatTemplateError, select_template
+from llama.chat.caps import object_arguments, with_object_arguments
 from llama.chat.named_formats import FormatTemplate
 from llama.api.chat_prompt import ChatPrompt, chat_prompt, normalize_messages
 from llama.chat.reasoning import Reasoning, ThinkingTags, check_format, thinking_tags
 from llama.chat.reply import ReplyReader, parse_reply
-from llama.chat.tool_calls import detect_tool_format, tool_call_grammar
+from llama.chat.tool_calls import detect_tool_format, reasoning_stops, tool_call_grammar
 from llama.model import Model
 from llama.sampling.reasoning_budget import ReasoningBudget
 
@@ -40,6 +41,7 @@ class ChatSetup:
         self.chat_format = chat_format
         self.chat_template = chat_template
         self._template: ChatTemplate | FormatTemplate | None = None
+        self._object_arguments: bool | None = None
 
     @classmethod
     def for_template(cls, template: ChatTemplate | FormatTemplate) -> "ChatSetup":
@@ -62,6 +64,14 @@ class ChatSetup:
         return self._template
 
     @property
+    def object_arguments(self) -> bool:
+        """Whether the template reads tool-call arguments as objects (llama/chat/caps.py)."""
+        if self._object_arguments is None:
+            template = self.template
+            self._object_arguments = isinstance(template, ChatTemplate) and object_arguments(template)
+        return self._object_arguments
+
+    @property
     def tool_format(self) -> str:
         return detect_tool_format(self.template.source)
 
@@ -72,8 +82,21 @@ class ChatSetup:
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True,
                tools: list[dict] | None = None, **kwargs: Any) -> str:
-        return self.template.render(normalize_messages(messages),
-                                    add_generation_prompt=add_generation_prompt, tools=tools, **kwargs)
+        """The template rendered as llama-server renders it: tool-call arguments as objects
+        where the template reads them so, and absent tools iterated as none where a template
+        loops over them unguarded (llama.cpp's engine iterates a null as empty)."""
+        messages = normalize_messages(messages)
+        if self.object_arguments:
+            messages = with_object_arguments(messages)
+        try:
+            return self.template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools, **kwargs)
+        except ChatTemplateError as first:
+            if tools is not None:
+                raise
+            try:
+                return self.template.render(messages, add_generation_prompt=add_generation_prompt, tools=[], **kwargs)
+            except ChatTemplateError:
+                raise first from None
 
     def tokens(self, text: str) -> list[int]:
         """The prompt's ids: control tokens parsed, BOS added by the vocab's rule but never
@@ -261,15 +284,19 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
 def reply_reader(setup: "ChatSetup", prompt: ChatPrompt, tools: list | None, choice: Any,
                  reasoning_format: str) -> ReplyReader:
     """How the reply to `prompt` is read: the template's thinking markers split off the
-    reasoning (unless `reasoning_format` is "none"), its tool-call syntax reads the calls
-    (unless there are no tools or `tool_choice` is "none")."""
+    reasoning (unless `reasoning_format` is "none": then a thinking block the prompt opened
+    is given back in the content, marker and all, as llama-server gives it), its tool-call
+    syntax reads the calls (unless there are no tools or `tool_choice` is "none")."""
     tags = setup.thinking
+    fmt = setup.tool_format if tools and choice != "none" else None
+    prefill = prompt.prefill
     split = None
     if tags is not None and reasoning_format != "none":
         split = Reasoning(tags, "deepseek" if reasoning_format == "auto" else reasoning_format,
-                          prompt.opened and not prompt.prefill)
-    fmt = setup.tool_format if tools and choice != "none" else None
-    return ReplyReader(split, fmt, tools, prefill=prompt.prefill)
+                          prompt.opened and not prefill, reasoning_stops(fmt))
+    elif tags is not None and prompt.opened and not prefill:
+        prefill = prompt.text[prompt.text.rfind(tags.start):]
+    return ReplyReader(split, fmt, tools, prefill=prefill)
 
 
 def budget_processor(llm: "Llama", tags: ThinkingTags, budget: int, message: str | None,

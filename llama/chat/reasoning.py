@@ -32,8 +32,11 @@ class ThinkingTags:
     end: str
 
 
-# The families llama.cpp's template analysis finds, in the order they are tried.
+# The families llama.cpp's template analysis finds, in the order they are tried (a marker that
+# contains another's end comes first).
 KNOWN_TAGS = (
+    ThinkingTags("<mm:think>", "</mm:think>"),                          # MiniMax M3
+    ThinkingTags("<|channel>thought", "<channel|>"),                    # Gemma 4
     ThinkingTags("<think>", "</think>"),
     ThinkingTags("<|START_THINKING|>", "<|END_THINKING|>"),
     ThinkingTags("<seed:think>", "</seed:think>"),
@@ -71,6 +74,7 @@ class Reasoning:
     tags: ThinkingTags
     fmt: str = "deepseek"
     opened: bool = False
+    stops: tuple[str, ...] = ()   # markers that end the reasoning and begin the answer (a tool call's)
 
     def split(self, text: str) -> tuple[str, str]:
         """(reasoning, content) of a whole reply."""
@@ -99,6 +103,7 @@ class ReasoningSplit:
         self._ws = ""           # reasoning whitespace held until more reasoning follows
         self._prefix = self.tags.start if reasoning.opened else ""   # for deepseek-legacy
         self._after_end = False  # the block just closed: the answer's leading whitespace is dropped
+        self.stops = reasoning.stops
 
     def feed(self, text: str) -> list[tuple[str, str]]:
         if self.fmt == "none":
@@ -128,6 +133,13 @@ class ReasoningSplit:
                 continue
             if self._state == _INSIDE:
                 end = self._buf.find(self.tags.end)
+                stop = self._first_stop()
+                if stop >= 0 and (end < 0 or stop < end):
+                    self._reasoning(out, self._buf[:stop], closing=True)
+                    self._legacy(out, self._buf[:stop])
+                    self._buf = self._buf[stop:]
+                    self._state = _AFTER
+                    continue
                 if end >= 0:
                     self._reasoning(out, self._buf[:end], closing=True)
                     raw = self._buf[:end + len(self.tags.end)]
@@ -136,7 +148,7 @@ class ReasoningSplit:
                     self._legacy(out, raw)
                     self._after_end = True
                     continue
-                keep = 0 if final else _partial_suffix(self._buf, self.tags.end)
+                keep = 0 if final else max(_partial_suffix(self._buf, m) for m in (self.tags.end, *self.stops))
                 body = self._buf[:len(self._buf) - keep]
                 self._reasoning(out, body, closing=final)
                 self._legacy(out, body)
@@ -155,6 +167,10 @@ class ReasoningSplit:
             out.append(("content", self._buf))
             self._buf = ""
         return out
+
+    def _first_stop(self) -> int:
+        found = [i for i in (self._buf.find(m) for m in self.stops) if i >= 0]
+        return min(found) if found else -1
 
     def _reasoning(self, out: list, text: str, closing: bool) -> None:
         if not self._started:

@@ -12,7 +12,7 @@ template that uses it must still parse).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -117,6 +117,19 @@ def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+def lenient_tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+                   separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """`tojson` as llama.cpp's engine has it: the result of a filter such as `map` (a
+    generator here) is written as the list it stands for."""
+    def listed(value: Any) -> Any:
+        if isinstance(value, Iterator):
+            return list(value)
+        raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
+                      default=listed)
+
+
 def make_environment(clock: Clock = datetime.now, lenient: bool = False) -> StrictSandbox:
     """A fresh environment; `clock` is what `strftime_now` reads (injectable so that tests
     and reproducible prompts need no patched global time). `lenient`: an undefined variable
@@ -130,7 +143,7 @@ def make_environment(clock: Clock = datetime.now, lenient: bool = False) -> Stri
                            f"known escapes, CVE-2024-56326 and CVE-2025-27516); found {jinja2.__version__}")
     env = StrictSandbox(undefined=ConcatUndefined if lenient else jinja2.Undefined,
         trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
+    env.filters["tojson"] = lenient_tojson if lenient else tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     env.globals["dict"] = TemplateDict()

@@ -1,256 +1,37 @@
 """OpenAI tool calls for chat models: detect the template's call syntax, parse and stream the
 calls out of the generated text, and build the grammar that forces a call.
 
-Four families, as llama.cpp names them (``common/chat.cpp``):
-
-- ``hermes``  — Hermes 2 Pro / Qwen 2.5 / Qwen 3: ``<tool_call>\\n{"name": .., "arguments": {..}}\\n</tool_call>``
-- ``llama3``  — Llama 3.1/3.2/3.3: a bare ``{"name": .., "parameters": {..}}`` (also after ``<|python_tag|>``,
-  where the builtin-tool form ``brave_search.call(query="..")`` is read too)
-- ``mistral`` — Mistral Nemo: ``[TOOL_CALLS][{"name": .., "arguments": {..}, "id": ..}]``
-- ``qwen3_coder`` — Qwen3-Coder, Qwen3.5: ``<tool_call>\n<function=name>\n<parameter=key>\nvalue\n</parameter>\n
-  </function>\n</tool_call>`` (xml_calls.py)
-- ``generic`` — the fallback for templates without a call syntax we read: the whole reply is one JSON object,
-  ``{"tool_calls": [{"name": .., "arguments": {..}}]}`` (or ``{"tool_call": {..}}``) or ``{"response": ".."}``;
-  the model learns it from :func:`generic_tools_instruction` and is held to it by :func:`tool_call_grammar`.
+The families are data (call_formats.py: one entry each, with its blocks, reader and grammar shape);
+this module is the one scanner and the one grammar builder that read them.
 
 Parsing and streaming are one scanner: :func:`parse_tool_calls` is a :class:`ToolCallStream` fed the whole
 text at once, so a streamed reply always adds up to the parsed one. A call is emitted only once its block has
 closed and its JSON parsed; until then its text is held back, so text that turns out malformed (or is cut off)
-comes out as plain content instead of a call that has to be taken back. This module imports nothing else
-from ``llama.chat`` but xml_calls.py.
+comes out as plain content instead of a call that has to be taken back.
 """
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
-from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Any, Callable, Literal, Mapping, Optional
+from typing import Any, Mapping, Optional
 
-import regex
+from llama.chat.call_formats import FORMATS, Block, ToolFormat, detect_tool_format, tool_format
 
-from llama.chat.xml_calls import read_xml_calls, xml_call_grammar
+__all__ = ["FORMATS", "ToolCallStream", "assemble_deltas", "detect_tool_format", "generic_tools_instruction",
+           "parse_tool_calls", "reasoning_stops", "tool_call_grammar", "tool_call_id"]
 
-Call = tuple[str, str]
-"""A parsed call: the function name and its arguments as JSON text."""
-Schemas = Mapping[str, Any]
-"""Each tool's `parameters` schema, by name (what types an XML call's values)."""
+Call = tuple
+"""A parsed call: the function name, its arguments as JSON text, and the id the model wrote, if any."""
 
 _WS = " \t\r\n"
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Payload readers: the text of one closed block -> its calls, or None when it is not a well-formed call.
-
-
-def _call_from(obj: Any, spec: ToolFormat) -> Optional[Call]:
-    """One ``{"name": .., <arg key>: {..}}`` object as a call. Arguments given as a JSON string of an object
-    are accepted (some fine-tunes emit them so); where the format allows, a call without arguments takes
-    ``{}`` (not in llama3, whose calls are bare JSON: there the argument key is what tells a call from an
-    object the model wrote in its answer)."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return None
-    if obj.get("type", "function") != "function":
-        return None
-    key = next((k for k in spec.arg_keys if k in obj), None)
-    if key is None and spec.args_required:
-        return None
-    args = {} if key is None else obj[key]
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return None
-    if not isinstance(args, dict):
-        return None
-    return obj["name"], json.dumps(args, ensure_ascii=False)
-
-
-def _calls_from(value: Any, spec: ToolFormat) -> Optional[list[Call]]:
-    """A call object or a list of them (every element must be a call, else none is)."""
-    items = value if isinstance(value, list) else [value]
-    calls = [_call_from(item, spec) for item in items]
-    return None if any(c is None for c in calls) else calls  # type: ignore[return-value]
-
-
-def _loads(text: str) -> tuple[bool, Any]:
-    try:
-        return True, json.loads(text)
-    except ValueError:
-        return False, None
-
-
-def _read_json_calls(payload: str, spec: ToolFormat, schemas: Schemas) -> Optional[list[Call]]:
-    ok, value = _loads(payload.strip())
-    return _calls_from(value, spec) if ok else None
-
-
-def _read_generic(payload: str, spec: ToolFormat, schemas: Schemas) -> Optional[list[Call]]:
-    ok, value = _loads(payload)
-    if not ok or not isinstance(value, dict):
-        return None
-    if isinstance(value.get("tool_calls"), list):
-        return _calls_from(value["tool_calls"], spec)
-    if isinstance(value.get("tool_call"), dict):
-        return _calls_from(value["tool_call"], spec)
-    return None
-
-
-def _read_python_tag(payload: str, spec: ToolFormat, schemas: Schemas) -> Optional[list[Call]]:
-    """After ``<|python_tag|>``: JSON call(s), or a Llama builtin call ``name.call(key=literal, ..)``."""
-    calls = _read_json_calls(payload, spec, schemas)
-    if calls is not None:
-        return calls
-    try:
-        tree = ast.parse(payload.strip(), mode="eval").body
-    except (SyntaxError, ValueError):
-        return None
-    if not (isinstance(tree, ast.Call) and isinstance(tree.func, ast.Attribute) and tree.func.attr == "call"
-            and isinstance(tree.func.value, ast.Name) and not tree.args):
-        return None
-    try:
-        args = {kw.arg: ast.literal_eval(kw.value) for kw in tree.keywords if kw.arg is not None}
-        text = json.dumps(args, ensure_ascii=False)
-    except (ValueError, TypeError):
-        return None
-    return [(tree.func.value.id, text)]
-
-
-def _read_xml(payload: str, spec: ToolFormat, schemas: Schemas) -> Optional[list[Call]]:
-    return read_xml_calls(payload, schemas)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Formats as data.
-
-BlockKind = Literal["closed", "json", "rest", "string"]
-
-
-@dataclass(frozen=True)
-class Block:
-    """Where a call block starts and how far it runs.
-
-    ``open`` is a regex; while the text so far could still grow into a match it is held back.
-    ``kind``: ``closed`` runs to the literal ``close``; ``json`` is one JSON object/array (starting at the
-    open match itself when ``json_at_open``, else after it); ``rest`` runs to the end of the reply;
-    ``string`` is a JSON string whose decoded text is content, streamed as it comes (the generic
-    ``{"response": "..."}``), after which the reply is over.
-    """
-
-    open: str
-    kind: BlockKind
-    read: Optional[Callable[[str, ToolFormat, Schemas], Optional[list[Call]]]] = None
-    close: str = ""
-    json_at_open: bool = False
-
-    @property
-    def pattern(self) -> regex.Pattern:
-        return regex.compile(self.open)
-
-
-@dataclass(frozen=True)
-class GrammarShape:
-    """How a forced call is written: markers before and after the JSON, and its JSON shape (``object``:
-    the call itself; ``array``: a one-element list of it; ``tool_calls``: generic's wrapper object;
-    ``xml``: no JSON, Qwen3-Coder's tags, whose grammar xml_calls.py writes).
-    ``call_extra`` adds optional properties after the arguments (Mistral's 9-character ``id``)."""
-
-    before: tuple[str, ...]
-    after: tuple[str, ...]
-    json: Literal["object", "array", "tool_calls", "xml"]
-    call_extra: tuple[tuple[str, Any], ...] = ()  # (property, schema) pairs
-
-
-@dataclass(frozen=True)
-class ToolFormat:
-    name: str
-    blocks: tuple[Block, ...]
-    arg_keys: tuple[str, ...]  # the first one is what the grammar writes
-    grammar: GrammarShape
-    id_len: int  # characters of the random part of a call id
-    id_prefix: str
-    args_required: bool = False  # an object without the argument key is not a call
-
-
-_HERMES_OPEN = "<tool_call>"
-_LLAMA_HEADER = r'\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:'
-
-FORMATS: Mapping[str, ToolFormat] = MappingProxyType({
-    "hermes": ToolFormat(
-        name="hermes",
-        blocks=(Block(regex.escape(_HERMES_OPEN), "closed", _read_json_calls, close="</tool_call>"),),
-        arg_keys=("arguments",),
-        grammar=GrammarShape(before=(_HERMES_OPEN, "\n"), after=("\n", "</tool_call>"), json="object"),
-        id_len=24, id_prefix="call_",
-    ),
-    "llama3": ToolFormat(
-        name="llama3",
-        blocks=(
-            Block(regex.escape("<|python_tag|>"), "rest", _read_python_tag),
-            Block(_LLAMA_HEADER, "json", _read_json_calls, json_at_open=True),
-        ),
-        arg_keys=("parameters", "arguments"),
-        grammar=GrammarShape(before=(), after=(), json="object"),
-        id_len=24, id_prefix="call_", args_required=True,
-    ),
-    "mistral": ToolFormat(
-        name="mistral",
-        blocks=(Block(regex.escape("[TOOL_CALLS]"), "json", _read_json_calls),),
-        arg_keys=("arguments",),
-        grammar=GrammarShape(before=("[TOOL_CALLS]",), after=(), json="array",
-                             call_extra=(("id", {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}),)),
-        id_len=9, id_prefix="",  # Mistral's template rejects tool call ids that are not 9 characters long
-    ),
-    "qwen3_coder": ToolFormat(
-        name="qwen3_coder",
-        blocks=(Block(regex.escape(_HERMES_OPEN), "closed", _read_xml, close="</tool_call>"),),
-        arg_keys=("arguments",),
-        grammar=GrammarShape(before=(), after=(), json="xml"),
-        id_len=24, id_prefix="call_",
-    ),
-    "generic": ToolFormat(
-        name="generic",
-        blocks=(
-            Block(r'\A\s*\{\s*"response"\s*:\s*"', "string"),
-            Block(r"\A\s*\{", "json", _read_generic, json_at_open=True),
-        ),
-        arg_keys=("arguments",),
-        grammar=GrammarShape(before=(), after=(), json="tool_calls"),
-        id_len=24, id_prefix="call_",
-    ),
-})
-
-# Template substrings -> format, first match wins (llama.cpp's order). Templates whose calls are not one of
-# our JSON syntaxes (XML-style parameters, Mistral v11's ``name[ARGS]{..}``) come first and get the generic
-# format: the template would teach the model a syntax we could not read back.
-_DETECT: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("<tool_call>", "<function=", "<parameter="), "qwen3_coder"),   # Qwen3-Coder, Qwen 3.5, Nemotron Nano 3
-    (("<function=",), "generic"),        # functionary v3.1
-    (("<arg_key>",), "generic"),         # GLM 4.5+
-    (("<invoke name=",), "generic"),     # MiniMax
-    (("[TOOL_CALLS]", "[ARGS]"), "generic"),  # Mistral Small 3.2, Devstral, Ministral 3
-    (("<tool_call>",), "hermes"),
-    (("<|start_header_id|>ipython<|end_header_id|>",), "llama3"),
-    (("[TOOL_CALLS]",), "mistral"),
-)
-
-
-def detect_tool_format(template_source: Optional[str]) -> str:
-    """The tool-call format a chat template teaches its model, found by its marker substrings as llama.cpp
-    does; ``generic`` when it has none we read (or there is no template)."""
-    src = template_source or ""
-    for needles, fmt in _DETECT:
-        if all(n in src for n in needles):
-            return fmt
-    return "generic"
-
-
-def _format(fmt: str) -> ToolFormat:
-    try:
-        return FORMATS[fmt]
-    except KeyError:
-        raise ValueError(f"unknown tool call format {fmt!r}; expected one of {sorted(FORMATS)}") from None
+def reasoning_stops(fmt: Optional[str]) -> tuple[str, ...]:
+    """The markers of `fmt` that end a thinking block (its calls' literal openings), as the
+    templates that let a call follow unclosed reasoning have them."""
+    if fmt is None or not tool_format(fmt).ends_reasoning:
+        return ()
+    return tuple(b.literal for b in tool_format(fmt).blocks if b.literal)
 
 
 _ALNUM = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -259,7 +40,7 @@ _ALNUM = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 def tool_call_id(seed: str | int, index: int, fmt: str = "hermes") -> str:
     """The id of call number ``index`` of a reply: a hash of (seed, index), so a parse and a stream of the
     same reply agree, and the lead can seed it with the completion id. Mistral gets 9 alphanumerics."""
-    spec = _format(fmt)
+    spec = tool_format(fmt)
     n = int.from_bytes(hashlib.sha256(f"{seed}:{index}".encode()).digest(), "big")
     chars = []
     for _ in range(spec.id_len):
@@ -367,7 +148,7 @@ class ToolCallStream:
     """
 
     def __init__(self, fmt: str, seed: str | int = 0, tools: Optional[list[dict]] = None) -> None:
-        self._fmt = _format(fmt)
+        self._fmt = tool_format(fmt)
         self._schemas = {f.get("name"): f.get("parameters") or {} for f in (_function(t) for t in tools or [])}
         self._patterns = tuple(b.pattern for b in self._fmt.blocks)
         self._seed = seed
@@ -406,44 +187,50 @@ class ToolCallStream:
         self._ws = s[len(body):]
         self._started = True
 
-    def _call(self, out: list[dict], name: str, arguments: str) -> None:
+    def _call(self, out: list[dict], call: Call) -> None:
         i = self._calls
         self._calls += 1
-        out.append({"tool_calls": [{"index": i, "id": tool_call_id(self._seed, i, self._fmt.name),
+        name, arguments = call[0], call[1]
+        call_id = call[2] if len(call) > 2 and call[2] else tool_call_id(self._seed, i, self._fmt.name)
+        out.append({"tool_calls": [{"index": i, "id": call_id,
                                     "type": "function", "function": {"name": name, "arguments": ""}}]})
         out.append({"tool_calls": [{"index": i, "function": {"arguments": arguments}}]})
 
-    def _next_open(self, final: bool) -> Optional[tuple[int, int, Optional[Block]]]:
-        """The leftmost block opening from ``_pos``: (start, end of the open match, block), with block None
-        when the text there could still become an opening (hold it). Ties go to the table order, but an
-        earlier-listed block still undecided there holds the text."""
-        best: Optional[tuple[int, int, Optional[Block]]] = None
-        for block, pat in zip(self._fmt.blocks, self._patterns):
-            m = pat.search(self._text, self._pos, partial=not final)
+    def _next_open(self, final: bool) -> Optional[tuple[int, int, Optional[Block], str]]:
+        """The leftmost block opening from ``_pos``: (start, end of the open match, block, head), with
+        block None when the text there could still become an opening (hold it). The head is the
+        function's name where the opening writes it, else the opening's text. Ties go to the table
+        order, but an earlier-listed block still undecided there holds the text."""
+        best: Optional[tuple[int, int, Optional[Block], str]] = None
+        for block in self._fmt.blocks:
+            m = block.pattern.search(self._text, self._pos, partial=not final)
             if m is None or (best is not None and m.start() >= best[0]):
                 continue
-            best = (m.start(), m.end(), None if m.partial else block)
+            head = m.group() if m.partial or "name" not in block.pattern.groupindex else m.group("name")
+            best = (m.start(), m.end(), None if m.partial else block, head)
         return best
 
-    def _read(self, block: Block, payload: str) -> Optional[list[Call]]:
+    def _read(self, block: Block, payload: str, head: str) -> Optional[list[Call]]:
         """The block's calls, None if malformed; whatever the model wrote (JSON nested past the recursion
         limit included) must not raise."""
         assert block.read is not None
         try:
-            return block.read(payload, self._fmt, self._schemas)
-        except (ValueError, TypeError, RecursionError, MemoryError):
+            return block.read(payload, self._fmt, self._schemas, head)
+        except (ValueError, TypeError, RecursionError, MemoryError, IndexError, KeyError):
             return None
 
-    def _block_end(self, block: Block, start: int, open_end: int, final: bool) -> tuple[Optional[int], Optional[list[Call]]]:
+    def _block_end(self, block: Block, start: int, open_end: int, head: str,
+                   final: bool) -> tuple[Optional[int], Optional[list[Call]]]:
         """(end of the block, its calls or None if malformed); end None while it is still open."""
         text = self._text
         if block.kind == "rest":
-            return (len(text), self._read(block, text[open_end:])) if final else (None, None)
+            return (len(text), self._read(block, text[open_end:], head)) if final else (None, None)
         if block.kind == "closed":
             close = text.find(block.close, open_end)
             if close < 0:
                 return (len(text), None) if final else (None, None)
-            return close + len(block.close), self._read(block, text[open_end:close])
+            end = close + len(block.close)
+            return end, self._read(block, text[start:end] if block.whole else text[open_end:close], head)
         i = start if block.json_at_open else open_end
         while i < len(text) and text[i] in _WS:
             i += 1
@@ -454,7 +241,7 @@ class ToolCallStream:
         end, self._json_scan = _json_end(text, i, self._json_scan)
         if end is None:
             return (len(text), None) if final else (None, None)
-        return end, self._read(block, text[i:end])
+        return end, self._read(block, text[i:end], head)
 
     def _scan(self, final: bool) -> list[dict]:
         out: list[dict] = []
@@ -477,7 +264,7 @@ class ToolCallStream:
                     self._content(out, text[self._pos:])
                 self._pos = len(text)
                 break
-            start, open_end, block = found
+            start, open_end, block, head = found
             if start > self._pos:
                 self._content(out, text[self._pos:start])
                 self._pos = start
@@ -486,14 +273,14 @@ class ToolCallStream:
             if block.kind == "string":
                 self._string_at = open_end
                 continue
-            end, calls = self._block_end(block, start, open_end, final)
+            end, calls = self._block_end(block, start, open_end, head, final)
             if end is None:
                 break
             if calls is None:
                 self._content(out, text[start:end])
             else:
-                for name, arguments in calls:
-                    self._call(out, name, arguments)
+                for call in calls:
+                    self._call(out, call)
             self._pos = end
         return out
 
@@ -551,17 +338,21 @@ def _chosen(tools: list[dict], tool_choice: Any) -> list[dict]:
 
 def _call_schema(function: dict, spec: ToolFormat) -> dict:
     params = function.get("parameters") or {"type": "object"}
+    if spec.name_as_key:
+        return {"type": "object", "properties": {function["name"]: params}, "required": [function["name"]],
+                "additionalProperties": False}
     key = spec.arg_keys[0]
     return {
         "type": "object",
-        "properties": {"name": {"const": function["name"]}, key: params, **dict(spec.grammar.call_extra)},
-        "required": ["name", key],
+        "properties": {spec.name_key: {"const": function["name"]}, key: params, **dict(spec.grammar.call_extra)},
+        "required": [spec.name_key, key],
         "additionalProperties": False,
     }
 
 
 # JSON written the way the templates' ``tojson`` writes it; flexible whitespace lets a model loop on blanks.
 _JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_STYLED = {"x-guidance": _JSON_STYLE}
 
 
 def tool_call_grammar(tools: list[dict], tool_choice: Any, fmt: str,
@@ -570,21 +361,37 @@ def tool_call_grammar(tools: list[dict], tool_choice: Any, fmt: str,
     ``parameters`` schema: any tool for ``tool_choice="required"``, the named one for
     ``{"type": "function", "function": {"name": ..}}``. For ``generic`` only, ``"auto"`` also allows
     ``{"response": ".."}`` (as llama.cpp constrains its generic format); native formats need no grammar
-    then, so ``"auto"`` and ``"none"`` raise ValueError there.
+    then, so ``"auto"`` and ``"none"`` raise ValueError there, as does a family with no forced form.
 
     ``special_tokens`` maps markers that are single special tokens in the model's vocabulary (say
     ``{"[TOOL_CALLS]": 5}``) to their ids; they are then matched as that token (``<[5]>``), not as text.
     """
-    spec = _format(fmt)
+    spec = tool_format(fmt)
+    shape = spec.grammar
     if tool_choice == "auto" and fmt != "generic":
         raise ValueError(f"tool_choice='auto' needs no grammar in the {fmt} format")
-    if spec.grammar.json == "xml":
-        return xml_call_grammar(_chosen(tools, tool_choice))
-    calls = [_call_schema(f, spec) for f in _chosen(tools, tool_choice)]
+    if shape.json is None:
+        raise ValueError(f"the {fmt} tool-call format has no grammar for a forced call")
+    chosen = _chosen(tools, tool_choice)
+    if shape.json == "tagged":
+        assert shape.syntax is not None
+        return shape.syntax.grammar(chosen, "".join(shape.before), "".join(shape.after))
+    tokens = special_tokens or {}
+
+    def marker(s: str) -> str:
+        return f"<[{tokens[s]}]>" if s in tokens else json.dumps(s, ensure_ascii=False)
+
+    if shape.json == "named":
+        rules = [f"f{i}_args: %json {json.dumps({**(f.get('parameters') or {'type': 'object'}), **_STYLED})}"
+                 for i, f in enumerate(chosen)]
+        calls = [" ".join([marker(b.format(name=f["name"])) for b in shape.before] + [f"f{i}_args"]
+                          + [marker(a) for a in shape.after]) for i, f in enumerate(chosen)]
+        return "start: " + " | ".join(f"({c})" for c in calls) + "\n" + "\n".join(rules) + "\n"
+    calls = [_call_schema(f, spec) for f in chosen]
     call = {"anyOf": calls} if len(calls) > 1 else calls[0]
-    if spec.grammar.json == "array":
+    if shape.json == "array":
         schema: dict = {"type": "array", "items": call, "minItems": 1, "maxItems": 1}
-    elif spec.grammar.json == "tool_calls":
+    elif shape.json == "tool_calls":
         schema = {"type": "object", "properties": {"tool_calls": {
             "type": "array", "items": call, "minItems": 1, "maxItems": 1}},
             "required": ["tool_calls"], "additionalProperties": False}
@@ -595,12 +402,7 @@ def tool_call_grammar(tools: list[dict], tool_choice: Any, fmt: str,
     else:
         schema = call
     schema = {**schema, "x-guidance": _JSON_STYLE}
-    tokens = special_tokens or {}
-
-    def marker(s: str) -> str:
-        return f"<[{tokens[s]}]>" if s in tokens else json.dumps(s)
-
-    parts = [marker(s) for s in spec.grammar.before] + ["call"] + [marker(s) for s in spec.grammar.after]
+    parts = [marker(s) for s in shape.before] + ["call"] + [marker(s) for s in shape.after]
     return f"start: {' '.join(parts)}\ncall: %json {json.dumps(schema)}\n"
 
 

@@ -10,8 +10,8 @@ import pytest
 from llama.chat.reasoning import KNOWN_TAGS, Reasoning, ReasoningSplit, opens_thinking, thinking_tags
 
 TEMPLATES = Path(__file__).parent / "templates"
-THINK = KNOWN_TAGS[0]
-COHERE = KNOWN_TAGS[1]
+THINK = next(t for t in KNOWN_TAGS if t.start == "<think>")
+COHERE = next(t for t in KNOWN_TAGS if t.start == "<|START_THINKING|>")
 
 
 @pytest.mark.parametrize("template, tags", [

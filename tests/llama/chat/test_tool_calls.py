@@ -33,9 +33,25 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
     ("HuggingFaceTB-SmolLM3-3B", "generic"),
     ("Qwen3-Coder", "qwen3_coder"),
     ("Qwen3.5-4B", "qwen3_coder"),
-    # call syntaxes ggmlpy does not read yet (Mistral v11 name[ARGS]{..}, functionary) fall back to generic
-    ("Mistral-Small-3.2-24B-Instruct-2506", "generic"),
-    ("meetkai-functionary-medium-v3.1", "generic"),
+    ("Mistral-Small-3.2-24B-Instruct-2506", "mistral_args"),
+    ("mistralai-Ministral-3-14B-Reasoning-2512", "mistral_args"),
+    ("meetkai-functionary-medium-v3.1", "functionary_v3_1"),
+    ("ByteDance-Seed-OSS", "seed_oss"),
+    ("MiniMax-M2", "minimax_m2"),
+    ("MiniMax-M3", "minimax_m3"),
+    ("deepseek-ai-DeepSeek-V3.2", "dsml"),
+    ("deepseek-ai-DeepSeek-V4", "dsml"),
+    ("GLM-4.6", "glm"),
+    ("GLM-4.7-Flash", "glm"),
+    ("inclusionai-ling-3.0-flash", "glm"),
+    ("Kimi-K2-Thinking", "kimi_k2"),
+    ("LFM2-8B-A1B", "lfm2"),
+    ("google-gemma-4-31B-it", "gemma4"),
+    ("NVIDIA-Nemotron-Nano-v2", "nemotron_v2"),
+    ("unsloth-Apriel-1.5", "apriel"),
+    ("Apertus-8B-Instruct", "apertus"),
+    ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", "command_r7b"),
+    ("openbmb-MiniCPM5-1B", "minicpm5"),
 ])
 def test_detect_on_llama_cpp_templates(name: str, fmt: str) -> None:
     assert detect_tool_format((TEMPLATES / f"{name}.jinja").read_text()) == fmt
@@ -47,7 +63,7 @@ def test_detect_by_marker() -> None:
     assert detect_tool_format("{{- '<tool_call>\\n' }}") == "hermes"
     assert detect_tool_format("<|start_header_id|>ipython<|end_header_id|>") == "llama3"
     assert detect_tool_format('{{- "[TOOL_CALLS][" }}') == "mistral"
-    assert detect_tool_format("<tool_call>\n<function=x>") == "generic"
+    assert detect_tool_format("<tool_call>\n<function=x>") == "functionary_v3_1"
     assert detect_tool_format("<tool_call>\n<function=x>\n<parameter=y>") == "qwen3_coder"
 
 
@@ -268,18 +284,70 @@ def accepts(tokenizer, grammar: str, text: str, specials: dict[str, int] | None 
     return m.consume_tokens(tokens) and m.is_accepting()
 
 
+def _text(v) -> str:
+    return v if isinstance(v, str) else json.dumps(v)
+
+
+MM = "]<]minimax[>["
+
+
 def render(fmt: str, name: str, args: dict) -> str:
-    """A call written as the format's template writes it."""
-    if fmt == "qwen3_coder":
-        params = "".join(f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v)}\n</parameter>\n"
-                         for k, v in args.items())
-        return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+    """A call written as the format's template writes it (by hand, independently of the readers)."""
+    if fmt in ("qwen3_coder", "seed_oss"):
+        params = "".join(f"<parameter={k}>\n{_text(v)}\n</parameter>\n" for k, v in args.items())
+        tag = "tool_call" if fmt == "qwen3_coder" else "seed:tool_call"
+        return f"<{tag}>\n<function={name}>\n{params}</function>\n</{tag}>"
+    tagged = {
+        "minimax_m2": lambda: f'<minimax:tool_call>\n<invoke name="{name}">\n' + "".join(
+            f'<parameter name="{k}">{_text(v)}</parameter>\n' for k, v in args.items())
+            + "</invoke>\n</minimax:tool_call>",
+        "minimax_m3": lambda: f'{MM}<tool_call>\n{MM}<invoke name="{name}">' + "".join(
+            f"{MM}<{k}>{_text(v)}{MM}</{k}>" for k, v in args.items()) + f"{MM}</invoke>\n{MM}</tool_call>",
+        "dsml": lambda: f'<｜DSML｜tool_calls>\n<｜DSML｜invoke name="{name}">\n' + "".join(
+            f'<｜DSML｜parameter name="{k}" string="{str(isinstance(v, str)).lower()}">{_text(v)}'
+            "</｜DSML｜parameter>\n" for k, v in args.items()) + "</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+        "glm": lambda: f"<tool_call>{name}\n" + "".join(
+            f"<arg_key>{k}</arg_key>\n<arg_value>{_text(v)}</arg_value>\n" for k, v in args.items())
+            + "</tool_call>",
+        "minicpm5": lambda: f'<function name="{name}">' + "".join(
+            f'<param name="{k}">{_text(v)}</param>' for k, v in args.items()) + "</function>",
+        "mistral_args": lambda: f"[TOOL_CALLS]{name}[ARGS]{json.dumps(args)}",
+        "functionary_v3_1": lambda: f"<function={name}>{json.dumps(args)}</function>",
+        "kimi_k2": lambda: (f"<|tool_calls_section_begin|><|tool_call_begin|>functions.{name}:0"
+                            f"<|tool_call_argument_begin|>{json.dumps(args)}<|tool_call_end|><|tool_calls_section_end|>"),
+        "gemma4": lambda: "<|tool_call>call:" + name + "{" + ",".join(
+            f'{k}:<|"|>{v}<|"|>' if isinstance(v, str) else f"{k}:{json.dumps(v)}" for k, v in args.items())
+            + "}<tool_call|>",
+        "apertus": lambda: f"<|tools_prefix|>[{json.dumps({name: args})}]<|tools_suffix|>",
+        "command_r7b": lambda: f'<|START_ACTION|>[{json.dumps({"tool_name": name, "parameters": args})}]<|END_ACTION|>',
+    }
+    if fmt in tagged:
+        return tagged[fmt]()
     call = json.dumps({"name": name, FORMATS[fmt].arg_keys[0]: args})
     return {"hermes": f"<tool_call>\n{call}\n</tool_call>", "llama3": call, "mistral": f"[TOOL_CALLS][{call}]",
-            "generic": json.dumps({"tool_calls": [json.loads(call)]})}[fmt]
+            "generic": json.dumps({"tool_calls": [json.loads(call)]}), "lfm2": f"<|tool_call_start|>[{call}]<|tool_call_end|>",
+            "nemotron_v2": f"<TOOLCALL>[{call}]</TOOLCALL>", "apriel": f"<tool_calls>[{call}]</tool_calls>"}[fmt]
+
+
+TEXT_VALUES = {"qwen3_coder", "seed_oss", "minimax_m2", "minimax_m3", "glm", "minicpm5"}  # a string is bare text
+FORCED = sorted(f for f in FORMATS if FORMATS[f].grammar.json is not None)
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_every_format_reads_its_own_calls(fmt: str) -> None:
+    for name, args in (("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})):
+        content, calls = parse_tool_calls("Sure. " + render(fmt, name, args) if fmt != "generic" else
+                                          render(fmt, name, args), fmt, tools=TOOLS)
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [(name, args)]
+        assert content in (None, "Sure.")
+
+
+def test_a_format_without_a_forced_form_says_so() -> None:
+    with pytest.raises(ValueError, match="no grammar for a forced call"):
+        tool_call_grammar(TOOLS, "required", "gemma4")
+
+
+@pytest.mark.parametrize("fmt", FORCED)
 def test_grammar_forces_a_valid_call(tokenizer, fmt: str) -> None:
     import llguidance
 
@@ -292,7 +360,7 @@ def test_grammar_forces_a_valid_call(tokenizer, fmt: str) -> None:
            render(fmt, "get_weather", {"city": "x", "days": 0}),  # below the minimum
            render(fmt, "get_time", {}) + " and more",         # anything after the call
            "I will not call a tool."]
-    if fmt != "qwen3_coder":   # XML writes a string parameter as text: "5" is a city there
+    if fmt not in TEXT_VALUES:   # where a string parameter is bare text, "5" is a city
         bad.append(render(fmt, "get_weather", {"city": 5}))   # wrong type
     for text in good:
         assert accepts(tokenizer, grammar, text), text
@@ -302,7 +370,7 @@ def test_grammar_forces_a_valid_call(tokenizer, fmt: str) -> None:
         assert not accepts(tokenizer, grammar, text), text
 
 
-@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("fmt", FORCED)
 def test_grammar_for_a_named_tool(tokenizer, fmt: str) -> None:
     grammar = tool_call_grammar(TOOLS, {"type": "function", "function": {"name": "get_time"}}, fmt)
     assert accepts(tokenizer, grammar, render(fmt, "get_time", {}))

@@ -8,7 +8,15 @@ import json
 import llguidance
 import pytest
 
-from llama.chat.xml_calls import read_xml_calls, typed_value, xml_call_grammar
+from llama.chat.tagged_calls import QWEN3_CODER, typed_value
+
+
+def read_xml_calls(payload, schemas):
+    return QWEN3_CODER.read(payload, schemas)
+
+
+def xml_call_grammar(functions):
+    return QWEN3_CODER.grammar(functions, "<tool_call>\n", "</tool_call>")
 
 WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": "integer"}, "tags": {"type": "array"},

@@ -1,0 +1,205 @@
+"""Every tool-call syntax ggmlpy reads, as data: where a family's call blocks start and end,
+which reader (call_readers.py) takes a block apart, how a forced call is written (its
+grammar shape), and which template text says a template teaches it (`DETECT`). The scanner
+and the grammar builder in tool_calls.py read these entries; adding a family is adding one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from types import MappingProxyType
+from typing import Any, Literal, Mapping, Optional
+
+import regex
+
+from llama.chat import call_readers as read
+from llama.chat.call_readers import Reader
+from llama.chat.tagged_calls import ARG_KEY, DSML, INVOKE, MINICPM, QWEN3_CODER, TagSyntax
+
+BlockKind = Literal["closed", "json", "rest", "string"]
+
+
+@dataclass(frozen=True)
+class Block:
+    """Where a call block starts and how far it runs.
+
+    ``open`` is a regex (a ``(?P<name>..)`` group in it is the function's name, handed to the
+    reader as its head); while the text so far could still grow into a match it is held back.
+    ``kind``: ``closed`` runs to the literal ``close`` (``whole``: the reader gets the markers
+    too); ``json`` is one JSON object/array (starting at the open match itself when
+    ``json_at_open``, else after it); ``rest`` runs to the end of the reply; ``string`` is a
+    JSON string whose decoded text is content, streamed as it comes (the generic
+    ``{"response": "..."}``), after which the reply is over. ``literal``: the opening as
+    plain text, where it is one (what ends an unclosed thinking block).
+    """
+
+    open: str
+    kind: BlockKind
+    read: Optional[Reader] = None
+    close: str = ""
+    json_at_open: bool = False
+    whole: bool = False
+    literal: str = ""
+
+    @cached_property
+    def pattern(self) -> regex.Pattern:
+        return regex.compile(self.open)
+
+
+def closed(open_: str, close: str, reader: Reader, *, whole: bool = False) -> Block:
+    """A block between two literal markers."""
+    return Block(regex.escape(open_), "closed", reader, close=close, whole=whole, literal=open_)
+
+
+@dataclass(frozen=True)
+class GrammarShape:
+    """How a forced call is written: markers before and after it, and its shape — ``object``:
+    the call's JSON object; ``array``: a one-element list of it; ``tool_calls``: generic's
+    wrapper object; ``named``: the markers name the function (``{name}`` in ``before``) and
+    the arguments' JSON follows; ``tagged``: `syntax`'s tags (tagged_calls.py); None: the
+    family has no forced form. ``call_extra`` adds optional properties after the arguments
+    (Mistral's 9-character ``id``)."""
+
+    json: Optional[Literal["object", "array", "tool_calls", "named", "tagged"]]
+    before: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+    call_extra: tuple[tuple[str, Any], ...] = ()  # (property, schema) pairs
+    syntax: Optional[TagSyntax] = None
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """One family's calls. ``arg_keys``: where a JSON call keeps its arguments (the first is
+    what the grammar writes); ``name_key``/``id_key``: its name and id; ``name_as_key``: a
+    call is ``{name: {..}}``; ``args_required``: an object without the argument key is not a
+    call; ``ends_reasoning``: a call's opening marker also ends an unclosed thinking block;
+    ``id_len``/``id_prefix``: the ids ggmlpy makes where the model writes none."""
+    name: str
+    blocks: tuple[Block, ...]
+    grammar: GrammarShape
+    arg_keys: tuple[str, ...] = ("arguments",)
+    name_key: str = "name"
+    id_key: Optional[str] = None
+    name_as_key: bool = False
+    args_required: bool = False
+    ends_reasoning: bool = False
+    id_len: int = 24
+    id_prefix: str = "call_"
+
+
+_LLAMA_HEADER = r'\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:'
+_MINIMAX3 = "]<]minimax[>["
+
+
+def _tagged(open_: str, close: str, syntax: TagSyntax, **kw: Any) -> dict:
+    """The entry of a family whose block holds tagged calls."""
+    return dict(blocks=(closed(open_, close, read.tagged(syntax)),),
+                grammar=GrammarShape("tagged", (open_ + ("\n" if syntax.newlines else ""),), (close,),
+                                     syntax=syntax), **kw)
+
+
+def _json_block(open_: str, close: str, shape: str = "array", **kw: Any) -> dict:
+    """The entry of a family whose block holds JSON call objects."""
+    return dict(blocks=(closed(open_, close, read.read_json),),
+                grammar=GrammarShape(shape, (open_,), (close,)), **kw)  # type: ignore[arg-type]
+
+
+FORMATS: Mapping[str, ToolFormat] = MappingProxyType({f.name: f for f in (
+    ToolFormat("hermes", blocks=(closed("<tool_call>", "</tool_call>", read.read_json),),
+               grammar=GrammarShape("object", ("<tool_call>", "\n"), ("\n", "</tool_call>"))),
+    ToolFormat("llama3", blocks=(Block(regex.escape("<|python_tag|>"), "rest", read.read_python_tag),
+                                 Block(_LLAMA_HEADER, "json", read.read_json, json_at_open=True)),
+               grammar=GrammarShape("object"), arg_keys=("parameters", "arguments"), args_required=True),
+    ToolFormat("mistral", blocks=(Block(regex.escape("[TOOL_CALLS]"), "json", read.read_json),),
+               grammar=GrammarShape("array", ("[TOOL_CALLS]",),
+                                    call_extra=(("id", {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}),)),
+               id_key="id", id_len=9, id_prefix=""),  # Mistral's template wants 9-character ids
+    ToolFormat("mistral_args", blocks=(
+        Block(r"\[TOOL_CALLS\](?P<name>[^\[\]\s]+)\[ARGS\]", "json", read.read_named_json),),
+        grammar=GrammarShape("named", ("[TOOL_CALLS]{name}[ARGS]",)), id_len=9, id_prefix=""),
+    ToolFormat("functionary_v3_1", blocks=(
+        Block(r"<function=(?P<name>[^>\s]+)>", "closed", read.read_named_json, close="</function>"),),
+        grammar=GrammarShape("named", ("<function={name}>",), ("</function>",))),
+    ToolFormat("qwen3_coder", **_tagged("<tool_call>", "</tool_call>", QWEN3_CODER, ends_reasoning=True)),
+    ToolFormat("seed_oss", **_tagged("<seed:tool_call>", "</seed:tool_call>", QWEN3_CODER)),
+    ToolFormat("minimax_m2", **_tagged("<minimax:tool_call>", "</minimax:tool_call>", INVOKE)),
+    ToolFormat("minimax_m3", **_tagged(
+        _MINIMAX3 + "<tool_call>", _MINIMAX3 + "</tool_call>",
+        TagSyntax(_MINIMAX3 + '<invoke name="{name}">', _MINIMAX3 + "</invoke>", _MINIMAX3 + "<{key}>",
+                  _MINIMAX3 + "</{key}>"))),
+    ToolFormat("dsml", blocks=(closed("<｜DSML｜function_calls>", "</｜DSML｜function_calls>", read.tagged(DSML)),
+                               closed("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>", read.tagged(DSML))),
+               grammar=GrammarShape("tagged", ("<｜DSML｜tool_calls>\n",), ("</｜DSML｜tool_calls>",), syntax=DSML),
+               ends_reasoning=True),
+    ToolFormat("glm", **_tagged("<tool_call>", "</tool_call>", ARG_KEY, ends_reasoning=True)),
+    ToolFormat("minicpm5", blocks=(closed('<function name="', "</function>", read.tagged(MINICPM), whole=True),),
+               grammar=GrammarShape("tagged", syntax=MINICPM)),
+    ToolFormat("kimi_k2", blocks=(closed("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+                                         read.read_kimi),),
+               grammar=GrammarShape("named", ("<|tool_calls_section_begin|><|tool_call_begin|>functions.{name}:0"
+                                              "<|tool_call_argument_begin|>",),
+                                    ("<|tool_call_end|><|tool_calls_section_end|>",))),
+    ToolFormat("lfm2", blocks=(closed("<|tool_call_start|>", "<|tool_call_end|>", read.read_pythonic),),
+               grammar=GrammarShape("array", ("<|tool_call_start|>",), ("<|tool_call_end|>",))),
+    ToolFormat("gemma4", blocks=(closed("<|tool_call>", "<tool_call|>", read.read_gemma),),
+               grammar=GrammarShape(None)),
+    ToolFormat("nemotron_v2", **_json_block("<TOOLCALL>", "</TOOLCALL>")),
+    ToolFormat("apriel", **_json_block("<tool_calls>", "</tool_calls>")),
+    ToolFormat("apertus", **_json_block("<|tools_prefix|>", "<|tools_suffix|>"), name_as_key=True),
+    ToolFormat("command_r7b", **_json_block("<|START_ACTION|>", "<|END_ACTION|>"), name_key="tool_name",
+               arg_keys=("parameters",), id_key="tool_call_id"),
+    ToolFormat("generic", blocks=(Block(r'\A\s*\{\s*"response"\s*:\s*"', "string"),
+                                  Block(r"\A\s*\{", "json", read.read_generic, json_at_open=True)),
+               grammar=GrammarShape("tool_calls")),
+)})
+
+# Template text -> the format it teaches, first match wins (llama.cpp's order: the more
+# specific markers first). A template none of these match gets the generic format.
+DETECT: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("<seed:tool_call>",), "seed_oss"),
+    (("｜DSML｜",), "dsml"),
+    (("<minimax:tool_call>",), "minimax_m2"),
+    ((_MINIMAX3,), "minimax_m3"),
+    (("<tool_call>", "<function=", "<parameter="), "qwen3_coder"),   # Qwen3-Coder, Qwen 3.5, Nemotron Nano 3
+    (("<function=",), "functionary_v3_1"),
+    (("<arg_key>",), "glm"),                     # GLM 4.5+, Ling, Spark
+    (("[TOOL_CALLS]", "[ARGS]"), "mistral_args"),  # Mistral Small 3.2, Devstral, Ministral 3
+    (("<|tool_calls_section_begin|>",), "kimi_k2"),
+    (("<|tool_call_start|>",), "lfm2"),
+    (("<|tool_list_start|>",), "lfm2"),
+    (("<|tool_call>",), "gemma4"),
+    (("<TOOLCALL>",), "nemotron_v2"),
+    (("<tool_calls>",), "apriel"),
+    (("<|tools_prefix|>",), "apertus"),
+    (("<|START_ACTION|>",), "command_r7b"),
+    (('<function name="',), "minicpm5"),
+    (("<tool_call>",), "hermes"),
+    (("<|start_header_id|>ipython<|end_header_id|>",), "llama3"),
+    (("[TOOL_CALLS]",), "mistral"),
+)
+
+# Template text -> markers around the answer that are not part of it (removed from content).
+ANSWER_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("<|START_RESPONSE|>", ("<|START_RESPONSE|>", "<|END_RESPONSE|>")),   # Command R7B
+    ("<|START_TEXT|>", ("<|START_TEXT|>", "<|END_TEXT|>")),               # Cohere 2 MoE
+)
+
+
+def detect_tool_format(template_source: Optional[str]) -> str:
+    """The tool-call format a chat template teaches its model, found by its marker substrings
+    as llama.cpp does; ``generic`` when it has none we read (or there is no template)."""
+    src = template_source or ""
+    return next((fmt for needles, fmt in DETECT if all(n in src for n in needles)), "generic")
+
+
+def answer_markers(template_source: Optional[str]) -> tuple[str, ...]:
+    """The markers a template writes around the answer itself, which the content leaves out."""
+    src = template_source or ""
+    return next((markers for needle, markers in ANSWER_MARKERS if needle in src), ())
+
+
+def tool_format(fmt: str) -> ToolFormat:
+    try:
+        return FORMATS[fmt]
+    except KeyError:
+        raise ValueError(f"unknown tool call format {fmt!r}; expected one of {sorted(FORMATS)}") from None
