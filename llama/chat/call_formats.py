@@ -148,6 +148,9 @@ FORMATS: Mapping[str, ToolFormat] = MappingProxyType({f.name: f for f in (
     ToolFormat("apertus", **_json_block("<|tools_prefix|>", "<|tools_suffix|>"), name_as_key=True),
     ToolFormat("command_r7b", **_json_block("<|START_ACTION|>", "<|END_ACTION|>"), name_key="tool_name",
                arg_keys=("parameters",), id_key="tool_call_id"),
+    ToolFormat("harmony", blocks=(),   # read by harmony.py, not by the scanner
+               grammar=GrammarShape("named", ("<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>",),
+                                    ("<|call|>",))),
     ToolFormat("generic", blocks=(Block(r'\A\s*\{\s*"response"\s*:\s*"', "string"),
                                   Block(r"\A\s*\{", "json", read.read_generic, json_at_open=True)),
                grammar=GrammarShape("tool_calls")),
@@ -156,6 +159,7 @@ FORMATS: Mapping[str, ToolFormat] = MappingProxyType({f.name: f for f in (
 # Template text -> the format it teaches, first match wins (llama.cpp's order: the more
 # specific markers first). A template none of these match gets the generic format.
 DETECT: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("<|channel|>", "<|message|>", "to=functions."), "harmony"),   # gpt-oss
     (("<seed:tool_call>",), "seed_oss"),
     (("｜DSML｜",), "dsml"),
     (("<minimax:tool_call>",), "minimax_m2"),

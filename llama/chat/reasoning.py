@@ -27,14 +27,17 @@ REASONING_FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
 
 @dataclass(frozen=True)
 class ThinkingTags:
-    """The markers around a model's reasoning."""
+    """The markers around a model's reasoning; `needle`: the template text that says a template
+    writes them, where the end marker alone does not (default: the end marker)."""
     start: str
     end: str
+    needle: str = ""
 
 
 # The families llama.cpp's template analysis finds, in the order they are tried (a marker that
 # contains another's end comes first).
 KNOWN_TAGS = (
+    ThinkingTags("<|channel|>analysis<|message|>", "<|end|>", needle="<|channel|>analysis"),   # gpt-oss (harmony)
     ThinkingTags("<mm:think>", "</mm:think>"),                          # MiniMax M3
     ThinkingTags("<|channel>thought", "<channel|>"),                    # Gemma 4
     ThinkingTags("<think>", "</think>"),
@@ -49,7 +52,7 @@ def thinking_tags(template_source: str | None) -> ThinkingTags | None:
     """The thinking markers a chat template writes, None for a model that does not think."""
     if not template_source:
         return None
-    return next((t for t in KNOWN_TAGS if t.end in template_source), None)
+    return next((t for t in KNOWN_TAGS if (t.needle or t.end) in template_source), None)
 
 
 def check_format(name: str, where: str = "reasoning_format") -> str:
@@ -127,8 +130,12 @@ class ReasoningSplit:
                     self._prefix = self._buf[:len(self._buf) - len(stripped)] + start
                     self._buf = stripped[len(start):]
                     continue
-                if not final and (not stripped or start.startswith(stripped)):
-                    break   # could still become the opening marker
+                if stripped.startswith(self.tags.end) and self.fmt != "deepseek-legacy":
+                    self._buf = stripped[len(self.tags.end):]   # an empty block, its opening implied
+                    self._state, self._after_end = _AFTER, True
+                    continue
+                if not final and (not stripped or start.startswith(stripped) or self.tags.end.startswith(stripped)):
+                    break   # could still become a marker
                 self._state = _AFTER
                 continue
             if self._state == _INSIDE:
@@ -148,7 +155,7 @@ class ReasoningSplit:
                     self._legacy(out, raw)
                     self._after_end = True
                     continue
-                keep = 0 if final else max(_partial_suffix(self._buf, m) for m in (self.tags.end, *self.stops))
+                keep = 0 if final else max(partial_suffix(self._buf, m) for m in (self.tags.end, *self.stops))
                 body = self._buf[:len(self._buf) - keep]
                 self._reasoning(out, body, closing=final)
                 self._legacy(out, body)
@@ -192,7 +199,7 @@ class ReasoningSplit:
             self._prefix = ""
 
 
-def _partial_suffix(text: str, marker: str) -> int:
+def partial_suffix(text: str, marker: str) -> int:
     """The length of the longest end of `text` that begins `marker` (held back: the marker
     may be arriving)."""
     for n in range(min(len(marker) - 1, len(text)), 0, -1):

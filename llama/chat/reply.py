@@ -1,6 +1,7 @@
 """A model's reply read as llama-server reads it: reasoning, content and tool calls.
 
-Two stages, each streamed: the reasoning is split off first (reasoning.py), then the tool
+gpt-oss's harmony messages have their own reader (harmony.py); every other family is read
+in two stages, each streamed: the reasoning is split off first (reasoning.py), then the tool
 calls are read out of what is left (tool_calls.py). `ReplyStream` is what a streamed chat
 completion feeds its text to; `parse_reply` is the same stream fed the whole reply at once,
 so a streamed answer always adds up to the unstreamed one.
@@ -10,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from llama.chat.reasoning import Reasoning, ReasoningSplit
+from llama.chat.harmony import HarmonyStream
+from llama.chat.reasoning import Reasoning, ReasoningSplit, partial_suffix
 from llama.chat.tool_calls import ToolCallStream, assemble_deltas
 
 
@@ -25,8 +27,12 @@ class ReplyReader:
     tools: Optional[list] = None
     seed: str | int = 0
     prefill: str = ""
+    harmony: bool = False   # gpt-oss's messages (harmony.py); then `reasoning` only says whether to split
+    answer_markers: tuple[str, ...] = ()   # markers around the answer, left out of the content
 
-    def stream(self) -> "ReplyStream":
+    def stream(self) -> "ReplyStream | HarmonyStream":
+        if self.harmony:
+            return HarmonyStream(self.reasoning is not None, self.prefill, self.seed)
         return ReplyStream(self)
 
 
@@ -39,6 +45,7 @@ class ReplyStream:
         self._calls = (ToolCallStream(reader.tool_format, reader.seed, reader.tools)
                        if reader.tool_format is not None else None)
         self._prefill = reader.prefill
+        self._markers = _DropMarkers(reader.answer_markers) if reader.answer_markers else None
 
     def feed(self, text: str) -> list[dict]:
         return self._deltas(text, final=False)
@@ -52,6 +59,10 @@ class ReplyStream:
             pieces = [("content", text)] if text else []
         else:
             pieces = self._thoughts.feed(text) + (self._thoughts.finish() if final else [])
+        if self._markers is not None:
+            pieces = [(kind, self._markers.feed(piece) if kind == "content" else piece) for kind, piece in pieces]
+            if final:
+                pieces.append(("content", self._markers.finish()))
         deltas: list[dict] = []
         for kind, piece in pieces:
             if kind == "reasoning":
@@ -63,6 +74,27 @@ class ReplyStream:
         if final and self._calls is not None:
             deltas += self._calls.finish()
         return deltas
+
+
+class _DropMarkers:
+    """Content with some literal markers taken out, streamed: the end of the text that could
+    still become a marker is held back."""
+
+    def __init__(self, markers: tuple[str, ...]) -> None:
+        self._markers = markers
+        self._held = ""
+
+    def feed(self, text: str) -> str:
+        text = self._held + text
+        for marker in self._markers:
+            text = text.replace(marker, "")
+        keep = max(partial_suffix(text, m) for m in self._markers)
+        self._held = text[len(text) - keep:] if keep else ""
+        return text[:len(text) - keep]
+
+    def finish(self) -> str:
+        text, self._held = self._held, ""
+        return text
 
 
 def assemble_message(deltas: list[dict]) -> dict:
