@@ -100,9 +100,8 @@ def parse_harmony(text: str, final: bool, split_reasoning: bool = True) -> _Pars
         if not closed:
             break
         pos = end + len(marker)
-    if not final:   # whitespace at the end may turn out to be the end of the answer
-        out.reasoning = out.reasoning.rstrip()
-        out.content = out.content.rstrip()
+    out.reasoning = out.reasoning.rstrip()   # trimmed, as the other readers trim; while streaming,
+    out.content = out.content.rstrip()       # whitespace at the end may yet be followed by more text
     return out
 
 

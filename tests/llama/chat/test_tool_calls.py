@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from llama.chat.reply import ReplyReader, parse_reply
 from llama.chat.tool_calls import (FORMATS, ToolCallStream, assemble_deltas, detect_tool_format,
                                    generic_tools_instruction, parse_tool_calls, tool_call_grammar, tool_call_id)
 
@@ -318,6 +319,8 @@ def render(fmt: str, name: str, args: dict) -> str:
         "gemma4": lambda: "<|tool_call>call:" + name + "{" + ",".join(
             f'{k}:<|"|>{v}<|"|>' if isinstance(v, str) else f"{k}:{json.dumps(v)}" for k, v in args.items())
             + "}<tool_call|>",
+        "harmony": lambda: (f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
+                            f"{json.dumps(args)}<|call|>"),
         "apertus": lambda: f"<|tools_prefix|>[{json.dumps({name: args})}]<|tools_suffix|>",
         "command_r7b": lambda: f'<|START_ACTION|>[{json.dumps({"tool_name": name, "parameters": args})}]<|END_ACTION|>',
     }
@@ -329,6 +332,14 @@ def render(fmt: str, name: str, args: dict) -> str:
             "nemotron_v2": f"<TOOLCALL>[{call}]</TOOLCALL>", "apriel": f"<tool_calls>[{call}]</tool_calls>"}[fmt]
 
 
+def parse(text: str, fmt: str, tools=None):
+    """(content, calls) as a chat completion reads them (harmony has its own reader)."""
+    if fmt == "harmony":
+        message = parse_reply(text, ReplyReader(tool_format=fmt, harmony=True))
+        return message["content"] or None, message.get("tool_calls", [])
+    return parse_tool_calls(text, fmt, tools=tools)
+
+
 TEXT_VALUES = {"qwen3_coder", "seed_oss", "minimax_m2", "minimax_m3", "glm", "minicpm5"}  # a string is bare text
 FORCED = sorted(f for f in FORMATS if FORMATS[f].grammar.json is not None)
 
@@ -336,8 +347,8 @@ FORCED = sorted(f for f in FORMATS if FORMATS[f].grammar.json is not None)
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_every_format_reads_its_own_calls(fmt: str) -> None:
     for name, args in (("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})):
-        content, calls = parse_tool_calls("Sure. " + render(fmt, name, args) if fmt != "generic" else
-                                          render(fmt, name, args), fmt, tools=TOOLS)
+        content, calls = parse("Sure. " + render(fmt, name, args) if fmt != "generic" else
+                               render(fmt, name, args), fmt, tools=TOOLS)
         assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [(name, args)]
         assert content in (None, "Sure.")
 
@@ -364,7 +375,7 @@ def test_grammar_forces_a_valid_call(tokenizer, fmt: str) -> None:
         bad.append(render(fmt, "get_weather", {"city": 5}))   # wrong type
     for text in good:
         assert accepts(tokenizer, grammar, text), text
-        content, calls = parse_tool_calls(text, fmt)  # what the grammar lets through parses back as the call
+        content, calls = parse(text, fmt)  # what the grammar lets through parses back as the call
         assert content is None and len(calls) == 1
     for text in bad:
         assert not accepts(tokenizer, grammar, text), text
