@@ -14,7 +14,7 @@ import regex
 
 from llama.chat import call_readers as read
 from llama.chat.call_readers import Reader
-from llama.chat.tagged_calls import ARG_KEY, DSML, INVOKE, MINICPM, QWEN3_CODER, TagSyntax
+from llama.chat.tagged_calls import ARG_KEY, DSML, INVOKE, MINICPM, QWEN3_CODER, SEED_OSS, TagSyntax
 
 BlockKind = Literal["closed", "json", "rest", "string"]
 
@@ -27,7 +27,7 @@ class Block:
     reader as its head); while the text so far could still grow into a match it is held back.
     ``kind``: ``closed`` runs to the literal ``close`` (``whole``: the reader gets the markers
     too); ``json`` is one JSON object/array (starting at the open match itself when
-    ``json_at_open``, else after it); ``rest`` runs to the end of the reply; ``string`` is a
+    ``json_at_open``, else after it), then ``close`` if the model wrote it; ``rest`` runs to the end of the reply; ``string`` is a
     JSON string whose decoded text is content, streamed as it comes (the generic
     ``{"response": "..."}``), after which the reply is over. ``literal``: the opening as
     plain text, where it is one (what ends an unclosed thinking block).
@@ -89,6 +89,8 @@ class ToolFormat:
 
 _LLAMA_HEADER = r'\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:'
 _MINIMAX3 = "]<]minimax[>["
+_KIMI_CALL = (r"<\|tool_call_begin\|>\s*(?P<id>(?:functions\.)?(?P<name>[\w.\-]+?)(?::\d+)?)\s*"
+              r"<\|tool_call_argument_begin\|>")
 
 
 def _tagged(open_: str, close: str, syntax: TagSyntax, **kw: Any) -> dict:
@@ -115,13 +117,14 @@ FORMATS: Mapping[str, ToolFormat] = MappingProxyType({f.name: f for f in (
                                     call_extra=(("id", {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}),)),
                id_key="id", id_len=9, id_prefix=""),  # Mistral's template wants 9-character ids
     ToolFormat("mistral_args", blocks=(
-        Block(r"\[TOOL_CALLS\](?P<name>[^\[\]\s]+)\[ARGS\]", "json", read.read_named_json),),
+        Block(r"\[TOOL_CALLS\](?P<name>[^\[\]\s]+)(?:\[CALL_ID\](?P<id>\w+))?\[ARGS\]", "json",
+              read.read_named_json),),
         grammar=GrammarShape("named", ("[TOOL_CALLS]{name}[ARGS]",)), id_len=9, id_prefix=""),
     ToolFormat("functionary_v3_1", blocks=(
         Block(r"<function=(?P<name>[^>\s]+)>", "closed", read.read_named_json, close="</function>"),),
         grammar=GrammarShape("named", ("<function={name}>",), ("</function>",))),
     ToolFormat("qwen3_coder", **_tagged("<tool_call>", "</tool_call>", QWEN3_CODER, ends_reasoning=True)),
-    ToolFormat("seed_oss", **_tagged("<seed:tool_call>", "</seed:tool_call>", QWEN3_CODER)),
+    ToolFormat("seed_oss", **_tagged("<seed:tool_call>", "</seed:tool_call>", SEED_OSS)),
     ToolFormat("minimax_m2", **_tagged("<minimax:tool_call>", "</minimax:tool_call>", INVOKE)),
     ToolFormat("minimax_m3", **_tagged(
         _MINIMAX3 + "<tool_call>", _MINIMAX3 + "</tool_call>",
@@ -134,8 +137,10 @@ FORMATS: Mapping[str, ToolFormat] = MappingProxyType({f.name: f for f in (
     ToolFormat("glm", **_tagged("<tool_call>", "</tool_call>", ARG_KEY, ends_reasoning=True)),
     ToolFormat("minicpm5", blocks=(closed('<function name="', "</function>", read.tagged(MINICPM), whole=True),),
                grammar=GrammarShape("tagged", syntax=MINICPM)),
-    ToolFormat("kimi_k2", blocks=(closed("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
-                                         read.read_kimi),),
+    ToolFormat("kimi_k2", blocks=(closed("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", read.read_kimi),
+                                  Block(_KIMI_CALL, "json", read.read_named_json, close="<|tool_call_end|>",
+                                        literal="<|tool_call_begin|>")),
+               ends_reasoning=True,
                grammar=GrammarShape("named", ("<|tool_calls_section_begin|><|tool_call_begin|>functions.{name}:0"
                                               "<|tool_call_argument_begin|>",),
                                     ("<|tool_call_end|><|tool_calls_section_end|>",))),
@@ -143,6 +148,16 @@ FORMATS: Mapping[str, ToolFormat] = MappingProxyType({f.name: f for f in (
                grammar=GrammarShape("array", ("<|tool_call_start|>",), ("<|tool_call_end|>",))),
     ToolFormat("gemma4", blocks=(closed("<|tool_call>", "<tool_call|>", read.read_gemma),),
                grammar=GrammarShape(None)),
+    ToolFormat("deepseek", blocks=(closed("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", read.read_deepseek),),
+               grammar=GrammarShape("named", ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{name}<｜tool▁sep｜>",),
+                                    ("<｜tool▁call▁end｜><｜tool▁calls▁end｜>",))),
+    ToolFormat("gigachat3", blocks=(Block(regex.escape("<|message_sep|>\n\nfunction call<|role_sep|>"), "json",
+                                          read.read_json),),
+               grammar=GrammarShape("object", ("<|message_sep|>\n\nfunction call<|role_sep|>\n",))),
+    ToolFormat("gigachat3_1", blocks=(Block(regex.escape("<|function_call|>"), "json", read.read_json),),
+               grammar=GrammarShape("object", ("<|function_call|>",))),
+    ToolFormat("firefunction_v2", blocks=(Block(r"\s?functools", "json", read.read_json),),
+               grammar=GrammarShape("array", (" functools",))),
     ToolFormat("nemotron_v2", **_json_block("<TOOLCALL>", "</TOOLCALL>")),
     ToolFormat("apriel", **_json_block("<tool_calls>", "</tool_calls>")),
     ToolFormat("apertus", **_json_block("<|tools_prefix|>", "<|tools_suffix|>"), name_as_key=True),
@@ -169,8 +184,13 @@ DETECT: tuple[tuple[tuple[str, ...], str], ...] = (
     (("<arg_key>",), "glm"),                     # GLM 4.5+, Ling, Spark
     (("[TOOL_CALLS]", "[ARGS]"), "mistral_args"),  # Mistral Small 3.2, Devstral, Ministral 3
     (("<|tool_calls_section_begin|>",), "kimi_k2"),
+    (("<｜tool▁calls▁begin｜>",), "deepseek"),         # DeepSeek R1 and V3.1
+    (("<|function_call|>",), "gigachat3_1"),
+    (("function call", "<|role_sep|>"), "gigachat3"),
+    (("functools",), "firefunction_v2"),
     (("<|tool_call_start|>",), "lfm2"),
     (("<|tool_list_start|>",), "lfm2"),
+    (("List of tools: [",), "lfm2"),               # LFM2.5 Instruct
     (("<|tool_call>",), "gemma4"),
     (("<TOOLCALL>",), "nemotron_v2"),
     (("<tool_calls>",), "apriel"),

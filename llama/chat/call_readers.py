@@ -1,11 +1,13 @@
 """Readers of a call block's text: the calls in it (name, arguments as JSON text, and the id
 where the model writes one), or None when the text is not a well-formed call. Each takes
-(payload, format, schemas, head): `head` is the text that opened the block (where some
-families write the function's name). Nothing here raises on model text."""
+(payload, format, schemas, head): `head` holds what the opening of the block wrote (where
+some families write the function's name and the call's id). Nothing here raises on model text."""
 from __future__ import annotations
 
 import ast
 import json
+from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 import regex
@@ -17,7 +19,7 @@ if TYPE_CHECKING:
 
 Call = tuple  # (name, arguments JSON text) or (name, arguments JSON text, id)
 Schemas = Mapping[str, Any]
-Reader = Callable[[str, "ToolFormat", Schemas, str], Optional[list]]
+Reader = Callable[[str, "ToolFormat", Schemas, dict], Optional[list]]
 
 
 def _loads(text: str) -> tuple[bool, Any]:
@@ -71,12 +73,12 @@ def calls_from(value: Any, spec: "ToolFormat") -> Optional[list[Call]]:
     return None if not calls or any(c is None for c in calls) else calls
 
 
-def read_json(payload: str, spec: "ToolFormat", schemas: Schemas, head: str) -> Optional[list[Call]]:
+def read_json(payload: str, spec: "ToolFormat", schemas: Schemas, head: dict) -> Optional[list[Call]]:
     ok, value = _loads(payload.strip())
     return calls_from(value, spec) if ok else None
 
 
-def read_generic(payload: str, spec: "ToolFormat", schemas: Schemas, head: str) -> Optional[list[Call]]:
+def read_generic(payload: str, spec: "ToolFormat", schemas: Schemas, head: dict) -> Optional[list[Call]]:
     ok, value = _loads(payload)
     if not ok or not isinstance(value, dict):
         return None
@@ -87,44 +89,71 @@ def read_generic(payload: str, spec: "ToolFormat", schemas: Schemas, head: str) 
     return None
 
 
-def _python_call(node: ast.AST) -> Optional[Call]:
-    """``name(key=literal, ..)`` or Llama's builtin ``name.call(key=literal, ..)``."""
+_PY_NAMES = {"True": True, "False": False, "None": None, "true": True, "false": False, "null": None}
+
+
+def _literal(node: ast.AST) -> Any:
+    """A Python literal, where JSON's true/false/null are taken too (LFM2 writes both)."""
+    if isinstance(node, ast.Name) and node.id in _PY_NAMES:
+        return _PY_NAMES[node.id]
+    if isinstance(node, ast.List):
+        return [_literal(e) for e in node.elts]
+    if isinstance(node, ast.Dict):
+        if any(k is None for k in node.keys):
+            raise ValueError("a ** entry is not a literal")
+        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values)}
+    return ast.literal_eval(node)
+
+
+def _dotted(node: ast.AST) -> Optional[str]:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return None if base is None else f"{base}.{node.attr}"
+    return None
+
+
+def _python_call(node: ast.AST, builtin: bool) -> Optional[Call]:
+    """``name(key=literal, ..)`` (a dotted name too), or with `builtin` Llama's ``name.call(key=literal, ..)``."""
     if not isinstance(node, ast.Call) or node.args:
         return None
     func = node.func
-    if isinstance(func, ast.Attribute) and func.attr == "call" and isinstance(func.value, ast.Name):
-        name = func.value.id
-    elif isinstance(func, ast.Name):
-        name = func.id
+    if builtin:
+        if not (isinstance(func, ast.Attribute) and func.attr == "call" and isinstance(func.value, ast.Name)):
+            return None
+        name: Optional[str] = func.value.id
     else:
+        name = _dotted(func)
+    if name is None:
         return None
     try:
-        args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg is not None}
+        args = {kw.arg: _literal(kw.value) for kw in node.keywords if kw.arg is not None}
         return name, json.dumps(args, ensure_ascii=False)
     except (ValueError, TypeError, SyntaxError):
         return None
 
 
-def _python_calls(text: str) -> Optional[list[Call]]:
+def _python_calls(text: str, builtin: bool = False) -> Optional[list[Call]]:
     try:
         tree = ast.parse(text.strip(), mode="eval").body
     except (SyntaxError, ValueError):
         return None
     nodes = tree.elts if isinstance(tree, ast.List) else [tree]
-    calls = [_python_call(n) for n in nodes]
+    calls = [_python_call(n, builtin) for n in nodes]
     return None if not calls or any(c is None for c in calls) else calls
 
 
-def read_python_tag(payload: str, spec: "ToolFormat", schemas: Schemas, head: str) -> Optional[list[Call]]:
+def read_python_tag(payload: str, spec: "ToolFormat", schemas: Schemas, head: dict) -> Optional[list[Call]]:
     """After ``<|python_tag|>``: JSON call(s), or a Llama builtin call ``name.call(key=literal, ..)``."""
     calls = read_json(payload, spec, schemas, head)
     if calls is not None:
         return calls
-    found = _python_calls(payload)
-    return found if found is not None and len(found) == 1 and ".call(" in payload else None
+    found = _python_calls(payload, builtin=True)
+    return found if found is not None and len(found) == 1 else None
 
 
-def read_pythonic(payload: str, spec: "ToolFormat", schemas: Schemas, head: str) -> Optional[list[Call]]:
+def read_pythonic(payload: str, spec: "ToolFormat", schemas: Schemas, head: dict) -> Optional[list[Call]]:
     """LFM2's ``[name(key=value, ..), ..]``: Python literals (True, None, strings, lists), or
     JSON call objects, which LFM2 also writes."""
     text = payload.strip()
@@ -132,29 +161,46 @@ def read_pythonic(payload: str, spec: "ToolFormat", schemas: Schemas, head: str)
     return found if found is not None else read_json(payload, spec, schemas, head)
 
 
-_KIMI_CALL = regex.compile(r"\s*<\|tool_call_begin\|>\s*(?P<id>(?:functions\.)?(?P<name>[\w.\-]+?)(?::\d+)?)\s*"
-                           r"<\|tool_call_argument_begin\|>(?P<args>.*?)<\|tool_call_end\|>\s*", regex.S)
+@dataclass(frozen=True)
+class CallList:
+    """A block holding calls one after another, each matched by `call`, a regex with the groups
+    ``name`` and ``args`` (the arguments' JSON) and optionally ``id`` (the id the model wrote)
+    and ``json`` (the arguments inside a fenced block); whitespace may separate them."""
+    call: str
+
+    @cached_property
+    def pattern(self) -> regex.Pattern:
+        return regex.compile(r"\s*" + self.call + r"\s*", regex.S)
+
+    def __call__(self, payload: str, spec: "ToolFormat", schemas: Schemas, head: dict) -> Optional[list[Call]]:
+        calls, pos = [], 0
+        while payload[pos:].strip():
+            m = self.pattern.match(payload, pos)
+            text = _args_text(m.group("args").strip()) if m else None
+            if m is None or text is None:
+                return None
+            call_id = m.groupdict().get("id")
+            calls.append((m.group("name"), text, call_id) if call_id else (m.group("name"), text))
+            pos = m.end()
+        return calls or None
 
 
-def read_kimi(payload: str, spec: "ToolFormat", schemas: Schemas, head: str) -> Optional[list[Call]]:
-    """Kimi K2's section: ``<|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>
-    {json}<|tool_call_end|>`` per call; the id is ``functions.NAME:INDEX`` as written."""
-    calls, pos = [], 0
-    while payload[pos:].strip():
-        m = _KIMI_CALL.match(payload, pos)
-        text = _args_text(m.group("args").strip()) if m else None
-        if m is None or text is None:
-            return None
-        calls.append((m.group("name"), text, m.group("id")))
-        pos = m.end()
-    return calls or None
+# Kimi K2: the id is ``functions.NAME:INDEX`` as written.
+read_kimi = CallList(r"<\|tool_call_begin\|>\s*(?P<id>(?:functions\.)?(?P<name>[\w.\-]+?)(?::\d+)?)\s*"
+                     r"<\|tool_call_argument_begin\|>(?P<args>.*?)<\|tool_call_end\|>")
+# DeepSeek V3.1: NAME<｜tool▁sep｜>{json}; R1: function<｜tool▁sep｜>NAME then a fenced JSON block.
+read_deepseek = CallList(r"<｜tool▁call▁begin｜>(?:function<｜tool▁sep｜>(?P<name>[^\n<]+)\n```(?:json)?\n"
+                         r"(?P<args>.*?)\n?```|(?P<name>[^<]+)<｜tool▁sep｜>(?P<args>.*?))<｜tool▁call▁end｜>")
 
 
-def read_named_json(payload: str, spec: "ToolFormat", schemas: Schemas, head: str) -> Optional[list[Call]]:
+def read_named_json(payload: str, spec: "ToolFormat", schemas: Schemas, head: dict) -> Optional[list[Call]]:
     """The function's name in the opening (Mistral v11's ``[TOOL_CALLS]NAME[ARGS]``, Functionary
     v3.1's ``<function=NAME>``), then the arguments' JSON."""
     text = _args_text(payload.strip())
-    return None if text is None or not head else [(head, text)]
+    name, call_id = head.get("name"), head.get("id")
+    if text is None or not name:
+        return None
+    return [(name, text, call_id) if call_id else (name, text)]
 
 
 _GEMMA_STRING = regex.compile(r'<\|"\|>(.*?)<\|"\|>', regex.S)
@@ -186,7 +232,7 @@ def gemma_value(text: str) -> Any:
     return restore(value)
 
 
-def read_gemma(payload: str, spec: "ToolFormat", schemas: Schemas, head: str) -> Optional[list[Call]]:
+def read_gemma(payload: str, spec: "ToolFormat", schemas: Schemas, head: dict) -> Optional[list[Call]]:
     """Gemma 4's ``call:NAME{key:<|"|>text<|"|>,n:1}``."""
     m = _GEMMA_CALL.match(payload)
     if m is None:
@@ -200,6 +246,6 @@ def read_gemma(payload: str, spec: "ToolFormat", schemas: Schemas, head: str) ->
 
 def tagged(syntax: TagSyntax) -> Reader:
     """The reader of a block whose calls are written in `syntax` (tagged_calls.py)."""
-    def read(payload: str, spec: "ToolFormat", schemas: Schemas, head: str) -> Optional[list[Call]]:
+    def read(payload: str, spec: "ToolFormat", schemas: Schemas, head: dict) -> Optional[list[Call]]:
         return syntax.read(payload, schemas)
     return read

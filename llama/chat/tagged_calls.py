@@ -1,10 +1,11 @@
 """Tool calls written as tags, one tag per argument, as several families write them:
 
-    Qwen3-Coder, Qwen3.5, Seed-OSS    <function=get_weather>
+    Qwen3-Coder, Qwen3.5              <function=get_weather>
                                       <parameter=city>
                                       Paris
                                       </parameter>
                                       </function>
+    Seed-OSS                          <function=get_weather><parameter=city>Paris</parameter></function>
     MiniMax M2                        <invoke name="get_weather"><parameter name="city">Paris</parameter></invoke>
     DeepSeek V3.2/V4 (DSML)           <｜DSML｜invoke name="get_weather">
                                       <｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>
@@ -195,6 +196,7 @@ def _kind(value: Any) -> str:
 
 
 QWEN3_CODER = TagSyntax("<function={name}>", "</function>", "<parameter={key}>", "</parameter>", newlines=True)
+SEED_OSS = TagSyntax("<function={name}>", "</function>", "<parameter={key}>", "</parameter>")
 INVOKE = TagSyntax('<invoke name="{name}">', "</invoke>", '<parameter name="{key}">', "</parameter>")
 DSML = TagSyntax('<｜DSML｜invoke name="{name}">', "</｜DSML｜invoke>",
                  '<｜DSML｜parameter name="{key}" string="{string}">', "</｜DSML｜parameter>")

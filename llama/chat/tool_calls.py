@@ -196,21 +196,20 @@ class ToolCallStream:
                                     "type": "function", "function": {"name": name, "arguments": ""}}]})
         out.append({"tool_calls": [{"index": i, "function": {"arguments": arguments}}]})
 
-    def _next_open(self, final: bool) -> Optional[tuple[int, int, Optional[Block], str]]:
+    def _next_open(self, final: bool) -> Optional[tuple[int, int, Optional[Block], dict]]:
         """The leftmost block opening from ``_pos``: (start, end of the open match, block, head), with
-        block None when the text there could still become an opening (hold it). The head is the
-        function's name where the opening writes it, else the opening's text. Ties go to the table
-        order, but an earlier-listed block still undecided there holds the text."""
-        best: Optional[tuple[int, int, Optional[Block], str]] = None
+        block None when the text there could still become an opening (hold it). The head holds what
+        the opening writes (its named groups: a function's ``name``, a call's ``id``). Ties go to the
+        table order, but an earlier-listed block still undecided there holds the text."""
+        best: Optional[tuple[int, int, Optional[Block], dict]] = None
         for block in self._fmt.blocks:
             m = block.pattern.search(self._text, self._pos, partial=not final)
             if m is None or (best is not None and m.start() >= best[0]):
                 continue
-            head = m.group() if m.partial or "name" not in block.pattern.groupindex else m.group("name")
-            best = (m.start(), m.end(), None if m.partial else block, head)
+            best = (m.start(), m.end(), None if m.partial else block, {} if m.partial else m.groupdict())
         return best
 
-    def _read(self, block: Block, payload: str, head: str) -> Optional[list[Call]]:
+    def _read(self, block: Block, payload: str, head: dict) -> Optional[list[Call]]:
         """The block's calls, None if malformed; whatever the model wrote (JSON nested past the recursion
         limit included) must not raise."""
         assert block.read is not None
@@ -219,7 +218,7 @@ class ToolCallStream:
         except (ValueError, TypeError, RecursionError, MemoryError, IndexError, KeyError):
             return None
 
-    def _block_end(self, block: Block, start: int, open_end: int, head: str,
+    def _block_end(self, block: Block, start: int, open_end: int, head: dict,
                    final: bool) -> tuple[Optional[int], Optional[list[Call]]]:
         """(end of the block, its calls or None if malformed); end None while it is still open."""
         text = self._text
@@ -241,6 +240,13 @@ class ToolCallStream:
         end, self._json_scan = _json_end(text, i, self._json_scan)
         if end is None:
             return (len(text), None) if final else (None, None)
+        if block.close:   # a closing marker after the JSON, which a model may leave out
+            after = text[end:]
+            if not final and len(after) < len(block.close) and block.close.startswith(after):
+                self._json_scan = None   # rescanned next time (the JSON has closed: the state would not say so)
+                return None, None
+            if after.startswith(block.close):
+                return end + len(block.close), self._read(block, text[i:end], head)
         return end, self._read(block, text[i:end], head)
 
     def _scan(self, final: bool) -> list[dict]:

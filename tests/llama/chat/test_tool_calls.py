@@ -321,6 +321,12 @@ def render(fmt: str, name: str, args: dict) -> str:
             + "}<tool_call|>",
         "harmony": lambda: (f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
                             f"{json.dumps(args)}<|call|>"),
+        "deepseek": lambda: (f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{json.dumps(args)}"
+                             "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+        "gigachat3": lambda: ("<|message_sep|>\n\nfunction call<|role_sep|>\n"
+                              + json.dumps({"name": name, "arguments": args})),
+        "gigachat3_1": lambda: "<|function_call|>" + json.dumps({"name": name, "arguments": args}),
+        "firefunction_v2": lambda: " functools" + json.dumps([{"name": name, "arguments": args}]),
         "apertus": lambda: f"<|tools_prefix|>[{json.dumps({name: args})}]<|tools_suffix|>",
         "command_r7b": lambda: f'<|START_ACTION|>[{json.dumps({"tool_name": name, "parameters": args})}]<|END_ACTION|>',
     }
