@@ -294,10 +294,12 @@ MM = "]<]minimax[>["
 
 def render(fmt: str, name: str, args: dict) -> str:
     """A call written as the format's template writes it (by hand, independently of the readers)."""
-    if fmt in ("qwen3_coder", "seed_oss"):
+    if fmt == "qwen3_coder":
         params = "".join(f"<parameter={k}>\n{_text(v)}\n</parameter>\n" for k, v in args.items())
-        tag = "tool_call" if fmt == "qwen3_coder" else "seed:tool_call"
-        return f"<{tag}>\n<function={name}>\n{params}</function>\n</{tag}>"
+        return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+    if fmt == "seed_oss":
+        params = "".join(f"<parameter={k}>{_text(v)}</parameter>\n" for k, v in args.items())
+        return f"<seed:tool_call>\n<function={name}>\n{params}</function>\n</seed:tool_call>"
     tagged = {
         "minimax_m2": lambda: f'<minimax:tool_call>\n<invoke name="{name}">\n' + "".join(
             f'<parameter name="{k}">{_text(v)}</parameter>\n' for k, v in args.items())
