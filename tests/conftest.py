@@ -25,6 +25,7 @@ MARKERS: dict[str, tuple[str, ...]] = {
     "ggmlpy/distributed": ("ray",),         # local Ray clusters
     "llama/server/ray": ("ray",),
     "ggmlpy/viz/test_browser.py": ("browser",),  # Debian's chromium through playwright
+    "llama/server/test_chat_page.py": ("browser",),  # the chat page at / (also `model`: SmolLM2)
     "llama/models": ("model",),
 }
 SLOW = {"model", "browser", "ray", "cuda_emu"}

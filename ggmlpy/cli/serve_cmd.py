@@ -93,7 +93,8 @@ def register(subparsers: Any) -> None:
       help="every slot may fill the whole context, the slots sharing the cache (default: each its share)")
     a("--swa-full", action="store_true", help="full-size cache for sliding-window layers")
     a("--offline", action="store_true", help="never download (ggmlpy never does)")
-    a("--no-webui", "--no-ui", dest="no_webui", action="store_true", help="no web UI (ggmlpy has none)")
+    a("--no-webui", "--no-ui", dest="no_webui", action="store_true",
+      help="no chat page at / (default: served, public, its API calls carrying --api-key's key)")
     a("--sleep-idle-seconds", type=float, default=-1,
       help="unload the model after this many seconds without a request (-1: never; default)")
     a("--max-queue", type=int, default=64, help="requests that may wait for a slot (ggmlpy)")

@@ -230,8 +230,8 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
     `reasoning_format`, `reasoning` (llama-server's --reasoning on/off/auto) and
     `reasoning_effort`: how a thinking model's reasoning is asked for and split off
     (`template_variables`); `reasoning_budget` (-1: none) caps it, forcing the end marker
-    after `reasoning_budget_message` (llama/sampling/reasoning_budget.py). A last assistant message is continued, not answered
-    (`final_continuation`). `server_sampling`: llama-server's fields beyond
+    after `reasoning_budget_message` (llama/sampling/reasoning_budget.py). A last assistant
+    message is continued, not answered (`final_continuation`). `server_sampling`: llama-server's fields beyond
     llama-cpp-python's arguments (completion.sampling_params)."""
     if functions:
         tools, tool_choice = _legacy_functions(functions, function_call)

@@ -23,14 +23,14 @@ BlockKind = Literal["closed", "json", "rest", "string"]
 class Block:
     """Where a call block starts and how far it runs.
 
-    ``open`` is a regex (a ``(?P<name>..)`` group in it is the function's name, handed to the
-    reader as its head); while the text so far could still grow into a match it is held back.
-    ``kind``: ``closed`` runs to the literal ``close`` (``whole``: the reader gets the markers
-    too); ``json`` is one JSON object/array (starting at the open match itself when
-    ``json_at_open``, else after it), then ``close`` if the model wrote it; ``rest`` runs to the end of the reply; ``string`` is a
-    JSON string whose decoded text is content, streamed as it comes (the generic
-    ``{"response": "..."}``), after which the reply is over. ``literal``: the opening as
-    plain text, where it is one (what ends an unclosed thinking block).
+    ``open`` is a regex (its named groups, a function's ``name`` and a call's ``id``, are handed
+    to the reader as its head); while the text so far could still grow into a match it is held
+    back. ``kind``: ``closed`` runs to the literal ``close`` (``whole``: the reader gets the
+    markers too); ``json`` is one JSON object/array (starting at the open match itself when
+    ``json_at_open``, else after it), then ``close`` if the model wrote it; ``rest`` runs to the
+    end of the reply; ``string`` is a JSON string whose decoded text is content, streamed as it
+    comes (the generic ``{"response": "..."}``), after which the reply is over. ``literal``: the
+    opening as plain text, where it is one (what ends an unclosed thinking block).
     """
 
     open: str
@@ -164,7 +164,8 @@ FORMATS: Mapping[str, ToolFormat] = MappingProxyType({f.name: f for f in (
     ToolFormat("command_r7b", **_json_block("<|START_ACTION|>", "<|END_ACTION|>"), name_key="tool_name",
                arg_keys=("parameters",), id_key="tool_call_id"),
     ToolFormat("harmony", blocks=(),   # read by harmony.py, not by the scanner
-               grammar=GrammarShape("named", ("<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>",),
+               grammar=GrammarShape("named",
+                                    ("<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>",),
                                     ("<|call|>",))),
     ToolFormat("generic", blocks=(Block(r'\A\s*\{\s*"response"\s*:\s*"', "string"),
                                   Block(r"\A\s*\{", "json", read.read_generic, json_at_open=True)),
@@ -174,7 +175,7 @@ FORMATS: Mapping[str, ToolFormat] = MappingProxyType({f.name: f for f in (
 # Template text -> the format it teaches, first match wins (llama.cpp's order: the more
 # specific markers first). A template none of these match gets the generic format.
 DETECT: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("<|channel|>", "<|message|>", "to=functions."), "harmony"),   # gpt-oss
+    (("<|channel|>", "<|message|>", "functions."), "harmony"),   # gpt-oss
     (("<seed:tool_call>",), "seed_oss"),
     (("｜DSML｜",), "dsml"),
     (("<minimax:tool_call>",), "minimax_m2"),

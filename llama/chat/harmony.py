@@ -1,7 +1,7 @@
 """gpt-oss's harmony replies: a reply is a run of messages, each a header and a body,
 
     <|channel|>analysis<|message|>reasoning<|end|>
-    <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>
+    <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": ".."}<|call|>
     <|start|>assistant<|channel|>final<|message|>the answer
 
 read as llama.cpp's gpt-oss parser reads them: the `analysis` channel is reasoning, `final`

@@ -2,7 +2,8 @@
 bodies become `prepare_chat`/`prepare_completion` jobs for the scheduler, events become
 OpenAI's (or llama-server's) responses. Security as llama-server: API keys compared in
 constant time with `/health` and `/v1/models` public, a request body limit, CORS as
-llama-server answers it (llama/server/cors.py).
+llama-server answers it (llama/server/cors.py). The chat page at `/` (llama/server/webui.py)
+unless `--no-ui`.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from llama.server import cors_proxy, gcp, rerank, routes_llama, routes_openai
+from llama.server import cors_proxy, gcp, rerank, routes_llama, routes_openai, webui
 from llama.server.config import ServerConfig
 from llama.server.cors import ALLOW_ORIGIN, allowed_origin, preflight_headers
 from llama.server.errors import APIError, feature_disabled
@@ -78,6 +79,8 @@ def create_app(config: ServerConfig, *, load_in_background: bool = True) -> Fast
         disabled(app, "/tools", ["GET", "POST"])
     if config.vertex is not None:   # AIP_MODE=PREDICTION: serving for Google Cloud's Vertex AI
         gcp.register(app, config.vertex, config.body_limit)
+    if config.webui:
+        webui.register(app)
     return app
 
 
@@ -135,6 +138,9 @@ class Guard:
     def __init__(self, app: ASGIApp, config: ServerConfig) -> None:
         self.app = app
         self.config = config
+        # the chat page is public, as llama-server's; `/` even without it, so that it is a 404
+        # whether or not a key is given (llama-server skips the key check for `/` either way)
+        self.public = PUBLIC | (webui.PATHS if config.webui else {"/"})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -159,7 +165,7 @@ class Guard:
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > config.body_limit):
             return APIError(413, f"the request body exceeds {config.body_limit} bytes")
-        if config.api_keys and URL(scope=scope).path not in PUBLIC and not _key_ok(headers, config.api_keys):
+        if config.api_keys and URL(scope=scope).path not in self.public and not _key_ok(headers, config.api_keys):
             return APIError(401, "Invalid API Key")
         return None
 

@@ -51,7 +51,7 @@ class ServerConfig:
     kv_unified: bool = False
     swa_full: bool = False
     offline: bool = False
-    webui: bool = False
+    webui: bool = True            # the chat page at / (llama-server's default; --no-ui: off)
     backend: str | None = None
     # LoRA adapters (--lora, --lora-scaled): (path, scale) in the order given, ids 0, 1, ...
     lora: list[tuple[str, float]] = field(default_factory=list)

@@ -6,7 +6,6 @@ prints, it does not assert a time) and checks the 5 MB size target."""
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -16,25 +15,16 @@ from ggmlpy.viz.data import page_data
 from ggmlpy.viz.page import render_page
 from llama.model import Model
 
+from tests.browser import chromium, needs_browser
 from tests.ggmlpy.viz.conftest import expected_boxes, snapshot_of
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-try:
-    from playwright.sync_api import sync_playwright
-except ImportError:  # pragma: no cover - CI installs it (the test extra)
-    sync_playwright = None
-
-pytestmark = pytest.mark.skipif(
-    sync_playwright is None or CHROMIUM is None,
-    reason="needs playwright (pip) and Debian's chromium (apt-get install -y chromium); CI has both")
+pytestmark = needs_browser
 
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+    with chromium() as b:
         yield b
-        b.close()
 
 
 class Page:

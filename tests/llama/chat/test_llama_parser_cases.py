@@ -105,6 +105,28 @@ def test_llama_cpp_parser_case(case: dict) -> None:
     assert streamed == whole
 
 
+def format_counts() -> dict[str, tuple[int, int, int]]:
+    """(templates, cases, cases passed) per tool-call format, the format of each template as
+    ggmlpy detects it (the table in the README)."""
+    templates: dict[str, set] = {}
+    cases: Counter = Counter()
+    passed: Counter = Counter()
+    for case in CASES:
+        fmt = _setup(case["template"]).tool_format
+        templates.setdefault(fmt, set()).add(case["template"])
+        cases[fmt] += 1
+        passed[fmt] += case["id"] not in KNOWN
+    return {fmt: (len(templates[fmt]), cases[fmt], passed[fmt]) for fmt in sorted(cases)}
+
+
+def test_the_readme_reports_the_count_per_format() -> None:
+    readme = (HERE.parents[2] / "README.md").read_text(encoding="utf-8")
+    for fmt, (n_templates, n_cases, n_passed) in format_counts().items():
+        assert f"| `{fmt}` | {n_templates} | {n_passed} of {n_cases} |" in readme, fmt
+    total = len(CASES) - len(KNOWN)
+    assert f"{total} of {len(CASES)} cases" in readme
+
+
 def test_known_failures_are_cases_and_still_fail() -> None:
     """The list names real cases, and each still fails (a fixed one must leave the list)."""
     by_id = {c["id"]: c for c in CASES}

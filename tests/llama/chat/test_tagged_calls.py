@@ -1,4 +1,4 @@
-"""Qwen3-Coder's XML tool calls (llama/chat/xml_calls.py): values typed by the tool's schema
+"""Qwen3-Coder's XML tool calls (llama/chat/tagged_calls.py): values typed by the tool's schema
 as llama.cpp's qwen3-coder parser types them, malformed blocks refused, and the forced-call
 grammar accepting exactly the calls the reader reads (checked with llguidance itself)."""
 from __future__ import annotations

@@ -317,7 +317,8 @@ def render(fmt: str, name: str, args: dict) -> str:
         "mistral_args": lambda: f"[TOOL_CALLS]{name}[ARGS]{json.dumps(args)}",
         "functionary_v3_1": lambda: f"<function={name}>{json.dumps(args)}</function>",
         "kimi_k2": lambda: (f"<|tool_calls_section_begin|><|tool_call_begin|>functions.{name}:0"
-                            f"<|tool_call_argument_begin|>{json.dumps(args)}<|tool_call_end|><|tool_calls_section_end|>"),
+                            f"<|tool_call_argument_begin|>{json.dumps(args)}<|tool_call_end|>"
+                            "<|tool_calls_section_end|>"),
         "gemma4": lambda: "<|tool_call>call:" + name + "{" + ",".join(
             f'{k}:<|"|>{v}<|"|>' if isinstance(v, str) else f"{k}:{json.dumps(v)}" for k, v in args.items())
             + "}<tool_call|>",
@@ -336,7 +337,8 @@ def render(fmt: str, name: str, args: dict) -> str:
         return tagged[fmt]()
     call = json.dumps({"name": name, FORMATS[fmt].arg_keys[0]: args})
     return {"hermes": f"<tool_call>\n{call}\n</tool_call>", "llama3": call, "mistral": f"[TOOL_CALLS][{call}]",
-            "generic": json.dumps({"tool_calls": [json.loads(call)]}), "lfm2": f"<|tool_call_start|>[{call}]<|tool_call_end|>",
+            "generic": json.dumps({"tool_calls": [json.loads(call)]}),
+            "lfm2": f"<|tool_call_start|>[{call}]<|tool_call_end|>",
             "nemotron_v2": f"<TOOLCALL>[{call}]</TOOLCALL>", "apriel": f"<tool_calls>[{call}]</tool_calls>"}[fmt]
 
 
