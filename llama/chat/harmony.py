@@ -29,6 +29,7 @@ _ENDS = ("<|end|>", "<|call|>", "<|return|>")
 _MARKERS = (_START, "<|channel|>", _MESSAGE, *_ENDS)
 _CHANNEL = regex.compile(r"<\|channel\|>\s*([\w-]+)")
 _RECIPIENT = regex.compile(r"\bto=([^\s<]+)")
+_ANSWER = ("", "assistant", "user", "all")   # recipients of the reply itself, not of a tool
 _ROLE = regex.compile(r"<\|start\|>\w*")
 
 
@@ -88,15 +89,14 @@ def parse_harmony(text: str, final: bool, split_reasoning: bool = True) -> _Pars
                     value = None
                 if isinstance(value, dict):
                     out.calls.append((recipient[len("functions."):], json.dumps(value, ensure_ascii=False)))
-        elif recipient not in ("", "assistant", "user", "all"):
-            pass   # a built-in tool's message (python, container.exec): not the answer
-        elif channel == "analysis":
+        elif recipient in _ANSWER and channel == "analysis":
             if split_reasoning:
                 out.reasoning += body
             else:
                 out.content += text[head_at:start] + body + (marker if ends else "")
-        else:
+        elif recipient in _ANSWER:
             out.content += body
+        # anything else is a message to a built-in tool (python, container.exec): not the answer
         if not closed:
             break
         pos = end + len(marker)

@@ -1,8 +1,9 @@
 """The official `openai` client against a real `ggmlpy serve` reads `reasoning_content` and
 `tool_calls` for a Qwen3.5-style template (thinking, XML calls) and a gpt-oss harmony
-template. SmolLM2 cannot write those syntaxes on its own, so each reply is scripted: the
-request's `grammar` (llama-server's field) admits exactly one text, which the model then
-writes token by token through the whole server."""
+template, and the markup stays out of an answer's content. SmolLM2 cannot write those
+syntaxes on its own, so each reply is scripted: the request's `grammar` (llama-server's
+field) admits exactly one text, which the model then writes token by token through the
+whole server."""
 from __future__ import annotations
 
 import json
@@ -20,6 +21,7 @@ QWEN_REPLY = ("Paris is in France.\n</think>\n\n<tool_call>\n<function=get_weath
               "</parameter>\n</function>\n</tool_call>")
 HARMONY_REPLY = ("<|channel|>analysis<|message|>Paris is in France.<|end|><|start|>assistant<|channel|>commentary "
                  'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>')
+QWEN_ANSWER = "The user greets.\n</think>\n\nHello there!"
 HARMONY_ANSWER = ("<|channel|>analysis<|message|>The user greets.<|end|><|start|>assistant<|channel|>final"
                   "<|message|>Hello there!")
 
@@ -77,9 +79,8 @@ def test_reasoning_and_a_tool_call_read_by_the_openai_client(served):
     assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [("get_weather", {"city": "Paris"})]
 
 
-def test_a_harmony_answer_keeps_its_channels_out_of_the_content(served):
+def test_an_answer_keeps_the_markup_out_of_the_content(served):
     name, server = served
-    if not name.startswith("openai"):
-        pytest.skip("the harmony case")
-    message = _ask(_client(server), HARMONY_ANSWER, stream=False, tools=None).choices[0].message
+    reply = HARMONY_ANSWER if name.startswith("openai") else QWEN_ANSWER
+    message = _ask(_client(server), reply, stream=False, tools=None).choices[0].message
     assert message.reasoning_content == "The user greets." and message.content == "Hello there!"
