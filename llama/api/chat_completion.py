@@ -21,7 +21,6 @@ from llama.api.sequence import Sequence, Step
 from llama.chat import ChatTemplate, ChatTemplateError, select_template
 from llama.chat.caps import object_arguments, with_object_arguments
 from llama.chat.call_formats import answer_markers
-from llama.chat.harmony import writes_harmony
 from llama.chat.named_formats import FormatTemplate
 from llama.api.chat_prompt import ChatPrompt, chat_prompt, normalize_messages
 from llama.chat.reasoning import Reasoning, ThinkingTags, check_format, thinking_tags
@@ -298,9 +297,8 @@ def reply_reader(setup: "ChatSetup", prompt: ChatPrompt, tools: list | None, cho
                           prompt.opened and not prefill, reasoning_stops(fmt))
     elif tags is not None and prompt.opened and not prefill:
         prefill = prompt.text[prompt.text.rfind(tags.start):]
-    source = setup.template.source
-    return ReplyReader(split, fmt, tools, prefill=prefill, harmony=writes_harmony(source),
-                       answer_markers=answer_markers(source))
+    return ReplyReader(split, fmt, tools, prefill=prefill, harmony=setup.tool_format == "harmony",
+                       answer_markers=answer_markers(setup.template.source))
 
 
 def budget_processor(llm: "Llama", tags: ThinkingTags, budget: int, message: str | None,

@@ -39,6 +39,11 @@ class _Parse:
     content: str = ""
     calls: list[tuple[str, str]] = field(default_factory=list)
 
+    def add(self, other: "_Parse") -> None:
+        self.reasoning += other.reasoning
+        self.content += other.content
+        self.calls += other.calls
+
 
 def _held(text: str) -> int:
     """Length of the end of `text` that could be the start of a marker."""
@@ -48,24 +53,31 @@ def _held(text: str) -> int:
     return 0
 
 
-def parse_harmony(text: str, final: bool, split_reasoning: bool = True) -> _Parse:
-    """The reasoning, content and calls of `text`; when not `final`, only what more text
-    cannot change."""
-    out = _Parse()
-    pos = 0
+_HEADS = ("<|channel|>", "to=")
+_SPACE = regex.compile(r"\s*")
+
+
+def _scan(text: str, pos: int, final: bool, split_reasoning: bool) -> tuple[_Parse, _Parse, int]:
+    """Read the messages from `pos` (a message boundary): (what the messages that have ended
+    add, what the one still open adds so far, where that one begins). When not `final`, the
+    open one gives only what more text cannot change."""
+    done, tail = _Parse(), _Parse()
     while pos < len(text):
         role = _ROLE.match(text, pos) if text.startswith(_START, pos) else None
         head_at = role.end() if role else pos
-        rest = text[head_at:].lstrip()
-        if not final and any(m.startswith(rest) for m in ("<|channel|>", "to=")):
+        lead = _SPACE.match(text, head_at).end()
+        if not final and len(text) - lead < max(map(len, _HEADS)) and any(h.startswith(text[lead:]) for h in _HEADS):
             break   # a header may be arriving
-        if not rest.startswith(("<|channel|>", "to=")):   # text outside any message: the answer
+        if not text.startswith(_HEADS, lead):   # text outside any message: the answer
             nxt = min([i for i in (text.find(m, head_at + 1) for m in (_START, "<|channel|>")) if i > 0],
                       default=len(text))
             chunk = text[head_at:nxt]
-            out.content += chunk if final or nxt < len(text) else chunk[:len(chunk) - _held(chunk)]
-            pos = nxt
-            continue
+            if final or nxt < len(text):
+                done.content += chunk
+                pos = nxt
+                continue
+            tail.content += chunk[:len(chunk) - _held(chunk)]
+            break
         body_at = text.find(_MESSAGE, head_at)
         if body_at < 0:
             break   # the header is still arriving (or, at the end, a header with no message)
@@ -79,36 +91,47 @@ def parse_harmony(text: str, final: bool, split_reasoning: bool = True) -> _Pars
         body = text[start:end]
         if not closed:
             body = body[:len(body) - _held(body)]
+        out = done if closed else tail
         channel = channels[-1] if channels else "final"
         if recipient.startswith("functions."):
-            if closed:
-                args = body.strip()
-                try:
-                    value = json.loads(args)
-                except ValueError:
-                    value = None
-                if isinstance(value, dict):
-                    out.calls.append((recipient[len("functions."):], json.dumps(value, ensure_ascii=False)))
+            value = _json_object(body) if closed else None
+            if value is not None:
+                out.calls.append((recipient[len("functions."):], value))
         elif recipient in _ANSWER and channel == "analysis":
             if split_reasoning:
                 out.reasoning += body
             else:
-                out.content += text[head_at:start] + body + (marker if ends else "")
+                out.content += text[head_at:start] + body + marker
         elif recipient in _ANSWER:
             out.content += body
         # anything else is a message to a built-in tool (python, container.exec): not the answer
         if not closed:
             break
         pos = end + len(marker)
-    out.reasoning = out.reasoning.rstrip()   # trimmed, as the other readers trim; while streaming,
-    out.content = out.content.rstrip()       # whitespace at the end may yet be followed by more text
-    return out
+    return done, tail, pos
 
 
-def writes_harmony(template_source: str | None) -> bool:
-    """Whether a chat template writes harmony messages (gpt-oss's)."""
-    src = template_source or ""
-    return "<|channel|>" in src and _MESSAGE in src
+def _json_object(text: str) -> str | None:
+    """A call's arguments: JSON text of an object, re-written; None for anything else."""
+    try:
+        value = json.loads(text.strip())
+    except ValueError:
+        return None
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, dict) else None
+
+
+def _trimmed(parse: _Parse) -> _Parse:
+    """Trimmed at the end, as the other readers trim; while streaming, whitespace at the end
+    may yet be followed by more text."""
+    return _Parse(parse.reasoning.rstrip(), parse.content.rstrip(), list(parse.calls))
+
+
+def parse_harmony(text: str, final: bool, split_reasoning: bool = True) -> _Parse:
+    """The reasoning, content and calls of `text`; when not `final`, only what more text
+    cannot change."""
+    done, tail, _ = _scan(text, 0, final, split_reasoning)
+    done.add(tail)
+    return _trimmed(done)
 
 
 class HarmonyStream:
@@ -119,13 +142,24 @@ class HarmonyStream:
         self._text = prefill
         self._seed = seed
         self._sent = _Parse()
+        self._done = _Parse()   # what the messages that have ended gave: read once
+        self._pos = 0           # where the first message still open begins
 
     def feed(self, text: str) -> list[dict]:
         self._text += text
-        return self._emit(parse_harmony(self._text, final=False, split_reasoning=self._split))
+        return self._emit(self._read(final=False))
 
     def finish(self) -> list[dict]:
-        return self._emit(parse_harmony(self._text, final=True, split_reasoning=self._split))
+        return self._emit(self._read(final=True))
+
+    def _read(self, final: bool) -> _Parse:
+        """The reply so far, reading only from the first message still open (each token's
+        step costs the open message, not the whole reply)."""
+        done, tail, self._pos = _scan(self._text, self._pos, final, self._split)
+        self._done.add(done)
+        now = _Parse(self._done.reasoning, self._done.content, list(self._done.calls))
+        now.add(tail)
+        return _trimmed(now)
 
     def _emit(self, now: _Parse) -> list[dict]:
         out: list[dict] = []

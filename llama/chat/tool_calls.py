@@ -150,7 +150,6 @@ class ToolCallStream:
     def __init__(self, fmt: str, seed: str | int = 0, tools: Optional[list[dict]] = None) -> None:
         self._fmt = tool_format(fmt)
         self._schemas = {f.get("name"): f.get("parameters") or {} for f in (_function(t) for t in tools or [])}
-        self._patterns = tuple(b.pattern for b in self._fmt.blocks)
         self._seed = seed
         self._text = ""
         self._pos = 0  # text before this is settled

@@ -3,6 +3,7 @@ a cap, streamed as it comes, and the command killed on a timeout or when the cli
 The command runs in a process group of its own, so a kill also ends what it started."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -32,14 +33,13 @@ class ExecResult:
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    """Kill the command and what it started: it runs in a process group of its own."""
-    try:
+    """Kill the command and what it started: it runs in a process group of its own (which
+    may have exited already: then there is nothing to kill)."""
+    with contextlib.suppress(OSError):
         if os.name == "nt":
             proc.kill()
         else:
             os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def run_process(argv: list[str], max_output: int, timeout: float, on_chunk: Optional[OnChunk] = None, *,
@@ -77,13 +77,12 @@ def run_process(argv: list[str], max_output: int, timeout: float, on_chunk: Opti
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    try:
-        # always close stdin: a client such as `docker exec -i` waits as long as it is open
+    # always close stdin: a client such as `docker exec -i` waits as long as it is open (a
+    # command that exits without reading it breaks the pipe, which is no error of ours)
+    with contextlib.suppress(OSError):
         if stdin_data:
             proc.stdin.write(stdin_data)
         proc.stdin.close()
-    except OSError:
-        pass
 
     out = bytearray()
     truncated = False

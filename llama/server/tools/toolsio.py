@@ -100,9 +100,7 @@ class LocalIO(ToolsIO):
 
     def resolve(self, path: str) -> str:
         if path == "~" or path.startswith(("~/", "~\\")):
-            home = os.environ.get("HOME") or os.environ.get("USERPROFILE") or ""
-            if home:
-                path = home + path[1:]
+            path = os.path.expanduser("~") + path[1:]   # unchanged where there is no home directory
         if not os.path.isabs(path):
             path = os.path.join(self.cwd or os.getcwd(), path)
         # drop "." and ".." so they never reach git or the client; '/' for the web UI
