@@ -4,22 +4,24 @@ messages -> the chat template (the file's, a named built-in, or chatml) -> promp
 the completion loop with the constraints the request asks for:
 - `response_format` `json_object` (optionally with `schema`, llama-cpp-python's form) or
   OpenAI's `json_schema` -> a JSON-schema grammar;
-- `tool_choice` `required` or a named function -> a grammar that allows exactly one call
-  in the template family's syntax, with the arguments checked against the tool's schema;
-  `auto` lets the model choose and parses calls out of its text (streamed as deltas);
-  `none` keeps the text as it is.
+- `tool_choice` `required` or a named function -> a grammar that allows one call (one or
+  more with `parallel_tool_calls`) in the template family's syntax, with the arguments
+  checked against the tool's schema; `auto` lets the model choose and parses calls out of
+  its text (streamed as llama-server streams them: a call's name, then its arguments as they
+  grow), and with `parallel_tool_calls` false the reply ends where a second call begins; `none`
+  keeps the text as it is.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from llama.api import responses
 from llama.api.completion import make_sequence, resolve_max_tokens, run_sequence, sampling_params
 from llama.api.logprobs import chat_logprobs
 from llama.api.sequence import Sequence, Step
 from llama.chat import ChatTemplate, ChatTemplateError, select_template
-from llama.chat.caps import object_arguments, with_object_arguments
+from llama.chat.caps import object_arguments, parallel_calls, with_object_arguments
 from llama.chat.call_formats import answer_markers
 from llama.chat.named_formats import FormatTemplate
 from llama.api.chat_prompt import ChatPrompt, chat_prompt, normalize_messages
@@ -43,6 +45,7 @@ class ChatSetup:
         self.chat_template = chat_template
         self._template: ChatTemplate | FormatTemplate | None = None
         self._object_arguments: bool | None = None
+        self._parallel_calls: bool | None = None
 
     @classmethod
     def for_template(cls, template: ChatTemplate | FormatTemplate) -> "ChatSetup":
@@ -71,6 +74,15 @@ class ChatSetup:
             template = self.template
             self._object_arguments = isinstance(template, ChatTemplate) and object_arguments(template)
         return self._object_arguments
+
+    @property
+    def parallel_calls(self) -> bool:
+        """Whether the template writes several calls in one message: a request's default
+        `parallel_tool_calls`, as llama-server's (llama/chat/caps.py)."""
+        if self._parallel_calls is None:
+            template = self.template
+            self._parallel_calls = isinstance(template, ChatTemplate) and parallel_calls(template)
+        return self._parallel_calls
 
     @property
     def tool_format(self) -> str:
@@ -223,6 +235,7 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
                  reasoning_budget_message: str | None = None,
                  add_generation_prompt: bool = True, continue_final_message: bool | None = None,
                  n_ctx: int | None = None, context_shift: bool = False,
+                 parallel_tool_calls: bool | None = None,
                  **server_sampling: Any) -> ChatJob:
     """A chat request -> a `ChatJob` (template, constraints, sampler chain); the checks
     fail here, before anything is decoded. `n_ctx`: the context the sequence may fill.
@@ -230,7 +243,9 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
     `reasoning_effort`: how a thinking model's reasoning is asked for and split off
     (`template_variables`); `reasoning_budget` (-1: none) caps it, forcing the end marker
     after `reasoning_budget_message` (llama/sampling/reasoning_budget.py). A last assistant
-    message is continued, not answered (`final_continuation`). `server_sampling`: llama-server's fields beyond
+    message is continued, not answered (`final_continuation`). `parallel_tool_calls`: whether
+    a reply may make more than one call (None: whether the template writes several, as
+    llama-server decides). `server_sampling`: llama-server's fields beyond
     llama-cpp-python's arguments (completion.sampling_params)."""
     if functions:
         tools, tool_choice = _legacy_functions(functions, function_call)
@@ -238,6 +253,7 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
     setup = llm._chat
     check_format(reasoning_format)
     fmt = setup.tool_format if tools else "generic"
+    parallel = bool(tools) and (setup.parallel_calls if parallel_tool_calls is None else bool(parallel_tool_calls))
     prompt = chat_prompt(setup, messages, tools=tools, generic_tools=bool(tools) and choice != "none"
                                and fmt == "generic", reasoning=reasoning, reasoning_effort=reasoning_effort,
                                chat_template_kwargs=chat_template_kwargs,
@@ -256,7 +272,7 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
             raise ValueError("tool_choice required/named cannot be combined with grammar or "
                              "response_format")
         from llama.grammar import Grammar
-        constraint = Grammar.from_lark(tool_call_grammar(tools, choice, fmt))
+        constraint = Grammar.from_lark(tool_call_grammar(tools, choice, fmt, parallel=parallel))
     elif response_format is not None:
         if grammar is not None:
             raise ValueError("give either grammar or response_format, not both")
@@ -278,16 +294,30 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
                         grammar=constraint, logits_processor=logits_processor)
     meta = (responses.new_id("chatcmpl"), responses.now(), model or llm.model_path)
     include_usage = bool((stream_options or {}).get("include_usage"))
-    reader = reply_reader(setup, prompt, tools, choice, reasoning_format)
+    reader = reply_reader(setup, prompt, tools, choice, reasoning_format, parallel)
+    if choice == "auto" and not parallel and not reader.harmony:
+        seq.complete = _complete_at_first_call(reader)
     return ChatJob(seq, meta, reader, include_usage, bool(logprobs))
 
 
+def _complete_at_first_call(reader: ReplyReader) -> Callable[[str], bool]:
+    """A reply read as it comes, complete once a second call begins: with parallel_tool_calls
+    false llama.cpp's grammar would not have let the model write it."""
+    stream = reader.stream()
+
+    def complete(text: str) -> bool:
+        stream.feed(text)
+        return bool(getattr(stream, "done", False))
+    return complete
+
+
 def reply_reader(setup: "ChatSetup", prompt: ChatPrompt, tools: list | None, choice: Any,
-                 reasoning_format: str) -> ReplyReader:
+                 reasoning_format: str, parallel: bool = True) -> ReplyReader:
     """How the reply to `prompt` is read: the template's thinking markers split off the
     reasoning (unless `reasoning_format` is "none": then a thinking block the prompt opened
     is given back in the content, marker and all, as llama-server gives it), its tool-call
-    syntax reads the calls (unless there are no tools or `tool_choice` is "none")."""
+    syntax reads the calls (unless there are no tools or `tool_choice` is "none"; only the
+    first without `parallel`)."""
     tags = setup.thinking
     fmt = setup.tool_format if tools and choice != "none" else None
     prefill = prompt.prefill
@@ -298,7 +328,7 @@ def reply_reader(setup: "ChatSetup", prompt: ChatPrompt, tools: list | None, cho
     elif tags is not None and prompt.opened and not prefill:
         prefill = prompt.text[prompt.text.rfind(tags.start):]
     return ReplyReader(split, fmt, tools, prefill=prefill, harmony=setup.tool_format == "harmony",
-                       answer_markers=answer_markers(setup.template.source))
+                       answer_markers=answer_markers(setup.template.source), parallel=parallel)
 
 
 def budget_processor(llm: "Llama", tags: ThinkingTags, budget: int, message: str | None,

@@ -129,6 +129,10 @@ class Sequence:
         # llama-server's post_sampling_probs: logprobs from the chain's final candidates
         # (what it sampled from) instead of the model's whole distribution
         self.post_sampling_probs = False
+        # told each piece of final text; True ends the sequence ("stop"): a reply read as it
+        # comes that is complete (with parallel_tool_calls false, a chat reply where a second
+        # tool call begins)
+        self.complete: Callable[[str], bool] | None = None
         if max_tokens <= 0:
             self.finish_reason = "length"
 
@@ -185,6 +189,8 @@ class Sequence:
         if self.text.stopped:   # a stop string, or llama-server's n_indent (a limit)
             reason = "length" if self.text.cut_by_indent else "stop"
         elif self.grammar is not None and self.grammar.is_finished():
+            reason = "stop"
+        elif self.complete is not None and text and self.complete(text):
             reason = "stop"
         elif len(self.tokens) >= self.max_tokens or self._past_time_limit(piece):
             reason = "length"

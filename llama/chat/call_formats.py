@@ -1,7 +1,8 @@
 """Every tool-call syntax ggmlpy reads, as data: where a family's call blocks start and end,
-which reader (call_readers.py) takes a block apart, how a forced call is written (its
-grammar shape), and which template text says a template teaches it (`DETECT`). The scanner
-and the grammar builder in tool_calls.py read these entries; adding a family is adding one.
+which reader (call_readers.py) takes a block apart and which streams its calls as they come
+(call_streams.py), how a forced call is written (its grammar shape), and which template text
+says a template teaches it (`DETECT`). The scanner (tool_calls.py) and the grammar builder
+(call_grammar.py) read these entries; adding a family is adding one.
 """
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ import regex
 
 from llama.chat import call_readers as read
 from llama.chat.call_readers import Reader
+from llama.chat.call_streams import StreamFactory, call_list, generic_calls, json_calls, named_args
+from llama.chat.pythonic_stream import pythonic_calls
 from llama.chat.tagged_calls import ARG_KEY, DSML, INVOKE, MINICPM, QWEN3_CODER, SEED_OSS, TagSyntax
+from llama.chat.tagged_stream import tagged_calls
 
 BlockKind = Literal["closed", "json", "rest", "string"]
 
@@ -30,7 +34,9 @@ class Block:
     ``json_at_open``, else after it), then ``close`` if the model wrote it; ``rest`` runs to the
     end of the reply; ``string`` is a JSON string whose decoded text is content, streamed as it
     comes (the generic ``{"response": "..."}``), after which the reply is over. ``literal``: the
-    opening as plain text, where it is one (what ends an unclosed thinking block).
+    opening as plain text, where it is one (what ends an unclosed thinking block). ``stream``:
+    the reader that gives the block's calls out as they come (call_streams.py); without one a
+    call is given out once its block has ended.
     """
 
     open: str
@@ -40,15 +46,17 @@ class Block:
     json_at_open: bool = False
     whole: bool = False
     literal: str = ""
+    stream: Optional[StreamFactory] = None
 
     @cached_property
     def pattern(self) -> regex.Pattern:
         return regex.compile(self.open)
 
 
-def closed(open_: str, close: str, reader: Reader, *, whole: bool = False) -> Block:
+def closed(open_: str, close: str, reader: Reader, stream: Optional[StreamFactory] = None, *,
+           whole: bool = False) -> Block:
     """A block between two literal markers."""
-    return Block(regex.escape(open_), "closed", reader, close=close, whole=whole, literal=open_)
+    return Block(regex.escape(open_), "closed", reader, close=close, whole=whole, literal=open_, stream=stream)
 
 
 @dataclass(frozen=True)
@@ -58,13 +66,21 @@ class GrammarShape:
     wrapper object; ``named``: the markers name the function (``{name}`` in ``before``) and
     the arguments' JSON follows; ``tagged``: `syntax`'s tags (tagged_calls.py); None: the
     family has no forced form. ``call_extra`` adds optional properties after the arguments
-    (Mistral's 9-character ``id``)."""
+    (Mistral's 9-character ``id``).
+
+    With ``parallel_tool_calls``, how more calls follow the first (as llama.cpp's grammars
+    allow them): ``repeat`` ``block``: the whole block again; ``call``: another call inside
+    the block (an array's next item, or between the ``section`` markers, which then wrap the
+    calls while ``before``/``after`` are each call's); None: the family writes one call.
+    ``{index}`` in a marker is the call's number (Kimi's ids)."""
 
     json: Optional[Literal["object", "array", "tool_calls", "named", "tagged"]]
     before: tuple[str, ...] = ()
     after: tuple[str, ...] = ()
     call_extra: tuple[tuple[str, Any], ...] = ()  # (property, schema) pairs
     syntax: Optional[TagSyntax] = None
+    repeat: Optional[Literal["block", "call"]] = None
+    section: tuple[str, str] = ("", "")
 
 
 @dataclass(frozen=True)
@@ -93,71 +109,83 @@ _KIMI_CALL = (r"<\|tool_call_begin\|>\s*(?P<id>(?:functions\.)?(?P<name>[\w.\-]+
               r"<\|tool_call_argument_begin\|>")
 
 
-def _tagged(open_: str, close: str, syntax: TagSyntax, **kw: Any) -> dict:
+def _tagged(open_: str, close: str, syntax: TagSyntax, repeat: str = "call", **kw: Any) -> dict:
     """The entry of a family whose block holds tagged calls."""
-    return dict(blocks=(closed(open_, close, read.tagged(syntax)),),
+    return dict(blocks=(closed(open_, close, read.tagged(syntax), tagged_calls(syntax)),),
                 grammar=GrammarShape("tagged", (open_ + ("\n" if syntax.newlines else ""),), (close,),
-                                     syntax=syntax), **kw)
+                                     syntax=syntax, repeat=repeat), **kw)  # type: ignore[arg-type]
 
 
-def _json_block(open_: str, close: str, shape: str = "array", **kw: Any) -> dict:
-    """The entry of a family whose block holds JSON call objects."""
-    return dict(blocks=(closed(open_, close, read.read_json),),
-                grammar=GrammarShape(shape, (open_,), (close,)), **kw)  # type: ignore[arg-type]
+def _json_block(open_: str, close: str, **kw: Any) -> dict:
+    """The entry of a family whose block holds an array of JSON call objects."""
+    return dict(blocks=(closed(open_, close, read.read_json, json_calls),),
+                grammar=GrammarShape("array", (open_,), (close,), repeat="call"), **kw)
 
+
+_DEEPSEEK_R1 = r"<｜tool▁call▁begin｜>function<｜tool▁sep｜>(?P<name>[^\n<]+)\n```(?:json)?\n"
+_DEEPSEEK_V3 = r"<｜tool▁call▁begin｜>(?P<name>[^<]+)<｜tool▁sep｜>"
 
 FORMATS: Mapping[str, ToolFormat] = MappingProxyType({f.name: f for f in (
-    ToolFormat("hermes", blocks=(closed("<tool_call>", "</tool_call>", read.read_json),),
-               grammar=GrammarShape("object", ("<tool_call>", "\n"), ("\n", "</tool_call>"))),
-    ToolFormat("llama3", blocks=(Block(regex.escape("<|python_tag|>"), "rest", read.read_python_tag),
-                                 Block(_LLAMA_HEADER, "json", read.read_json, json_at_open=True)),
+    ToolFormat("hermes", blocks=(closed("<tool_call>", "</tool_call>", read.read_json, json_calls),),
+               grammar=GrammarShape("object", ("<tool_call>", "\n"), ("\n", "</tool_call>"), repeat="block")),
+    ToolFormat("llama3", blocks=(Block(regex.escape("<|python_tag|>"), "rest", read.read_python_tag, stream=json_calls),
+                                 Block(_LLAMA_HEADER, "json", read.read_json, json_at_open=True, stream=json_calls)),
                grammar=GrammarShape("object"), arg_keys=("parameters", "arguments"), args_required=True),
-    ToolFormat("mistral", blocks=(Block(regex.escape("[TOOL_CALLS]"), "json", read.read_json),),
-               grammar=GrammarShape("array", ("[TOOL_CALLS]",),
+    ToolFormat("mistral", blocks=(Block(regex.escape("[TOOL_CALLS]"), "json", read.read_json, stream=json_calls),),
+               grammar=GrammarShape("array", ("[TOOL_CALLS]",), repeat="call",
                                     call_extra=(("id", {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}),)),
                id_key="id", id_len=9, id_prefix=""),  # Mistral's template wants 9-character ids
     ToolFormat("mistral_args", blocks=(
         Block(r"\[TOOL_CALLS\](?P<name>[^\[\]\s]+)(?:\[CALL_ID\](?P<id>\w+))?\[ARGS\]", "json",
-              read.read_named_json),),
-        grammar=GrammarShape("named", ("[TOOL_CALLS]{name}[ARGS]",)), id_len=9, id_prefix=""),
+              read.read_named_json, stream=named_args),),
+        grammar=GrammarShape("named", ("[TOOL_CALLS]{name}[ARGS]",), repeat="block"), id_len=9, id_prefix=""),
     ToolFormat("functionary_v3_1", blocks=(
-        Block(r"<function=(?P<name>[^>\s]+)>", "closed", read.read_named_json, close="</function>"),),
-        grammar=GrammarShape("named", ("<function={name}>",), ("</function>",))),
-    ToolFormat("qwen3_coder", **_tagged("<tool_call>", "</tool_call>", QWEN3_CODER, ends_reasoning=True)),
-    ToolFormat("seed_oss", **_tagged("<seed:tool_call>", "</seed:tool_call>", SEED_OSS)),
+        Block(r"<function=(?P<name>[^>\s]+)>", "closed", read.read_named_json, close="</function>",
+              stream=named_args),),
+        grammar=GrammarShape("named", ("<function={name}>",), ("</function>",), repeat="block")),
+    ToolFormat("qwen3_coder", **_tagged("<tool_call>", "</tool_call>", QWEN3_CODER, "block", ends_reasoning=True)),
+    ToolFormat("seed_oss", **_tagged("<seed:tool_call>", "</seed:tool_call>", SEED_OSS, "block")),
     ToolFormat("minimax_m2", **_tagged("<minimax:tool_call>", "</minimax:tool_call>", INVOKE)),
     ToolFormat("minimax_m3", **_tagged(
         _MINIMAX3 + "<tool_call>", _MINIMAX3 + "</tool_call>",
         TagSyntax(_MINIMAX3 + '<invoke name="{name}">', _MINIMAX3 + "</invoke>", _MINIMAX3 + "<{key}>",
                   _MINIMAX3 + "</{key}>"))),
-    ToolFormat("dsml", blocks=(closed("<｜DSML｜function_calls>", "</｜DSML｜function_calls>", read.tagged(DSML)),
-                               closed("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>", read.tagged(DSML))),
-               grammar=GrammarShape("tagged", ("<｜DSML｜tool_calls>\n",), ("</｜DSML｜tool_calls>",), syntax=DSML),
+    ToolFormat("dsml", blocks=(closed("<｜DSML｜function_calls>", "</｜DSML｜function_calls>", read.tagged(DSML),
+                                      tagged_calls(DSML)),
+                               closed("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>", read.tagged(DSML),
+                                      tagged_calls(DSML))),
+               grammar=GrammarShape("tagged", ("<｜DSML｜tool_calls>\n",), ("</｜DSML｜tool_calls>",), syntax=DSML,
+                                    repeat="call"),
                ends_reasoning=True),
-    ToolFormat("glm", **_tagged("<tool_call>", "</tool_call>", ARG_KEY, ends_reasoning=True)),
-    ToolFormat("minicpm5", blocks=(closed('<function name="', "</function>", read.tagged(MINICPM), whole=True),),
-               grammar=GrammarShape("tagged", syntax=MINICPM)),
-    ToolFormat("kimi_k2", blocks=(closed("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", read.read_kimi),
+    ToolFormat("glm", **_tagged("<tool_call>", "</tool_call>", ARG_KEY, "block", ends_reasoning=True)),
+    ToolFormat("minicpm5", blocks=(closed('<function name="', "</function>", read.tagged(MINICPM),
+                                          tagged_calls(MINICPM), whole=True),),
+               grammar=GrammarShape("tagged", syntax=MINICPM, repeat="call")),
+    ToolFormat("kimi_k2", blocks=(closed("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", read.read_kimi,
+                                         call_list((_KIMI_CALL, "<|tool_call_end|>"))),
                                   Block(_KIMI_CALL, "json", read.read_named_json, close="<|tool_call_end|>",
-                                        literal="<|tool_call_begin|>")),
+                                        literal="<|tool_call_begin|>", stream=named_args)),
                ends_reasoning=True,
-               grammar=GrammarShape("named", ("<|tool_calls_section_begin|><|tool_call_begin|>functions.{name}:0"
-                                              "<|tool_call_argument_begin|>",),
-                                    ("<|tool_call_end|><|tool_calls_section_end|>",))),
-    ToolFormat("lfm2", blocks=(closed("<|tool_call_start|>", "<|tool_call_end|>", read.read_pythonic),),
-               grammar=GrammarShape("array", ("<|tool_call_start|>",), ("<|tool_call_end|>",))),
+               grammar=GrammarShape("named", ("<|tool_call_begin|>functions.{name}:{index}"
+                                              "<|tool_call_argument_begin|>",), ("<|tool_call_end|>",), repeat="call",
+                                    section=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"))),
+    ToolFormat("lfm2", blocks=(closed("<|tool_call_start|>", "<|tool_call_end|>", read.read_pythonic, pythonic_calls),),
+               grammar=GrammarShape("array", ("<|tool_call_start|>",), ("<|tool_call_end|>",), repeat="call")),
     ToolFormat("gemma4", blocks=(closed("<|tool_call>", "<tool_call|>", read.read_gemma),),
                grammar=GrammarShape(None)),
-    ToolFormat("deepseek", blocks=(closed("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", read.read_deepseek),),
-               grammar=GrammarShape("named", ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{name}<｜tool▁sep｜>",),
-                                    ("<｜tool▁call▁end｜><｜tool▁calls▁end｜>",))),
+    ToolFormat("deepseek", blocks=(closed("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", read.read_deepseek,
+                                          call_list((_DEEPSEEK_R1, "```<｜tool▁call▁end｜>"),
+                                                    (_DEEPSEEK_V3, "<｜tool▁call▁end｜>"))),),
+               grammar=GrammarShape("named", ("<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>",), ("<｜tool▁call▁end｜>",),
+                                    repeat="call", section=("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"))),
     ToolFormat("gigachat3", blocks=(Block(regex.escape("<|message_sep|>\n\nfunction call<|role_sep|>"), "json",
-                                          read.read_json),),
+                                          read.read_json, stream=json_calls),),
                grammar=GrammarShape("object", ("<|message_sep|>\n\nfunction call<|role_sep|>\n",))),
-    ToolFormat("gigachat3_1", blocks=(Block(regex.escape("<|function_call|>"), "json", read.read_json),),
+    ToolFormat("gigachat3_1", blocks=(Block(regex.escape("<|function_call|>"), "json", read.read_json,
+                                            stream=json_calls),),
                grammar=GrammarShape("object", ("<|function_call|>",))),
-    ToolFormat("firefunction_v2", blocks=(Block(r"\s?functools", "json", read.read_json),),
-               grammar=GrammarShape("array", (" functools",))),
+    ToolFormat("firefunction_v2", blocks=(Block(r"\s?functools", "json", read.read_json, stream=json_calls),),
+               grammar=GrammarShape("array", (" functools",), repeat="call")),
     ToolFormat("nemotron_v2", **_json_block("<TOOLCALL>", "</TOOLCALL>")),
     ToolFormat("apriel", **_json_block("<tool_calls>", "</tool_calls>")),
     ToolFormat("apertus", **_json_block("<|tools_prefix|>", "<|tools_suffix|>"), name_as_key=True),
@@ -168,8 +196,9 @@ FORMATS: Mapping[str, ToolFormat] = MappingProxyType({f.name: f for f in (
                                     ("<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>",),
                                     ("<|call|>",))),
     ToolFormat("generic", blocks=(Block(r'\A\s*\{\s*"response"\s*:\s*"', "string"),
-                                  Block(r"\A\s*\{", "json", read.read_generic, json_at_open=True)),
-               grammar=GrammarShape("tool_calls")),
+                                  Block(r"\A\s*\{", "json", read.read_generic, json_at_open=True,
+                                        stream=generic_calls)),
+               grammar=GrammarShape("tool_calls", repeat="call")),
 )})
 
 # Template text -> the format it teaches, first match wins (llama.cpp's order: the more

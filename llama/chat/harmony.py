@@ -12,7 +12,9 @@ body as its JSON arguments, and a message to any other recipient (gpt-oss's buil
 
 `HarmonyStream` has `ReplyStream`'s interface. It parses the text it has so far and emits
 what changed; the parse of a prefix holds back whatever could still change (a marker cut in
-half, trailing whitespace, a call not yet ended), so its output only ever grows.
+half, trailing whitespace), so its output only ever grows. A call streams as the other
+families' do: once its header has named it and its body has begun with ``{``, with the
+arguments that are certain (json_stream.py), which then only grow.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from dataclasses import dataclass, field
 
 import regex
 
+from llama.chat.call_streams import skip_ws
+from llama.chat.json_stream import JsonReader
 from llama.chat.tool_calls import tool_call_id
 
 _START = "<|start|>"
@@ -57,10 +61,41 @@ _HEADS = ("<|channel|>", "to=")
 _SPACE = regex.compile(r"\s*")
 
 
-def _scan(text: str, pos: int, final: bool, split_reasoning: bool) -> tuple[_Parse, _Parse, int]:
+class _Arguments:
+    """A call's body read as it streams: its JSON object written back as it becomes certain."""
+    depth = 0
+
+    def __init__(self) -> None:
+        self.sink: list[str] = []
+        self.reader = JsonReader(self)
+
+    def start(self, path: tuple, first: str) -> list | None:
+        return self.sink if path == () else None
+
+    def end(self, path: tuple) -> None:
+        pass
+
+
+def _call_arguments(text: str, start: int, stop: int, closed: bool, readers: dict) -> str | None:
+    """A call's arguments (None: not a call, or not yet one): a body that begins with ``{`` is
+    streamed (then it stays a call, with what its JSON gave); any other is read at its end."""
+    i = skip_ws(text, start, stop)
+    if i == stop or text[i] != "{":
+        return _json_object(text[start:stop]) if closed else None
+    args = readers.get(start)
+    if args is None:
+        args = readers[start] = _Arguments()
+    args.reader.advance(text, i, stop, closed)
+    return "".join(args.sink)
+
+
+def _scan(text: str, pos: int, final: bool, split_reasoning: bool,
+          readers: dict | None = None) -> tuple[_Parse, _Parse, int]:
     """Read the messages from `pos` (a message boundary): (what the messages that have ended
     add, what the one still open adds so far, where that one begins). When not `final`, the
-    open one gives only what more text cannot change."""
+    open one gives only what more text cannot change. `readers`: the calls' argument readers
+    by where their bodies start (kept between scans of a stream)."""
+    readers = {} if readers is None else readers
     done, tail = _Parse(), _Parse()
     while pos < len(text):
         role = _ROLE.match(text, pos) if text.startswith(_START, pos) else None
@@ -94,7 +129,7 @@ def _scan(text: str, pos: int, final: bool, split_reasoning: bool) -> tuple[_Par
         out = done if closed else tail
         channel = channels[-1] if channels else "final"
         if recipient.startswith("functions."):
-            value = _json_object(body) if closed else None
+            value = _call_arguments(text, start, start + len(body), closed, readers)
             if value is not None:
                 out.calls.append((recipient[len("functions."):], value))
         elif recipient in _ANSWER and channel == "analysis":
@@ -144,6 +179,7 @@ class HarmonyStream:
         self._sent = _Parse()
         self._done = _Parse()   # what the messages that have ended gave: read once
         self._pos = 0           # where the first message still open begins
+        self._readers: dict = {}   # the calls' argument readers
 
     def feed(self, text: str) -> list[dict]:
         self._text += text
@@ -155,7 +191,7 @@ class HarmonyStream:
     def _read(self, final: bool) -> _Parse:
         """The reply so far, reading only from the first message still open (each token's
         step costs the open message, not the whole reply)."""
-        done, tail, self._pos = _scan(self._text, self._pos, final, self._split)
+        done, tail, self._pos = _scan(self._text, self._pos, final, self._split, self._readers)
         self._done.add(done)
         now = _Parse(self._done.reasoning, self._done.content, list(self._done.calls))
         now.add(tail)
@@ -170,10 +206,12 @@ class HarmonyStream:
         if len(content) > len(self._sent.content) and content.startswith(self._sent.content):
             out.append({"content": content[len(self._sent.content):]})
             self._sent.content = content
-        for i in range(len(self._sent.calls), len(now.calls)):
-            name, arguments = now.calls[i]
-            out.append({"tool_calls": [{"index": i, "id": tool_call_id(self._seed, i), "type": "function",
-                                        "function": {"name": name, "arguments": ""}}]})
-            out.append({"tool_calls": [{"index": i, "function": {"arguments": arguments}}]})
-            self._sent.calls.append(now.calls[i])
+        for i, (name, arguments) in enumerate(now.calls):
+            if i == len(self._sent.calls):
+                out.append({"tool_calls": [{"index": i, "id": tool_call_id(self._seed, i), "type": "function",
+                                            "function": {"name": name, "arguments": arguments}}]})
+                self._sent.calls.append((name, arguments))
+            elif len(arguments) > len(sent := self._sent.calls[i][1]) and arguments.startswith(sent):
+                out.append({"tool_calls": [{"index": i, "function": {"arguments": arguments[len(sent):]}}]})
+                self._sent.calls[i] = (name, arguments)
         return out

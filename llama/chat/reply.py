@@ -21,7 +21,8 @@ class ReplyReader:
     """How one request's reply is read: `reasoning` (None: not split), `tool_format` (None:
     calls are not parsed, the text stays content), the request's `tools` (they type the
     values of XML calls), the `seed` of the call ids, and the `prefill`: the part of the
-    reply the prompt wrote (a continued message), read before the generated text."""
+    reply the prompt wrote (a continued message), read before the generated text.
+    `parallel` False (the request's parallel_tool_calls): only the first call is read."""
     reasoning: Optional[Reasoning] = None
     tool_format: Optional[str] = None
     tools: Optional[list] = None
@@ -29,6 +30,7 @@ class ReplyReader:
     prefill: str = ""
     harmony: bool = False   # gpt-oss's messages (harmony.py); then `reasoning` only says whether to split
     answer_markers: tuple[str, ...] = ()   # markers around the answer, left out of the content
+    parallel: bool = True
 
     def stream(self) -> "ReplyStream | HarmonyStream":
         if self.harmony:
@@ -42,10 +44,16 @@ class ReplyStream:
 
     def __init__(self, reader: ReplyReader) -> None:
         self._thoughts = ReasoningSplit(reader.reasoning) if reader.reasoning is not None else None
-        self._calls = (ToolCallStream(reader.tool_format, reader.seed, reader.tools)
+        self._calls = (ToolCallStream(reader.tool_format, reader.seed, reader.tools, reader.parallel)
                        if reader.tool_format is not None else None)
         self._prefill = reader.prefill
         self._markers = _DropMarkers(reader.answer_markers) if reader.answer_markers else None
+
+    @property
+    def done(self) -> bool:
+        """The reply is complete: with parallel_tool_calls false, a second call has begun (it is
+        left out; llama.cpp's grammar would have ended the reply before it)."""
+        return self._calls is not None and self._calls.done
 
     def feed(self, text: str) -> list[dict]:
         return self._deltas(text, final=False)

@@ -100,11 +100,12 @@ class TagSyntax:
             pos = m.end()
         return calls or None
 
-    def grammar(self, functions: list[dict], before: str, after: str) -> str:
-        """A llguidance Lark grammar for exactly one call to one of `functions` (OpenAI
-        function objects) between the block markers `before` and `after`: the required
+    def grammar(self, functions: list[dict], before: str, after: str, repeat: Optional[str] = None) -> str:
+        """A llguidance Lark grammar for one call to one of `functions` (OpenAI function
+        objects) between the block markers `before` and `after`: the required
         parameters in the schema's order, then any optional ones, each value a JSON value of
-        its schema or, for a string, text (one of an `enum`'s)."""
+        its schema or, for a string, text (one of an `enum`'s). `repeat` (parallel calls):
+        "call", more calls inside the block; "block", more blocks."""
         nl = "\\n" if self.newlines else ""
         gap = "" if self.newlines else ' "\\n"?'   # a free newline between tags, where the layout has none fixed
         rules, choices = [], []
@@ -140,8 +141,10 @@ class TagSyntax:
             tail = _lark(self.call_close + ("\n" if nl else "")) + gap if self.call_close else ""
             rules.append(f"f{i}: {head} {body} {tail}".rstrip())
             choices.append(f"f{i}")
-        start = " ".join(p for p in (_lark(before) + gap if before else "", "call", _lark(after) if after else "") if p)
-        return "\n".join([f"start: {start}", "call: " + " | ".join(choices)] + rules) + "\n"
+        calls = 'call ("\\n"? call)*' if repeat == "call" else "call"
+        block = " ".join(p for p in (_lark(before) + gap if before else "", calls, _lark(after) if after else "") if p)
+        top = ['start: block ("\\n"? block)*', f"block: {block}"] if repeat == "block" else [f"start: {block}"]
+        return "\n".join(top + ["call: " + " | ".join(choices)] + rules) + "\n"
 
 
 def _lark(text: str) -> str:

@@ -1,21 +1,25 @@
-"""OpenAI tool calls for chat models: detect the template's call syntax, parse and stream the
-calls out of the generated text, and build the grammar that forces a call.
+"""OpenAI tool calls for chat models: detect the template's call syntax, and parse and stream the
+calls out of the generated text (the grammars that force a call are call_grammar.py's).
 
-The families are data (call_formats.py: one entry each, with its blocks, reader and grammar shape);
-this module is the one scanner and the one grammar builder that read them.
+The families are data (call_formats.py: one entry each, with its blocks, readers and grammar shape);
+this module is the one scanner that reads them.
 
 Parsing and streaming are one scanner: :func:`parse_tool_calls` is a :class:`ToolCallStream` fed the whole
-text at once, so a streamed reply always adds up to the parsed one. A call is emitted only once its block has
-closed and its JSON parsed; until then its text is held back, so text that turns out malformed (or is cut off)
-comes out as plain content instead of a call that has to be taken back.
+text at once, so a streamed reply always adds up to the parsed one. Calls stream as llama-server streams them:
+a block's stream reader (call_streams.py) gives a call out once its name is whole, and its arguments as they
+grow; the call's first delta carries its index, id, name and the arguments so far, the later ones what the
+arguments grew by. A block whose reader has given out no call (or that has no stream reader) is held back and
+read whole at its end, so text that turns out malformed, or is cut off before a call's name, comes out as
+plain content.
 """
 from __future__ import annotations
 
 import hashlib
-import json
-from typing import Any, Mapping, Optional
+from typing import Optional
 
-from llama.chat.call_formats import FORMATS, Block, ToolFormat, detect_tool_format, tool_format
+from llama.chat.call_formats import FORMATS, Block, detect_tool_format, tool_format
+from llama.chat.call_grammar import function_of, generic_tools_instruction, tool_call_grammar
+from llama.chat.call_streams import CallStream, held, skip_ws
 
 __all__ = ["FORMATS", "ToolCallStream", "assemble_deltas", "detect_tool_format", "generic_tools_instruction",
            "parse_tool_calls", "reasoning_stops", "tool_call_grammar", "tool_call_id"]
@@ -141,25 +145,38 @@ class ToolCallStream:
     """Turns a reply streamed as text deltas into OpenAI ``chat.completion.chunk`` ``delta`` fragments.
 
     ``feed`` returns the fragments the new text settles: ``{"content": ..}`` for plain text, and per call a
-    header ``{"tool_calls": [{"index", "id", "type", "function": {"name", "arguments": ""}}]}`` followed by
-    ``{"tool_calls": [{"index", "function": {"arguments": ..}}]}``. Text that could still be the start of a
-    call marker, or is inside an unfinished call, is held back; ``finish`` releases what is left (an
-    unfinished call as content). Content is trimmed at both ends of the reply, as the parse is.
+    first ``{"tool_calls": [{"index", "id", "type", "function": {"name", "arguments"}}]}`` with the arguments
+    so far, then ``{"tool_calls": [{"index", "function": {"arguments": ..}}]}`` as they grow. Text that could
+    still be the start of a call marker, or is inside a block not yet known to hold a call, is held back;
+    ``finish`` releases what is left (such a block as content). Content is trimmed at both ends of the reply,
+    as the parse is. With ``parallel`` False only the first call is read: the reply is over (`done`, and the
+    rest is left out) where a second call begins, which llama.cpp's grammar would not have let the model write.
     """
 
-    def __init__(self, fmt: str, seed: str | int = 0, tools: Optional[list[dict]] = None) -> None:
+    def __init__(self, fmt: str, seed: str | int = 0, tools: Optional[list[dict]] = None,
+                 parallel: bool = True) -> None:
         self._fmt = tool_format(fmt)
-        self._schemas = {f.get("name"): f.get("parameters") or {} for f in (_function(t) for t in tools or [])}
+        self._schemas = {f.get("name"): f.get("parameters") or {} for f in (function_of(t) for t in tools or [])}
         self._seed = seed
+        self._parallel = parallel
         self._text = ""
         self._pos = 0  # text before this is settled
         self._string_at: Optional[int] = None  # inside a generic "response" string, decoding from here
-        self._over = False  # the generic response has closed: the rest of the reply is ignored
+        self._over = False  # the rest of the reply is ignored (the generic response has ended, or a second call began)
+        self.done = False   # a call past the one allowed has begun
         self._calls = 0
         self._started = False  # some content has been emitted
         self._ws = ""  # whitespace held until more content follows it
         self._finished = False
         self._json_scan: Optional[_ScanState] = None  # progress through an open JSON block
+        # the open block: where it starts, its stream reader, how many pieces of each call's arguments are out
+        self._block_at: Optional[int] = None
+        self._reader: Optional[CallStream] = None
+        self._sent: list[int] = []
+        self._base = 0          # the index of the block's first call
+        self._close_from = 0    # where the block's closing marker may begin
+        self._stalled = False   # the block's reader failed (a bug, not the model's text): it reads no further
+        self._open: Optional[tuple[int, int, Block, dict]] = None   # the open block, as _next_open found it
 
     def feed(self, delta: str) -> list[dict]:
         if self._finished:
@@ -186,14 +203,34 @@ class ToolCallStream:
         self._ws = s[len(body):]
         self._started = True
 
+    def _first(self, out: list[dict], index: int, name: str, call_id: Optional[str], arguments: str) -> bool:
+        """A call's first delta (False: a call past the one allowed, left out)."""
+        if not self._parallel and index > 0:
+            self.done = True
+            return False
+        call_id = call_id or tool_call_id(self._seed, index, self._fmt.name)
+        out.append({"tool_calls": [{"index": index, "id": call_id, "type": "function",
+                                    "function": {"name": name, "arguments": arguments}}]})
+        self._calls = index + 1
+        return True
+
     def _call(self, out: list[dict], call: Call) -> None:
-        i = self._calls
-        self._calls += 1
-        name, arguments = call[0], call[1]
-        call_id = call[2] if len(call) > 2 and call[2] else tool_call_id(self._seed, i, self._fmt.name)
-        out.append({"tool_calls": [{"index": i, "id": call_id,
-                                    "type": "function", "function": {"name": name, "arguments": ""}}]})
-        out.append({"tool_calls": [{"index": i, "function": {"arguments": arguments}}]})
+        """A call read whole: one delta."""
+        self._first(out, self._calls, call[0], call[2] if len(call) > 2 else None, call[1])
+
+    def _give(self, out: list[dict], reader: CallStream) -> None:
+        """What the block's reader has given out since last time."""
+        for j, call in enumerate(reader.calls):
+            index = self._base + j
+            if j == len(self._sent):
+                if not self._first(out, index, call.name, call.id, "".join(call.args)):
+                    return
+                self._sent.append(len(call.args))
+            elif len(call.args) > self._sent[j]:
+                more = "".join(call.args[self._sent[j]:])
+                self._sent[j] = len(call.args)
+                if more:
+                    out.append({"tool_calls": [{"index": index, "function": {"arguments": more}}]})
 
     def _next_open(self, final: bool) -> Optional[tuple[int, int, Optional[Block], dict]]:
         """The leftmost block opening from ``_pos``: (start, end of the open match, block, head), with
@@ -217,36 +254,43 @@ class ToolCallStream:
         except (ValueError, TypeError, RecursionError, MemoryError, IndexError, KeyError):
             return None
 
-    def _block_end(self, block: Block, start: int, open_end: int, head: dict,
-                   final: bool) -> tuple[Optional[int], Optional[list[Call]]]:
-        """(end of the block, its calls or None if malformed); end None while it is still open."""
+    def _extent(self, block: Block, start: int, open_end: int,
+                final: bool) -> tuple[Optional[int], int, int, bool]:
+        """(end of the block, None while it is open; its payload's start and end so far; whether the
+        payload is one a whole-block reader takes: False for a block cut off or not what its kind says).
+        While a block is open, its payload ends before what could be its closing marker."""
         text = self._text
+        n = len(text)
         if block.kind == "rest":
-            return (len(text), self._read(block, text[open_end:], head)) if final else (None, None)
+            return (n if final else None), open_end, n, True
         if block.kind == "closed":
-            close = text.find(block.close, open_end)
+            lo = start if block.whole else open_end
+            close = text.find(block.close, max(open_end, self._close_from))
             if close < 0:
-                return (len(text), None) if final else (None, None)
+                self._close_from = max(open_end, n - len(block.close) + 1)
+                return (n, lo, n, False) if final else (None, lo, n - held(text, open_end, n, block.close), False)
             end = close + len(block.close)
-            return end, self._read(block, text[start:end] if block.whole else text[open_end:close], head)
-        i = start if block.json_at_open else open_end
-        while i < len(text) and text[i] in _WS:
-            i += 1
-        if i == len(text) and not final:
-            return None, None
-        if i == len(text) or text[i] not in "{[":
-            return i, None
+            return end, lo, end if block.whole else close, True
+        i = skip_ws(text, start if block.json_at_open else open_end, n)
+        if i == n or text[i] not in "{[":
+            return (None if i == n and not final else i), i, i, False
         end, self._json_scan = _json_end(text, i, self._json_scan)
         if end is None:
-            return (len(text), None) if final else (None, None)
+            return (n if final else None), i, n, False
         if block.close:   # a closing marker after the JSON, which a model may leave out
-            after = text[end:]
-            if not final and len(after) < len(block.close) and block.close.startswith(after):
+            if not final and n - end < len(block.close) and block.close.startswith(text[end:]):
                 self._json_scan = None   # rescanned next time (the JSON has closed: the state would not say so)
-                return None, None
-            if after.startswith(block.close):
-                return end + len(block.close), self._read(block, text[i:end], head)
-        return end, self._read(block, text[i:end], head)
+                return None, i, end, True
+            if text.startswith(block.close, end):
+                return end + len(block.close), i, end, True
+        return end, i, end, True
+
+    def _stream_reader(self, block: Block, start: int, head: dict) -> Optional[CallStream]:
+        """The stream reader of the block opening at ``start`` (made when it is first seen)."""
+        if self._block_at != start:
+            self._block_at, self._sent, self._base, self._close_from, self._stalled = start, [], self._calls, 0, False
+            self._reader = block.stream(self._fmt, self._schemas, head) if block.stream is not None else None
+        return self._reader
 
     def _scan(self, final: bool) -> list[dict]:
         out: list[dict] = []
@@ -263,7 +307,8 @@ class ToolCallStream:
                 if not self._over:
                     break
                 continue
-            found = self._next_open(final)
+            # an open block stays the one found (its text is not searched again for openings)
+            found = self._open if self._open is not None and self._open[0] == self._pos else self._next_open(final)
             if found is None:
                 if text[self._pos:]:
                     self._content(out, text[self._pos:])
@@ -275,18 +320,32 @@ class ToolCallStream:
                 self._pos = start
             if block is None:
                 break
+            if not self._parallel and self._calls and self._block_at != start and block.kind != "string":
+                self._over = self.done = True   # a second call: the one allowed has been read
+                continue
             if block.kind == "string":
                 self._string_at = open_end
                 continue
-            end, calls = self._block_end(block, start, open_end, head, final)
+            reader = self._stream_reader(block, start, head)
+            end, lo, hi, readable = self._extent(block, start, open_end, final)
+            if reader is not None and hi > lo and not self._stalled:
+                try:
+                    reader.advance(text, lo, hi, end is not None)
+                except (ValueError, TypeError, KeyError, IndexError, RecursionError, MemoryError):
+                    self._stalled = True   # whatever the model wrote must not raise: the block reads no further
+                self._give(out, reader)
             if end is None:
+                self._open = (start, open_end, block, head)
                 break
-            if calls is None:
-                self._content(out, text[start:end])
-            else:
-                for call in calls:
+            self._open = None
+            if reader is None or not reader.calls:
+                calls = self._read(block, text[lo:hi], head) if readable else None
+                if calls is None:
+                    self._content(out, text[start:end])
+                for call in calls or []:
                     self._call(out, call)
-            self._pos = end
+            self._pos, self._block_at, self._reader = end, None, None
+            self._over = self._over or self.done
         return out
 
 
@@ -305,124 +364,11 @@ def assemble_deltas(deltas: list[dict]) -> tuple[Optional[str], list[dict]]:
     return content or None, [calls[i] for i in sorted(calls)]
 
 
-def parse_tool_calls(text: str, fmt: str, seed: str | int = 0,
-                     tools: Optional[list[dict]] = None) -> tuple[Optional[str], list[dict]]:
+def parse_tool_calls(text: str, fmt: str, seed: str | int = 0, tools: Optional[list[dict]] = None,
+                     parallel: bool = True) -> tuple[Optional[str], list[dict]]:
     """Split a finished reply into its content (None if empty) and OpenAI tool calls
     ``{"id", "type": "function", "function": {"name", "arguments": JSON text}}``. Never raises on model
-    text: a block that is malformed or unfinished stays in the content. ``seed`` makes the call ids;
-    ``tools`` type the values of formats that write them as text (XML)."""
-    stream = ToolCallStream(fmt, seed, tools)
+    text: a block that is malformed or cut off before a call's name stays in the content. ``seed`` makes the
+    call ids; ``tools`` type the values of formats that write them as text (XML)."""
+    stream = ToolCallStream(fmt, seed, tools, parallel)
     return assemble_deltas(stream.feed(text) + stream.finish())
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Grammars and the generic instruction.
-
-
-def _function(tool: dict) -> dict:
-    """The ``function`` part of an OpenAI tool."""
-    if tool.get("type", "function") != "function" or not isinstance(tool.get("function"), dict):
-        raise ValueError(f"not an OpenAI function tool: {tool!r}")
-    return tool["function"]
-
-
-def _chosen(tools: list[dict], tool_choice: Any) -> list[dict]:
-    functions = [_function(t) for t in tools]
-    if not functions:
-        raise ValueError("no tools to call")
-    if tool_choice in ("required", "auto"):
-        return functions
-    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
-        name = (tool_choice.get("function") or {}).get("name")
-        chosen = [f for f in functions if f.get("name") == name]
-        if not chosen:
-            raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
-        return chosen[:1]
-    raise ValueError(f"no grammar forces a call for tool_choice={tool_choice!r}")
-
-
-def _call_schema(function: dict, spec: ToolFormat) -> dict:
-    params = function.get("parameters") or {"type": "object"}
-    if spec.name_as_key:
-        return {"type": "object", "properties": {function["name"]: params}, "required": [function["name"]],
-                "additionalProperties": False}
-    key = spec.arg_keys[0]
-    return {
-        "type": "object",
-        "properties": {spec.name_key: {"const": function["name"]}, key: params, **dict(spec.grammar.call_extra)},
-        "required": [spec.name_key, key],
-        "additionalProperties": False,
-    }
-
-
-# JSON written the way the templates' ``tojson`` writes it; flexible whitespace lets a model loop on blanks.
-_JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-_STYLED = {"x-guidance": _JSON_STYLE}
-
-
-def tool_call_grammar(tools: list[dict], tool_choice: Any, fmt: str,
-                      special_tokens: Optional[Mapping[str, int]] = None) -> str:
-    """A llguidance Lark grammar for exactly one call in ``fmt``'s syntax, its arguments held to the tool's
-    ``parameters`` schema: any tool for ``tool_choice="required"``, the named one for
-    ``{"type": "function", "function": {"name": ..}}``. For ``generic`` only, ``"auto"`` also allows
-    ``{"response": ".."}`` (as llama.cpp constrains its generic format); native formats need no grammar
-    then, so ``"auto"`` and ``"none"`` raise ValueError there, as does a family with no forced form.
-
-    ``special_tokens`` maps markers that are single special tokens in the model's vocabulary (say
-    ``{"[TOOL_CALLS]": 5}``) to their ids; they are then matched as that token (``<[5]>``), not as text.
-    """
-    spec = tool_format(fmt)
-    shape = spec.grammar
-    if tool_choice == "auto" and fmt != "generic":
-        raise ValueError(f"tool_choice='auto' needs no grammar in the {fmt} format")
-    if shape.json is None:
-        raise ValueError(f"the {fmt} tool-call format has no grammar for a forced call")
-    chosen = _chosen(tools, tool_choice)
-    if shape.json == "tagged":
-        assert shape.syntax is not None
-        return shape.syntax.grammar(chosen, "".join(shape.before), "".join(shape.after))
-    tokens = special_tokens or {}
-
-    def marker(s: str) -> str:
-        return f"<[{tokens[s]}]>" if s in tokens else json.dumps(s, ensure_ascii=False)
-
-    if shape.json == "named":
-        rules = [f"f{i}_args: %json {json.dumps({**(f.get('parameters') or {'type': 'object'}), **_STYLED})}"
-                 for i, f in enumerate(chosen)]
-        calls = [" ".join([marker(b.format(name=f["name"])) for b in shape.before] + [f"f{i}_args"]
-                          + [marker(a) for a in shape.after]) for i, f in enumerate(chosen)]
-        return "start: " + " | ".join(f"({c})" for c in calls) + "\n" + "\n".join(rules) + "\n"
-    calls = [_call_schema(f, spec) for f in chosen]
-    call = {"anyOf": calls} if len(calls) > 1 else calls[0]
-    if shape.json == "array":
-        schema: dict = {"type": "array", "items": call, "minItems": 1, "maxItems": 1}
-    elif shape.json == "tool_calls":
-        schema = {"type": "object", "properties": {"tool_calls": {
-            "type": "array", "items": call, "minItems": 1, "maxItems": 1}},
-            "required": ["tool_calls"], "additionalProperties": False}
-        if tool_choice == "auto":
-            response = {"type": "object", "properties": {"response": {"type": "string"}},
-                        "required": ["response"], "additionalProperties": False}
-            schema = {"anyOf": [schema, response]}
-    else:
-        schema = call
-    schema = {**schema, "x-guidance": _JSON_STYLE}
-    parts = [marker(s) for s in shape.before] + ["call"] + [marker(s) for s in shape.after]
-    return f"start: {' '.join(parts)}\ncall: %json {json.dumps(schema)}\n"
-
-
-def generic_tools_instruction(tools: list[dict]) -> str:
-    """System text for the generic format, for templates that do not render ``tools``: the tools, and the
-    one JSON object to reply with (the shape :func:`parse_tool_calls` reads and the grammar enforces)."""
-    described = [{"name": f["name"], "description": f.get("description", ""),
-                  "parameters": f.get("parameters") or {"type": "object"}}
-                 for f in (_function(t) for t in tools)]
-    return (
-        "You can call the following tools. Each is given as JSON with its name, what it does, and the JSON "
-        "schema of its arguments:\n\n"
-        + "\n".join(json.dumps(d, ensure_ascii=False) for d in described)
-        + "\n\nRespond with a single JSON object and nothing else, in one of two forms.\n"
-        'To call tools: {"tool_calls": [{"name": "<tool name>", "arguments": {<arguments, following the '
-        "tool's schema>}}]}\n"
-        'To answer the user directly: {"response": "<your answer>"}'
-    )

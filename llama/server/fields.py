@@ -216,6 +216,7 @@ def chat_kwargs(body: dict, config: ServerConfig, vocab: "Vocab") -> dict:
         messages=[_null_content(m) for m in messages],
         tools=field(body, "tools", (list,)),
         tool_choice=field(body, "tool_choice", (str, dict)),
+        parallel_tool_calls=field(body, "parallel_tool_calls", (bool,)),
         response_format=response_format(body),
         logprobs=field(body, "logprobs", (bool,)),
         top_logprobs=field(body, "top_logprobs", (int,)),

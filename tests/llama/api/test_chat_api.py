@@ -142,6 +142,38 @@ def test_auto_tool_choice_parses_hermes_calls(smollm2_path):
     assert none["choices"][0]["message"]["content"].startswith("Checking. <tool_call>")
 
 
+def test_a_streamed_call_comes_as_llama_server_streams_it(smollm2_path):
+    """create_chat_completion(stream=True): a call's first chunk has its index, id, type, name and
+    the arguments so far, the later ones its index and what the arguments grew by; they add up
+    to the call of the unstreamed answer. With parallel_tool_calls false only the first of two
+    calls comes back, and the reply ends where the second begins."""
+    qwen = (TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
+    llm = Llama(str(smollm2_path), n_ctx=1024, chat_template=qwen, verbose=False)
+    from llama.grammar import LlamaGrammar
+
+    def call(city):
+        return '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s", "days": 2}}\n</tool_call>' % city
+
+    def ask(text, **kw):
+        grammar = LlamaGrammar.from_string("root ::= " + json.dumps(text))
+        return llm.create_chat_completion([{"role": "user", "content": "Weather?"}], tools=[WEATHER],
+                                          temperature=0, max_tokens=200, grammar=grammar, **kw)
+
+    long_city = "Tallinn " * 12
+    whole = ask(call(long_city))["choices"][0]["message"]["tool_calls"]
+    parts = [tc for c in ask(call(long_city), stream=True) for tc in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert set(parts[0]) == {"index", "id", "type", "function"} and set(parts[0]["function"]) == {"name", "arguments"}
+    assert all(set(p) == {"index", "function"} and set(p["function"]) == {"arguments"} for p in parts[1:])
+    assert len(parts) > 3 and "".join(p["function"]["arguments"] for p in parts) == whole[0]["function"]["arguments"]
+    assert parts[0]["id"] == whole[0]["id"] and json.loads(whole[0]["function"]["arguments"])["city"] == long_city
+    two = call("Paris") + "\n" + call("Oslo")
+    assert len(ask(two)["choices"][0]["message"]["tool_calls"]) == 2   # Qwen's template writes several
+    one = ask(two, parallel_tool_calls=False)
+    assert [json.loads(c["function"]["arguments"])["city"] for c in one["choices"][0]["message"]["tool_calls"]] == [
+        "Paris"]
+    assert one["usage"]["completion_tokens"] < ask(two)["usage"]["completion_tokens"]
+
+
 def test_chat_logprobs(smol):
     out = smol.create_chat_completion(HELLO, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3)
     content = out["choices"][0]["logprobs"]["content"]
@@ -199,17 +231,20 @@ def test_second_chat_turn_decodes_only_its_new_tokens(smol):
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_forced_xml_tool_call(smollm2_path, choice):
     """Qwen3-Coder's XML format: the grammar makes SmolLM2 write one call in it, whose values
-    come back typed by the tool's schema (`days` an integer), whole and streamed alike."""
+    come back typed by the tool's schema (`days` an integer), whole and streamed alike. (The
+    template writes several calls, so without parallel_tool_calls false the grammar would let
+    the model go on to more, as llama-server's does.)"""
     coder = (TEMPLATES / "Qwen3-Coder.jinja").read_text()
     llm = Llama(str(smollm2_path), n_ctx=2048, chat_template=coder, verbose=False)
     msgs = [{"role": "user", "content": "What's the weather in Paris for 3 days?"}]
-    out = llm.create_chat_completion(msgs, tools=[WEATHER, TIME], tool_choice=choice, temperature=0, max_tokens=120)
+    out = llm.create_chat_completion(msgs, tools=[WEATHER, TIME], tool_choice=choice, temperature=0, max_tokens=120,
+                                     parallel_tool_calls=False)
     assert out["choices"][0]["finish_reason"] == "tool_calls"
     calls = out["choices"][0]["message"]["tool_calls"]
     assert len(calls) == 1
     tool = {"get_weather": WEATHER, "get_time": TIME}[calls[0]["function"]["name"]]
     jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), tool["function"]["parameters"])
     chunks = list(llm.create_chat_completion(msgs, tools=[WEATHER, TIME], tool_choice=choice, temperature=0,
-                                             max_tokens=120, stream=True))
+                                             max_tokens=120, stream=True, parallel_tool_calls=False))
     _, streamed = assemble_deltas([c["choices"][0]["delta"] for c in chunks[1:]])
     assert [c["function"] for c in streamed] == [c["function"] for c in calls]

@@ -88,9 +88,11 @@ def calls_of(text: str, fmt: str) -> tuple[str | None, list[tuple[str, dict]]]:
      "Let me check.", [("a", {"x": 1}), ("b", {})]),
     ("hermes", '<tool_call>{"name": "a", "arguments": "{\\"x\\": 2}"}</tool_call>', None, [("a", {"x": 2})]),
     ("hermes", "no calls here", "no calls here", []),
-    ("hermes", '<tool_call>\n{"name": "a", "arguments": {"x": 1}\n</tool_call>',  # bad JSON
-     '<tool_call>\n{"name": "a", "arguments": {"x": 1}\n</tool_call>', []),
-    ("hermes", '<tool_call>\n{"name": "a", "argu', '<tool_call>\n{"name": "a", "argu', []),  # cut off
+    ("hermes", '<tool_call>\n{"nam": "a", "arguments": {"x": 1}}\n</tool_call>',  # not a call
+     '<tool_call>\n{"nam": "a", "arguments": {"x": 1}}\n</tool_call>', []),
+    ("hermes", '<tool_call>\n{"name": "a', '<tool_call>\n{"name": "a', []),  # cut off before the name is whole
+    # given out once its name was whole, a call stays: the rest of a malformed block is left out
+    ("hermes", '<tool_call>\n{"name": "a", "arguments": {"x": 1}\n</tool_call>', None, [("a", {"x": 1})]),
     ("hermes", '<tool_call>\n{"arguments": {}}\n</tool_call>ok', '<tool_call>\n{"arguments": {}}\n</tool_call>ok', []),
     ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"}}', None, [("get_weather", {"city": "Paris"})]),
     ("llama3", '{"type": "function", "name": "f", "parameters": {"q": "}{"}}', None, [("f", {"q": "}{"})]),
@@ -170,7 +172,13 @@ CORPUS: list[tuple[str, str]] = [
 
 FRAGMENTS = ["<tool_call>", "</tool_call>", "<tool", "[TOOL_CALLS]", "<|python_tag|>", "{", "}", "[", "]", '"',
              "\\", '"name": "f"', '"parameters": {}', '"arguments": {"a": 1}', ", ", "\n", " ", "text",
-             '{"response": "', '{"tool_calls": [', "\\u00e9", "\\ud83d\\ude00", "é"]
+             '{"response": "', '{"tool_calls": [', "\\u00e9", "\\ud83d\\ude00", "é",
+             # the other families' markers, so that their stream readers meet broken text too
+             "<function=f>", "</function>", "<parameter=a>", "</parameter>", '<invoke name="f">', "</invoke>",
+             "<arg_key>a</arg_key>", "<arg_value>", "</arg_value>", "<|tool_call_start|>", "<|tool_call_end|>",
+             "f(", "a=1", "b='x'", ")", "<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>",
+             "<|tool_calls_section_begin|>", "[TOOL_CALLS]f[ARGS]", '"id": "123456789"', "12", "true",
+             '"arguments": "{}"', '{"name": "g", ', "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "```json\n"]
 
 
 def stream(text: str, fmt: str, cuts: list[int]) -> list[dict]:
@@ -207,15 +215,19 @@ def test_stream_char_by_char_corpus() -> None:
 
 
 def test_stream_delta_shapes() -> None:
+    """llama-server's: the call's first delta has its index, id, type, name and the arguments so
+    far; the later ones the index and what the arguments grew by."""
     s = ToolCallStream("hermes", seed="c")
-    out = [(ch, s.feed(ch)) for ch in 'Hi <tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>']
+    text = 'Hi <tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
+    out = [(i, s.feed(ch)) for i, ch in enumerate(text)]
     assert [d for _, ds in out[:2] for d in ds] == [{"content": "H"}, {"content": "i"}]
-    assert all(not ds for _, ds in out[2:-1])  # " <tool_call>..." is held until the call closes
-    assert out[-1][1] == [
-        {"tool_calls": [{"index": 0, "id": tool_call_id("c", 0), "type": "function",
-                         "function": {"name": "f", "arguments": ""}}]},
-        {"tool_calls": [{"index": 0, "function": {"arguments": '{"x": 1}'}}]},
-    ]
+    named = text.index('"f"') + 2   # the name's closing quote
+    assert all(not ds for i, ds in out[2:named])   # held until the name is whole
+    assert out[named][1] == [{"tool_calls": [{"index": 0, "id": tool_call_id("c", 0), "type": "function",
+                                              "function": {"name": "f", "arguments": ""}}]}]
+    pieces = [tc["function"]["arguments"] for _, ds in out[named + 1:] for d in ds for tc in d["tool_calls"]]
+    assert all(set(d["tool_calls"][0]) == {"index", "function"} for _, ds in out[named + 1:] for d in ds)
+    assert pieces == ["{", '"', "x", '"', ": ", "1}"]   # the "}" shows the 1 whole and ends the arguments
     assert s.finish() == []
 
 
