@@ -8,7 +8,8 @@ Converted: `system` (a string or text blocks), messages whose content is a strin
 blocks (`text`, `tool_use` as the assistant's tool calls, `tool_result` as tool messages,
 `thinking` as reasoning), `tools` (name, description, input_schema), `tool_choice` (auto;
 any or tool: required), `stop_sequences`, `max_tokens` (4096 if absent, as llama-server),
-temperature, top_p, top_k. Images are refused: this server has no vision.
+temperature, top_p, top_k, and `thinking` {type: enabled, budget_tokens} as the reasoning
+budget (10000 tokens if not given). Images are refused: this server has no vision.
 """
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ def chat_body(body: dict) -> dict:
     if "stop_sequences" in body:
         out["stop"] = body["stop_sequences"]
     out.update({k: body[k] for k in PASSED_THROUGH if k in body})
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "enabled":   # llama-server's default budget
+        out["thinking_budget_tokens"] = thinking.get("budget_tokens", 10000)
     return out
 
 
@@ -102,8 +106,10 @@ def _messages(msg: Any) -> list[dict]:
 @dataclass
 class MessagesAnswer:
     """A chat job's answer as Anthropic's `message` (`response()`) or its event stream
-    (`start`, `feed`, `end`): the text block streams as it comes; tool_use blocks, whose
-    input must be whole JSON, are sent at the end with their input in one delta."""
+    (`start`, `feed`, `end`): thinking and text blocks stream as they come, and a tool call
+    as llama-server streams it, a tool_use block started once its name is whole and its
+    input as `input_json_delta`s while the arguments grow (their concatenation is the
+    input's JSON)."""
 
     job: Any
     task: Any
@@ -114,6 +120,7 @@ class MessagesAnswer:
     _open: str | None = None       # the kind of the block the stream has open ("thinking", "text")
     _n_blocks: int = 0             # blocks the stream has started
     _sent_start: bool = False
+    _tool_blocks_at: dict = field(default_factory=dict)   # tool call index -> its block's index
 
     def _message(self) -> dict:
         return self.job.response()["choices"][0]["message"]
@@ -173,14 +180,15 @@ class MessagesAnswer:
             "model": self.model, "stop_reason": None, "stop_sequence": None,
             "usage": {**self._usage(), "output_tokens": 0}})]
 
-    def _block(self, kind: str) -> list[NamedEvent]:
+    def _block(self, kind: str, start: dict | None = None) -> list[NamedEvent]:
         """The events that make `kind` the open block: the previous one stopped, this started."""
         if self._open == kind:
             return []
         events = self._close()
         self._open = kind
         self._n_blocks += 1
-        start = {"type": "thinking", "thinking": ""} if kind == "thinking" else {"type": "text", "text": ""}
+        if start is None:
+            start = {"type": "thinking", "thinking": ""} if kind == "thinking" else {"type": "text", "text": ""}
         return events + [self._event("content_block_start", index=self._n_blocks - 1, content_block=start)]
 
     def _close(self) -> list[NamedEvent]:
@@ -201,20 +209,27 @@ class MessagesAnswer:
                 events += self._block("text")
                 events.append(self._event("content_block_delta", index=self._n_blocks - 1,
                                           delta={"type": "text_delta", "text": delta["content"]}))
+            for call in delta.get("tool_calls") or []:
+                events += self._tool_delta(call)
+        return events
+
+    def _tool_delta(self, call: dict) -> list[NamedEvent]:
+        """A streamed tool call's chunk: its first (with the name) starts a tool_use block."""
+        events = []
+        function = call.get("function") or {}
+        if call["index"] not in self._tool_blocks_at:
+            events += self._block(f"tool_use {call['index']}", {
+                "type": "tool_use", "id": call.get("id", ""), "name": function.get("name", ""), "input": {}})
+            self._tool_blocks_at[call["index"]] = self._n_blocks - 1
+        if function.get("arguments"):
+            events.append(self._event("content_block_delta", index=self._tool_blocks_at[call["index"]], delta={
+                "type": "input_json_delta", "partial_json": function["arguments"]}))
         return events
 
     def end(self) -> list[NamedEvent]:
         self._chunks.end()
         message = self._message()
         events = self._close()
-        index = self._n_blocks
-        for block in self._tool_blocks(message):
-            events.append(self._event("content_block_start", index=index, content_block={
-                "type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}))
-            events.append(self._event("content_block_delta", index=index, delta={
-                "type": "input_json_delta", "partial_json": json.dumps(block["input"])}))
-            events.append(self._event("content_block_stop", index=index))
-            index += 1
         reason, word = self._stop(message)
         events.append(self._event("message_delta", delta={"stop_reason": reason, "stop_sequence": word},
                                   usage={"output_tokens": len(self.job.seq.tokens)}))

@@ -4,6 +4,8 @@ completion the request converts to, streamed or not, with stop sequences, tool u
 tool results, token counting, and the refusals."""
 from __future__ import annotations
 
+import json
+
 import anthropic
 import httpx
 import openai
@@ -74,9 +76,18 @@ def test_tool_use_and_tool_results(claude):
     m = claude.messages.create(**kw)
     uses = [b for b in m.content if b.type == "tool_use"]
     assert m.stop_reason == "tool_use" and uses[0].name == "get_weather" and "city" in uses[0].input
-    with claude.messages.stream(**kw) as stream:
+    started, pieces = [], []
+    with claude.messages.stream(**kw) as stream:   # as llama-server: the block once the name is whole,
+        for event in stream:                      # then the input as it grows
+            if event.type == "content_block_start" and event.content_block.type == "tool_use":
+                started.append(event.content_block)
+            elif event.type == "content_block_delta" and event.delta.type == "input_json_delta":
+                assert started, "the input came before its block started"
+                pieces.append(event.delta.partial_json)
         final = stream.get_final_message()
     assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == [(u.name, u.input) for u in uses]
+    assert [(b.id, b.name) for b in started] == [(u.id, u.name) for u in uses]
+    assert len(pieces) > 1 and json.loads("".join(pieces)) == uses[0].input
     follow = claude.messages.create(model="smol", tools=tools, max_tokens=8, extra_body=GREEDY, messages=[
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": [{"type": "tool_use", "id": uses[0].id, "name": "get_weather",
@@ -108,3 +119,13 @@ def test_an_empty_chat_is_answered(server):
     r = httpx.post(server.url + "/v1/messages", json={"model": "smol", "max_tokens": 4, "messages": []},
                    headers={"x-api-key": API_KEY}, timeout=60)
     assert r.status_code == 200 and r.json()["type"] == "message"
+
+
+@pytest.mark.parametrize("thinking,budget", [({"type": "enabled", "budget_tokens": 512}, 512),
+                                             ({"type": "enabled"}, 10000), ({"type": "disabled"}, None)])
+def test_thinking_becomes_the_reasoning_budget(thinking, budget):
+    """As llama-server's conversion: an enabled `thinking` sets thinking_budget_tokens
+    (10000 when it names no budget); a disabled one sets nothing."""
+    from llama.server.anthropic_api import chat_body
+    body = chat_body({"messages": [{"role": "user", "content": "hi"}], "thinking": thinking})
+    assert body.get("thinking_budget_tokens") == budget

@@ -80,3 +80,4 @@ def test_without_parallel_calls_the_first_call_alone(served):
     assert [json.loads(c.function.arguments)["city"] for c in one.choices[0].message.tool_calls] == ["Paris"]
     assert one.choices[0].finish_reason == "tool_calls"
     assert one.usage.completion_tokens < many.usage.completion_tokens   # it ended where the second call began
+
