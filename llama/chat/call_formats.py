@@ -17,7 +17,7 @@ from llama.chat import call_readers as read
 from llama.chat.call_readers import Reader
 from llama.chat.call_streams import StreamFactory, call_list, generic_calls, json_calls, named_args
 from llama.chat.pythonic_stream import pythonic_calls
-from llama.chat.tagged_calls import ARG_KEY, DSML, INVOKE, MINICPM, QWEN3_CODER, SEED_OSS, TagSyntax
+from llama.chat.tagged_calls import ARG_KEY, DSML, INVOKE, KIMI_K3, MINICPM, QWEN3_CODER, SEED_OSS, TagSyntax
 from llama.chat.tagged_stream import tagged_calls
 
 BlockKind = Literal["closed", "json", "rest", "string"]
@@ -158,6 +158,7 @@ FORMATS: Mapping[str, ToolFormat] = MappingProxyType({f.name: f for f in (
                                     repeat="call"),
                ends_reasoning=True),
     ToolFormat("glm", **_tagged("<tool_call>", "</tool_call>", ARG_KEY, "block", ends_reasoning=True)),
+    ToolFormat("kimi_k3", **_tagged("<|open|>tools<|sep|>", "<|close|>tools<|sep|>", KIMI_K3, ends_reasoning=True)),
     ToolFormat("minicpm5", blocks=(closed('<function name="', "</function>", read.tagged(MINICPM),
                                           tagged_calls(MINICPM), whole=True),),
                grammar=GrammarShape("tagged", syntax=MINICPM, repeat="call")),
@@ -204,6 +205,7 @@ FORMATS: Mapping[str, ToolFormat] = MappingProxyType({f.name: f for f in (
 # Template text -> the format it teaches, first match wins (llama.cpp's order: the more
 # specific markers first). A template none of these match gets the generic format.
 DETECT: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("<|open|>", "<|close|>", "<|end_of_msg|>"), "kimi_k3"),   # its markers are unique to it
     (("<|channel|>", "<|message|>", "functions."), "harmony"),   # gpt-oss
     (("<seed:tool_call>",), "seed_oss"),
     (("｜DSML｜",), "dsml"),
@@ -236,6 +238,10 @@ DETECT: tuple[tuple[tuple[str, ...], str], ...] = (
 ANSWER_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("<|START_RESPONSE|>", ("<|START_RESPONSE|>", "<|END_RESPONSE|>")),   # Command R7B
     ("<|START_TEXT|>", ("<|START_TEXT|>", "<|END_TEXT|>")),               # Cohere 2 MoE
+    # Kimi K3: the response section, the message's closer and end token; and the thinking
+    # section's markers, which llama.cpp leaves out of the content when it does not split it
+    ("<|end_of_msg|>", ("<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|close|>message<|sep|>",
+                        "<|end_of_msg|>", "<|open|>think<|sep|>", "<|close|>think<|sep|>")),
 )
 
 

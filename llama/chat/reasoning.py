@@ -40,6 +40,7 @@ KNOWN_TAGS = (
     ThinkingTags("<|channel|>analysis<|message|>", "<|end|>", needle="<|channel|>analysis"),   # gpt-oss (harmony)
     ThinkingTags("<mm:think>", "</mm:think>"),                          # MiniMax M3
     ThinkingTags("<|channel>thought", "<channel|>"),                    # Gemma 4
+    ThinkingTags("<|open|>think<|sep|>", "<|close|>think<|sep|>", needle="open_tag('think')"),   # Kimi K3
     ThinkingTags("<think>", "</think>"),
     ThinkingTags("<|START_THINKING|>", "<|END_THINKING|>"),
     ThinkingTags("<seed:think>", "</seed:think>"),

@@ -12,6 +12,9 @@
                                       </｜DSML｜invoke>
     GLM 4.5+, Ling, Spark             get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>
     MiniCPM 5                         <function name="get_weather"><param name="city">Paris</param></function>
+    Kimi K3                           <|open|>call tool="get_weather" index="1"<|sep|>
+                                      <|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|>
+                                      <|close|>call<|sep|>
 
 Each family is a `TagSyntax`: the tags around a call (with `{name}`) and around an argument
 (with `{key}`, and DSML's `{string}` flag), as data; one reader and one grammar builder
@@ -30,12 +33,14 @@ from typing import Any, Mapping, Optional
 import regex
 
 _JSON_TYPES = {"object", "array", "number", "integer", "boolean", "null"}
-_FIELDS = {"name": r"(?P<name>[^<>\"\n]+)", "key": r"(?P<key>[^<>\"\n]+)", "string": r"(?P<string>true|false)"}
+_FIELDS = {"name": r"(?P<name>[^<>\"\n]+)", "key": r"(?P<key>[^<>\"\n]+)", "string": r"(?P<string>true|false)",
+           "attrs": r"(?:[^<>]*)"}
 
 
 def _pattern(template: str, back: bool = False) -> str:
     """A tag template as a regex: `{name}`, `{key}` and `{string}` become groups (in a closing
-    tag, `{key}` must repeat the opening's), a newline any whitespace, the rest is literal."""
+    tag, `{key}` must repeat the opening's), `{attrs}` any further attributes (read past, as
+    llama.cpp reads Kimi K3's index and type), a newline any whitespace, the rest is literal."""
     def literal(text: str) -> str:
         return r"\s*".join(regex.escape(part) for part in text.split("\n"))
 
@@ -121,7 +126,7 @@ class TagSyntax:
                 schema = properties[key]
                 kinds = value_types(schema)
                 as_string = "string" in kinds
-                opening = _lark(self.param_open.format(key=key, string="true" if as_string else "false")) + \
+                opening = _lark(self.param_open.format(key=key, string="true" if as_string else "false", attrs="{attrs}")) + \
                     (f' "{nl}"' if nl else "")
                 closing = self.param_close.format(key=key) + ("\n" if nl else "")
                 close = (f'"{nl}"? ' if nl else "") + _lark(closing) + gap
@@ -137,7 +142,7 @@ class TagSyntax:
             body = " ".join(names[k] for k in required)
             if optional:
                 body += " (" + " | ".join(names[k] for k in optional) + ")*"
-            head = _lark(self.call_open.format(name=function["name"]) + ("\n" if nl else "")) + gap
+            head = _lark(self.call_open.format(name=function["name"], attrs="{attrs}") + ("\n" if nl else "")) + gap
             tail = _lark(self.call_close + ("\n" if nl else "")) + gap if self.call_close else ""
             rules.append(f"f{i}: {head} {body} {tail}".rstrip())
             choices.append(f"f{i}")
@@ -148,7 +153,9 @@ class TagSyntax:
 
 
 def _lark(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
+    """A literal of the grammar; `{attrs}` in a tag becomes any further attributes."""
+    parts = text.split("{attrs}")
+    return ' /[^<>]*/ '.join(json.dumps(p, ensure_ascii=False) for p in parts)
 
 
 def value_types(schema: Any) -> set[str]:
@@ -205,3 +212,5 @@ DSML = TagSyntax('<｜DSML｜invoke name="{name}">', "</｜DSML｜invoke>",
                  '<｜DSML｜parameter name="{key}" string="{string}">', "</｜DSML｜parameter>")
 ARG_KEY = TagSyntax("{name}", "", "<arg_key>{key}</arg_key>\n<arg_value>", "</arg_value>")
 MINICPM = TagSyntax('<function name="{name}">', "</function>", '<param name="{key}">', "</param>")
+KIMI_K3 = TagSyntax('<|open|>call tool="{name}"{attrs}<|sep|>', "<|close|>call<|sep|>",
+                    '<|open|>argument key="{key}"{attrs}<|sep|>', "<|close|>argument<|sep|>")

@@ -324,6 +324,9 @@ def render(fmt: str, name: str, args: dict) -> str:
         "glm": lambda: f"<tool_call>{name}\n" + "".join(
             f"<arg_key>{k}</arg_key>\n<arg_value>{_text(v)}</arg_value>\n" for k, v in args.items())
             + "</tool_call>",
+        "kimi_k3": lambda: f'<|open|>tools<|sep|><|open|>call tool="{name}" index="1"<|sep|>' + "".join(
+            f'<|open|>argument key="{k}" type="{"string" if isinstance(v, str) else "number"}"<|sep|>{_text(v)}'
+            "<|close|>argument<|sep|>" for k, v in args.items()) + "<|close|>call<|sep|><|close|>tools<|sep|>",
         "minicpm5": lambda: f'<function name="{name}">' + "".join(
             f'<param name="{k}">{_text(v)}</param>' for k, v in args.items()) + "</function>",
         "mistral_args": lambda: f"[TOOL_CALLS]{name}[ARGS]{json.dumps(args)}",
@@ -362,7 +365,7 @@ def parse(text: str, fmt: str, tools=None):
     return parse_tool_calls(text, fmt, tools=tools)
 
 
-TEXT_VALUES = {"qwen3_coder", "seed_oss", "minimax_m2", "minimax_m3", "glm", "minicpm5"}  # a string is bare text
+TEXT_VALUES = {"qwen3_coder", "seed_oss", "minimax_m2", "minimax_m3", "glm", "minicpm5", "kimi_k3"}  # a string is bare text
 FORCED = sorted(f for f in FORMATS if FORMATS[f].grammar.json is not None)
 
 
