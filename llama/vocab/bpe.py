@@ -7,6 +7,12 @@ a token; a symbol missing from the vocabulary falls back to the tokens of its si
 bytes (llama.cpp looks up each byte of the symbol's text as a one-byte string, which only
 ever finds ASCII or raw-byte tokens; others are dropped).
 
+SPM-style BPE (`PreSpec.spm_style`: pre-tokenizers gemma4, granite-embed-multi-311m and
+sarvam-moe) differs in three places: spaces are written as U+2581 before anything else,
+words (whole lines) stay raw characters, and a symbol missing from the vocabulary falls
+back to the `<0xXX>` tokens of its UTF-8 bytes. The Gemma 4 tokenizer model is this with
+the gemma4 pre-tokenizer fixed (llama/vocab/gemma4.py).
+
 Words repeat a lot in real text, so results are cached per word.
 """
 from __future__ import annotations
@@ -40,6 +46,8 @@ BYTE_TO_UNICODE = _bytes_to_unicode()
 UNICODE_TO_BYTE = {ch: b for b, ch in enumerate(BYTE_TO_UNICODE)}
 # str.translate table taking a latin-1 decoded byte string to the byte characters
 _ENCODE_TABLE = {b: ch for b, ch in enumerate(BYTE_TO_UNICODE)}
+
+_BYTE_TOKENS = [f"<0x{b:02X}>" for b in range(256)]  # SPM-style BPE's byte tokens
 
 MERGE_HEAP_THRESHOLD = 64  # longer words use the heap; shorter ones the plain rescans
 
@@ -125,10 +133,9 @@ def merge_heap(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[st
 class BPEModel(TokenizerModel):
     """GPT-2 style byte-level BPE with the pre-tokenizer named by `tokenizer.ggml.pre`."""
 
-
     def __init__(self, md: dict[str, Any]):
         super().__init__(md)
-        self.pre_name = md.get("tokenizer.ggml.pre")
+        self.pre_name = self.pre_tokenizer_name(md)
         if not self.pre_name:
             log.warning("missing pre-tokenizer type (tokenizer.ggml.pre), using 'default'; "
                         "generation quality will be degraded")
@@ -142,12 +149,22 @@ class BPEModel(TokenizerModel):
         self._merges = merges   # parsed on attach, sharing the vocabulary's strings
         self.ranks: dict[tuple[str, str], int] = {}
 
+    def pre_tokenizer_name(self, md: dict[str, Any]) -> Any:
+        """The pre-tokenizer's name: the file's `tokenizer.ggml.pre`."""
+        return md.get("tokenizer.ggml.pre")
+
     def defaults(self) -> tuple[VocabFlags, SpecialIds]:
-        flags = VocabFlags(add_space_prefix=False, escape_whitespaces=False,
+        flags = VocabFlags(add_space_prefix=False, escape_whitespaces=self.pre.spm_style,
                            clean_spaces=self.pre.clean_spaces, ignore_merges=self.pre.ignore_merges,
                            add_bos=self.pre.add_bos, add_sep=self.pre.add_sep)
         ids = SpecialIds(bos=None if self.pre.null_bos else 11, eos=11)
         return flags, ids
+
+    def override_flags(self, flags: VocabFlags) -> None:
+        """Gemma 4 needs its BOS, so llama.cpp adds it even where a file's
+        add_bos_token says false (as some conversions do)."""
+        if self.pre.gemma4:
+            flags.add_bos = True
 
     def attach(self, vocab: Any) -> None:
         super().attach(vocab)
@@ -163,8 +180,10 @@ class BPEModel(TokenizerModel):
     def encode_word(self, word: str) -> tuple[int, ...]:
         """Token ids of one pre-tokenized word (uncached)."""
         token_to_id = self._token_to_id
-        encoded = byte_encode(word)
-        if self._ignore_merges:
+        spm_style = self.pre.spm_style
+        encoded = word if spm_style else byte_encode(word)
+        # ignore_merges: a word that is a token is that token; Gemma 4: so is a newline run
+        if self._ignore_merges or (self.pre.gemma4 and not word.strip("\n")):
             tid = token_to_id.get(encoded)
             if tid is not None:
                 return (tid,)
@@ -177,11 +196,15 @@ class BPEModel(TokenizerModel):
                 ids.append(tid)
                 continue
             for b in sym.encode("utf-8"):
-                # a one-byte token text: ASCII, or a raw byte kept by surrogateescape decoding
-                tid = token_to_id.get(chr(b) if b < 0x80 else chr(0xDC00 + b))
+                if spm_style:
+                    tid = token_to_id.get(_BYTE_TOKENS[b])
+                else:  # a one-byte token text: ASCII, or a raw byte kept by surrogateescape decoding
+                    tid = token_to_id.get(chr(b) if b < 0x80 else chr(0xDC00 + b))
                 if tid is not None:
                     ids.append(tid)
         return tuple(ids)
 
     def normal_piece(self, text: str) -> bytes:
+        if self.pre.spm_style:
+            return text.replace("\u2581", " ").encode("utf-8", "surrogateescape")
         return byte_decode(text)

@@ -89,6 +89,10 @@ class TokenizerModel:
         """llama.cpp's per-type defaults, applied before the GGUF keys override them."""
         return VocabFlags(), SpecialIds()
 
+    def override_flags(self, flags: VocabFlags) -> None:
+        """Change flags after the GGUF keys have set them: llama.cpp overrides some files'
+        own keys (Gemma 4's add_bos_token). None by default."""
+
     def attach(self, vocab: "Vocab") -> None:
         """Called once the token table, flags and special ids are known."""
         self.vocab = vocab

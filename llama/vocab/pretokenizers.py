@@ -93,6 +93,9 @@ _DEEPSEEK_LETTERS = (
 _DEEPSEEK_PUNCT = "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+"
 _PORO = " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"
 
+# runs of non-newlines and runs of newlines: SPM-style BPE cuts text only here
+LINES = "[^\\n]+|[\\n]+"
+
 DEFAULT_SET = ["[\\p{P}\\$\\+<=>\\^~\\|]+", GPT2, "\\p{N}+", "[0-9][0-9][0-9]"]
 
 # regex set name -> the regexes, in the order llama.cpp applies them
@@ -123,7 +126,8 @@ REGEX_SETS: dict[str, list[str]] = {
     "seed-coder": [SEED_CODER],
     "ufakzeka": [UFAKZEKA],
     "exaone-moe": [EXAONE_MOE],
-    "laguna": ["[^\\n]+|[\\n]+", QWEN2],
+    "laguna": [LINES, QWEN2],
+    "lines": [LINES],
     "minicpm5": ["\\p{N}{1,3}", MINICPM5],
 }
 
@@ -137,6 +141,13 @@ class PreSpec:
     add_bos: bool = False
     add_sep: bool = False
     null_bos: bool = False  # chatglm: no BOS token at all
+    # SPM-style BPE (gemma4, sarvam-moe): spaces written as U+2581 before merging, merges over
+    # raw UTF-8 characters (no GPT-2 byte characters), <0xXX> tokens for bytes no token
+    # covers, U+2581 back to a space in pieces
+    spm_style: bool = False
+    # llama.cpp's Gemma 4 fixes: a run of newlines that is a token is that token whatever the
+    # merges say, and add_bos is forced on even when the file says false
+    gemma4: bool = False
 
 
 def _specs() -> dict[str, PreSpec]:
@@ -183,13 +194,14 @@ def _specs() -> dict[str, PreSpec]:
     add("exaone-moe", PreSpec("exaone-moe"))
     add("laguna", PreSpec("laguna", clean_spaces=False))
     add("minicpm5", PreSpec("minicpm5", ignore_merges=True))
+    add("gemma4 granite-embed-multi-311m", PreSpec("lines", spm_style=True, gemma4=True))
+    add("sarvam-moe", PreSpec("lines", clean_spaces=False, spm_style=True))
     return table
 
 
 PRE_SPECS = _specs()
 # known to llama.cpp but needing code beyond a regex set (custom matchers, no byte encoding)
-UNSUPPORTED_PRE = {"kimi-k2", "afmoe", "gemma4", "granite-embed-multi-311m", "sarvam-moe",
-                   "whitespace", "youtu"}
+UNSUPPORTED_PRE = {"kimi-k2", "afmoe", "whitespace", "youtu"}
 
 
 def pre_spec(name: str | None) -> PreSpec:

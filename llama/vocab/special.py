@@ -83,8 +83,8 @@ def eog_ids(ids: SpecialIds, tokens: list[str], token_to_id: dict[str, int],
         end = by_text["<|end|>"]
         eog.discard(end)
         attrs[end] = TokenAttr.USER_DEFINED
-    # gemma4 / paddleocr: "</s>" is not an end of generation when "<|tool_response>" exists
-    if "<|tool_response>" in by_text and "</s>" in by_text:
+    # gemma4 / plamo: "</s>" is a normal token there, not paddleocr's end of generation
+    if ("<|tool_response>" in by_text or "<|plamo:eos|>" in by_text) and "</s>" in by_text:
         s = by_text["</s>"]
         eog.discard(s)
         attrs[s] = TokenAttr.NORMAL

@@ -85,6 +85,7 @@ class Vocab:
             if getattr(flags, flag) and getattr(ids, slot) is None:
                 raise VocabError(f"tokenizer.ggml.{flag}_token is true, but tokenizer.ggml.{key} "
                                  "is not set")
+        model.override_flags(flags)  # after the check: llama.cpp fails at tokenize, not load
 
         sp.detect_special_ids(ids, token_to_id, attrs)
         sp.mark_unused(tokens, attrs)
