@@ -15,6 +15,7 @@ COMMANDS = {
     "graph": "ggmlpy.cli.graph_cmd",
     "serve": "ggmlpy.cli.serve_cmd",
     "viz": "ggmlpy.cli.viz_cmd",
+    "quantize": "ggmlpy.cli.quantize_cmd",
 }
 
 

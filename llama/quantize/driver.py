@@ -1,0 +1,286 @@
+"""`quantize_file`: llama-quantize's llama_model_quantize, writing the file it writes.
+
+The layout is gguf.cpp's: GGUF version 3, the metadata of plan.py, one tensor info per tensor
+in the loader's order (dimensions trimmed as ggml_n_dims counts them, offsets padded to 32
+bytes), the data section aligned to 32 and every tensor's data padded to 32. Tensors keep
+their bytes where the type does not change; the others are decoded to float32 (F16/BF16
+widened, quantised types dequantised) and encoded by ggmlpy's reference quantisers, which
+are ggml's byte for byte. The file is written under a temporary name beside OUT and renamed
+once complete, so a failure never leaves a half-written OUT.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import struct
+import sys
+import tempfile
+from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Callable, Iterator, Sequence, Union
+
+import numpy as np
+
+from ggmlpy.gguf import GGUFFile
+from ggmlpy.gguf.constants import DEFAULT_ALIGNMENT, GGUF_MAGIC
+from ggmlpy.gguf.writer import encode_value
+from ggmlpy.ir.types import GGMLType, row_size
+from ggmlpy.quants import dequantize, quantize
+from ggmlpy.quants.quant_iq import iq4_nl_file
+from ggmlpy.quants.validate import can_validate, validate_tensor
+from llama.quantize.imatrix import Imatrix, load_imatrix
+from llama.quantize.mixes import Mix, parse_ggml_type, parse_mix
+from llama.quantize.names import n_dims
+from llama.quantize.plan import Plan, TensorPlan, make_plan, parse_override_kv
+from llama.quantize.rules import Params
+
+ALIGN = DEFAULT_ALIGNMENT   # llama-quantize lays its output out at GGUF_DEFAULT_ALIGNMENT
+WORK_ELEMENTS = 1 << 20     # float32 elements per unit of work (whole rows): bounds memory
+PARALLEL_ELEMENTS = 1 << 23  # below this much to convert, starting worker processes costs more than it saves
+
+
+@dataclass
+class QuantizeResult:
+    """What was (or, with dry_run, would be) written."""
+
+    path: Path | None
+    mix: Mix
+    types: dict[str, GGMLType]          # every tensor's type in the output
+    size_in: int                        # bytes of tensor data in and out
+    size_out: int
+    n_elements: int
+    warnings: list[str] = field(default_factory=list)
+
+
+def _padded(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def _string(raw: str) -> bytes:
+    b = raw.encode("utf-8", "surrogateescape")
+    return struct.pack("<Q", len(b)) + b
+
+
+def header_bytes(plan: Plan) -> bytes:
+    """gguf_get_meta_data of the output: magic, version 3, counts, metadata, tensor infos,
+    zero padding to the alignment."""
+    out = [GGUF_MAGIC, struct.pack("<IQQ", 3, len(plan.tensors), len(plan.kvs))]
+    for key, vtype, value, etype in plan.kvs:
+        out += [_string(key), struct.pack("<I", vtype), encode_value(vtype, value, etype)]
+    offset = 0
+    for tp in plan.tensors:
+        nd = n_dims(tp.ne)
+        out += [_string(tp.name), struct.pack(f"<I{nd}q", nd, *tp.ne[:nd]), struct.pack("<IQ", tp.dst_type, offset)]
+        offset += _padded(tp.dst_bytes)
+    head = b"".join(out)
+    return head + b"\0" * (_padded(len(head)) - len(head))
+
+
+def _as_f32(raw: np.ndarray, t: GGMLType, ne0: int, rows: int) -> np.ndarray:
+    """Rows of a tensor as float32, as llama_tensor_dequantize_impl decodes them."""
+    return np.asarray(dequantize(raw, t, (ne0, rows)), dtype=np.float32).reshape(rows, ne0)
+
+
+def encode_rows(x: np.ndarray, t: GGMLType) -> np.ndarray:
+    """float32 rows as ggml_quantize_chunk writes them without an importance matrix: the
+    reference quantiser, but for IQ4_NL, whose quantize_iq4_nl searches more scales (ntry 7)
+    than its _ref (ggmlpy.quants.quantize, the KV cache's encoder)."""
+    with np.errstate(all="ignore"):   # ggml's C arithmetic does not trap either
+        if t == GGMLType.IQ4_NL:
+            return iq4_nl_file(x.reshape(-1, 32)).view(np.uint8).reshape(-1)
+        return quantize(x, t).reshape(-1)
+
+
+def encode_job(raw: np.ndarray, src: GGMLType, ne0: int, rows: int, dst: GGMLType) -> np.ndarray:
+    """One unit of work (whole rows): decode, encode. Top level so worker processes can run it."""
+    return encode_rows(_as_f32(raw, src, ne0, rows), dst)
+
+
+Piece = Union[np.ndarray, Future, None]   # bytes to write, bytes being encoded, end of a tensor
+
+
+def _pieces(f: GGUFFile, plan: Plan, submit: Callable[..., Piece]) -> Iterator[tuple[TensorPlan, Piece]]:
+    """Every tensor's data in file order: its bytes as they are, or its rows in units of
+    about WORK_ELEMENTS handed to `submit`; then None. The input is validated as llama.cpp's
+    loader validates what it reads (check_tensors)."""
+    for tp in plan.tensors:
+        data = f.tensors[tp.name].data
+        if can_validate(tp.src_type):   # all but MXFP4
+            validate_tensor(tp.name, tp.src_type, data)
+        if not tp.convert:
+            yield tp, data
+        else:
+            src_row = row_size(tp.src_type, tp.ne[0])
+            step = max(1, WORK_ELEMENTS // max(1, tp.ne[0]))
+            for r in range(0, tp.n_rows, step):
+                rows = min(step, tp.n_rows - r)
+                yield tp, submit(encode_job, data[r * src_row:(r + rows) * src_row], tp.src_type, tp.ne[0], rows,
+                                 tp.dst_type)
+        yield tp, None
+
+
+def _emit(out: BinaryIO, tp: TensorPlan, piece: Piece, bar: Any) -> None:
+    """Write one piece; after a tensor's last, its padding. Quantised output is validated
+    as llama_tensor_quantize_impl validates it."""
+    if piece is None:
+        out.write(b"\0" * (_padded(tp.dst_bytes) - tp.dst_bytes))
+        if bar is not None:
+            bar.update(1)
+        return
+    chunk = piece.result() if isinstance(piece, Future) else piece
+    if tp.convert and can_validate(tp.dst_type):
+        validate_tensor(tp.name, tp.dst_type, chunk)
+    out.write(memoryview(np.ascontiguousarray(chunk)))
+
+
+def _progress_bar(total: int, enabled: bool | None) -> Any:
+    """A tqdm bar over the tensors: None when off, tqdm's own choice (a terminal) when None."""
+    if enabled is False:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, desc="quantizing", unit="tensor", file=sys.stderr, leave=False,
+                disable=None if enabled is None else not enabled)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def quantize_file(inp: str | os.PathLike, out: str | os.PathLike | None, mix: str | int | Mix, *,
+                  nthread: int = 0, leave_output_tensor: bool = False,
+                  output_tensor_type: str | GGMLType | None = None,
+                  token_embedding_type: str | GGMLType | None = None,
+                  tensor_types: Sequence[str] = (), allow_requantize: bool = False, pure: bool = False,
+                  imatrix: str | os.PathLike | None = None, include_weights: Sequence[str] = (),
+                  exclude_weights: Sequence[str] = (), override_kv: Sequence[str] = (),
+                  dry_run: bool = False, progress: bool | None = None) -> QuantizeResult:
+    """Quantize the GGUF model `inp` to `out` as `llama-quantize inp out MIX` does.
+
+    `tensor_types` are llama-quantize's --tensor-type PATTERN=TYPE (a regular expression
+    searched in each tensor name; the first that matches wins); `out` None names the output
+    ggml-model-MIX.gguf beside the input. `progress` None shows a bar on a terminal only.
+    Raises ValueError (or OSError) naming the file, tensor or option at fault.
+    """
+    chosen = mix if isinstance(mix, Mix) else parse_mix(str(mix))
+    if chosen is None:
+        raise ValueError(f"invalid ftype {mix!r}: see the list of mixes in --help")
+    inp = Path(inp)
+    if out is None and not dry_run:
+        out = inp.parent / f"ggml-model-{chosen.name}.gguf"
+    out = None if out is None else Path(out)
+    if out is not None and not dry_run and _same_file(inp, out):
+        raise ValueError(f"input and output files are the same: '{inp}'")
+    params = Params(ftype=chosen.ftype, quantize_output_tensor=not leave_output_tensor,
+                    only_copy=chosen.name == "COPY", pure=pure, tensor_types=[_tensor_type(s) for s in tensor_types],
+                    output_tensor_type=_ggml_type(output_tensor_type, "--output-tensor-type"),
+                    token_embedding_type=_ggml_type(token_embedding_type, "--token-embedding-type"))
+    if include_weights and exclude_weights:
+        raise ValueError("--include-weights and --exclude-weights cannot be used together")
+    overrides = [parse_override_kv(s) for s in override_kv]
+    im = load_imatrix(imatrix, list(include_weights), list(exclude_weights)) if imatrix is not None else None
+    if im is not None and im.data:
+        overrides += _imatrix_keys(im, imatrix)
+    with GGUFFile(inp) as f:
+        plan = make_plan(f, params, im if im is not None and im.data else None, allow_requantize, overrides)
+        result = QuantizeResult(None if dry_run else out, chosen, {tp.name: tp.dst_type for tp in plan.tensors},
+                                sum(f.tensors[tp.name].nbytes for tp in plan.tensors),
+                                sum(tp.dst_bytes for tp in plan.tensors),
+                                sum(f.tensors[tp.name].n_elements for tp in plan.tensors), plan.warnings)
+        if not dry_run:
+            _write(f, plan, out, nthread, progress)
+    return result
+
+
+def _write(f: GGUFFile, plan: Plan, out: Path, nthread: int, progress: bool | None) -> None:
+    """The file under a temporary name in OUT's folder, renamed to OUT once complete. With
+    more than one thread and enough to convert, `nthread` worker processes encode (numpy's
+    small per-block steps hold the GIL too often for threads to help), a few units ahead of
+    the writer, which keeps the file order."""
+    nthread = nthread if nthread > 0 else (os.cpu_count() or 1)
+    work = sum(tp.n_rows * tp.ne[0] for tp in plan.tensors if tp.convert)
+    pool = _pool(nthread) if nthread > 1 and work >= PARALLEL_ELEMENTS else None
+    bar = _progress_bar(len(plan.tensors), progress)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(header_bytes(plan))
+            pending: deque[tuple[TensorPlan, Piece]] = deque()
+            for item in _pieces(f, plan, pool.submit if pool is not None else _inline):
+                pending.append(item)
+                while len(pending) > 2 * nthread:
+                    _emit(fh, *pending.popleft(), bar)
+            while pending:
+                _emit(fh, *pending.popleft(), bar)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+        if bar is not None:
+            bar.close()
+
+
+def _pool(nthread: int) -> ProcessPoolExecutor:
+    """Worker processes, forked where the OS can (a spawned worker re-imports the caller's
+    __main__, which breaks scripts without a __main__ guard), and started now, while this
+    process runs no other thread."""
+    methods = multiprocessing.get_all_start_methods()
+    pool = ProcessPoolExecutor(nthread, mp_context=multiprocessing.get_context("fork" if "fork" in methods else None))
+    pool.submit(int).result()   # a fork context starts every worker on the first task
+    return pool
+
+
+def _inline(fn: Callable[..., np.ndarray], *args: Any) -> np.ndarray:
+    return fn(*args)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _ggml_type(value: str | GGMLType | None, option: str) -> GGMLType | None:
+    if value is None or isinstance(value, GGMLType):
+        return value
+    try:
+        return parse_ggml_type(value)
+    except ValueError as e:
+        raise ValueError(f"{option}: {e}") from None
+
+
+def _tensor_type(text: str) -> tuple[str, GGMLType]:
+    """parse_tensor_type: NAME=TYPE, the name lowercased as llama-quantize does."""
+    name, sep, qtype = text.partition("=")
+    if not sep:
+        raise ValueError(f"--tensor-type: malformed tensor type {text!r} (expected PATTERN=TYPE)")
+    if not name:
+        raise ValueError(f"--tensor-type {text!r}: missing tensor name")
+    if not qtype:
+        raise ValueError(f"--tensor-type {text!r}: missing quantization type")
+    return name.lower(), _ggml_type(qtype, f"--tensor-type {text!r}")
+
+
+def _imatrix_keys(im: Imatrix, path: str | os.PathLike) -> list:
+    """The quantize.imatrix.* keys llama-quantize records (strings cut to 127 bytes)."""
+    from ggmlpy.gguf import GGUFValueType as V
+    keys = [("quantize.imatrix.file", V.STRING, _cut(os.fspath(path)))]
+    if im.datasets:
+        keys.append(("quantize.imatrix.dataset", V.STRING, _cut(im.datasets[0])))
+    keys.append(("quantize.imatrix.entries_count", V.UINT32, len(im.data)))
+    if im.chunk_count > 0:
+        keys.append(("quantize.imatrix.chunks_count", V.UINT32, im.chunk_count))
+    return keys
+
+
+def _cut(s: str) -> str:
+    return s.encode("utf-8", "surrogateescape")[:127].decode("utf-8", "surrogateescape")
+

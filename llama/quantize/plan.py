@@ -1,0 +1,211 @@
+"""What llama-quantize would write, decided before a byte is written: every tensor's target
+type (in the loader's order) and the output's metadata.
+
+Deciding everything first lets every refusal (an importance matrix required, a quantised
+input without --allow-requantize, a type ggmlpy cannot encode) name its tensor before the
+output file exists, where llama-quantize fails some of them halfway through writing.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ggmlpy.gguf import GGUFFile, GGUFValueType
+from ggmlpy.gguf.constants import DEFAULT_ALIGNMENT, KEY_ALIGNMENT
+from ggmlpy.ir.types import GGMLType, is_quantized, row_size
+from ggmlpy.quants import QUANTIZABLE, dequantizable_types
+from llama.quantize import mixes as F
+from llama.quantize.choose import tensor_type
+from llama.quantize.imatrix import Imatrix
+from llama.quantize.mixes import ggml_name
+from llama.quantize.names import allows_quantization, sort_key
+from llama.quantize.rules import ModelInfo, Params, State, requires_imatrix
+
+V = GGUFValueType
+T = GGMLType
+QNT_VERSION = 2   # GGML_QNT_VERSION, written as general.quantization_version
+# types whose ggml quantize_* ignore an importance matrix: ggmlpy writes them as llama.cpp does
+IMATRIX_FREE = frozenset({T.F32, T.F16, T.BF16, T.Q8_0, T.MXFP4, T.NVFP4, T.TQ1_0, T.TQ2_0, T.Q1_0, T.Q2_0})
+_SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
+_KV_OVERRIDE = re.compile(r"^([^=]+)=(int|float|bool|str):(.*)$", re.S)
+
+
+@dataclass
+class TensorPlan:
+    name: str
+    ne: tuple[int, ...]
+    src_type: GGMLType
+    dst_type: GGMLType
+
+    @property
+    def n_rows(self) -> int:
+        return int(np.prod(self.ne[1:], dtype=np.int64)) if len(self.ne) > 1 else 1
+
+    @property
+    def dst_bytes(self) -> int:
+        return row_size(self.dst_type, self.ne[0]) * self.n_rows
+
+    @property
+    def convert(self) -> bool:
+        return self.src_type != self.dst_type
+
+
+@dataclass
+class Plan:
+    ftype: int
+    kvs: list[tuple[str, GGUFValueType, Any, GGUFValueType | None]]   # key, type, value, element type
+    tensors: list[TensorPlan]
+    warnings: list[str] = field(default_factory=list)
+
+
+def parse_override_kv(text: str) -> tuple[str, GGUFValueType, Any]:
+    """--override-kv KEY=TYPE:VALUE as llama-quantize writes it: int as UINT32 (of the absolute
+    value), float as FLOAT32, bool (true/false), str (up to 127 bytes)."""
+    m = _KV_OVERRIDE.match(text)
+    if not m or len(m.group(1)) >= 128:
+        raise ValueError(f"--override-kv {text!r}: expected KEY=TYPE:VALUE with TYPE int, float, bool or str")
+    key, kind, value = m.groups()
+    try:
+        if kind == "int":
+            return key, V.UINT32, abs(int(value)) & 0xFFFFFFFF
+        if kind == "float":
+            return key, V.FLOAT32, float(np.float32(float(value)))
+    except ValueError:
+        raise ValueError(f"--override-kv {text!r}: {value!r} is not a{'n' if kind == 'int' else ''} {kind}") from None
+    if kind == "bool":
+        if value not in ("true", "false"):
+            raise ValueError(f"--override-kv {text!r}: a bool is true or false")
+        return key, V.BOOL, value == "true"
+    if len(value.encode()) > 127:
+        raise ValueError(f"--override-kv {text!r}: strings are limited to 127 bytes")
+    return key, V.STRING, value
+
+
+def _scalar(meta: dict[str, Any], key: str, default: int = 0) -> int:
+    """An integer hparam that may be stored per layer (get_key_or_arr): layer 0's value."""
+    v = meta.get(key, default)
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return int(v[0]) if len(v) else default
+    return int(v)
+
+
+def model_info(meta: dict[str, Any], path: str) -> ModelInfo:
+    """The hparams llama-quantize's rules read, from the metadata (overrides applied)."""
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ValueError(f"{path}: general.architecture is missing: not a model file llama-quantize can read")
+    if f"{arch}.block_count" not in meta:
+        raise ValueError(f"{path}: key not found in model: {arch}.block_count")
+    n_head = _scalar(meta, f"{arch}.attention.head_count")
+    return ModelInfo(arch=arch, n_layer_all=_scalar(meta, f"{arch}.block_count"),
+                     n_layer_nextn=_scalar(meta, f"{arch}.nextn_predict_layers"), n_head=n_head,
+                     n_head_kv=_scalar(meta, f"{arch}.attention.head_count_kv", n_head),
+                     n_expert=_scalar(meta, f"{arch}.expert_count"))
+
+
+def guessed_ftype(f: GGUFFile, order: list[str]) -> int:
+    """llama_model_loader's ftype: general.file_type, else guessed from the most common type."""
+    if "general.file_type" in f.metadata:
+        return int(f.metadata["general.file_type"]) & 0xFFFFFFFF
+    counts: dict[GGMLType, int] = {}
+    best, best_n = T.F32, 0
+    for name in order:
+        t = f.tensors[name].type
+        counts[t] = counts.get(t, 0) + 1
+        if counts[t] > best_n:
+            best, best_n = t, counts[t]
+    return F.GUESSED_FTYPES.get(best, F.ALL_F32) | F.FTYPE_GUESSED
+
+
+def _metadata(f: GGUFFile, ftype: int, overrides: list[tuple[str, GGUFValueType, Any]],
+              warnings: list[str]) -> list[tuple[str, GGUFValueType, Any, GGUFValueType | None]]:
+    """gguf_set_kv of the input's keys, then quantization_version and file_type set (moved to
+    the end), the split keys removed, and the overrides set, each also moved to the end."""
+    kvs = {k: (k, fl.type, fl.value, fl.element_type) for k, fl in f.fields.items()}
+    if KEY_ALIGNMENT in kvs and kvs[KEY_ALIGNMENT][2] != DEFAULT_ALIGNMENT:
+        # llama-quantize copies the key but lays the file out at 32 bytes regardless
+        warnings.append(f"{KEY_ALIGNMENT} {kvs[KEY_ALIGNMENT][2]} of the input is written as {DEFAULT_ALIGNMENT}, "
+                        f"the alignment the output is laid out with")
+        kvs[KEY_ALIGNMENT] = (KEY_ALIGNMENT, V.UINT32, DEFAULT_ALIGNMENT, None)
+    for key, vtype, value in [("general.quantization_version", V.UINT32, QNT_VERSION),
+                              ("general.file_type", V.UINT32, ftype), *overrides]:
+        kvs.pop(key, None)
+        kvs[key] = (key, vtype, value, None)
+    for key in _SPLIT_KEYS:
+        kvs.pop(key, None)
+    return list(kvs.values())
+
+
+def make_plan(f: GGUFFile, params: Params, imatrix: Imatrix | None, allow_requantize: bool,
+              overrides: list[tuple[str, GGUFValueType, Any]]) -> Plan:
+    """Every tensor's type and the output metadata, or a ValueError naming what llama-quantize
+    (or ggmlpy's quantisers) cannot do."""
+    meta = dict(f.metadata)
+    meta.update({k: v for k, _, v in overrides})
+    info = model_info(meta, str(f.path))
+    default = F.DEFAULT_TYPES.get(params.ftype)
+    if default is None:
+        raise ValueError(f"invalid output file type {params.ftype}")
+    order = sorted(f.tensors, key=sort_key)
+    ftype = guessed_ftype(f, order) if params.only_copy else params.ftype
+    has_imatrix = imatrix is not None and bool(imatrix.data)
+    state = State(info, params, has_imatrix=has_imatrix)
+    state.count(order)
+    tensors = []
+    for name in order:
+        t = f.tensors[name]
+        ne = tuple(int(n) for n in t.ne)
+        allowed = allows_quantization(params, info.arch, name, ne)
+        dst = tensor_type(state, name, ne, t.type, default) if allowed else t.type
+        if allowed and not has_imatrix and requires_imatrix(name, dst, params.ftype):
+            raise ValueError(f"this quantization requires an importance matrix (--imatrix): tensor {name} would be "
+                             f"{ggml_name(dst)}, which llama-quantize refuses to write without one")
+        tensors.append(TensorPlan(name, ne, t.type, dst))
+    for tp in tensors:
+        if tp.convert:
+            _check_conversion(tp, allow_requantize)
+            if has_imatrix:
+                _check_imatrix(tp, imatrix, params.ftype)
+    warnings = state.warnings
+    if state.n_fallback:
+        warnings.append(f"{state.n_fallback} of {len(tensors)} tensor(s) required fallback quantization")
+    return Plan(ftype, _metadata(f, ftype, overrides, warnings), tensors, warnings)
+
+
+def _check_conversion(tp: TensorPlan, allow_requantize: bool) -> None:
+    """What llama_tensor_dequantize_impl and ggmlpy's encoders can do, and --allow-requantize."""
+    if tp.dst_type not in QUANTIZABLE:
+        why = (" (its quantiser needs an importance matrix, which ggmlpy's quantisers do not use yet)"
+               if tp.dst_type in (T.IQ2_XXS, T.IQ2_XS, T.IQ1_S, T.IQ1_M) else "")
+        raise ValueError(f"tensor {tp.name}: ggmlpy cannot quantize to {ggml_name(tp.dst_type)}{why}")
+    readable = tp.src_type in (T.F32, T.F16, T.BF16) or is_quantized(tp.src_type)
+    if not readable or tp.src_type not in dequantizable_types():
+        raise ValueError(f"tensor {tp.name}: cannot dequantize/convert tensor type {ggml_name(tp.src_type)}")
+    if is_quantized(tp.src_type) and not allow_requantize:
+        raise ValueError(f"tensor {tp.name}: requantizing from type {ggml_name(tp.src_type)} is disabled "
+                         f"(pass --allow-requantize)")
+
+
+def _check_imatrix(tp: TensorPlan, imatrix: Imatrix, ftype: int) -> None:
+    """Where llama.cpp would quantise with the importance matrix, refuse: ggmlpy's encoders
+    are the reference ones, whose bytes differ. Tensors without usable data are quantised
+    without, as llama.cpp does (but the very low-bit ones, which it refuses)."""
+    values = imatrix.data.get(tp.name)
+    n_expert = tp.ne[2] if len(tp.ne) > 2 else 1
+    if values is not None and len(values) != tp.ne[0] * n_expert:
+        if tp.name not in ("token_embd.weight", "per_layer_token_embd.weight"):
+            raise ValueError(f"imatrix {imatrix.path}: imatrix size {len(values)} is different from tensor size "
+                             f"{tp.ne[0] * n_expert} for {tp.name}")
+        values = None   # ignored with a note, as llama.cpp does: the embeddings never match
+    if values is None:
+        if requires_imatrix(tp.name, tp.dst_type, ftype):
+            raise ValueError(f"missing importance matrix for tensor {tp.name} in a very low-bit quantization "
+                             f"({ggml_name(tp.dst_type)}): the result would be garbage")
+        return
+    if tp.dst_type not in IMATRIX_FREE:
+        raise ValueError(f"tensor {tp.name}: llama.cpp would quantize it to {ggml_name(tp.dst_type)} with the "
+                         f"importance matrix, and ggmlpy's quantisers cannot use one yet; quantize without "
+                         f"--imatrix, or --exclude-weights it")
