@@ -34,11 +34,14 @@ from ggmlpy.ir.types import GGMLType, block_size, type_size  # noqa: E402
 from ggmlpy.quants import block_dtype, dequantize  # noqa: E402
 
 MODELS = ["smollm2-135m", "gemma3-270m"]
-# gguf 0.19 has no decoder for Q8_1 and Q8_K; they are timed for ggmlpy alone
+# gguf 0.19 has no decoder for Q8_1, Q8_K, Q1_0 and Q2_0; they are timed for ggmlpy alone
 GGUF_DECODES = {GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1,
                 GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K,
-                GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K}
-ALL_TYPES = sorted(GGUF_DECODES | {GGMLType.Q8_1, GGMLType.Q8_K})
+                GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.MXFP4, GGMLType.NVFP4,
+                GGMLType.TQ1_0, GGMLType.TQ2_0, GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S,
+                GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.IQ4_NL,
+                GGMLType.IQ4_XS}
+ALL_TYPES = sorted(GGUF_DECODES | {GGMLType.Q8_1, GGMLType.Q8_K, GGMLType.Q1_0, GGMLType.Q2_0})
 
 Tensor = tuple[np.ndarray, tuple[int, ...]]  # (bytes, ggml shape)
 

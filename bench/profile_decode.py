@@ -4,7 +4,7 @@ every thread's), from a profiled
 build of the graphs (GGMLPY_PROFILE=1).
 
 Usage: python bench/profile_decode.py [-m MODEL] [-t THREADS] [-n TOKENS] [--seqs N] [--context N]
-                                     [--prompt N] [--top K]
+                                     [--prompt N] [--top K] [-ctk TYPE] [-ctv TYPE]
 (--seqs N: batched decode, one token of each of N sequences per step; --context N: each
 sequence holds N tokens before the steps profiled)
 Prints JSON: per op (kernel and barrier µs per step, share of the step) and the top nodes.
@@ -39,11 +39,14 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=0,
                     help="profile one prompt of N tokens instead (in ubatches of 512)")
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("-ctk", "--cache-type-k", default="f16", help="the KV cache's K type (llama.cpp's names)")
+    ap.add_argument("-ctv", "--cache-type-v", default="f16", help="the KV cache's V type")
     args = ap.parse_args()
     model = llama.Model.load(args.model)
     n = args.seqs
     n_ctx = max(1024 * n, -(-args.prompt // 512) * 512, -(-(args.context + args.tokens + 16) * n // 256) * 256)
-    ctx = llama.Context(model, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=args.threads, n_seq_max=n)
+    ctx = llama.Context(model, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=args.threads, n_seq_max=n,
+                        type_k=args.cache_type_k, type_v=args.cache_type_v)
     rng = np.random.default_rng(0)
     toks = [int(t) for t in rng.integers(100, model.n_vocab - 100, max(512, args.prompt))]
     # warm-up: both graphs run once (weights repacked, pages touched) before anything is timed

@@ -36,9 +36,11 @@ from llama.batch import Batch, BatchAllocator, BatchError, UBatch
 from llama.graph import BuiltGraph, KVLayout, LlmGraph
 from llama.graph_inputs import GraphParams, InputBuffers, InputState, is_single, rs_layout
 from llama.kshift import build_k_shift
+from llama.kv_attention import rotation_inputs
 from llama.kv_cache import KV_TYPES, KVCache
 from llama.kv_cache_iswa import KVCacheISWA
 from llama.kv_cells import SEQ_BLOCK
+from llama.kv_types import check_kv_types, kv_type
 from llama.lora_scales import LoraScales
 from llama.memory_hybrid import HybridMemory
 from llama.model import Model
@@ -77,14 +79,17 @@ def _is_batch_order(idxs: np.ndarray, n_tokens: int) -> bool:
 class Context:
     def __init__(self, model: Model, n_ctx: int = 512, n_batch: int = 512, n_ubatch: int = 512,
                  n_seq_max: int = 1, n_threads: int = 2, n_threads_batch: int | None = None,
-                 backend: str | None = None, type_k: str = "f16", type_v: str = "f16",
+                 backend: str | None = None, type_k: str | int = "f16", type_v: str | int = "f16",
                  abort_callback: Callable[[], bool] | None = None, swa_full: bool = False,
                  embeddings: bool = False, pooling_type: str | int | None = None,
                  rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0,
                  flash_attn: bool | None = None, backend_options: Options | None = None):
         """backend_options: the GGMLPY_* settings (ggmlpy/options.py) of every backend this
         context creates, its own and the offload devices'; None: Options.from_env(), read
-        here (so the environment counts when a context is made, never at import)."""
+        here (so the environment counts when a context is made, never at import).
+        type_k / type_v: the KV cache's types by llama.cpp's names (-ctk/-ctv: f32, f16, bf16,
+        q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1) or ggml type ids; refused as llama.cpp refuses
+        them (llama/kv_types.py: a quantised V needs flash_attn not False)."""
         hp = model.hparams
         if model.w is None:
             raise ValueError("the model was loaded with vocab_only=True: it has no weights to run")
@@ -94,13 +99,13 @@ class Context:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not 1 <= n_seq_max <= MAX_SEQ:
             raise ValueError(f"n_seq_max must be in [1, {MAX_SEQ}], got {n_seq_max}")
-        if type_k not in KV_TYPES or type_v not in KV_TYPES:
-            raise ValueError(f"KV cache types must be one of {sorted(KV_TYPES)}")
         if flash_attn not in (None, "auto", True, False):
             raise ValueError(f"flash_attn must be True, False or None ('auto'), got {flash_attn!r}")
-        # recorded, changes nothing: attention is always built as llama.cpp's graph without
-        # flash attention and the backends fuse it (the CUDA one into one kernel)
-        self.flash_attn: bool | None = None if flash_attn == "auto" else flash_attn
+        # recorded, changes nothing but what a quantised V cache needs: attention is always
+        # built as one chain the backends fuse (the CUDA one into one kernel), llama/kv_attention.py
+        type_k, type_v = kv_type(type_k, "K cache type"), kv_type(type_v, "V cache type")
+        self.flash_attn: bool | None = check_kv_types(hp, type_k, type_v, None if flash_attn == "auto" else flash_attn)
+        self.type_k, self.type_v = type_k, type_v   # llama.cpp's names (KV_TYPES)
         # RoPE base/scale overrides are this context's (llama.cpp's cparams; 0: the model's):
         # its graphs see the model through a view with these hparams, the Model is shared
         rope_hp = hp.with_rope(rope_freq_base, rope_freq_scale)
@@ -429,7 +434,8 @@ class Context:
         built = build_k_shift(self.model, self.kv_layout)
         compiled = self._compile(built)
         self.fallbacks.flush()
-        store = TensorStore(ChainMap(self.memory.k_shift_inputs(), self.memory.bindings(), self._weights))
+        inputs = {**self.memory.k_shift_inputs(), **rotation_inputs(self.kv_layout)}
+        store = TensorStore(ChainMap(inputs, self.memory.bindings(), self._weights))
         compiled.run(store, {})
         self.memory.reset_shift()
 

@@ -18,6 +18,7 @@ from llama.graph_inputs import (
     GraphInput, GraphParams, InpAttnKV, InpEmbd, InpOutIds, InpPos, InpRS, InpTokens,
 )
 from llama.hparams import HParams
+from llama.kv_attention import build_kv_attn
 from llama.lora_scales import InpLoraScale, LoraScales, output_leaf, token_leaf
 from llama.weights import TensorLoadError, WeightRef
 
@@ -70,6 +71,8 @@ class KVLayout:
     type_v: GGMLType = GGMLType.F16
     kv_size_swa: int = 0
     rs_rows: int = 0   # rows of each recurrent state buffer (hybrid models)
+    rot_k: int = 0     # Hadamard rotation of Q and K, V (0: none; llama/kv_types.py)
+    rot_v: int = 0
 
     def separate_swa(self, hp: HParams, il: int) -> bool:
         """Whether layer il lives in the separate sliding-window cache."""
@@ -395,40 +398,14 @@ class LlmGraph:
     def build_attn(self, inp: "AttnInput", wo: WeightRef | None, wo_b: WeightRef | None, q_cur: Tensor,
                    k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int,
                    softcap: float = 0.0, sinks: WeightRef | None = None) -> Tensor:
-        """Store K and V for this ubatch in the cache, attend over the n_kv cells read back;
-        with `sinks` (gpt-oss), one more logit per head joins each softmax. Without `wo` the
-        heads' outputs are returned unprojected [head_v * n_head, n_tokens] (Qwen3.5 gates them first).
+        """Store K and V for this ubatch in the cache, attend over the n_kv cells read back
+        (llama/kv_attention.py, whatever the cache's type); with `sinks` (gpt-oss), one more
+        logit per head joins each softmax. Without `wo` the heads' outputs are returned
+        unprojected [head_v * n_head, n_tokens] (Qwen3.5 gates them first).
 
         q_cur [head_dim, n_head, n_tokens]; k_cur, v_cur [head_dim, n_head_kv, n_tokens].
-        The cached views depend on the set_rows results, so the store always precedes the read.
-        A layer of the separate SWA cache (iSWA) uses that cache's size, indices and n_kv.
         """
-        b, hp, kv = self.b, self.hp, self.kv
-        hk, hv, n_head_kv = hp.n_embd_head_k, hp.n_embd_head_v, hp.n_head_kv[il]
-        swa_cache = kv.separate_swa(hp, il)
-        size = kv.size_of(hp, il)
-        k_idxs, n_kv = (inp.k_idxs_swa, N_KV_SWA) if swa_cache else (inp.k_idxs, N_KV)
-        cache_k = b.cache(f"cache_k_l{il}", kv.type_k, (hp.n_embd_k_gqa(il), size))
-        cache_v = b.cache(f"cache_v_l{il}", kv.type_v, (hp.n_embd_v_gqa(il), size))
-        k_rows = b.reshape(k_cur, hp.n_embd_k_gqa(il), N_TOKENS)
-        v_rows = b.reshape(v_cur, hp.n_embd_v_gqa(il), N_TOKENS)
-        k_all = self.cb(b.set_rows(cache_k, k_rows, k_idxs), "k_stored", il)
-        v_all = self.cb(b.set_rows(cache_v, v_rows, k_idxs), "v_stored", il)
-        esz_k, esz_v = cache_k.nb[0], cache_v.nb[0]
-        k = b.view(k_all, (hk, n_head_kv, n_kv), (esz_k * hk, cache_k.nb[1]))
-        v = b.view(v_all, (hv, n_head_kv, n_kv), (esz_v * hv, cache_v.nb[1]))
-        q = b.permute(q_cur, 0, 2, 1, 3)                           # [hk, n_tokens, n_head]
-        k = b.permute(k, 0, 2, 1, 3)                               # [hk, n_kv, n_head_kv]
-        kq = self.cb(b.mul_mat(k, q), "kq", il)                    # [n_kv, n_tokens, n_head]
-        if softcap:
-            kq = b.scale(b.tanh(b.scale(kq, kq_scale / softcap)), softcap)
-            kq_scale = 1.0
-        mask = inp.mask_swa if (inp.mask_swa is not None and hp.is_swa(il)) else inp.mask
-        kq = self.cb(b.soft_max_ext(kq, mask, kq_scale, 0.0, sinks=self.w(sinks)), "kq_soft_max", il)
-        v = b.permute(v, 1, 2, 0, 3)                               # [n_kv, hv, n_head_kv]
-        kqv = b.mul_mat(v, kq)                                     # [hv, n_tokens, n_head]
-        cur = b.permute(kqv, 0, 2, 1, 3)                           # [hv, n_head, n_tokens]
-        cur = self.cb(b.cont(cur, hv * hp.n_head[il], N_TOKENS), "kqv_out", il)
+        cur = build_kv_attn(self, inp, q_cur, k_cur, v_cur, kq_scale, il, softcap=softcap, sinks=sinks)
         if wo is None:
             return cur
         return self.cb(self.build_lora_mm(wo, cur, wo_b), "attn_out", il)

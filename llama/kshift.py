@@ -4,14 +4,20 @@ are rotated again by each cell's position delta, in place (llama.cpp's build_gra
 The second rotation must use the forward graph's own RoPE: the same per-layer base and
 scale (`hp.rope_args(il)`), attention factor and frequency factors. Anything else leaves
 the shifted keys at angles a fresh decode at the new positions would never have produced.
+
+A quantised K cache is decoded to f32 first and quantised again after (llama.cpp's
+build_rope_shift: ggml_cast, rope, ggml_cpy), with its Hadamard rotation undone before the
+RoPE and redone after it (llama/kv_types.py); the rows then carry a second rounding.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from ggmlpy.ir import GGMLType
+from ggmlpy.ir.types import is_quantized, row_size
 from llama.graph import BuiltGraph, KVLayout, LlmGraph
 from llama.graph_inputs import GraphParams
+from llama.kv_attention import ROT_NAMES, rotate
 from llama.weights import WeightRef
 
 if TYPE_CHECKING:
@@ -41,14 +47,21 @@ def build_k_shift(model: "Model", kv: KVLayout) -> BuiltGraph:
     shift_swa = b.input("inp_k_shift_swa", GGMLType.I32, (kv.kv_size_swa,)) if kv.kv_size_swa else None
     # a weight leaf like the model graphs' (g.w): the context binds it to the loaded tensor
     factors = g.w(rope_factors(model, kv))
+    rot = b.input(ROT_NAMES[0], GGMLType.F32, (kv.rot_k, kv.rot_k)) if kv.rot_k else None
     outs = []
     for il in range(hp.n_layer):
         hk, n_head_kv = hp.n_embd_head_k, hp.n_head_kv[il]
         size = kv.size_of(hp, il)
         cache_k = b.cache(f"cache_k_l{il}", kv.type_k, (hp.n_embd_k_gqa(il), size))
-        k = b.view(cache_k, (hk, n_head_kv, size), (cache_k.nb[0] * hk, cache_k.nb[1]))
+        k = b.view(cache_k, (hk, n_head_kv, size), (row_size(kv.type_k, hk), cache_k.nb[1]))
         delta = shift_swa if kv.separate_swa(hp, il) else shift
-        rotated = b.rope_ext(k, delta, factors, **hp.rope_args(il))
+        # a quantised K: decoded, its Hadamard rotation undone, RoPE, rotated and quantised again
+        cur = b.cont(k) if is_quantized(kv.type_k) else k
+        if rot is not None:
+            cur = rotate(b, cur, rot)
+        rotated = b.rope_ext(cur, delta, factors, **hp.rope_args(il))
+        if rot is not None:
+            rotated = rotate(b, rotated, rot)
         outs.append(b.name(b.cpy(rotated, k), "k_shifted", il))
     graph = b.build(outs)
     return BuiltGraph(graph, outs[-1], [], g.params)

@@ -1,7 +1,9 @@
 """The KV cache: cell bookkeeping (`KVCells`) plus one K and one V buffer per layer.
 
-Buffers are [kv_size, n_embd_{k,v}_gqa] in f16 (numpy order), named `cache_k_l{il}` and
-`cache_v_l{il}` as in llama.cpp; graphs bind them by name and write new rows with set_rows.
+Buffers are [kv_size, n_embd_{k,v}_gqa] in the cache's type (f16 by default; numpy order; a
+quantised type's rows are its blocks' bytes, so the cache takes what the type says per row),
+named `cache_k_l{il}` and `cache_v_l{il}` as in llama.cpp; graphs bind them by name and write
+new rows with set_rows (which quantises them for a quantised cache).
 A cache may hold only some layers (`layers`, llama.cpp's layer filter) and serve a sliding
 window (`swa_type`/`n_swa`): that is how `KVCacheISWA` builds its two halves.
 
@@ -15,15 +17,24 @@ from typing import Iterable
 
 import numpy as np
 
-from ggmlpy.ir.types import GGMLType
+from ggmlpy.ir.types import GGMLType, is_quantized, row_size
 from ggmlpy.sched.store import NUMPY_DTYPES
 from llama.batch import UBatch
 from llama.graph import KVLayout
 from llama.graph_inputs import InputState
 from llama.hparams import HParams
 from llama.kv_cells import KVCells, KVCellsState, KVCellsUndo, SlotInfo, SWAType
+from llama.kv_types import KV_TYPE_NAMES, KV_TYPES, rotation_sizes
 
-KV_TYPES = {"f16": GGMLType.F16, "f32": GGMLType.F32, "bf16": GGMLType.BF16}
+__all__ = ["KV_TYPES", "KV_TYPE_NAMES", "KVCache", "kv_buffer"]
+
+
+def kv_buffer(rows: int, n: int, t: GGMLType) -> np.ndarray:
+    """One layer's cleared K or V buffer: rows x n elements of type t, a quantised type's
+    rows as bytes (row_size: n / block size blocks of the type's size each)."""
+    if is_quantized(t):
+        return _cleared((rows, row_size(t, n)), np.uint8)
+    return _cleared((rows, n), NUMPY_DTYPES[t])
 
 
 def _cleared(shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
@@ -44,13 +55,14 @@ class KVCache:
         self.hp = hp
         self.size = kv_size
         self.type_k, self.type_v = type_k, type_v
+        self.rot_k, self.rot_v = rotation_sizes(hp, type_k, type_v)   # Hadamard sizes (kv_types.py)
         self.layers = list(range(hp.n_layer)) if layers is None else sorted(set(layers))
         if any(not 0 <= il < hp.n_layer for il in self.layers):
             raise ValueError(f"KV cache layers {self.layers} are not all in [0, {hp.n_layer})")
         self.cells = KVCells(kv_size, n_seq_max, n_pad=n_pad, swa_type=swa_type, n_swa=n_swa,
                              seq_block=seq_block)
-        self.k = {il: _cleared((kv_size, hp.n_embd_k_gqa(il)), NUMPY_DTYPES[type_k]) for il in self.layers}
-        self.v = {il: _cleared((kv_size, hp.n_embd_v_gqa(il)), NUMPY_DTYPES[type_v]) for il in self.layers}
+        self.k = {il: kv_buffer(kv_size, hp.n_embd_k_gqa(il), type_k) for il in self.layers}
+        self.v = {il: kv_buffer(kv_size, hp.n_embd_v_gqa(il), type_v) for il in self.layers}
         self._bindings = {f"cache_k_l{il}": k for il, k in self.k.items()}
         self._bindings.update({f"cache_v_l{il}": v for il, v in self.v.items()})
 
@@ -62,7 +74,7 @@ class KVCache:
         return self._bindings
 
     def layout(self) -> KVLayout:
-        return KVLayout(self.size, self.type_k, self.type_v)
+        return KVLayout(self.size, self.type_k, self.type_v, rot_k=self.rot_k, rot_v=self.rot_v)
 
     # decode (llama_kv_cache::prepare / apply, the graph inputs) --------------------------------
     def prepare(self, ubatches: list[UBatch]) -> list[SlotInfo] | None:

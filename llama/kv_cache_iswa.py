@@ -89,7 +89,8 @@ class KVCacheISWA:
         return self._bindings
 
     def layout(self) -> KVLayout:
-        return KVLayout(self.base.size, self.base.type_k, self.base.type_v, kv_size_swa=self.swa.size)
+        return KVLayout(self.base.size, self.base.type_k, self.base.type_v, kv_size_swa=self.swa.size,
+                        rot_k=self.base.rot_k, rot_v=self.base.rot_v)
 
     @property
     def can_shift(self) -> bool:

@@ -59,7 +59,8 @@ class HybridMemory:
         return self._bindings
 
     def layout(self) -> KVLayout:
-        return KVLayout(self.size, self.attn.type_k, self.attn.type_v, rs_rows=self.rs.size)
+        return KVLayout(self.size, self.attn.type_k, self.attn.type_v, rs_rows=self.rs.size,
+                        rot_k=self.attn.rot_k, rot_v=self.attn.rot_v)
 
     # decode -----------------------------------------------------------------------------------
     def prepare(self, ubatches: list[UBatch]) -> list[HybridSlot] | None:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ggmlpy.cli.cache_args import add_cache_args, cache_kwargs
 from ggmlpy.cli.placement_args import add_placement_args, placement_kwargs
 from ggmlpy.cli.run_cmd import add_model_arg
 
@@ -37,6 +38,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("-c", "--n-ctx", type=int, default=4096, help="context size (default 4096)")
     p.add_argument("-t", "--threads", type=int, default=2, help="threads (default 2)")
     p.add_argument("--backend", default=None, help="compute backend by name")
+    add_cache_args(p)
     add_placement_args(p)
     p.set_defaults(func=run)
 
@@ -53,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     where = placement_kwargs(args)
     llm = Llama(args.model, n_ctx=args.n_ctx, n_threads=args.threads, backend=args.backend,
                 chat_format=chat_format, chat_template=template, verbose=False,
-                seed=args.seed, **where)
+                seed=args.seed, **cache_kwargs(args), **where)
     interactive = sys.stdin.isatty()
     history: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     n_system = len(history)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ggmlpy.cli.cache_args import add_cache_args, cache_kwargs
 from ggmlpy.cli.lora_args import add_lora_args
 from ggmlpy.cli.placement_args import add_placement_args, placement_kwargs
 from ggmlpy.hub import DEFAULT_MODEL, KNOWN_MODELS
@@ -83,6 +84,7 @@ def register(subparsers: Any) -> None:
     c.add_argument("-t", "--threads", type=int, default=2, help="threads (default 2)")
     c.add_argument("--backend", default=None,
                    help="compute backend by name (default: the best available)")
+    add_cache_args(p)
     add_placement_args(p)
     p.add_argument("--json", action="store_true",
                    help="print one JSON object at the end instead of streaming text")
@@ -114,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
                            dry_breakers=dry_breakers(args, model),
                            samplers=(args.samplers.split(";") if args.samplers is not None
                                      else args.sampling_seq))
-    ctx = Context(model, n_ctx=args.n_ctx, n_threads=args.threads, backend=args.backend)
+    ctx = Context(model, n_ctx=args.n_ctx, n_threads=args.threads, backend=args.backend, **cache_kwargs(args))
     for path, scale in args.lora:   # llama-cli's: every adapter on the whole generation
         ctx.set_adapter_lora(model.load_lora(path), scale)
     if args.lora:

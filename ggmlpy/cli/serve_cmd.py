@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ggmlpy.cli.cache_args import add_cache_type_args
 from ggmlpy.cli.lora_args import add_lora_args
 from ggmlpy.cli.placement_args import add_placement_args, placement_kwargs
 
@@ -87,8 +88,7 @@ def register(subparsers: Any) -> None:
     a("-cb", "--cont-batching", dest="cont_batching", action="store_true", default=True)
     a("-nocb", "--no-cont-batching", dest="cont_batching", action="store_false")
     a("-fa", "--flash-attn", type=_on_off, default="auto", help="on, off or auto")
-    a("-ctk", "--cache-type-k", default="f16", choices=["f16", "f32", "bf16"])
-    a("-ctv", "--cache-type-v", default="f16", choices=["f16", "f32", "bf16"])
+    add_cache_type_args(p)
     a("-kvu", "--kv-unified", action="store_true",
       help="every slot may fill the whole context, the slots sharing the cache (default: each its share)")
     a("--swa-full", action="store_true", help="full-size cache for sliding-window layers")

@@ -17,8 +17,9 @@ as one step (their interior tensors get no memory):
                       second result is written through the fourth operand
 
 Some nodes are marked rather than fused (MARKS): a product whose right operand is a
-softmax (the attention weights times V) gets the parameter zero_tail, which lets its kernel
-skip the keys whose weights are all 0 (the masked ones; kernels/matmul.py, _float_axpy).
+softmax (the attention weights times V, out_prod's through a transposing view over a
+quantised V cache) gets the parameter zero_tail, which lets its kernel skip the keys whose
+weights are all 0 (the masked ones; kernels/matmul_float.py, float_axpy).
 
 Each fused kernel computes the same f32 operations in the same order as the nodes it
 replaces, so results are bit-identical (tests/ggmlpy/codegen_cpu/test_cpu_fusion.py). The other groups
@@ -151,8 +152,12 @@ def split_groups(graph: Graph, nodes: list[Tensor]) -> tuple[list[Tensor], list[
 
 
 def _weights_times_values(node: Tensor) -> Tensor | None:
-    """mul_mat(v, softmax(...)): marked zero_tail (parameters are part of the kernel key)."""
-    if node.op != "mul_mat" or node.src[1].op != "soft_max":
+    """mul_mat(v, softmax(...)), or out_prod(v, transpose(softmax(...))) over a quantised V
+    cache: marked zero_tail (parameters are part of the kernel key)."""
+    weights = node.src[1] if node.op in ("mul_mat", "out_prod") else None
+    if weights is not None and node.op == "out_prod" and weights.op in ("view", "permute"):
+        weights = weights.src[0]
+    if weights is None or weights.op != "soft_max":
         return None
     return dataclasses.replace(node, params={**node.params, "zero_tail": True})
 

@@ -10,15 +10,15 @@ The layout keeps the bits of the format (a group is as many bytes as its 16 rows
 GGUF file), so decode stays a stream of the same bytes. A *step* is two 32-blocks (64
 values) of the group's 16 rows, 64-byte aligned:
 
-    qs   Q4_0/Q4_1/Q5_0/Q5_1/MXFP4: 8 vectors; vector 4h + c, lane r: bytes 4c..4c+3 of row r's
-         block h (low nibbles: values 4c..4c+3; high nibbles: values 16+4c..16+4c+3; MXFP4's
-         nibbles are its codes, as stored).
+    qs   Q4_0/Q4_1/Q5_0/Q5_1/MXFP4/IQ4_NL: 8 vectors; vector 4h + c, lane r: bytes 4c..4c+3 of
+         row r's block h (low nibbles: values 4c..4c+3; high nibbles: values 16+4c..16+4c+3;
+         MXFP4's and IQ4_NL's nibbles are their codes, as stored).
          Q8_0: 16 vectors; vector 8h + c, lane r: values 4c..4c+3 of row r's block h, + 128.
     qh   Q5_0/Q5_1 only: 2 vectors; vector h, lane r: byte i holds bit 4 of value 4c+i in its bit
          c and of value 16+4c+i in its bit 4+c (c = 0..3), so one shift and mask fetch them.
     d    one vector: the scales of block h of row r as f16 at half-word 16h + r; MXFP4: its
          E8M0 exponent bytes e instead (no f16 holds 2^-128..2^127), at byte 16h + r, the
-         vector's last 32 bytes zero (the kernels build the f32 scale: kernels/qfp4.py).
+         vector's last 32 bytes zero (the kernels build the f32 scale: kernels/qcodes.py).
     m    Q4_1/Q5_1 only: the minimums, laid out as d.
 
 Which of these a 32-block type has follows from its GGUF block's fields (`high_bits`,
@@ -26,7 +26,7 @@ Which of these a 32-block type has follows from its GGUF block's fields (`high_b
 block layout (ggmlpy/quants/layouts.py) plus its STEP_BYTES entry.
 
 Rows of K not a multiple of 64 get a last step whose second block is zero bytes (scale
-zero; MXFP4: code 0, whose value is zero).
+zero; MXFP4: code 0, whose value is zero; IQ4_NL: code 0, met by the zero scale).
 Weights are repacked once per model (`WeightLayouts`), from the memory map; the map's pages
 of a repacked tensor are then released, so the weights are resident once. The numpy code
 here defines the layout; for the 32-block types its byte moves run natively
@@ -65,6 +65,7 @@ STEP_BYTES = {  # bytes per step of a group (16 rows x 64 values; K-quants: 256 
     GGMLType.Q5_1: 8 * 64 + 2 * 64 + 2 * 64,
     GGMLType.Q8_0: 16 * 64 + 64,
     GGMLType.MXFP4: 8 * 64 + 64,
+    GGMLType.IQ4_NL: 8 * 64 + 64,
     GGMLType.Q2_K: 16 * 64 + 4 * 64 + 64,
     GGMLType.Q3_K: 24 * 64 + 4 * 64 + 64,
     GGMLType.Q4_K: 32 * 64 + 4 * 64 + 64,

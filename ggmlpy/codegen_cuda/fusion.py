@@ -97,13 +97,18 @@ def _stored(sr: Tensor) -> tuple[Tensor, list[Tensor]]:
 
 def _attention(group: ResolvedGroup, opts: LowerOptions) -> Step:
     sm = _one(group, "soft_max")
-    kqv = next(t for t in _of(group, "mul_mat") if t.src[1] is sm)
-    perm, cont, add = _one(group, "permute"), _one(group, "cont"), _one(group, "add")
+    # the V product reads the weights, or (out_prod, a quantised V cache) their transpose
+    kqv = next(t for t in _of(group, "mul_mat") + _of(group, "out_prod")
+               if t.src[1] is sm or (t.op == "out_prod" and t.src[1].src and t.src[1].src[0] is sm))
+    perm = next((t for t in _of(group, "permute") if t.src[0] is kqv), None)
+    cont, add = _one(group, "cont"), _one(group, "add")
     oproj = None
     if add is not None:
         mm = next(t for t in _of(group, "mul_mat") if t.src[1] is cont)
         oproj = OutProjection(mm, add)
-    return AttentionStep(sm.src[0], sm, kqv, perm, cont, oproj=oproj, few_blocks_threads=opts.attn_threads)
+    weights = kqv.src[1] if kqv.src[1] is not sm else None
+    return AttentionStep(sm.src[0], sm, kqv, perm, cont, oproj=oproj, few_blocks_threads=opts.attn_threads,
+                         weights_view=weights)
 
 
 def _product(group: ResolvedGroup, opts: LowerOptions) -> Step:

@@ -49,14 +49,14 @@ from typing import Iterator, Literal
 from ggmlpy.codegen_cuda.lower_attention import MAX_DPL
 from ggmlpy.codegen_cuda.lower_elementwise import MAP_OPS
 from ggmlpy.codegen_cuda.lower_matmul import a_rows_contiguous, matvec_ok
-from ggmlpy.codegen_cuda.steps import DQ8_TYPES, same_shape, static_int
+from ggmlpy.codegen_cuda.steps import DQ8_TYPES, KV_QUANT_TYPES, same_shape, static_int
 from ggmlpy.ir.ops.common import can_repeat
 from ggmlpy.ir.symbolic import SymExpr
 from ggmlpy.ir.tensor import Tensor
-from ggmlpy.ir.types import GGMLType
+from ggmlpy.ir.types import GGMLType, type_size
 from ggmlpy.passes.fusion import Candidate, MatchContext, Rule
 from ggmlpy.passes.patterns import (
-    ATTENTION, FUSED_KINDS, GLU_PRODUCT, MAP_CHAIN, NORM_MUL, NORMS, RESIDUAL_PRODUCT,
+    ATTENTION, ATTENTION_QV, FUSED_KINDS, GLU_PRODUCT, MAP_CHAIN, NORM_MUL, NORMS, RESIDUAL_PRODUCT,
 )
 from ggmlpy.passes.rewrite import Bindings, match, matches
 
@@ -99,12 +99,13 @@ def vector_only(mm: Tensor, ctx: MatchContext, opts: CudaFusionOptions) -> bool:
 # attention ------------------------------------------------------------------------------------
 def match_attention(kqv: Tensor, ctx: MatchContext) -> list[Tensor] | None:
     """[kq, sm, kqv] (+ [perm, cont]) when `kqv` ends an attention chain (the ATTENTION
-    pattern) the kernel handles (attention_supported)."""
-    b = match(ATTENTION.roots[0], kqv)
+    pattern) the kernel handles (attention_supported); over a quantised V cache (ATTENTION_QV)
+    [kq, sm, transposed sm, kqv = out_prod] (+ ...)."""
+    b = match((ATTENTION if kqv.op == "mul_mat" else ATTENTION_QV).roots[0], kqv)
     if b is None or not attention_supported(b, ctx):
         return None
     kq, sm = b["kq"], b["sm"]
-    out = [kq, sm, kqv]
+    out = [kq, sm, *([b["smt"]] if "smt" in b else []), kqv]
     perm = ctx.only_consumer(kqv)
     if perm is not None and perm.op == "permute":
         cont = ctx.only_consumer(perm)
@@ -117,20 +118,37 @@ def attention_supported(b: Bindings, ctx: MatchContext) -> bool:
     """lower_attention.py's conditions: the softmax and the scores read only by the next
     step, f16/f32 K and V views, heads sharing K/V heads, head sizes."""
     kq, sm, kqv, k, q, v = (b[n] for n in ("kq", "sm", "kqv", "k", "q", "v"))
-    if ctx.only_consumer(sm) is not kqv or ctx.only_consumer(kq) is not sm:
+    weights = b.get("smt", sm)   # what the V product reads: sm, or its transpose (out_prod)
+    if ctx.only_consumer(kq) is not sm or ctx.only_consumer(weights) is not kqv:
+        return False
+    if weights is not sm and (ctx.only_consumer(sm) is not weights or not _transposed(weights, sm)):
         return False
     float_kv = (GGMLType.F32, GGMLType.F16)
-    if k.type not in float_kv or v.type not in float_kv or q.type != GGMLType.F32:
+    if not (k.type in float_kv or _quant_rows(k)) or q.type != GGMLType.F32:
+        return False
+    if not (v.type in float_kv or (weights is not sm and _quant_rows(v))):
         return False
     if any(t.ne[3] != 1 for t in (k, q, v, kq)):
         return False
-    hk, hv = static_int(q.ne[0]), static_int(v.ne[1])
+    hk, hv = static_int(q.ne[0]), static_int(v.ne[1] if weights is sm else v.ne[0])
     n_head, k_heads, v_heads = static_int(q.ne[2]), static_int(k.ne[2]), static_int(v.ne[2])
     if hk is None or hv is None or n_head is None or k_heads is None or v_heads is None:
         return False
     if hv > 32 * MAX_DPL or hk > 1024 or n_head % k_heads or n_head % v_heads or sm.ne[2] != q.ne[2]:
         return False
     return not (len(sm.src) > 1 and (sm.src[1].type not in float_kv or sm.src[1].ne[3] != 1))
+
+
+def _quant_rows(t: Tensor) -> bool:
+    """A quantised KV cache view read along its rows' blocks (the kernel decodes them)."""
+    return t.type in KV_QUANT_TYPES and t.nb[0] == type_size(t.type) and static_int(t.ne[0]) is not None \
+        and t.ne[0] % 32 == 0
+
+
+def _transposed(t: Tensor, of: Tensor) -> bool:
+    """t is `of` with dims 0 and 1 swapped, over the same memory."""
+    return (tuple(t.ne) == (of.ne[1], of.ne[0], *of.ne[2:]) and tuple(t.nb) == (of.nb[1], of.nb[0], *of.nb[2:])
+            and t.view_offs == of.view_offs)
 
 
 def residual_of(add: Tensor, ctx: MatchContext) -> tuple[Tensor, Tensor] | None:
@@ -154,9 +172,10 @@ def out_projection(attention: list[Tensor], ctx: MatchContext) -> list[Tensor] |
     output `out` (the cont of its heads), when the attention kernel can compute it
     (attention.cu.j2, `oproj`): wo a plain matrix of a dq8 type with a row per output,
     heads of a multiple of 8 dims that divides 256."""
-    if len(attention) != 5:
+    kq, cont = attention[0], attention[-1]
+    if cont.op != "cont":
         return None
-    kq, _, kqv, _, cont = attention
+    kqv = attention[-3]
     if cols_bound(cont, ctx) != 1:
         return None
     hv, n_head = kqv.ne[0], kq.src[1].ne[2]
@@ -189,7 +208,7 @@ class AttentionRule:
 
     def candidates(self, ctx: MatchContext) -> Iterator[Candidate]:
         for node in ctx.tensors:
-            if node.op != "mul_mat" or not ctx.free(node):
+            if node.op not in ("mul_mat", "out_prod") or not ctx.free(node):
                 continue
             members = match_attention(node, ctx)
             if members is None:
@@ -200,9 +219,10 @@ class AttentionRule:
             if not ctx.free(node):
                 continue
             yield members, [members[-1]]
-            if not ctx.free(node) or len(members) == 3:
+            core = members.index(node) + 1
+            if not ctx.free(node) or len(members) == core:
                 continue
-            yield members[:3], [members[2]]  # without the permute and cont
+            yield members[:core], [node]  # without the permute and cont
 
 
 # products -------------------------------------------------------------------------------------
@@ -234,7 +254,8 @@ def prenorm(mats: list[Tensor], ctx: MatchContext) -> list[Tensor]:
 
 def store_target(base: Tensor, ctx: MatchContext) -> list[Tensor] | None:
     """[reshapes..., set_rows] when `base` is only ever stored as cache rows through reshapes:
-    set_rows(cache, reshape(...(base)), idx) with base's element order = the rows'."""
+    set_rows(cache, reshape(...(base)), idx) with base's element order = the rows', into a
+    float cache (a quantised one's rows are quantised a block at a time by set_rows itself)."""
     chain, t = [], base
     while True:
         user = ctx.only_consumer(t)
@@ -248,6 +269,8 @@ def store_target(base: Tensor, ctx: MatchContext) -> list[Tensor] | None:
     if sr.op != "set_rows" or sr.src[1] is not t:
         return None
     cache, src, idx = sr.src
+    if cache.type in KV_QUANT_TYPES:
+        return None
     if not base.is_contiguous or any(d != 1 for d in (idx.ne[1], idx.ne[2], idx.ne[3])):
         return None
     if cache.ne[2] != 1 or cache.ne[3] != 1 or src.ne[2] != 1 or src.ne[3] != 1:
@@ -296,6 +319,10 @@ def rope_epilogues(mats: list[Tensor], skip: int, ctx: MatchContext) -> list[lis
         if rope.params["mode"] != 0 or not isinstance(hd, int) or hd % 2 or n_dims % 2 or n_dims > hd:
             continue
         if view.ne[3] != 1 or rope.src[1].type != GGMLType.I32 or not rope.is_contiguous:
+            continue
+        # the kernel takes a position per column of a 2-D product (a token's heads in its rows);
+        # a K-shift's Hadamard product [n, rows, heads, cells] has its positions elsewhere
+        if mm.ne[2] != 1 or mm.ne[3] != 1 or view.ne[2] != mm.ne[1]:
             continue
         ff = rope.src[2] if len(rope.src) > 2 else None
         rkey = (rope.src[1].id, ff.id if ff is not None else None, tuple(sorted(rope.params.items())))

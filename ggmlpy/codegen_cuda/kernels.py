@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from ggmlpy.codegen_cuda.render import render
+from ggmlpy.quants import iq_grids
 
 FIELD_CODES = {"ptr": "Q", "i64": "q", "f64": "d"}
 MAX_PARAM_BYTES = 4096  # CUDA's limit for kernel parameters
@@ -67,10 +68,33 @@ class KernelSpec:
         return self._packer.pack(*vals)
 
 
+@functools.lru_cache(maxsize=1)
+def common_tables() -> dict[str, tuple[str, ...]]:
+    """The lookup tables common.cu.j2 renders into C initialisers, from ggml's tables in
+    ggmlpy/quants/iq_grids.py (the one copy of them): name -> the entries as C literals."""
+    def ints(a) -> tuple[str, ...]:
+        return tuple(str(int(v)) for v in a)
+
+    def hexes(a, digits: int, suffix: str) -> tuple[str, ...]:
+        return tuple(f"0x{int(v):0{digits}x}{suffix}" for v in a)
+
+    g = iq_grids
+    return {
+        "kvalues_iq4nl": ints(g.KVALUES_IQ4NL),
+        "ksigns_iq2xs": ints(g.KSIGNS_IQ2XS),
+        "iq2xxs_grid": hexes(g.IQ2XXS_GRID, 16, "ull"),
+        "iq2xs_grid": hexes(g.IQ2XS_GRID, 16, "ull"),
+        "iq2s_grid": hexes(g.IQ2S_GRID, 16, "ull"),
+        "iq1s_grid": hexes(g.IQ1S_GRID, 16, "ull"),
+        "iq3xxs_grid": hexes(g.IQ3XXS_GRID, 8, "u"),
+        "iq3s_grid": hexes(g.IQ3S_GRID, 8, "u"),
+    }
+
+
 def module_source(specs: Iterable[KernelSpec]) -> str:
     """One translation unit: the shared helpers, then each distinct kernel once."""
     unique = {s.name: s for s in specs}
-    parts = [render("common.cu.j2")]
+    parts = [render("common.cu.j2", **common_tables())]
     parts += [unique[name].source() for name in sorted(unique)]
     return "\n".join(parts)
 

@@ -4,7 +4,11 @@
 
 computed per (query token, head) with the scores in shared memory and written directly in
 the layout of the final `cont`. K and V are any f16/f32 views (the KV cache read through
-strided, permuted views); heads share K/V heads by ggml's broadcast rule (h / ratio).
+strided, permuted views); heads share K/V heads by ggml's broadcast rule (h / ratio). A
+quantised KV cache (llama/kv_attention.py) gives quantised K rows, and for a quantised V
+kqv = out_prod(V, transpose(...)) over V's rows; the kernel decodes both an element at a time
+(_kv_quant.cu.j2) and, against a quantised K, rounds q to 8-bit blocks first, as ggml's flash
+attention converts Q to K's vec_dot_type.
 """
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from dataclasses import dataclass
 from ggmlpy.codegen_cuda.kernels import KernelSpec
 from ggmlpy.codegen_cuda.lower_simple import alibi_params
 from ggmlpy.codegen_cuda.steps import (
-    Addr, Env, Launch, LoweringError, Step, check_grid, ev, nb_of, ne_of, sfx, static_int,
+    KV_QUANT_TYPES, Addr, Env, Launch, LoweringError, Step, check_grid, ev, nb_of, ne_of, sfx, static_int,
 )
 from ggmlpy.ir.symbolic import SymExpr
 from ggmlpy.ir.tensor import Tensor
@@ -46,15 +50,18 @@ class OutProjection:
 class AttentionStep(Step):
     def __init__(self, kq: Tensor, sm: Tensor, kqv: Tensor, perm: Tensor | None = None,
                  cont: Tensor | None = None, oproj: OutProjection | None = None,
-                 few_blocks_threads: int = FEW_BLOCKS_THREADS):
+                 few_blocks_threads: int = FEW_BLOCKS_THREADS, weights_view: Tensor | None = None):
         """few_blocks_threads: threads per block when the grid is small (decode), the
-        backend's Options.cuda_attn_threads (a knob for comparisons)."""
+        backend's Options.cuda_attn_threads (a knob for comparisons). weights_view: the
+        transposed weights an out_prod kqv reads (a quantised V cache, V read by rows)."""
         k, q = kq.src
         v = kqv.src[0]
+        self.v_rows = kqv.op == "out_prod"   # V [hv, n_kv, heads]: each key's values along dim 0
         mask = sm.src[1] if len(sm.src) > 1 else None
         self.sinks = sm.src[2] if len(sm.src) > 2 else None
         out = cont if cont is not None else kqv
-        nodes = [kq, sm, kqv] + ([perm, cont] if cont is not None else [])
+        nodes = [kq, sm, *([weights_view] if weights_view is not None else []), kqv]
+        nodes += [perm, cont] if cont is not None else []
         reads = [q, k, v] + ([mask] if mask is not None else []) + ([self.sinks] if self.sinks is not None else [])
         if oproj is not None:
             nodes += [oproj.mm, oproj.add]
@@ -65,7 +72,7 @@ class AttentionStep(Step):
         self.few_blocks_threads = few_blocks_threads
         self.max_threads = max(THREADS, few_blocks_threads)  # the most threads a launch may have
         self.q, self.k, self.v, self.mask, self.sm, self.kqv, self.perm, self.out = q, k, v, mask, sm, kqv, perm, out
-        hk, hv = static_int(q.ne[0]), static_int(v.ne[1])
+        hk, hv = static_int(q.ne[0]), static_int(v.ne[0] if self.v_rows else v.ne[1])
         assert hk is not None and hv is not None
         self.hk, self.hv = hk, hv
         # the cache length's symbol (n_kv or n_kv_swa); with `count_at` holding a device
@@ -85,6 +92,7 @@ class AttentionStep(Step):
             self.scratch_bytes = 4 * static_int(q.ne[2]) * static_int(oproj.wo.ne[1]) + 256
         self.spec = KernelSpec.make(
             "attention", fields, hk=hk, dpl=-(-hv // 32), ktype=sfx(k.type), vtype=sfx(v.type),
+            kquant=k.type in KV_QUANT_TYPES, vquant=v.type in KV_QUANT_TYPES,
             mask=sfx(mask.type) if mask is not None else "none",
             alibi=sm.params.get("max_bias", 0.0) > 0.0, kvec=_k_vectorisable(k, hk), sinks=self.sinks is not None,
             **_oproj_variant(oproj, hv))
@@ -118,6 +126,8 @@ class AttentionStep(Step):
                 "sk": addr(self.sinks) if self.sinks is not None else 0}
         for prefix, t in (("q", q), ("k", k), ("v", v)):
             vals.update({f"{prefix}nb{i}": x for i, x in enumerate(nb_of(t, env)[:3])})
+        if self.v_rows:   # the template's V element (j, d) at j * vnb0 + d * vnb1 (d: blocks when quantised)
+            vals["vnb0"], vals["vnb1"] = vals["vnb1"], vals["vnb0"]
         vals.update({f"mnb{i}": 0 for i in range(3)})
         if mask is not None:
             vals["m"] = addr(mask)

@@ -129,6 +129,17 @@ def _float_data(node: Tensor) -> bool:
     return all(s.type in FLOAT_TYPES for s in data) and node.type in FLOAT_TYPES
 
 
-@lowering(*ELEMENTWISE_OPS, supports=_float_data)
+def _supported(node: Tensor) -> bool:
+    """Float data, or a quantised KV cache's rows copied for its K-shift (lower_out_prod.py)."""
+    from ggmlpy.codegen_cuda.lower_out_prod import kv_rows_ok
+
+    return _float_data(node) or kv_rows_ok(node)
+
+
+@lowering(*ELEMENTWISE_OPS, supports=_supported)
 def _elementwise(node: Tensor, opts) -> Step:
+    if not _float_data(node):
+        from ggmlpy.codegen_cuda.lower_out_prod import KvRowsStep
+
+        return KvRowsStep(node)
     return ElementwiseStep([node])

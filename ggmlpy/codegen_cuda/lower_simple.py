@@ -7,15 +7,16 @@ import math
 from ggmlpy.codegen_cuda.kernels import KernelSpec, tensor_fields
 from ggmlpy.codegen_cuda import lower_elementwise as _elementwise  # noqa: F401  (registers its ops)
 from ggmlpy.codegen_cuda import lower_experts as _experts  # noqa: F401  (registers its ops)
+from ggmlpy.codegen_cuda import lower_out_prod as _out_prod  # noqa: F401  (registers its ops)
 from ggmlpy.codegen_cuda import lower_recurrent as _recurrent  # noqa: F401  (registers its ops)
 from ggmlpy.codegen_cuda.lowering import lowering, supports
 from ggmlpy.codegen_cuda.steps import (
-    DQ8_TYPES, FLOAT_TYPES, INDEX_TYPES, Addr, Env, Launch, Step, check_grid, ev,
+    DQ8_TYPES, FLOAT_TYPES, INDEX_TYPES, KV_QUANT_TYPES, Addr, Env, Launch, Step, check_grid, ev,
     grid_stride_blocks, nb_of, ne_of, row_threads, sfx, tensor_values,
 )
 from ggmlpy.ir.ops.rope import ROPE_MULTI_MODES, ROPE_TYPE_NEOX, ROPE_TYPE_NORM, is_multi, yarn_corr_dims
 from ggmlpy.ir.tensor import Tensor
-from ggmlpy.ir.types import GGMLType, is_quantized
+from ggmlpy.ir.types import GGMLType, is_quantized, type_size
 
 # norms ------------------------------------------------------------------------------------------
 class NormStep(Step):
@@ -216,8 +217,9 @@ class SetRowsStep(Step):
         fields += [(f"snb{i}", "i64") for i in range(4)] + [("ine1", "i64"), ("ine2", "i64")]
         fields += [(f"inb{i}", "i64") for i in range(3)] + [("dne2", "i64"), ("dne3", "i64")]
         fields += [(f"dnb{i}", "i64") for i in range(4)]
+        self.quant = dst.type in KV_QUANT_TYPES   # one thread per block, quantising it
         self.spec = KernelSpec.make("set_rows", fields, cooperative=False, stype=sfx(src.type),
-                                    itype=sfx(idx.type), dtype=sfx(dst.type))
+                                    itype=sfx(idx.type), dtype=sfx(dst.type), quant=self.quant)
 
     def specs(self) -> list[KernelSpec]:
         return [self.spec]
@@ -233,7 +235,7 @@ class SetRowsStep(Step):
         vals.update({f"snb{i}": v for i, v in enumerate(nb_of(src, env))})
         vals.update({f"inb{i}": v for i, v in enumerate(nb_of(idx, env)[:3])})
         vals.update({f"dnb{i}": v for i, v in enumerate(nb_of(node, env))})
-        n = ne[0] * ne[1] * ne[2] * ne[3]
+        n = (ne[0] // 32 if self.quant else ne[0]) * ne[1] * ne[2] * ne[3]
         return [Launch(self.spec, (grid_stride_blocks(n), 1, 1), (256, 1, 1), 0, self.spec.pack(vals))]
 
 
@@ -280,7 +282,11 @@ def _get_rows(node: Tensor, opts) -> Step:
 
 
 def _set_rows_ok(node: Tensor) -> bool:
+    """Float destinations, and the quantised KV cache types with rows of whole blocks."""
     dst, src, idx = node.src
+    if dst.type in KV_QUANT_TYPES:
+        return (src.type in FLOAT_TYPES and idx.type in INDEX_TYPES and node.nb[0] == type_size(dst.type)
+                and isinstance(src.ne[0], int) and src.ne[0] % 32 == 0)
     return dst.type in FLOAT_TYPES and src.type in FLOAT_TYPES and idx.type in INDEX_TYPES
 
 

@@ -24,14 +24,24 @@ MAX_GRID_YZ = 65535
 TYPE_SUFFIX = {
     GGMLType.F32: "f32", GGMLType.F16: "f16", GGMLType.BF16: "bf16", GGMLType.I32: "i32",
     GGMLType.I64: "i64", GGMLType.Q4_0: "q4_0", GGMLType.Q4_1: "q4_1", GGMLType.Q5_0: "q5_0",
-    GGMLType.Q5_1: "q5_1", GGMLType.Q8_0: "q8_0", GGMLType.Q4_K: "q4_k", GGMLType.Q6_K: "q6_k",
-    GGMLType.MXFP4: "mxfp4",
+    GGMLType.Q5_1: "q5_1", GGMLType.Q8_0: "q8_0", GGMLType.Q1_0: "q1_0", GGMLType.Q2_0: "q2_0",
+    GGMLType.Q2_K: "q2_k", GGMLType.Q3_K: "q3_k", GGMLType.Q4_K: "q4_k", GGMLType.Q5_K: "q5_k",
+    GGMLType.Q6_K: "q6_k", GGMLType.TQ1_0: "tq1_0", GGMLType.TQ2_0: "tq2_0", GGMLType.MXFP4: "mxfp4",
+    GGMLType.NVFP4: "nvfp4", GGMLType.IQ4_NL: "iq4_nl", GGMLType.IQ4_XS: "iq4_xs",
+    GGMLType.IQ2_XXS: "iq2_xxs", GGMLType.IQ2_XS: "iq2_xs", GGMLType.IQ2_S: "iq2_s",
+    GGMLType.IQ3_XXS: "iq3_xxs", GGMLType.IQ3_S: "iq3_s", GGMLType.IQ1_S: "iq1_s", GGMLType.IQ1_M: "iq1_m",
 }
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 INDEX_TYPES = (GGMLType.I32, GGMLType.I64)
+# the quantised KV cache types: set_rows writes them, the attention reads them (_kv_quant.cu.j2)
+KV_QUANT_TYPES = (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.IQ4_NL, GGMLType.Q5_0, GGMLType.Q5_1)
 # types with a dq8_<type> decoder (8 values at a time): weights of mul_mat and get_rows
-DQ8_TYPES = FLOAT_TYPES + (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
-                           GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.MXFP4)
+DQ8_TYPES = FLOAT_TYPES + (
+    GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q1_0, GGMLType.Q2_0,
+    GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.TQ1_0, GGMLType.TQ2_0,
+    GGMLType.MXFP4, GGMLType.NVFP4, GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.IQ2_XXS, GGMLType.IQ2_XS,
+    GGMLType.IQ2_S, GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ1_S, GGMLType.IQ1_M,
+)
 
 
 class LoweringError(ValueError):

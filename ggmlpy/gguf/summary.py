@@ -30,7 +30,7 @@ FILE_TYPE_NAMES: dict[int, str] = {
     25: "IQ4_NL - 4.5 bpw", 26: "IQ3_S - 3.4375 bpw", 27: "IQ3_S mix - 3.66 bpw",
     28: "IQ2_S - 2.5 bpw", 29: "IQ2_M - 2.7 bpw", 30: "IQ4_XS - 4.25 bpw", 31: "IQ1_M - 1.75 bpw",
     32: "BF16", 36: "TQ1_0 - 1.69 bpw ternary", 37: "TQ2_0 - 2.06 bpw ternary", 38: "MXFP4 MoE",
-    39: "NVFP4", 40: "Q1_0",
+    39: "NVFP4", 40: "Q1_0", 41: "Q2_0",
 }
 
 # the file type llama.cpp's loader guesses from the most common tensor type
@@ -40,7 +40,8 @@ _GUESS: dict[GGMLType, int] = {
     GGMLType.Q4_K: 15, GGMLType.Q5_K: 17, GGMLType.Q6_K: 18, GGMLType.TQ1_0: 36,
     GGMLType.TQ2_0: 37, GGMLType.IQ2_XXS: 19, GGMLType.IQ2_XS: 20, GGMLType.IQ2_S: 28,
     GGMLType.IQ3_XXS: 23, GGMLType.IQ1_S: 24, GGMLType.IQ1_M: 31, GGMLType.IQ4_NL: 25,
-    GGMLType.IQ4_XS: 30, GGMLType.IQ3_S: 26,
+    GGMLType.IQ4_XS: 30, GGMLType.IQ3_S: 26, GGMLType.NVFP4: 39, GGMLType.Q1_0: 40,
+    GGMLType.Q2_0: 41,
 }
 
 _INTEGER_TYPES = {GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,

@@ -45,6 +45,9 @@ class GGMLType(enum.IntEnum):
     TQ1_0 = 34
     TQ2_0 = 35
     MXFP4 = 39
+    NVFP4 = 40
+    Q1_0 = 41
+    Q2_0 = 42
 
 
 # Ids ggml once used and removed; files that still carry them cannot be read correctly.
@@ -102,6 +105,9 @@ _TRAITS: dict[GGMLType, tuple[int, int]] = {
     GGMLType.TQ1_0: (256, 54),
     GGMLType.TQ2_0: (256, 66),
     GGMLType.MXFP4: (32, 17),
+    GGMLType.NVFP4: (64, 36),
+    GGMLType.Q1_0: (128, 18),
+    GGMLType.Q2_0: (64, 18),
 }
 
 _PLAIN = {GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.F64,

@@ -41,7 +41,8 @@ FUSED_KINDS: dict[str, FusedKind] = {
     "attention": FusedKind(
         "softmax(K.Q) V per (token, head), written in the final cont's layout; with the output "
         "projection, W_o . out + residual for one token",
-        "mul_mat(K, Q), soft_max, mul_mat(V, .) [, permute, cont] [, mul_mat(W_o, .), add]"),
+        "mul_mat(K, Q), soft_max, mul_mat(V, .) (over a quantised V cache: transpose, out_prod(V, .)) "
+        "[, permute, cont] [, mul_mat(W_o, .), add]"),
     "glu_product": FusedKind(
         "act(x @ W_gate) * (x @ W_up): both products read x once",
         "mul_mat(W_gate, x), mul_mat(W_up, x), swiglu/geglu [+ product extensions]",
@@ -147,5 +148,10 @@ RESIDUAL_PRODUCT = _pattern("residual_product", (Pat("add", name="add", commutat
 ATTENTION = _pattern("attention", (Pat("mul_mat", name="kqv", src=(
     Pat(name="v"), Pat("soft_max", name="sm", extra_src=True, src=(
         Pat("mul_mat", name="kq", src=(Pat(name="k"), Pat(name="q"))),)))),), ("kq", "sm", "kqv"),
+    views_and_writes=True)
+# the same over a quantised V cache (llama/kv_attention.py): V read by rows, out_prod(V, weights^T)
+ATTENTION_QV = _pattern("attention", (Pat("out_prod", name="kqv", src=(
+    Pat(name="v"), Pat(kind=Kind.VIEW, name="smt", src=(Pat("soft_max", name="sm", extra_src=True, src=(
+        Pat("mul_mat", name="kq", src=(Pat(name="k"), Pat(name="q"))),)),)))),), ("kq", "sm", "smt", "kqv"),
     views_and_writes=True)
 MAP_CHAIN = ChainRule("map_chain", doc=FUSED_KINDS["map_chain"].computes)

@@ -12,7 +12,7 @@ import numpy as np
 
 from ggmlpy.ir.types import GGMLType, block_size
 from ggmlpy.quants.checks import as_bytes, as_ne, as_type, check_length
-from ggmlpy.quants.dequant_blocks import DECODERS
+from ggmlpy.quants import dequant_blocks, dequant_iq
 from ggmlpy.quants.layouts import block_dtype
 
 # float32 outputs per chunk: 1 MiB of output plus its small-integer temporaries stays in L2
@@ -28,6 +28,9 @@ _PLAIN = {
     GGMLType.I64: np.dtype("<i8"),
 }
 
+
+# block decoders of every quantised type, the I-quants' kept in their own module
+DECODERS: dict[GGMLType, dequant_blocks.Decoder] = {**dequant_blocks.DECODERS, **dequant_iq.DECODERS}
 
 # every type `dequantize` decodes: the types a model's weights may have, since whatever no
 # compiled backend runs the reference backend computes from these float32 values

@@ -247,6 +247,69 @@ def mxfp4(blk: np.ndarray, out: np.ndarray) -> None:
         _fill(out, np.take(KVALUES_MXFP4, _nibble_planes(blk)), e8m0_half(blk["e"]), 1)
 
 
+# ggml_ue4m3_to_fp32 for every byte: NVFP4's unsigned E4M3 scales (bias 7, subnormals
+# man * 2^-9), halved for the doubled E2M1 codes. Bit 7 is ignored and 0x7F (E4M3's NaN) reads
+# as 0, as in ggml; every value is exact in float64 and float32 alike.
+_UE4M3 = np.arange(256)
+_UE4M3_EXP, _UE4M3_MAN = (_UE4M3 >> 3) & 0xF, _UE4M3 & 7
+UE4M3_HALF = (np.where(_UE4M3_EXP == 0, np.ldexp(_UE4M3_MAN, -9),
+                       np.ldexp(1 + _UE4M3_MAN / 8, _UE4M3_EXP - 7)) * 0.5).astype(F32)
+UE4M3_HALF[[0, 0x7F]] = 0.0
+
+
+def nvfp4(blk: np.ndarray, out: np.ndarray) -> None:
+    # four 16-element sub-blocks, each MXFP4's nibble layout over its 8 bytes, each with its
+    # own E4M3 scale
+    q = np.take(KVALUES_MXFP4, _nibbles(_plane_major(blk["qs"], 4)))
+    _fill(out, q, UE4M3_HALF[blk["d"]], 4)
+
+
+def q1_0(blk: np.ndarray, out: np.ndarray) -> None:
+    # element j is bit j % 8 of byte j // 8: set means +d, clear -d (so a zero d gives -0.0)
+    d = _f32(blk["d"])[:, None]
+    bit = np.unpackbits(blk["qs"], axis=1, bitorder="little").astype(bool)
+    np.copyto(out, np.where(bit, d, -d))
+
+
+def q2_0(blk: np.ndarray, out: np.ndarray) -> None:
+    # element j is bits 2*(j % 4) of byte j // 4, a code 0-3 standing for -1, 0, 1, 2
+    n = len(blk)
+    q = np.right_shift(blk["qs"][:, :, None], _SHIFT_2BIT.reshape(4)).view(np.int8)
+    q &= 3
+    q -= 1
+    _fill(out, q.reshape(1, n, 64), _f32(blk["d"]), 1)
+
+
+def tq2_0(blk: np.ndarray, out: np.ndarray) -> None:
+    # Q2_K's crumb order (element 128*h + 32*l + m is bits 2l of byte 32h + m), codes - 1
+    q = _crumbs(_plane_major(blk["qs"], 2)).view(np.int8)
+    q -= 1
+    _fill(out, q, _f32(blk["d"]), 1)
+
+
+_POW3 = np.array([1, 3, 9, 27, 81], dtype=np.uint8)
+
+
+def _trits(packed: np.ndarray, count: int) -> np.ndarray:
+    """(n, k) bytes -> (count, n, k) trits - 1: byte b holds the fixed-point fraction
+    b / 256 of 3^5 (or 3^4); trit i is the integer part of 3 * (b * 3^i mod 256) / 256."""
+    q = np.multiply(packed[None], _POW3[:count, None, None])  # uint8: wraps, as in C
+    t = ((q.astype(np.uint16) * 3) >> 8).astype(np.int8)
+    t -= 1
+    return t
+
+
+def tq1_0(blk: np.ndarray, out: np.ndarray) -> None:
+    # elements 0-159: trit i of qs[m] (m < 32) is element 32i + m; 160-239: trit i of
+    # qs[32 + m] is 160 + 16i + m; 240-255: trit i of qh[j] is 240 + 4i + j
+    n = len(blk)
+    qs = np.ascontiguousarray(blk["qs"])
+    q = np.concatenate([_trits(qs[:, :32], 5).transpose(1, 0, 2).reshape(n, 160),
+                        _trits(qs[:, 32:], 5).transpose(1, 0, 2).reshape(n, 80),
+                        _trits(np.ascontiguousarray(blk["qh"]), 4).transpose(1, 0, 2).reshape(n, 16)], axis=1)
+    np.multiply(q, _f32(blk["d"])[:, None], out=out)
+
+
 DECODERS: dict[GGMLType, Decoder] = {
     GGMLType.Q4_0: q4_0,
     GGMLType.Q4_1: q4_1,
@@ -261,4 +324,9 @@ DECODERS: dict[GGMLType, Decoder] = {
     GGMLType.Q6_K: q6_k,
     GGMLType.Q8_K: q8_k,
     GGMLType.MXFP4: mxfp4,
+    GGMLType.TQ1_0: tq1_0,
+    GGMLType.TQ2_0: tq2_0,
+    GGMLType.NVFP4: nvfp4,
+    GGMLType.Q1_0: q1_0,
+    GGMLType.Q2_0: q2_0,
 }

@@ -46,6 +46,40 @@ _LAYOUTS: dict[GGMLType, list[tuple]] = {
     # e: the block's power-of-two scale as an E8M0 exponent (no sign, no mantissa), which no
     # f16 can hold; qs: 4-bit E2M1 codes, element j in the low nibble of byte j, j + 16 high
     GGMLType.MXFP4: [("e", "u1"), ("qs", "u1", (16,))],
+    # qs: 4-bit indices into kvalues_iq4nl (iq_grids.py), nibbles laid out as Q4_0's
+    GGMLType.IQ4_NL: [("d", _F16), ("qs", "u1", (16,))],
+    # eight sub-blocks of 32 with 6-bit scales stored + 32: the low four bits in nibble s % 2 of
+    # scales_l[s // 2], the top two at bits 2s of scales_h; each sub-block's qs as IQ4_NL's
+    GGMLType.IQ4_XS: [("d", _F16), ("scales_h", "<u2"), ("scales_l", "u1", (QK_K // 64,)),
+                      ("qs", "u1", (QK_K // 2,))],
+    # The grid I-quants (dequant_iq.py gives each one's element order): groups of 8 (or 4)
+    # elements are one grid index (iq_grids.py) and one sign byte, scaled per 16 or 32.
+    # qs: per 32 elements, 4 bytes of grid indices then a word of 4 x 7 sign bits + a 4-bit scale
+    GGMLType.IQ2_XXS: [("d", _F16), ("qs", "<u2", (QK_K // 8,))],
+    # qs: a 9-bit grid index and 7 sign bits per 8 elements; scales: two 4-bit scales per 32
+    GGMLType.IQ2_XS: [("d", _F16), ("qs", "<u2", (QK_K // 8,)), ("scales", "u1", (QK_K // 32,))],
+    # qs: 32 grid index bytes (bits 8-9 in qh), then 32 full sign bytes
+    GGMLType.IQ2_S: [("d", _F16), ("qs", "u1", (QK_K // 4,)), ("qh", "u1", (QK_K // 32,)),
+                     ("scales", "u1", (QK_K // 32,))],
+    # qs: 64 indices of 4-element grid points, then 8 words of 4 x 7 sign bits + a 4-bit scale
+    GGMLType.IQ3_XXS: [("d", _F16), ("qs", "u1", (3 * QK_K // 8,))],
+    GGMLType.IQ3_S: [("d", _F16), ("qs", "u1", (QK_K // 4,)), ("qh", "u1", (QK_K // 32,)),
+                     ("signs", "u1", (QK_K // 8,)), ("scales", "u1", (QK_K // 64,))],
+    # qh: per 32 elements, four 3-bit index tops, a 3-bit scale and the sign of the shift
+    GGMLType.IQ1_S: [("d", _F16), ("qs", "u1", (QK_K // 8,)), ("qh", "<u2", (QK_K // 32,))],
+    # no d field: the f16 super-block scale is the top nibbles of the four scale words
+    GGMLType.IQ1_M: [("qs", "u1", (QK_K // 8,)), ("qh", "u1", (QK_K // 16,)),
+                     ("scales", "u1", (QK_K // 32,))],
+    # ternary: qs packs 5 trits per byte (as a fixed-point fraction of 3^5), qh 4 trits
+    GGMLType.TQ1_0: [("qs", "u1", ((QK_K - 4 * QK_K // 64) // 5,)), ("qh", "u1", (QK_K // 64,)),
+                     ("d", _F16)],
+    GGMLType.TQ2_0: [("qs", "u1", (QK_K // 4,)), ("d", _F16)],
+    # d: one unsigned E4M3 scale per 16 elements; qs: E2M1 codes, MXFP4's layout per 16
+    GGMLType.NVFP4: [("d", "u1", (4,)), ("qs", "u1", (32,))],
+    # qs: one sign bit per element (bit j % 8 of byte j // 8): +d or -d
+    GGMLType.Q1_0: [("d", _F16), ("qs", "u1", (16,))],
+    # qs: 2-bit codes, element j at bits 2 * (j % 4) of byte j // 4: (code - 1) * d
+    GGMLType.Q2_0: [("d", _F16), ("qs", "u1", (16,))],
 }
 
 _DTYPES: dict[GGMLType, np.dtype] = {t: np.dtype(fields) for t, fields in _LAYOUTS.items()}

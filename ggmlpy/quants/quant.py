@@ -6,7 +6,7 @@ from typing import Callable
 import numpy as np
 
 from ggmlpy.ir.types import GGMLType, block_size, type_size
-from ggmlpy.quants import quant_blocks, quant_k
+from ggmlpy.quants import quant_blocks, quant_iq, quant_iq_grid, quant_k
 from ggmlpy.quants.checks import as_type, row_bytes
 
 Encoder = Callable[[np.ndarray], np.ndarray]
@@ -28,6 +28,16 @@ ENCODERS: dict[GGMLType, Encoder] = {
     GGMLType.Q6_K: quant_k.q6_k,
     GGMLType.Q8_K: quant_k.q8_k,
     GGMLType.MXFP4: quant_blocks.mxfp4,
+    GGMLType.NVFP4: quant_blocks.nvfp4,
+    GGMLType.Q1_0: quant_blocks.q1_0,
+    GGMLType.Q2_0: quant_blocks.q2_0,
+    GGMLType.TQ1_0: quant_blocks.tq1_0,
+    GGMLType.TQ2_0: quant_blocks.tq2_0,
+    GGMLType.IQ4_NL: quant_iq.iq4_nl,
+    GGMLType.IQ4_XS: quant_iq.iq4_xs,
+    GGMLType.IQ3_XXS: quant_iq_grid.iq3_xxs,
+    GGMLType.IQ3_S: quant_iq_grid.iq3_s,
+    GGMLType.IQ2_S: quant_iq_grid.iq2_s,
 }
 
 # elements per call of an encoder: bounds the K-quant searches' temporaries (~40 arrays)

@@ -4,8 +4,8 @@ A corrupt or badly converted file can hold NaN or Inf weights, which turn every 
 NaN many layers later, far from the cause. This finds them at load time and names the
 tensor and the first bad element (plain float types) or block (quantised types, whose
 float scales `d`/`dmin`/`m` are what can be non-finite; their integer quants cannot). Types
-with nothing that can be non-finite (integers) pass; types without a block layout here are
-reported as unchecked, since this engine cannot run them anyway.
+with nothing that can be non-finite (integers, NVFP4) pass; types without a check here
+(MXFP4) are reported as unchecked.
 
 Work is vectorised over chunks of a few MiB, so a check costs about one pass over the bytes
 and never allocates more than a chunk's worth of temporaries.
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ggmlpy.ir.types import GGMLType, block_size, type_size
+from ggmlpy.quants.dequant_iq import iq1_m_scale
 from ggmlpy.quants.layouts import block_dtype
 
 CHUNK_BYTES = 1 << 23
@@ -27,8 +28,13 @@ SCALE_FIELDS: dict[GGMLType, tuple[str, ...]] = {
     T.Q4_0: ("d",), T.Q4_1: ("d", "m"), T.Q5_0: ("d",), T.Q5_1: ("d", "m"), T.Q8_0: ("d",),
     T.Q8_1: ("d", "s"), T.Q2_K: ("d", "dmin"), T.Q3_K: ("d",), T.Q4_K: ("d", "dmin"),
     T.Q5_K: ("d", "dmin"), T.Q6_K: ("d",), T.Q8_K: ("d",),
+    **{t: ("d",) for t in (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ4_NL,
+                           T.IQ4_XS, T.TQ1_0, T.TQ2_0, T.Q1_0, T.Q2_0)},
+    T.IQ1_M: ("d",),    # the fp16 scale assembled from the top nibbles of its scale words
 }
 INTEGER_TYPES = frozenset({T.I8, T.I16, T.I32, T.I64})
+# nothing that can be non-finite: integers, and NVFP4 (its E4M3 scale bytes are all valid)
+ALWAYS_VALID = INTEGER_TYPES | {T.NVFP4}
 # exponent bits of each 16-bit float: all ones is Inf or NaN
 _EXP16 = {T.F16: 0x7C00, T.BF16: 0x7F80}
 
@@ -47,7 +53,7 @@ class Invalid:
 
 
 def can_validate(t: GGMLType) -> bool:
-    return t in SCALE_FIELDS or t in INTEGER_TYPES or t in (T.F32, T.F64, T.F16, T.BF16)
+    return t in SCALE_FIELDS or t in ALWAYS_VALID or t in (T.F32, T.F64, T.F16, T.BF16)
 
 
 def _as_float(bits16: int, t: GGMLType) -> float:
@@ -74,8 +80,8 @@ def _first_bad_bits(bits: np.ndarray, exp: int, tmp: np.ndarray) -> int | None:
 
 def first_invalid(data: np.ndarray, t: GGMLType) -> Invalid | None:
     """The first non-finite element (F32/F64/F16/BF16) or block scale (quantised types) of
-    a tensor's bytes, or None when all are finite (and for integer types)."""
-    if t in INTEGER_TYPES:
+    a tensor's bytes, or None when all are finite (and for integer types and NVFP4)."""
+    if t in ALWAYS_VALID:
         return None
     if not can_validate(t):
         raise NotImplementedError(f"no validation for {t.name} tensors")
@@ -103,7 +109,7 @@ def _first_in_chunk(chunk: np.ndarray, t: GGMLType) -> Invalid | None:
     blocks = chunk.view(block_dtype(t))
     best: Invalid | None = None
     for name in SCALE_FIELDS[t]:
-        scale = blocks[name]
+        scale = iq1_m_scale(blocks).astype(np.float16) if t == T.IQ1_M else blocks[name]
         if scale.dtype == np.float16:
             bits = scale.view(np.uint16)
             i = _first_bad_bits(bits, _EXP16[T.F16], np.empty(bits.shape, np.uint16))

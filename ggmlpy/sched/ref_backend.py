@@ -9,6 +9,7 @@ from threadpoolctl import ThreadpoolController
 
 from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.ops import OPS, Kind
+from ggmlpy.ir.ops.registry import DST_TYPE
 from ggmlpy.ir.symbolic import evaluate, evaluate_params
 from ggmlpy.ir.tensor import Flag, Tensor
 from ggmlpy.ir.types import GGMLType, is_quantized
@@ -107,7 +108,9 @@ class RefSplit:
             if op.kind == Kind.WRITE:
                 dst = store.array(node, env)
                 inputs = [self.backend.as_float(s, store, env) for s in node.src[1:]]
-                if node.type == GGMLType.BF16:  # numpy holds bfloat16 as raw uint16 bits
+                if is_quantized(node.type):  # raw block rows: the write quantises what it stores
+                    op.write(dst, [dst, *inputs], {**params, DST_TYPE: node.type})
+                elif node.type == GGMLType.BF16:  # numpy holds bfloat16 as raw uint16 bits
                     values = self.backend.as_float(node, store, env)
                     op.write(values, [values, *inputs], params)
                     dst[...] = _to_bf16_bits(values)

@@ -62,9 +62,9 @@ def _fill_rule(fill: str) -> tuple[str, int | None]:
         if not arg.isdigit() or int(arg) < 1:
             raise ValueError(f"fill {fill!r} needs a positive row count, as in {name}:10")
         return name, int(arg)
-    if arg or name not in ("normal", "positive", "negative", "unit", "l2norm", "pos", "mask", "zeros"):
+    if arg or name not in ("normal", "positive", "negative", "unit", "l2norm", "pos", "mask", "zeros", "blocks"):
         raise ValueError(f"unknown fill rule {fill!r} (normal, positive, negative, unit, l2norm, rows:N, "
-                         "unique_rows:N, pos, mask, zeros)")
+                         "unique_rows:N, pos, mask, zeros, blocks)")
     return name, None
 
 
@@ -88,7 +88,7 @@ def fill_values(spec: SrcSpec, rng: np.random.Generator) -> np.ndarray:
     if rule == "l2norm":     # rows (along ne[0]) of unit length, as ggml_l2_norm's output
         x = rng.standard_normal(shape)
         return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
-    if rule == "zeros":
+    if rule in ("zeros", "blocks"):   # blocks: make_inputs draws random blocks instead
         return np.zeros(shape, dtype=np.float32)
     if rule == "rows":
         return rng.integers(0, n, size=shape)
@@ -164,6 +164,11 @@ def random_blocks(ttype: GGMLType, shape: tuple[int, ...], rng: np.random.Genera
     for field, (fdtype, _) in dtype.fields.items():
         if fdtype.base.kind == "f":
             blocks[field] = rng.uniform(-0.05, 0.05, size=blocks[field].shape).astype(fdtype.base)
+    if ttype == GGMLType.IQ1_M:
+        # no d field: the f16 scale is the top nibbles of the four little-endian scale words,
+        # the last byte's holding its sign and exponent bits 4-2; exponent 8-11 keeps it
+        # finite and small (2^-7 <= |d| < 2^-3) like the other types' d
+        blocks["scales"][:, 7] = (blocks["scales"][:, 7] & 0x8F) | 0x20
     row_bytes = shape[-1] // block_size(ttype) * type_size(ttype)
     return raw.reshape(tuple(shape[:-1]) + (row_bytes,))
 
@@ -172,9 +177,19 @@ def make_inputs(case: OpCase, rng: np.random.Generator) -> dict[str, np.ndarray]
     """Storage arrays for every source of `case`, by binding name (`src0`, `src1`, ...).
 
     Each array holds the source in its ggml type (float16, bfloat16 bits, int32/int64 or
-    quantised block bytes), numpy shape = ne reversed (quantised: rows of bytes)."""
-    return {source_name(i): encode(fill_values(spec, rng), spec.type, rng)
-            for i, spec in enumerate(case.srcs)}
+    quantised block bytes), numpy shape = ne reversed (quantised: rows of bytes). The fill
+    "blocks" stores random blocks (random_blocks) even where the type has a quantiser: every
+    bit pattern of every field, e.g. every grid index of an I-quant given enough blocks."""
+    out = {}
+    for i, spec in enumerate(case.srcs):
+        values = fill_values(spec, rng)
+        if spec.fill == "blocks":
+            if not is_quantized(spec.type):
+                raise ValueError(f"fill 'blocks' needs a quantised type, not {GGMLType(spec.type).name}")
+            out[source_name(i)] = random_blocks(spec.type, values.shape, rng)
+        else:
+            out[source_name(i)] = encode(values, spec.type, rng)
+    return out
 
 
 def decode(data: np.ndarray, ttype: GGMLType, ne: tuple[int, ...]) -> np.ndarray:

@@ -35,6 +35,7 @@ from llama.api.engine import Engine
 from llama.api.progress import LoadProgress
 from llama.chat.select import DEFAULT_FORMAT, TEMPLATE_KEY
 from llama.context import Context
+from llama.kv_types import kv_type
 from llama.model import Model
 from llama.placement import with_cpu_moe
 from llama.sampling.dry import Breakers, VocabText, model_breakers, vocab_text
@@ -42,8 +43,6 @@ from llama.sampling.pick import LLAMA_DEFAULT_SEED
 
 log = logging.getLogger("llama.api")
 
-# llama-cpp-python's type_k/type_v are ggml type ids; ggmlpy's KV cache has these three
-_KV_TYPE_IDS = {0: "f32", 1: "f16", 30: "bf16"}
 DRY_BREAKER_LISTS = 16  # breaker lists whose token sequences a Llama keeps
 
 # llama-cpp-python keywords ggmlpy has no counterpart for: accepted at their defaults only,
@@ -79,6 +78,8 @@ class LlamaState:
     arrays: dict[str, np.ndarray]
     cells: Any
     n_ctx: int
+    type_k: str = "f16"   # the KV cache's types (llama.cpp's names): the arrays hold their bytes
+    type_v: str = "f16"
 
     @property
     def llama_state_size(self) -> int:
@@ -155,12 +156,11 @@ class Llama:
         ctx_options = _changed({"rope_freq_base": rope_freq_base, "rope_freq_scale": rope_freq_scale,
                                 "flash_attn": flash_attn},
                                {"rope_freq_base": 0.0, "rope_freq_scale": 0.0, "flash_attn": None})
-        for name, kv_type in (("type_k", type_k), ("type_v", type_v)):
-            if kv_type is not None:
-                if not isinstance(kv_type, str) and kv_type not in _KV_TYPE_IDS:
-                    raise ValueError(f"Llama({name}={kv_type!r}): the KV cache types are "
-                                     f"{sorted(_KV_TYPE_IDS.values())}")
-                ctx_options[name] = _KV_TYPE_IDS.get(kv_type, kv_type)
+        # llama-cpp-python's type_k/type_v are ggml type ids (GGML_TYPE_Q8_0 = 8 ...); llama.cpp's
+        # names (-ctk q8_0) are taken too (llama/kv_types.py)
+        for name, value in (("type_k", type_k), ("type_v", type_v)):
+            if value is not None:
+                ctx_options[name] = kv_type(value, f"Llama({name}=...) cache type")
         if swa_full:
             ctx_options["swa_full"] = True
         if embedding:
@@ -390,10 +390,15 @@ class Llama:
         return LlamaState(list(self.engine.cached[0]),
                           None if self.scores is None else self.scores.copy(),
                           {k: a.copy() for k, a in mem.bindings().items()}, mem.snapshot(),
-                          self.ctx.n_ctx)
+                          self.ctx.n_ctx, self.ctx.type_k, self.ctx.type_v)
 
     def load_state(self, state: LlamaState) -> None:
+        """A state saved with other KV cache types (-ctk/-ctv) is refused: its arrays hold
+        another type's bytes (llama.cpp refuses it too, by the rows' sizes)."""
         mem = self.ctx.memory
+        if (state.type_k, state.type_v) != (self.ctx.type_k, self.ctx.type_v):
+            raise ValueError(f"the state was saved with KV cache types K {state.type_k}, V {state.type_v}; "
+                             f"this context's are K {self.ctx.type_k}, V {self.ctx.type_v}")
         if state.n_ctx != self.ctx.n_ctx or state.arrays.keys() != mem.bindings().keys():
             raise ValueError("the state was saved from a context of another size or model")
         self._generation += 1

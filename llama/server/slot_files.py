@@ -1,17 +1,20 @@
 """`POST /slots/{id}?action=save|restore|erase`: a slot's KV cells to a file and back
 (llama-server's slot persistence), so a long prompt is read once across restarts. The
-file holds the slot's tokens and, per layer, the K and V rows of its cells by position; for
-a hybrid model also its recurrent states (every recurrent layer's row, `rs:` names)."""
+file holds the slot's tokens, the cache's types (a file of other -ctk/-ctv types is refused)
+and, per layer, the K and V rows of its cells by position (a quantised cache's as its blocks'
+bytes); for a hybrid model also its recurrent states (every recurrent layer's row, `rs:` names)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 
+from ggmlpy.ir.types import GGMLType
 from llama.api.engine import Engine
 from llama.batch import UBatch
 from llama.kv_cache import KVCache
 from llama.kv_cells import SlotInfo
+from llama.kv_types import KV_TYPE_NAMES
 from llama.memory_hybrid import HybridMemory
 from llama.recurrent import RSSeqState
 from llama.server.errors import APIError
@@ -37,7 +40,7 @@ def save(engine: Engine, seq_id: int, path: Path) -> dict:
     tokens = np.array(engine.cached[seq_id], dtype=np.int32)
     if len(idx) != len(tokens):
         raise APIError(500, "the slot's cells and tokens disagree")
-    arrays = {"tokens": tokens, "pos": cells.pos[idx]}
+    arrays = {"tokens": tokens, "pos": cells.pos[idx], "cache_types": np.array([mem.type_k, mem.type_v], np.int32)}
     for il in mem.layers:
         arrays[f"k{il}"] = mem.k[il][idx]
         arrays[f"v{il}"] = mem.v[il][idx]
@@ -58,6 +61,11 @@ def restore(engine: Engine, seq_id: int, path: Path) -> dict:
     with np.load(path, allow_pickle=False) as data:
         arrays = {k: data[k] for k in data.files}
     tokens, pos = arrays["tokens"], arrays["pos"]
+    saved = tuple(int(t) for t in arrays.get("cache_types", (mem.type_k, mem.type_v)))  # older files: unchecked
+    if saved != (mem.type_k, mem.type_v):
+        names = [KV_TYPE_NAMES.get(GGMLType(t), str(t)) for t in (*saved, mem.type_k, mem.type_v)]
+        raise APIError(400, f"the slot file was saved with KV cache types K {names[0]}, V {names[1]}; "
+                            f"this server's are K {names[2]}, V {names[3]}")
     for il in mem.layers:
         if arrays.get(f"k{il}") is None or arrays[f"k{il}"].shape[1:] != mem.k[il].shape[1:]:
             raise APIError(400, "the slot file was saved from another model")

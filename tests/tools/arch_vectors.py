@@ -65,6 +65,16 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "qwen3next-q8_0": ("qwen3next", {"weight_type": GGMLType.Q8_0}),
     # older converters' fused ssm_in (Q, K, V and z per key head)
     "qwen3next-ssm-in-f32": ("qwen3next", {"legacy_ssm_in": True}),
+    # I-quants: IQ4_NL's 32-blocks (experts too); the super-block types need rows of 256
+    "llama-iq4_nl": ("llama", {"weight_type": GGMLType.IQ4_NL}),
+    "mixtral-iq4_nl": ("llama", {"n_expert": 4, "n_expert_used": 2, "weight_type": GGMLType.IQ4_NL}),
+    "llama-iq4_xs": ("llama", {"weight_type": GGMLType.IQ4_XS, "n_embd": 256, "n_ff": 512}),
+    # the grid I-quants ggml quantises without an importance matrix, and the ternary types
+    "llama-iq3_s": ("llama", {"weight_type": GGMLType.IQ3_S, "n_embd": 256, "n_ff": 512}),
+    "llama-iq3_xxs": ("llama", {"weight_type": GGMLType.IQ3_XXS, "n_embd": 256, "n_ff": 512}),
+    "llama-iq2_s": ("llama", {"weight_type": GGMLType.IQ2_S, "n_embd": 256, "n_ff": 512}),
+    "llama-tq2_0": ("llama", {"weight_type": GGMLType.TQ2_0, "n_embd": 256, "n_ff": 512}),
+    "llama-tq1_0": ("llama", {"weight_type": GGMLType.TQ1_0, "n_embd": 256, "n_ff": 512}),
 }
 PROMPT = [5, 17, 200, 33, 41, 9, 8, 7, 100]
 N_GREEDY = 8

@@ -20,6 +20,7 @@ from ggmlpy.codegen_cpu.irgen import VECTOR_WIDTH, KernelBuilder, f32, i64, roun
 from ggmlpy.codegen_cpu.kernels.common import (
     elem_ptr, n_rows, row_ptr, src_row_ptr, unravel_row,
 )
+from ggmlpy.codegen_cpu.kernels import kv_store
 from ggmlpy.codegen_cpu.lowering import lowering
 from ggmlpy.ir.ops.formulas import FORMULAS as OP_FORMULAS
 from ggmlpy.ir.ops.formulas import Expr, primitives, render
@@ -160,10 +161,12 @@ def _same_shape(a: Tensor, b: Tensor) -> bool:
     return tuple(a.ne) == tuple(b.ne)
 
 
-@lowering("cont", supports=_plain)
+@lowering("cont", supports=lambda node: _plain(node) or kv_store.decode_supported(node))
 def _cont(kb: KernelBuilder, node: Tensor) -> None:
     src = node.src[0]
-    if _same_shape(node, src):
+    if src.type in kv_store.STORABLE:   # a quantised KV cache's rows, decoded (its K-shift)
+        kv_store.decode_rows(kb, node, src, kb.arg("src0"))
+    elif _same_shape(node, src):
         emit_map(kb, node, [src], [kb.arg("src0")], identity)
     else:
         emit_flat_copy(kb, node, src, kb.arg("src0"))
@@ -171,13 +174,15 @@ def _cont(kb: KernelBuilder, node: Tensor) -> None:
 
 def _cpy_supported(node: Tensor) -> bool:
     dst, src = node.src
-    return _plain(node) and (_same_shape(dst, src) or dst.is_contiguous)
+    return _plain(node) and (_same_shape(dst, src) or dst.is_contiguous) or kv_store.store_supported(node)
 
 
 @lowering("cpy", supports=_cpy_supported)
 def _cpy(kb: KernelBuilder, node: Tensor) -> None:
     dst, src = node.src  # WRITE ops: the destination first; the kernel's dst is its memory
-    if _same_shape(node, src):
+    if node.type in kv_store.STORABLE:   # rows quantised back into a KV cache (its K-shift)
+        kv_store.store_rows(kb, node, src, kb.arg("src1"))
+    elif _same_shape(node, src):
         emit_map(kb, node, [src], [kb.arg("src1")], identity)
     else:
         emit_flat_copy(kb, node, src, kb.arg("src1"))

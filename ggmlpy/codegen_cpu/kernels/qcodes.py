@@ -1,17 +1,15 @@
-"""MXFP4 in the quantised kernels: its code book lookup and its E8M0 scale.
+"""Code-book types in the quantised kernels: MXFP4, IQ4_NL and IQ4_XS.
 
-MXFP4 (ggml's block_mxfp4: one exponent byte `e`, then Q4_0's 16 bytes of nibbles) differs
-from Q4_0 in two facts, each kept here as one table or one formula:
+These types store 4-bit *codes*, not numbers: code c stands for entry c of a 16-value table
+(ggml's kvalues_mxfp4, the E2M1 values doubled so they are integers; kvalues_iq4nl, a
+non-linear grid from -127 to 113). dot_u8s8 multiplies unsigned weight bytes, so the decoders
+map each code to its value plus the type's `CODE_OFFSET` (one byte-table lookup per vector,
+`CODE_BOOKS`), and the offset is taken back from the activations' sums exactly as Q4_0's 8
+is (qact.py's q8_32(offset) for the 32-blocks; a correction term for IQ4_XS's super-blocks).
 
-- A nibble is a *code*, not a number: code c stands for ggml's kvalues_mxfp4[c], the E2M1
-  (FP4) values doubled so they are integers (0, 1, 2, 3, 4, 6, 8, 12 and their negatives).
-  dot_u8s8 multiplies unsigned weight bytes, so the decoders map each code to kvalues + 12
-  (0..24, `CODE_BOOKS`), one byte-table lookup per vector, and the 12 is taken back from
-  the activations' sums exactly as Q4_0's 8 is (qact.py's q8_32(12): the accumulator starts
-  at -12 * sum(q)).
-- The scale is 2^(e - 128) (GGML_E8M0_TO_FP32_HALF: the doubled codes' half), which no f16
-  holds (2^-128 .. 2^127), so the kernels build the f32 from its bits (`e8m0_half`) where
-  the other 32-block types convert an f16.
+MXFP4's scale is 2^(e - 128) (GGML_E8M0_TO_FP32_HALF: the doubled codes' half), which no f16
+holds (2^-128 .. 2^127), so the kernels build the f32 from its bits (`e8m0_half`) where the
+other 32-block types convert an f16.
 
 The lookup is vpshufb (16 table bytes per 128-bit lane) on the x86 flavours of qvec.py; the
 "generic" flavour, plain IR for any target, selects among the 16 constants by the code's
@@ -27,13 +25,16 @@ from ggmlpy.codegen_cpu.irgen import F32, I8, I32, KernelBuilder
 from ggmlpy.codegen_cpu.kernels.qvec import concat, const, intrinsic, shuffle, splat_const, vec
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.quants.dequant_blocks import KVALUES_MXFP4
+from ggmlpy.quants.iq_grids import KVALUES_IQ4NL
 
-CODE_OFFSET = 12   # what the unsigned code values exceed ggml's signed ones by
-
+# per code-book type: its signed table, and what the unsigned bytes exceed it by (the least
+# that makes every entry non-negative for MXFP4; IQ4's -127 needs 128, Q8_0's offset)
+_TABLES = {GGMLType.MXFP4: (KVALUES_MXFP4, 12), GGMLType.IQ4_NL: (KVALUES_IQ4NL, 128),
+           GGMLType.IQ4_XS: (KVALUES_IQ4NL, 128)}
+CODE_OFFSET: dict[GGMLType, int] = {t: offset for t, (_, offset) in _TABLES.items()}
 # per code-book type: the unsigned byte each of its 16 codes decodes to (ggml's table + offset)
 CODE_BOOKS: dict[GGMLType, tuple[int, ...]] = {
-    GGMLType.MXFP4: tuple(int(v) + CODE_OFFSET for v in KVALUES_MXFP4),
-}
+    t: tuple(int(v) + offset for v in table) for t, (table, offset) in _TABLES.items()}
 
 # vpshufb by width in bytes (each 16 bytes look up in their own copy of the table), and the
 # widest each x86 flavour has

@@ -5,9 +5,10 @@ values as unsigned bytes plus their scales, and applies the scales in f32 instea
 feeding a dot product:
 
 - 32-blocks: d * (u - offset), or d * u + m for Q4_1 and Q5_1 (MXFP4: u its code's value +
-  12, d its E8M0 scale: kernels/qfp4.py);
+  12, d its E8M0 scale: kernels/qcodes.py);
 - K-quants: d * scale(lane) * u + correction(lane), the correction being the minimum
-  (Q2_K, Q4_K, Q5_K: -dmin * m) or the offset (Q3_K: -4 * d * scale, Q6_K: -32 * d * scale).
+  (Q2_K, Q4_K, Q5_K: -dmin * m) or the offset (Q3_K: -4 * d * scale, Q6_K: -32 * d * scale;
+  the grid I-quants and ternary types, kernels/qgrid.py: -offset * d * scale, exact in f32).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import llvmlite.ir as ir
 from ggmlpy.codegen_cpu import repack
 from ggmlpy.codegen_cpu.irgen import F32, I8, I32, KernelBuilder, f32, i64
 from ggmlpy.codegen_cpu.kernels.qdot import KINDS, Block32, KQuant
-from ggmlpy.codegen_cpu.kernels.qfp4 import CODE_BOOKS, e8m0_half, lookup
+from ggmlpy.codegen_cpu.kernels.qcodes import CODE_BOOKS, e8m0_half, lookup
 from ggmlpy.codegen_cpu.kernels.qvec import (
     CONTRACT, concat, const, load_f16, load_vec, shuffle, sitofp, splat, store_vec, vec,
 )
@@ -44,15 +45,19 @@ def _u8_to_f32(b: ir.IRBuilder, q: ir.Value) -> ir.Value:
 
 
 def _block32(kb: KernelBuilder, kind: Block32, bp: ir.Value, out: ir.Value) -> None:
-    b = kb.b
+    store_vec(kb.b, block32_values(kb, kind.wtype, bp), out)
+
+
+def block32_values(kb: KernelBuilder, t: GGMLType, bp: ir.Value) -> ir.Value:
+    """The block of 32 at bp (a 32-block type of KINDS) as <32 x float>: also what the
+    attention over a quantised KV cache reads its K and V rows with (kernels/kv_quant.py)."""
+    b, kind = kb.b, KINDS[t]
     u = _u8_to_f32(b, shuffle(b, kind.decode(kb, bp, None), None, range(32)))
     d = splat(b, kind.block_scale(kb, bp), 32)
     if kind.offset is None:
         m = splat(b, load_f16(b, kb.byte_ptr(bp, i64(2))), 32)
-        v = b.fadd(b.fmul(u, d, flags=CONTRACT), m, flags=CONTRACT)
-    else:
-        v = b.fmul(b.fsub(u, splat(b, f32(float(kind.offset)), 32)), d)
-    store_vec(b, v, out)
+        return b.fadd(b.fmul(u, d, flags=CONTRACT), m, flags=CONTRACT)
+    return b.fmul(b.fsub(u, splat(b, f32(float(kind.offset)), 32)), d)
 
 
 def _kquant(kb: KernelBuilder, kind: KQuant, bp: ir.Value, out: ir.Value) -> None:

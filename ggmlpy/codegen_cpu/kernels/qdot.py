@@ -13,12 +13,18 @@ step in *chunks* of 64 values. A kind tells the tiling loops (kernels/matmul.py)
 
 vpdpbusd multiplies unsigned by signed bytes, so weights are decoded unsigned and their
 offset taken back from the activations' sums: Q4_0 stores q + 8, Q5_0 q + 16, Q8_0 gets 128
-added (xor 0x80), Q6_K stores q + 32, Q3_K q + 4, and MXFP4's codes decode to their value + 12
-(kernels/qfp4.py). For the 32-blocks that happens in integers (the
+added (xor 0x80), Q6_K stores q + 32, Q3_K q + 4, and the code-book types' codes to their value + CODE_OFFSET
+(kernels/qcodes.py: MXFP4 12, IQ4_NL and IQ4_XS 128). For the 32-blocks that happens in integers (the
 activation step carries -offset * sum(q) to start the accumulator); Q4_1's and Q5_1's minimums and the
 K-quants' minimums and offsets are f32 terms, a second accumulator fed by one multiply-add of
 a per-row vector and the activation step's precomputed sums. The same decoders serve the
 repacked prefill path (qgemm.py) and get_rows (qdequant.py).
+
+Here: the 32-block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, IQ4_NL) and the K-quants with
+IQ4_XS; the grid I-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) and the
+ternary TQ1_0 and TQ2_0 are KQuants of kernels/qgrid.py (their values looked up in grids, the
+signs applied before the offset) and qternary.py, registered in KINDS below. The interface (QKind, KQuant)
+lives in qkind.py so that both modules can build on it.
 
 Only whole blocks are ever loaded (16 or 32 bytes at a time, align 1), so nothing is read
 past the end of a weight row: the GGUF memory map has no tail padding.
@@ -28,82 +34,29 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from ggmlpy.codegen_cpu.irgen import F32, I8, I16, I32, I64, KernelBuilder, f32, i64, zero_vector
-from ggmlpy.codegen_cpu.kernels.qact import Q8_256_16, Q8_256_32, ActFormat, q8_32
-from ggmlpy.codegen_cpu.kernels.qfp4 import CODE_BOOKS, CODE_OFFSET, e8m0_half, lookup
+from ggmlpy.codegen_cpu.kernels.qact import Q8_256_16, Q8_256_32, q8_32
+from ggmlpy.codegen_cpu.kernels.qcodes import CODE_BOOKS, CODE_OFFSET, e8m0_half, lookup
+from ggmlpy.codegen_cpu.kernels.qgrid import GRID_KINDS
+from ggmlpy.codegen_cpu.kernels.qternary import TERNARY_KINDS
+from ggmlpy.codegen_cpu.kernels.qkind import KQuant, QKind, Vals
 from ggmlpy.codegen_cpu.kernels.qvec import (
-    CONTRACT, V16I32, WEIGHT_BYTE_MAX, concat, const, dot_u8s8, load_f16, load_vec, mul_small, repeat_lanes, shuffle, sitofp,
+    CONTRACT, V16I32, WEIGHT_BYTE_MAX, concat, const, dot_u8s8, load_f16, load_vec, repeat_lanes, shuffle, sitofp,
     splat, splat_const, vec, zeros,
 )
-from ggmlpy.ir.types import GGMLType, type_size
+from ggmlpy.ir.types import GGMLType
 from ggmlpy.quants import block_dtype
-
-Vals = dict
-
-
-def fma(b: ir.IRBuilder, x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:
-    return b.fadd(b.fmul(x, y, flags=CONTRACT), acc, flags=CONTRACT)
-
-
-class QKind:
-    """Common parts; subclasses fill in the weight decoding."""
-    wtype: GGMLType
-    fmt: ActFormat
-    step_elems: int
-    chunks: int
-    tile: tuple[int, int] = (2, 4)   # (weight rows, tokens) per register tile (llvm-mca tuned)
-    single_rows: int = 2              # weight rows per tile for a lone token (decode)
-    n_acc: int = 2                    # f32 accumulators per (row, token): main, correction
-
-    @property
-    def block_bytes(self) -> int:
-        return type_size(self.wtype)
-
-    def step_bytes(self) -> int:
-        """Weight bytes per step."""
-        return self.block_bytes * self.step_elems // self.fmt.block
-
-    def n_steps(self, k: int) -> tuple[int, bool]:
-        """(whole steps, whether a half step follows) for rows of k values."""
-        return k // self.step_elems, k % self.step_elems != 0
-
-    def tok(self, kb: KernelBuilder, arow: ir.Value, step: ir.Value) -> Vals:
-        """A token's step: pointer to its bytes, lane scales and correction sums (qact.py)."""
-        b = kb.b
-        sp = kb.byte_ptr(arow, b.mul(step, i64(self.fmt.step_bytes)))
-        aux_type = I32 if self.fmt.offset is not None else F32
-        return {"qp": sp, "ad": load_vec(b, kb.byte_ptr(sp, i64(self.step_elems)), F32, 16),
-                "aux": load_vec(b, kb.byte_ptr(sp, i64(self.step_elems + 64)), aux_type, 16)}
-
-    def chunk_a(self, kb: KernelBuilder, tok: Vals, j: int) -> ir.Value:
-        return load_vec(kb.b, kb.byte_ptr(tok["qp"], i64(64 * j)), I8, 64)
-
-    def init(self, kb: KernelBuilder, row: Vals, tok: Vals) -> ir.Value:
-        return zeros(I32, 16)
-
-    def chunk_dot(self, kb: KernelBuilder, isum: ir.Value, wq: Vals, aq: ir.Value) -> ir.Value:
-        return dot_u8s8(kb, isum, wq["q"], aq, WEIGHT_BYTE_MAX[self.wtype])
-
-    def finish(self, kb: KernelBuilder, accs: list[ir.Value], isum: ir.Value, row: Vals,
-               tok: Vals) -> list[ir.Value]:
-        """Main accumulator += isum * (weight scale * activation scale); the second one +=
-        correction * activation sums (separate, so the two are not one dependency chain)."""
-        b = kb.b
-        main = fma(b, sitofp(b, isum), b.fmul(row["wd"], tok["ad"], flags=CONTRACT), accs[0])
-        if self.n_acc == 1:
-            return [main]
-        return [main, fma(b, row["corr"], tok["aux"], accs[1])]
 
 
 # 32-blocks --------------------------------------------------------------------------------------
 class Block32(QKind):
-    """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4: a step is two blocks; lanes 0-7 belong to the
+    """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, IQ4_NL: a step is two blocks; lanes 0-7 belong to the
     first, 8-15 to the second. `offset` is what the unsigned weight exceeds the signed one by:
     the activation's aux vector (-offset * sum(q) in lanes 0 and 8) starts the integer
     accumulator, which undoes it exactly. Q4_1 and Q5_1 (offset None) add their minimums
     instead: the correction vector is <d0, m0, d1, m1, 0...>, met by d * sum(q) in lanes 1
     and 3. Where the quants, the fifth bits and the scale sit comes from the GGUF block's
     layout (ggmlpy/quants/layouts.py): a `qh` word gives each value its bit 4, an `e` byte is
-    an E8M0 scale instead of the f16 `d`; a type with a code book (qfp4.CODE_BOOKS: MXFP4)
+    an E8M0 scale instead of the f16 `d`; a type with a code book (qcodes.CODE_BOOKS: MXFP4, IQ4_NL)
     looks its nibbles up in it."""
     step_elems = 64
     chunks = 1
@@ -194,25 +147,6 @@ class Block32(QKind):
     def chunk_w(self, kb: KernelBuilder, row: Vals, j: int) -> Vals:
         return row
 
-
-# K-quants ------------------------------------------------------------------------------------
-class KQuant(QKind):
-    """A step is one 256-value super-block in four 64-value chunks; the activations have one
-    scale per super-block, so a super-block's integer sums (sub-block scales applied as
-    integers) are exact and converted once. `row` gives the sub-blocks' integer scales
-    ("scales", i32) and the f32 terms their activation sums meet ("corr"), one lane each."""
-    step_elems = 256
-    chunks = 4
-    tile = (3, 4)
-    groups: int    # sub-blocks per super-block (8 of 32 values, or 16 of 16)
-
-    def corr_lane(self, j: int, e: int) -> int:
-        """The sub-block (lane of "scales" and "corr") of value e of chunk j."""
-        return (64 * j + e) // (256 // self.groups)
-
-    def chunk_dot(self, kb: KernelBuilder, isum: ir.Value, wq: Vals, aq: ir.Value) -> ir.Value:
-        p = dot_u8s8(kb, zeros(I32, 16), wq["q"], aq, WEIGHT_BYTE_MAX[self.wtype])
-        return kb.b.add(isum, mul_small(kb, p, wq["sc"]))
 
 
 class Q4K(KQuant):
@@ -373,16 +307,71 @@ class Crumbs(KQuant):
         return {"q": concat(b, part(s0), part(s0 + 1)), "sc": sc}
 
 
+class IQ4XS(KQuant):
+    """IQ4_XS: d, scales_h (u16), scales_l[4], qs[128]; eight sub-blocks of 32 values with
+    6-bit scales stored + 32 (low four bits in a nibble of scales_l[s / 2], top two at bits
+    2s of scales_h). Sub-block s's 32 codes are the low then the high nibbles of qs[16s ..
+    16s + 15], as IQ4_NL's block; chunk j holds sub-blocks 2j and 2j + 1. Codes decode to
+    kvalues_iq4nl + 128 (qcodes.py), so the offset meets the activation sums as
+    -128 * d * scale."""
+
+    fmt = Q8_256_32
+    groups = 8
+    wtype = GGMLType.IQ4_XS
+    n_acc = 1   # the products take the offset back in integers (chunk_dot); `corr` serves get_rows and qgemm
+
+    def __init__(self) -> None:
+        fields = block_dtype(self.wtype).fields
+        self.at = {name: fields[name][1] for name in fields}
+        self.codes = CODE_BOOKS[self.wtype]
+
+    def row(self, kb: KernelBuilder, wblock: ir.Value, tail: bool) -> Vals:
+        b = kb.b
+        d = load_f16(b, kb.byte_ptr(wblock, i64(self.at["d"])))
+        low = load_vec(b, kb.byte_ptr(wblock, i64(self.at["scales_l"])), I8, 4)
+        low = b.and_(b.lshr(shuffle(b, low, None, [s // 2 for s in range(8)]), const(I8, [0, 4] * 4)),
+                     splat_const(I8, 15, 8))
+        high = b.load(kb.byte_ptr(wblock, i64(self.at["scales_h"])), typ=I16, align=1)
+        high = b.lshr(splat(b, high, 8), const(I16, [2 * s for s in range(8)]))
+        high = b.shl(b.trunc(b.and_(high, splat_const(I16, 3, 8)), vec(I8, 8)), splat_const(I8, 4, 8))
+        sc = b.sub(b.zext(b.or_(low, high), vec(I32, 8)), splat_const(I32, 32, 8))
+        corr = b.fmul(sitofp(b, sc), splat(b, b.fmul(d, f32(-float(CODE_OFFSET[self.wtype]))), 8), flags=CONTRACT)
+        return {"p": wblock, "scales": sc, "wd": splat(b, d, 16),
+                "corr": shuffle(b, corr, zeros(F32, 8), [*range(8), *[8] * 8])}
+
+    def chunk_dot(self, kb: KernelBuilder, isum: ir.Value, wq: Vals, aq: ir.Value) -> ir.Value:
+        """sum((u - 128) a) * scale per lane, exactly as ggml's integer sums: a second dot with
+        128 in every weight byte takes the offset back before the scale, so no large offset term
+        is cancelled in f32 (the sums stay below 2^24 and convert exactly)."""
+        b = kb.b
+        p = dot_u8s8(kb, zeros(I32, 16), wq["q"], aq, WEIGHT_BYTE_MAX[self.wtype])
+        offset = CODE_OFFSET[self.wtype]
+        off = dot_u8s8(kb, zeros(I32, 16), splat_const(I8, offset, 64), aq, offset)
+        return b.add(isum, b.mul(b.sub(p, off), wq["sc"]))
+
+    def chunk_w(self, kb: KernelBuilder, row: Vals, j: int) -> Vals:
+        b = kb.b
+        v = load_vec(b, kb.byte_ptr(row["p"], i64(self.at["qs"] + 32 * j)), I8, 32)
+        q = concat(b, b.and_(v, splat_const(I8, 15, 32)), b.lshr(v, splat_const(I8, 4, 32)))
+        q = shuffle(b, q, None, [*range(16), *range(32, 48), *range(16, 32), *range(48, 64)])
+        sc = shuffle(b, row["scales"], None, [2 * j] * 8 + [2 * j + 1] * 8)
+        return {"q": lookup(kb, q, self.codes), "sc": sc}
+
+
 KINDS: dict[GGMLType, QKind] = {
     GGMLType.Q4_0: Block32(GGMLType.Q4_0, 8),
     GGMLType.Q4_1: Block32(GGMLType.Q4_1, None),
     GGMLType.Q5_0: Block32(GGMLType.Q5_0, 16),
     GGMLType.Q5_1: Block32(GGMLType.Q5_1, None),
     GGMLType.Q8_0: Block32(GGMLType.Q8_0, 128),
-    GGMLType.MXFP4: Block32(GGMLType.MXFP4, CODE_OFFSET),
+    GGMLType.MXFP4: Block32(GGMLType.MXFP4, CODE_OFFSET[GGMLType.MXFP4]),
+    GGMLType.IQ4_NL: Block32(GGMLType.IQ4_NL, CODE_OFFSET[GGMLType.IQ4_NL]),
     GGMLType.Q2_K: Crumbs(GGMLType.Q2_K),
     GGMLType.Q3_K: Crumbs(GGMLType.Q3_K),
     GGMLType.Q4_K: Q4K(GGMLType.Q4_K),
     GGMLType.Q5_K: Q4K(GGMLType.Q5_K),
     GGMLType.Q6_K: Q6K(),
+    GGMLType.IQ4_XS: IQ4XS(),
+    **GRID_KINDS,      # IQ2_XXS ... IQ1_M (kernels/qgrid.py)
+    **TERNARY_KINDS,   # TQ2_0, TQ1_0 (kernels/qternary.py)
 }

@@ -16,7 +16,7 @@ Per-unit area (r = lane = row of the group), all 64-byte vectors:
     32-blocks   w[8]: values 4c..4c+3 | wd: d (f32 of an f16 or MXFP4's E8M0) | m (Q4_1, Q5_1 only)
     K-quants    w[64]: values 4c..4c+3 | sc[G]: integer scale of group g | corr[G]: the
                 f32 term met by the activation sums (-dmin * m, or -32 * d * sc for Q6_K, -4 * d * sc
-                for Q3_K) | wd: d
+                for Q3_K, -offset * d * sc for qgrid.py's kinds) | wd: d (qgrid: d times its unit)
 
 (G groups of 256 / G values, the kind's `groups`: 8 for Q4_K/Q5_K, 16 for Q2_K/Q3_K/Q6_K.) Repacking costs a few hundred
 instructions per unit of a group, paid once per group and token block, so it is used only

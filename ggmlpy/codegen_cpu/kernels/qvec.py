@@ -41,11 +41,16 @@ FLAVOURS = QDOT_FLAVOURS  # ("vnni512", "vnni256", "avx2", "generic"), what Opti
 CONTRACT = ("contract",)
 # The largest unsigned byte each weight type's decoder hands dot_u8s8 (qdot.py's offsets:
 # nibbles 0..15, with a fifth bit 0..31, Q2_K's two bits 0..3, Q3_K's q + 4 0..7, Q6_K's q + 32
-# 0..63, Q8_0's q xor 0x80 0..255, MXFP4's code values + 12 0..24: kernels/qfp4.py)
+# 0..63, Q8_0's q xor 0x80 0..255, MXFP4's code values + 12 0..24, IQ4's + 128 1..241:
+# kernels/qcodes.py)
 WEIGHT_BYTE_MAX: dict[GGMLType, int] = {
     GGMLType.Q4_0: 15, GGMLType.Q4_1: 15, GGMLType.Q5_0: 31, GGMLType.Q5_1: 31, GGMLType.Q8_0: 255,
     GGMLType.Q2_K: 3, GGMLType.Q3_K: 7, GGMLType.Q4_K: 15, GGMLType.Q5_K: 31, GGMLType.Q6_K: 63,
-    GGMLType.MXFP4: 24,
+    GGMLType.MXFP4: 24, GGMLType.IQ4_NL: 241, GGMLType.IQ4_XS: 241,
+    # kernels/qgrid.py: signed grid values + the grid's largest (IQ2 43, IQ3_XXS 62, IQ3_S 15,
+    # IQ1's 8 * grid -+ 1 + 9), the ternary types' q - 1 + 1 (TQ2_0's codes reach 3)
+    GGMLType.IQ2_XXS: 86, GGMLType.IQ2_XS: 86, GGMLType.IQ2_S: 86, GGMLType.IQ3_XXS: 124, GGMLType.IQ3_S: 30,
+    GGMLType.IQ1_S: 18, GGMLType.IQ1_M: 18, GGMLType.TQ1_0: 2, GGMLType.TQ2_0: 3,
 }
 I16_SAFE = 32767  # the largest i16 partial sum the "avx2" flavour lets a lane reach
 _override: str | None = None  # set_flavour's; never read from the environment

@@ -14,10 +14,11 @@ from typing import Iterator
 from ggmlpy.codegen_cpu import repack
 from ggmlpy.codegen_cpu.irgen import KernelBuilder, i64
 from ggmlpy.codegen_cpu.kernels.common import elem_ptr, n_rows, row_ptr, unravel_row
+from ggmlpy.codegen_cpu.kernels.kv_store import STORABLE, quantize_row
 from ggmlpy.codegen_cpu.kernels.qdequant import DEQUANTIZABLE, dequant_row, dequant_repacked_row
 from ggmlpy.codegen_cpu.lowering import lowering
 from ggmlpy.ir.tensor import Tensor
-from ggmlpy.ir.types import GGMLType
+from ggmlpy.ir.types import GGMLType, type_size
 
 PLAIN = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 
@@ -63,14 +64,22 @@ def _get_rows(kb: KernelBuilder, node: Tensor) -> None:
 
 def _set_rows_supported(node: Tensor) -> bool:
     dst, src, idx = node.src
+    if dst.type in STORABLE:   # a quantised KV cache: contiguous f32 rows of whole blocks
+        return (src.type == GGMLType.F32 and src.nb[0] == 4 and node.nb[0] == type_size(dst.type)
+                and isinstance(src.ne[0], int) and src.ne[0] % 32 == 0)
     return dst.type in PLAIN and src.type == GGMLType.F32
 
 
 @lowering("set_rows", supports=_set_rows_supported)
 def _set_rows(kb: KernelBuilder, node: Tensor) -> None:
+    """Rows converted element by element, or quantised a block at a time into a quantised
+    KV cache (kernels/kv_store.py: the bytes ggml's CPU set_rows writes)."""
     _, src, idx = node.src  # the kernel's dst is the destination's memory
     with _indexed_rows(kb, src, idx, "src2") as (ne0, i1, i2, i3, row):
         srow = row_ptr(kb, kb.arg("src1"), src, i1, i2, i3)
         drow = row_ptr(kb, kb.arg("dst"), node, row, i2, i3)
-        with kb.loop(i64(0), ne0, "i0") as i0:
-            kb.store(elem_ptr(kb, drow, node, i0), kb.load(elem_ptr(kb, srow, src, i0), src.type), node.type)
+        if node.type in STORABLE:
+            quantize_row(kb, node.type, srow, drow, src.ne[0])
+        else:
+            with kb.loop(i64(0), ne0, "i0") as i0:
+                kb.store(elem_ptr(kb, drow, node, i0), kb.load(elem_ptr(kb, srow, src, i0), src.type), node.type)

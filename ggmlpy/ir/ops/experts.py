@@ -18,7 +18,7 @@ import numpy as np
 
 from ggmlpy.ir.ops.common import require
 from ggmlpy.ir.ops.registry import Inferred, Kind, OpCase, OpDef, SrcSpec, register
-from ggmlpy.ir.types import GGMLType, is_quantized
+from ggmlpy.ir.types import GGMLType, block_size, is_quantized
 
 F32, I32 = GGMLType.F32, GGMLType.I32
 
@@ -50,8 +50,10 @@ def _mul_mat_id_ref(x: Sequence[np.ndarray], params: dict) -> np.ndarray:
 
 def _mul_mat_id_cases() -> list[OpCase]:
     cases = []
-    for t in (F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.MXFP4, GGMLType.Q4_K, GGMLType.Q6_K):
-        k = 256 if t.name.endswith("_K") else 64
+    for t in (F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.MXFP4, GGMLType.IQ4_NL, GGMLType.Q4_K,
+              GGMLType.Q6_K, GGMLType.IQ4_XS, GGMLType.IQ3_S, GGMLType.IQ3_XXS, GGMLType.IQ2_S, GGMLType.IQ2_XS,
+              GGMLType.IQ2_XXS, GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.TQ2_0, GGMLType.TQ1_0):
+        k = max(block_size(t), 64)
         for n_b, n_tok in ((1, 1), (1, 5), (2, 3)):
             cases.append(OpCase((SrcSpec(t, (k, 6, 4, 1)), SrcSpec(F32, (k, n_b, n_tok, 1)),
                                  SrcSpec(I32, (2, n_tok), fill="unique_rows:4")),

@@ -7,10 +7,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from ggmlpy.ir.ops.common import require
-from ggmlpy.ir.ops.registry import Inferred, Kind, OpCase, OpDef, SrcSpec, register
+from ggmlpy.ir.ops.registry import DST_TYPE, Inferred, Kind, OpCase, OpDef, SrcSpec, register
+from ggmlpy.ir.ops.rows import QUANT_DST
 from ggmlpy.ir.symbolic import Dim, simplify
 from ggmlpy.ir.tensor import contiguous_strides, memory_root, offset_in_owner, pad_ne
-from ggmlpy.ir.types import GGMLType, row_size
+from ggmlpy.ir.types import GGMLType, block_size, row_size, type_size
+from ggmlpy.quants.from_float import quantize_rows_cpu
 
 F32 = GGMLType.F32
 
@@ -135,14 +137,24 @@ def _cpy_infer(srcs: Sequence[Any], params: dict) -> Inferred:
     dst, a = srcs  # WRITE ops take their destination first
     require(_nelements(a.ne) == dst.nelements(), "cpy", lambda: f"{a.shape_str()} into {dst.shape_str()}: "
             "element counts differ")
-    require(dst.type in (F32, GGMLType.F16, GGMLType.BF16), "cpy",
+    require(dst.type in (F32, GGMLType.F16, GGMLType.BF16) + QUANT_DST, "cpy",
             lambda: f"destination type {dst.type.name} is not supported")
+    require(dst.type not in QUANT_DST or (dst.nb[0] == type_size(dst.type) and isinstance(dst.ne[0], int)
+                                          and dst.ne[0] % block_size(dst.type) == 0),
+            "cpy", lambda: f"a {dst.type.name} destination needs rows of whole blocks")
     root, offs = memory_root(dst), offset_in_owner(dst)
     return Inferred(dst.type, dst.ne, dst.nb, root, offs)
 
 
 def _cpy_write(dst: np.ndarray, x: Sequence[np.ndarray], params: dict) -> None:
-    dst[...] = np.ascontiguousarray(x[1]).reshape(dst.shape)
+    """A quantised destination (a K-shift's rows back into a quantised cache) gets the rows
+    as ggml's CPU cpy writes them, quantised by the type's from_float."""
+    qtype = params.get(DST_TYPE)
+    if qtype is None:
+        dst[...] = np.ascontiguousarray(x[1]).reshape(dst.shape)
+        return
+    rows = np.ascontiguousarray(x[1]).reshape(dst.shape[:3] + (-1,))
+    dst[...] = quantize_rows_cpu(rows, qtype)
 
 
 def _cpy_api(b, a, dst):
@@ -153,7 +165,9 @@ def _cpy_api(b, a, dst):
 register(OpDef("cpy", Kind.WRITE, _cpy_infer, write=_cpy_write, api={"cpy": _cpy_api},
                cases=lambda: [OpCase((SrcSpec(GGMLType.F16, (8, 3, 1, 1), fill="zeros"), SrcSpec(F32, (8, 3, 1, 1)))),
                               OpCase((SrcSpec(F32, (24, 1, 1, 1), fill="zeros"), SrcSpec(F32, (8, 3, 1, 1)))),
-                              OpCase((SrcSpec(GGMLType.F16, (40, 3, 1, 1), fill="zeros"), SrcSpec(F32, (40, 3, 1, 1))))],
+                              OpCase((SrcSpec(GGMLType.F16, (40, 3, 1, 1), fill="zeros"), SrcSpec(F32, (40, 3, 1, 1)))),
+                              *[OpCase((SrcSpec(t, (64, 3, 1, 1), fill="zeros"), SrcSpec(F32, (64, 3, 1, 1))),
+                                       label=t.name) for t in QUANT_DST]],
                doc="copy a into dst's memory, converting the type; the result is dst"))
 
 

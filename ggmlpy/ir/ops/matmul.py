@@ -11,7 +11,7 @@ import numpy as np
 
 from ggmlpy.ir.ops.common import can_repeat, require
 from ggmlpy.ir.ops.registry import Inferred, Kind, OpCase, OpDef, SrcSpec, register
-from ggmlpy.ir.types import GGMLType
+from ggmlpy.ir.types import GGMLType, block_size
 
 F32 = GGMLType.F32
 
@@ -44,8 +44,10 @@ def _api(b, a, x):
 def _cases() -> list[OpCase]:
     cases = []
     for t in (F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
-              GGMLType.MXFP4, GGMLType.Q4_K, GGMLType.Q6_K):
-        k = 256 if t.name.endswith("_K") else 64
+              GGMLType.MXFP4, GGMLType.IQ4_NL, GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.IQ4_XS,
+              GGMLType.IQ3_S, GGMLType.IQ3_XXS, GGMLType.IQ2_S, GGMLType.IQ2_XS,
+              GGMLType.IQ2_XXS, GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.TQ2_0, GGMLType.TQ1_0):
+        k = max(block_size(t), 64)
         for n in (1, 7):
             cases.append(OpCase((SrcSpec(t, (k, 9, 1, 1)), SrcSpec(F32, (k, n, 1, 1))), label=f"{t.name} n={n}"))
     cases.append(OpCase((SrcSpec(F32, (16, 5, 2, 1)), SrcSpec(F32, (16, 3, 6, 1))), label="gqa broadcast"))

@@ -24,7 +24,8 @@ class Kind(enum.Enum):
     MATMUL = "matmul"
     VIEW = "view"                # no computation: new ne/nb over the source's memory
     WRITE = "write"              # writes into src[0], its destination (cpy, set_rows); the
-                                 # result is that memory; `write(dst, [dst, *other srcs])`
+                                 # result is that memory; `write(dst, [dst, *other srcs])`; a
+                                 # quantised dst is its raw block rows, its type params[DST_TYPE]
     OPAQUE = "opaque"            # anything else (gathers, concat)
 
 
@@ -64,6 +65,8 @@ class OpCase:
     def param_dict(self) -> dict[str, Any]:
         return dict(self.params)
 
+
+DST_TYPE = "_dst_type"   # what a write into a quantised destination is told its type by (RefSplit)
 
 Reference = Callable[[Sequence[np.ndarray], dict[str, Any]], np.ndarray]
 WriteReference = Callable[[np.ndarray, Sequence[np.ndarray], dict[str, Any]], None]

@@ -7,11 +7,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from ggmlpy.ir.ops.common import require
-from ggmlpy.ir.ops.registry import Inferred, Kind, OpCase, OpDef, SrcSpec, register
-from ggmlpy.ir.types import GGMLType
+from ggmlpy.ir.ops.registry import DST_TYPE, Inferred, Kind, OpCase, OpDef, SrcSpec, register
+from ggmlpy.ir.types import GGMLType, block_size
+from ggmlpy.quants.from_float import quantize_rows_cpu
 
 F32 = GGMLType.F32
 INDEX_TYPES = (GGMLType.I32, GGMLType.I64)
+# the quantised KV cache types (llama.cpp's -ctk/-ctv): set_rows and cpy write rows of them
+QUANT_DST = (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.IQ4_NL, GGMLType.Q5_0, GGMLType.Q5_1)
 
 
 def _get_rows_infer(srcs: Sequence[Any], params: dict) -> Inferred:
@@ -35,8 +38,10 @@ def _get_rows_ref(x: Sequence[np.ndarray], params: dict) -> np.ndarray:
 
 def _get_rows_cases() -> list[OpCase]:
     cases = []
-    for t in (F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.MXFP4, GGMLType.Q4_K, GGMLType.Q6_K):
-        k = 256 if t.name.endswith("_K") else 32
+    for t in (F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.MXFP4, GGMLType.IQ4_NL, GGMLType.Q4_K,
+              GGMLType.Q6_K, GGMLType.IQ4_XS, GGMLType.IQ3_S, GGMLType.IQ3_XXS, GGMLType.IQ2_S, GGMLType.IQ2_XS,
+              GGMLType.IQ2_XXS, GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.TQ2_0, GGMLType.TQ1_0):
+        k = max(block_size(t), 32)
         cases.append(OpCase((SrcSpec(t, (k, 10, 1, 1)), SrcSpec(GGMLType.I32, (4,), fill="rows:10")),
                             label=t.name))
     cases.append(OpCase((SrcSpec(F32, (6, 10, 3, 1)), SrcSpec(GGMLType.I32, (4, 3), fill="rows:10")),
@@ -54,24 +59,32 @@ def _set_rows_infer(srcs: Sequence[Any], params: dict) -> Inferred:
     require(idx.type in INDEX_TYPES, "set_rows", "row indices must be I32 or I64")
     require(src.ne[0] == dst.ne[0], "set_rows", lambda: f"row length {src.ne[0]} vs destination {dst.ne[0]}")
     require(src.ne[1] == idx.ne[0], "set_rows", lambda: f"{src.shape_str()} rows but {idx.shape_str()} indices")
-    require(dst.type in (F32, GGMLType.F16, GGMLType.BF16), "set_rows",
+    require(dst.type in (F32, GGMLType.F16, GGMLType.BF16) + QUANT_DST, "set_rows",
             lambda: f"destination type {dst.type.name} is not supported")
+    require(dst.type not in QUANT_DST or (isinstance(src.ne[0], int) and src.ne[0] % block_size(dst.type) == 0),
+            "set_rows", lambda: f"rows of {src.ne[0]} are not whole {dst.type.name} blocks")
     root, offs = (dst.view_src, dst.view_offs) if dst.view_src is not None else (dst, 0)
     return Inferred(dst.type, dst.ne, dst.nb, root, offs)
 
 
 def _set_rows_write(dst: np.ndarray, x: Sequence[np.ndarray], params: dict) -> None:
+    """A quantised destination (the KV cache types, QUANT_DST) gets each row as ggml's CPU
+    set_rows writes it: quantised by the type's from_float (quants/from_float.py)."""
     src, idx = x[1], x[2]  # src [S3, S2, n, K]; idx [1, I2?, I1?, n]
+    qtype = params.get(DST_TYPE)
     for i3 in range(src.shape[0]):
         for i2 in range(src.shape[1]):
             rows = idx[0, i3 % idx.shape[1], i2 % idx.shape[2]]
-            dst[i3 % dst.shape[0], i2 % dst.shape[1], rows] = src[i3, i2]
+            values = src[i3, i2] if qtype is None else quantize_rows_cpu(src[i3, i2], qtype)
+            dst[i3 % dst.shape[0], i2 % dst.shape[1], rows] = values
 
 
 def _set_rows_cases() -> list[OpCase]:
     return [OpCase((SrcSpec(t, (16, 12, 1, 1), fill="zeros"), SrcSpec(F32, (16, 5, 1, 1)),
                     SrcSpec(GGMLType.I64, (5,), fill="unique_rows:12")), label=t.name)
-            for t in (F32, GGMLType.F16)]
+            for t in (F32, GGMLType.F16)] + [
+        OpCase((SrcSpec(t, (64, 12, 1, 1), fill="zeros"), SrcSpec(F32, (64, 5, 1, 1)),
+                SrcSpec(GGMLType.I64, (5,), fill="unique_rows:12")), label=t.name) for t in QUANT_DST]
 
 
 register(OpDef("set_rows", Kind.WRITE, _set_rows_infer, write=_set_rows_write,

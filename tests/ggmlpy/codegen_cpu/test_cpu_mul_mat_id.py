@@ -19,7 +19,12 @@ GGML_BAR = 5e-4   # test-backend-ops' bar for quantised products (8-bit activati
 # (weight type, K, M, n_expert, n_used, n_b, n_tokens)
 CASES = [(G.Q4_0, 128, 40, 8, 2, 1, 33), (G.Q8_0, 64, 17, 6, 3, 3, 9), (G.Q4_K, 256, 24, 16, 4, 1, 20),
          (G.Q6_K, 512, 8, 5, 2, 2, 7), (G.Q5_K, 256, 12, 4, 1, 1, 3), (G.Q2_K, 256, 10, 3, 2, 1, 4),
-         (G.MXFP4, 96, 24, 8, 4, 1, 7), (G.MXFP4, 160, 9, 4, 2, 2, 33)]
+         (G.MXFP4, 96, 24, 8, 4, 1, 7), (G.MXFP4, 160, 9, 4, 2, 2, 33), (G.IQ4_NL, 96, 24, 8, 4, 1, 7),
+         (G.IQ4_XS, 256, 12, 4, 2, 1, 5),
+         # the grid I-quants and ternary types (kernels/qgrid.py, qternary.py)
+         (G.IQ3_S, 256, 24, 8, 2, 1, 33), (G.IQ3_XXS, 256, 12, 4, 2, 1, 5), (G.IQ2_S, 512, 9, 4, 2, 2, 7),
+         (G.IQ2_XS, 256, 16, 6, 3, 1, 9), (G.IQ2_XXS, 256, 12, 4, 2, 1, 5), (G.IQ1_S, 256, 12, 4, 2, 1, 5),
+         (G.IQ1_M, 512, 10, 3, 2, 1, 4), (G.TQ2_0, 256, 12, 4, 2, 1, 5), (G.TQ1_0, 256, 12, 4, 1, 1, 3)]
 
 
 # model weights whose rows come in groups of 16: kept repacked (qrepacked's tiles, the pairs
@@ -27,7 +32,8 @@ CASES = [(G.Q4_0, 128, 40, 8, 2, 1, 33), (G.Q8_0, 64, 17, 6, 3, 3, 9), (G.Q4_K, 
 REPACKED = [(G.Q4_0, 128, 48, 8, 2, 1, 9), (G.Q8_0, 64, 32, 6, 3, 3, 5), (G.Q4_K, 256, 32, 16, 4, 1, 6),
             (G.Q6_K, 512, 16, 5, 2, 2, 3), (G.Q5_K, 256, 16, 4, 1, 1, 2), (G.Q3_K, 256, 32, 3, 2, 1, 4),
             (G.MXFP4, 96, 32, 8, 4, 1, 5), (G.MXFP4, 576, 16, 4, 2, 2, 3),
-            (G.Q4_K, 256, 32, 4, 2, 1, 37), (G.Q8_0, 64, 32, 2, 2, 2, 11), (G.MXFP4, 64, 48, 3, 2, 1, 30)]
+            (G.Q4_K, 256, 32, 4, 2, 1, 37), (G.Q8_0, 64, 32, 2, 2, 2, 11), (G.MXFP4, 64, 48, 3, 2, 1, 30),
+            (G.IQ4_NL, 96, 32, 8, 4, 1, 5), (G.IQ4_NL, 64, 48, 3, 2, 1, 30)]
 
 
 def _case(t, k, m, n_expert, n_used, n_b, n_tok, weight: bool = False) -> OpCase:

@@ -1,4 +1,4 @@
-"""MXFP4 weights on the CPU backend: the code book lookup and the E8M0 scale (kernels/qfp4.py)
+"""MXFP4 weights on the CPU backend: the code book lookup and the E8M0 scale (kernels/qcodes.py)
 in every path a 32-block type takes, with scales from the smallest exponents (subnormal
 2^-128) to the largest.
 
@@ -16,7 +16,7 @@ import pytest
 from ggmlpy.codegen_cpu import repack
 from ggmlpy.codegen_cpu.backend import CpuBackend
 from ggmlpy.codegen_cpu.kernels import qvec
-from ggmlpy.codegen_cpu.kernels.qfp4 import CODE_BOOKS
+from ggmlpy.codegen_cpu.kernels.qcodes import CODE_BOOKS
 from ggmlpy.ir.ops import OpCase, SrcSpec
 from ggmlpy.ir.types import GGMLType, type_size
 from ggmlpy.quants import block_dtype, dequantize

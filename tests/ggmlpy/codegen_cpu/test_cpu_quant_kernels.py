@@ -33,9 +33,11 @@ from ggmlpy.quants import block_dtype
 from ggmlpy.sched.ref_backend import RefBackend
 
 G = GGMLType
-BLOCK32 = (G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0, G.MXFP4)
+BLOCK32 = (G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0, G.MXFP4, G.IQ4_NL)
 MINIMUMS = (G.Q4_1, G.Q5_1)   # d * q + m: the activations' sums meet the minimums
-KQUANTS = (G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K)
+# the grid I-quants and ternary types (kernels/qgrid.py); random valid blocks where no quantiser exists
+GRID = (G.IQ3_S, G.IQ3_XXS, G.IQ2_S, G.IQ2_XS, G.IQ2_XXS, G.IQ1_S, G.IQ1_M, G.TQ2_0, G.TQ1_0)
+KQUANTS = (G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K, G.IQ4_XS) + GRID   # super-blocks of 256
 GGML_BAR = 5e-4     # test-backend-ops' bar for quantised mul_mat
 EXACT_BAR = 1e-9    # f32 rounding only
 
@@ -253,7 +255,9 @@ GUARD_SCRIPT = textwrap.dedent("""
                               ("Q5_0", 96, 3, "mul_mat"), ("Q6_K", 256, 2, "mul_mat"),
                               ("Q5_1", 96, 3, "mul_mat"), ("Q5_1", 96, 3, "get_rows"),
                               ("Q4_K", 256, 1, "get_rows"), ("Q5_0", 96, 3, "get_rows"),
-                              ("MXFP4", 96, 3, "mul_mat"), ("MXFP4", 96, 3, "get_rows")]:
+                              ("MXFP4", 96, 3, "mul_mat"), ("MXFP4", 96, 3, "get_rows"),
+                              ("IQ1_S", 256, 2, "mul_mat"), ("IQ3_XXS", 256, 1, "get_rows"),
+                              ("IQ2_XXS", 256, 3, "mul_mat"), ("TQ1_0", 256, 2, "mul_mat")]:
         t = GGMLType[name]
         if op == "mul_mat":
             case = OpCase((SrcSpec(t, (k, rows, 1, 1)), SrcSpec(GGMLType.F32, (k, 5, 1, 1))))
@@ -278,7 +282,7 @@ def test_weights_ending_at_a_guard_page():
     load past the last block would kill the process."""
     proc = subprocess.run([sys.executable, "-c", GUARD_SCRIPT], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count(" ok") == 10
+    assert proc.stdout.count(" ok") == 14
 
 
 # float products of attention ---------------------------------------------------------------

@@ -30,9 +30,11 @@ from ggmlpy.sched.store import TensorStore
 from .test_cpu_quant_kernels import EXACT_BAR, GGML_BAR, _kernel_model
 
 G = GGMLType
-TYPES = (G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0, G.MXFP4)
+TYPES = (G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0, G.MXFP4, G.IQ4_NL)
 # MXFP4's codes (ggml's kvalues_mxfp4, the E2M1 values doubled) and its E8M0 scale 2^(e - 128)
 MXFP4_CODES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+# ggml-common.h's kvalues_iq4nl, written out here independently of ggmlpy/quants/iq_grids.py
+IQ4NL_CODES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 SHAPES = [(64, 16, 1), (64, 32, 2), (96, 16, 3), (96, 32, 5), (576, 48, 7), (1536, 32, 13), (160, 16, 48), (576, 64, 300)]
 KTYPES = (G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K)
 KSHAPES = [(256, 16, 1), (256, 32, 4), (512, 16, 3), (512, 32, 7), (1024, 48, 40), (2048, 16, 13), (768, 64, 300)]
@@ -79,6 +81,8 @@ def _unpack(packed: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarray:
                             vals[j] = (q - 8) * d
                         elif t == G.MXFP4:
                             vals[j] = MXFP4_CODES[q] * d
+                        elif t == G.IQ4_NL:
+                            vals[j] = IQ4NL_CODES[q] * d
                         else:
                             mn = _f16(step[repack.m_offset(t) + 2 * (16 * h + r):][:2])[0]
                             vals[j] = q * d + mn

@@ -14,14 +14,18 @@ import numpy as np
 from ggmlpy.codegen_cuda.fusion import LowerOptions, lower_split
 from ggmlpy.codegen_cuda.kernels import KernelSpec
 from ggmlpy.codegen_cuda.lower_matmul import MatMulOptions
-from ggmlpy.codegen_cuda.lowering import LOWERINGS
+from ggmlpy.codegen_cuda.lowering import LOWERINGS, supports
 from ggmlpy.ir import GGMLType, GraphBuilder, N_KV, N_TOKENS
 from ggmlpy.ir.graph import Graph
-from ggmlpy.ir.ops.registry import OpCase, SrcSpec
+from ggmlpy.ir.ops.registry import OPS, Kind, OpCase, SrcSpec
 from ggmlpy.testing.ops import build_case_graph, iter_cases
 from ggmlpy.ir.tensor import Flag
+from ggmlpy.ir.types import is_quantized, row_size
+from ggmlpy.quants import quantize
+from ggmlpy.sched.store import NUMPY_DTYPES
 
-F32, F16, I32, I64 = GGMLType.F32, GGMLType.F16, GGMLType.I32, GGMLType.I64
+G = GGMLType
+F32, F16, I32, I64 = G.F32, G.F16, G.I32, G.I64
 REPO = Path(__file__).resolve().parents[3]
 
 # matvec (few columns), tiled (tensor cores, f16 operands), and no fusion at all
@@ -37,8 +41,32 @@ def lower_options(name: str) -> LowerOptions:
     return LowerOptions(o.get("fuse", True), MatMulOptions(o.get("matvec_max_cols", 8), True))
 
 
+# weight types beyond the registry's cases, each with the rows (of 256 values) of its mul_mat
+# cases. Their weights are random blocks (fill "blocks", ggmlpy/testing/ops.py random_blocks:
+# any bits in every field, finite scales), which reach every index of the grid I-quants' grids
+# with that many rows (test_decoders.py checks that they do).
+WEIGHT_ROWS = {G.Q1_0: 6, G.Q2_0: 6, G.Q2_K: 6, G.Q3_K: 6, G.Q5_K: 6, G.TQ1_0: 6, G.TQ2_0: 6, G.NVFP4: 6,
+               G.IQ2_XXS: 96, G.IQ2_XS: 192, G.IQ2_S: 384, G.IQ3_XXS: 48, G.IQ3_S: 96, G.IQ1_S: 800, G.IQ1_M: 800}
+
+
+def weight_type_cases() -> list[tuple[str, OpCase]]:
+    """mul_mat (one and five columns), get_rows and mul_mat_id with each type of WEIGHT_ROWS."""
+    out = []
+    for t, m in WEIGHT_ROWS.items():
+        for n in (1, 5):
+            out.append(("mul_mat", OpCase((SrcSpec(t, (256, m, 1, 1), fill="blocks"), SrcSpec(F32, (256, n, 1, 1))),
+                                          label=f"{t.name} n={n}")))
+        out.append(("get_rows", OpCase((SrcSpec(t, (256, 10, 1, 1), fill="blocks"),
+                                        SrcSpec(I32, (4,), fill="rows:10")), label=t.name)))
+    for t in (G.IQ2_S, G.Q3_K):
+        out.append(("mul_mat_id", OpCase((SrcSpec(t, (256, 6, 4, 1), fill="blocks"), SrcSpec(F32, (256, 2, 3, 1)),
+                                          SrcSpec(I32, (2, 3), fill="unique_rows:4")), label=f"{t.name} experts")))
+    return out
+
+
 def extra_cases() -> list[tuple[str, OpCase]]:
-    """Cases beyond the registry's: several tiles, odd sizes, broadcast batches."""
+    """Cases beyond the registry's: several tiles, odd sizes, broadcast batches, the weight
+    types the registry's cases leave out."""
     out = []
     for t, k in ((F32, 96), (F16, 80), (GGMLType.Q4_1, 96), (GGMLType.Q8_0, 64), (GGMLType.Q4_K, 256),
                  (GGMLType.MXFP4, 96)):
@@ -55,14 +83,21 @@ def extra_cases() -> list[tuple[str, OpCase]]:
                                    label="Q4_1 i64")))
     out.append(("set_rows", OpCase((SrcSpec(GGMLType.BF16, (16, 12, 1, 1), fill="zeros"), SrcSpec(F32, (16, 5, 1, 1)),
                                     SrcSpec(I32, (5,), fill="unique_rows:12")), label="BF16 i32")))
-    return out
+    return out + weight_type_cases()
+
+
+def _cuda_supports(op: str, case: OpCase) -> bool:
+    """Whether the CUDA backend takes every node of the case (a cpy into a quantised cache,
+    which it leaves to the CPU, does not)."""
+    graph, _ = build_case_graph(op, case)
+    return all(supports(n) for n in graph.nodes if OPS[n.op].kind != Kind.VIEW)
 
 
 def all_cases() -> Iterator[tuple[str, str, OpCase]]:
     """(test id, op name, case) for the registry's cases and the extra ones; ops without a
     CUDA lowering (test_lowering_coverage.NOT_LOWERED) are left to the next backend."""
     for name, i, case in iter_cases():
-        if name not in LOWERINGS:
+        if name not in LOWERINGS or not _cuda_supports(name, case):
             continue
         yield f"{name}-{i}-{case.label}".replace(" ", "_"), name, case
     for i, (name, case) in enumerate(extra_cases()):
@@ -73,10 +108,12 @@ def all_cases() -> Iterator[tuple[str, str, OpCase]]:
 def attention_graph(n_tokens: int = 5, n_kv: int = 40, kv_size: int = 64, head: int = 16,
                     n_head: int = 4, n_head_kv: int = 2, kv_type: GGMLType = F16,
                     fuse_cont: bool = True, max_bias: float = 0.0, wo_type: GGMLType | None = None,
-                    sinks: bool = False) -> Graph:
+                    sinks: bool = False, v_type: GGMLType | None = None) -> Graph:
     """llama's attention block over a KV cache (store K and V, attend through strided views);
     with `wo_type`, followed by the output projection and the residual add, as a one-token
-    (decode) graph."""
+    (decode) graph. `v_type` (default kv_type) is V's cache type; a quantised one is read by
+    rows through out_prod, as llama/kv_attention.py builds it."""
+    v_type = kv_type if v_type is None else v_type
     b = GraphBuilder()
     q = b.input("q", F32, (head, n_head, N_TOKENS))
     k = b.input("k", F32, (head, n_head_kv, N_TOKENS))
@@ -84,14 +121,17 @@ def attention_graph(n_tokens: int = 5, n_kv: int = 40, kv_size: int = 64, head: 
     idx = b.input("idx", I64, (N_TOKENS,))
     mask = b.input("mask", F32, (N_KV, N_TOKENS))
     cache_k = b.cache("cache_k", kv_type, (head * n_head_kv, kv_size))
-    cache_v = b.cache("cache_v", kv_type, (head * n_head_kv, kv_size))
+    cache_v = b.cache("cache_v", v_type, (head * n_head_kv, kv_size))
     k_all = b.set_rows(cache_k, b.reshape(k, head * n_head_kv, N_TOKENS), idx)
     v_all = b.set_rows(cache_v, b.reshape(v, head * n_head_kv, N_TOKENS), idx)
-    kv = b.view(k_all, (head, n_head_kv, N_KV), (cache_k.nb[0] * head, cache_k.nb[1]))
-    vv = b.view(v_all, (head, n_head_kv, N_KV), (cache_v.nb[0] * head, cache_v.nb[1]))
+    kv = b.view(k_all, (head, n_head_kv, N_KV), (row_size(kv_type, head), cache_k.nb[1]))
+    vv = b.view(v_all, (head, n_head_kv, N_KV), (row_size(v_type, head), cache_v.nb[1]))
     kq = b.mul_mat(b.permute(kv, 0, 2, 1, 3), b.permute(q, 0, 2, 1, 3))
     kq = b.soft_max_ext(kq, mask, 0.25, max_bias, sinks=b.input("sinks", F32, (n_head,)) if sinks else None)
-    kqv = b.mul_mat(b.permute(vv, 1, 2, 0, 3), kq)
+    if is_quantized(v_type):
+        kqv = b.out_prod(b.permute(vv, 0, 2, 1, 3), b.transpose(kq))
+    else:
+        kqv = b.mul_mat(b.permute(vv, 1, 2, 0, 3), kq)
     out = b.cont(b.permute(kqv, 0, 2, 1, 3), head * n_head, N_TOKENS) if fuse_cont else kqv
     if wo_type is not None:
         n_embd = head * n_head + 32  # the projection may change the width
@@ -106,9 +146,13 @@ def attention_graph(n_tokens: int = 5, n_kv: int = 40, kv_size: int = 64, head: 
 def attention_inputs(g: Graph, n_tokens: int, n_kv: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     head = g.find("q").ne[0]
     n_head, n_head_kv = g.find("q").ne[1], g.find("k").ne[1]
-    cache = g.find("cache_k")
-    kv_size = cache.ne[1]
-    dt = np.float16 if cache.type == F16 else np.float32
+    kv_size = g.find("cache_k").ne[1]
+
+    def cache(name: str) -> np.ndarray:
+        t = g.find(name)
+        values = rng.standard_normal((kv_size, head * n_head_kv)).astype(np.float32)
+        return quantize(values, t.type) if is_quantized(t.type) else values.astype(NUMPY_DTYPES[t.type])
+
     mask = np.where(rng.random((n_tokens, n_kv)) < 0.3, -np.inf, 0.0).astype(np.float32)
     mask[:, 0] = 0.0
     return {
@@ -117,8 +161,8 @@ def attention_inputs(g: Graph, n_tokens: int, n_kv: int, rng: np.random.Generato
         "v": rng.standard_normal((n_tokens, n_head_kv, head)).astype(np.float32),
         "idx": rng.choice(n_kv, size=n_tokens, replace=False).astype(np.int64),
         "mask": mask,
-        "cache_k": rng.standard_normal((kv_size, head * n_head_kv)).astype(dt),
-        "cache_v": rng.standard_normal((kv_size, head * n_head_kv)).astype(dt),
+        "cache_k": cache("cache_k"),
+        "cache_v": cache("cache_v"),
         **({"sinks": 2.0 * rng.standard_normal(n_head).astype(np.float32)}
            if any(t.name == "sinks" for t in g.tensors) else {}),
         **_projection_inputs(g, n_tokens, rng),
@@ -239,6 +283,8 @@ def fused_specs() -> dict[str, KernelSpec]:
     opts = lower_options("default")
     specs: dict[str, KernelSpec] = {}
     graphs = [attention_graph(), attention_graph(kv_type=F32, fuse_cont=False, max_bias=8.0),
+              attention_graph(head=64, kv_type=GGMLType.Q8_0), attention_graph(head=32, kv_type=GGMLType.Q4_0),
+              attention_graph(head=32, kv_type=GGMLType.IQ4_NL, v_type=F16),
               attention_graph(head=64, n_head=9, n_head_kv=3), attention_graph(sinks=True),
               ffn_graph(), ffn_graph(single=False),
               ffn_graph(wtype=F16), ffn_graph(wtype=GGMLType.Q8_0), qkv_graph(), qkv_graph("norm"),

@@ -33,8 +33,12 @@ def test_variants_cover_every_weight_type_and_fusion(specs):
     variants = [dict(s.variant) | {"family": s.family} for s in specs.values()]
     mv_types = {v["atype"] for v in variants if v["family"] == "matvec"}
     mm_types = {v["atype"] for v in variants if v["family"] == "matmul"}
-    wanted = {"f32", "f16", "q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k", "mxfp4"}
+    wanted = {"f32", "f16", "q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k", "mxfp4", "iq4_nl", "iq4_xs",
+              "q1_0", "q2_0", "q2_k", "q3_k", "q5_k", "tq1_0", "tq2_0", "nvfp4", "iq2_xxs", "iq2_xs", "iq2_s",
+              "iq3_xxs", "iq3_s", "iq1_s", "iq1_m"}
     assert wanted <= mv_types and wanted <= mm_types
+    new = wanted - {"f32", "f16", "q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k", "mxfp4"}
+    assert new <= {v["ttype"] for v in variants if v["family"] == "get_rows"}
     modes = {(v["mode"], v["n_mats"], v["epilogue"]) for v in variants if v["family"] == "matvec"}
     assert ("glu", 1, "none") in modes and ("sep", 3, "none") in modes and ("sep", 1, "add") in modes
     assert any(v["family"] == "attention" and v["kvec"] for v in variants)

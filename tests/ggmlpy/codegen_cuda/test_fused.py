@@ -12,13 +12,15 @@ from ggmlpy.codegen_cuda.lower_attention import AttentionStep
 from ggmlpy.codegen_cuda.lower_matmul import MatMulStep
 from ggmlpy.codegen_cuda.lower_simple import NormStep
 from ggmlpy.testing.ops import normalized_error
-from ggmlpy.ir.types import GGMLType
+from ggmlpy.ir.types import GGMLType, is_quantized
+from ggmlpy.quants.from_float import q8_values
 from ggmlpy.sched.ref_backend import RefBackend
 from ggmlpy.sched.store import TensorStore
 
 from .cases import attention_graph, attention_inputs, ffn_graph, ffn_inputs, qkv_graph
 
 F16, F32 = GGMLType.F16, GGMLType.F32
+G = GGMLType
 
 
 def run_graph(backend, graph, inputs, env):
@@ -38,6 +40,13 @@ ATTENTION = [
     dict(n_tokens=1, n_kv=64, kv_type=F16, sinks=True),          # and in decode
     dict(n_tokens=4, n_kv=50, kv_type=F16, head=64, n_head=9, n_head_kv=3),  # SmolLM2's heads
     dict(n_tokens=1, n_kv=1100, kv_type=F16, head=64, n_head=2, n_head_kv=1),  # more keys than threads
+    # quantised KV caches (-ctk/-ctv): K decoded against 8-bit q, V read by rows (out_prod)
+    dict(n_tokens=5, n_kv=40, kv_type=G.Q8_0, head=32),
+    dict(n_tokens=1, n_kv=64, kv_type=G.Q4_0, head=64),
+    dict(n_tokens=3, n_kv=33, kv_type=G.IQ4_NL, head=32, fuse_cont=False),
+    dict(n_tokens=4, n_kv=50, kv_type=G.Q5_1, head=64, n_head=9, n_head_kv=3),
+    dict(n_tokens=2, n_kv=24, kv_type=G.Q4_1, v_type=F16, head=32),
+    dict(n_tokens=2, n_kv=24, kv_type=F16, v_type=G.Q5_0, head=32, sinks=True),
 ]
 
 
@@ -49,6 +58,8 @@ def test_attention_matches_reference(device, cfg):
     env = {"n_tokens": n_tokens, "n_kv": n_kv}
     g = attention_graph(**gargs, n_tokens=n_tokens, n_kv=n_kv, kv_size=max(64, n_kv))
     inputs = attention_inputs(g, n_tokens, n_kv, np.random.default_rng(3))
+    if is_quantized(cfg["kv_type"]):   # q as the kernel rounds it against a quantised K (idempotent)
+        inputs["q"] = q8_values(inputs["q"])
     (ref,), _, _ = run_graph(RefBackend(), g, inputs, env)
     for fuse in (True, False):
         (ours,), _, split = run_graph(CudaBackend(driver=driver, fuse=fuse), g, inputs, env)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ggmlpy.codegen_cuda import render as render_mod
-from ggmlpy.codegen_cuda.kernels import KernelSpec, module_source
+from ggmlpy.codegen_cuda.kernels import KernelSpec, common_tables, module_source
 from ggmlpy.codegen_cuda.nvcc import compile_cuda, find_nvcc
 from ggmlpy.codegen_cuda.planner import ALIGN, nbytes, plan_arena
 from ggmlpy.codegen_cuda.steps import Step
@@ -28,7 +28,7 @@ def test_templates_fall_back_to_the_repository(monkeypatch):
     render_mod.environment.cache_clear()
     try:
         assert "norm.cu.j2" in render_mod.template_names()
-        assert "block_sum" in render_mod.render("common.cu.j2")
+        assert "block_sum" in render_mod.render("common.cu.j2", **common_tables())
     finally:
         render_mod.environment.cache_clear()
 

@@ -193,7 +193,7 @@ def test_unknown_value_or_element_type(tmp_path, where, raw_type):
 @pytest.mark.parametrize("raw_type, pattern", [
     (4, r"Q4_2 \(removed from ggml\)"), (5, r"Q4_3 \(removed from ggml\)"),
     (31, r"Q4_0_4_4 \(removed from ggml\)"), (33, r"Q4_0_8_8 \(removed from ggml\)"),
-    (37, r"IQ4_NL_4_8 \(removed from ggml\)"), (40, r"unknown type 40"),
+    (37, r"IQ4_NL_4_8 \(removed from ggml\)"), (43, r"unknown type 43"),
     (2**32 - 1, r"unknown type 4294967295"),
 ])
 def test_removed_and_unknown_ggml_types(tmp_path, raw_type, pattern):

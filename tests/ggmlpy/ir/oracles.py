@@ -14,7 +14,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ggmlpy.ir.ops.registry import OpCase
-from ggmlpy.ir.types import GGMLType
+from ggmlpy.ir.types import GGMLType, is_quantized
+
+from .oracles_kv import out_prod, round_row
 
 Oracle = Callable[[Sequence[np.ndarray], dict, OpCase], np.ndarray]
 
@@ -116,8 +118,12 @@ def cpy(x, p, case):
     dst, a = x  # write ops take their destination first
     dst_type = case.srcs[0].type
     out = np.empty(dst.shape)
-    for v, j in zip((a[i] for i in indices(a.shape)), indices(dst.shape)):
-        out[j] = round_to(dst_type, v)
+    values = [a[i] for i in indices(a.shape)]
+    if is_quantized(dst_type):   # whole rows (along dim 0) are quantised
+        n = dst.shape[0]
+        values = [v for r in range(0, len(values), n) for v in round_row(dst_type, values[r:r + n])]
+    for v, j in zip(values, indices(dst.shape)):
+        out[j] = v if is_quantized(dst_type) else round_to(dst_type, v)
     return out
 
 
@@ -219,7 +225,7 @@ def mrope_component(pair: int, sections: Sequence[int], interleaved: bool) -> in
 def rope(x, p, case):
     a, pos = x[0], x[1]
     ff = x[2][:, 0, 0, 0] if len(x) > 2 else None
-    n_dims, half = p["n_dims"], p["n_dims"] // 2
+    half = p["n_dims"] // 2
     multi = p["mode"] in (8, 40)
     out = a.copy()  # dims past n_dims pass through
     for i1, i2, i3 in itertools.product(*(range(n) for n in a.shape[1:])):
@@ -249,7 +255,9 @@ def set_rows(x, p, case):
     out = dst.copy()
     for i01, i02, i03 in itertools.product(*(range(n) for n in src.shape[1:])):
         row = int(idx[i01, i02 % idx.shape[1], i03 % idx.shape[2], 0])
-        out[:, row, i02, i03] = [round_to(dst_type, v) for v in src[:, i01, i02, i03]]
+        values = src[:, i01, i02, i03]
+        out[:, row, i02, i03] = (round_row(dst_type, values) if is_quantized(dst_type)
+                                 else [round_to(dst_type, v) for v in values])
     return out
 
 
@@ -416,6 +424,7 @@ ORACLES: dict[str, Oracle] = {
     "cpy": cpy,
     "concat": concat,
     "mul_mat": mul_mat,
+    "out_prod": out_prod,
     "rms_norm": rms_norm,
     "norm": norm,
     "rope": rope,

@@ -113,6 +113,12 @@ EXTRA: dict[str, list[OpCase]] = {
     "concat": [OpCase((_spec(F32, (4, 3, 2, 1)), _spec(F32, (4, 3, 5, 1))), (("dim", 2),)),
                OpCase((_spec(F32, (3, 2, 2, 1)), _spec(F32, (3, 2, 2, 3))), (("dim", 3),)),
                OpCase((_spec(F32, (7, 1, 1, 1), permute=P1023), _spec(F32, (5, 7, 1, 1))), (("dim", 0),))],
+    "out_prod": [
+        OpCase((_spec(F32, (13, 7, 1, 1)), _spec(F32, (5, 7, 1, 1))), label="odd"),
+        OpCase((_spec(F32, (5, 13, 2, 1), permute=P1023), _spec(F32, (3, 5, 4, 1))), label="transposed a r2=2"),
+        OpCase((_spec(GGMLType.Q4_1, (32, 9, 1, 1)), _spec(F32, (9, 3, 2, 1), permute=P1023)),
+               label="q4_1 weights transposed"),
+    ],
     "mul_mat": [
         OpCase((_spec(F32, (13, 5, 1, 1)), _spec(F32, (13, 1, 1, 1))), label="odd k n=1"),
         OpCase((_spec(F32, (13, 5, 1, 1)), _spec(F32, (13, 7, 1, 1))), label="odd k n=7"),

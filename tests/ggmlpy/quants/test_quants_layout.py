@@ -3,14 +3,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ggmlpy.ir.types import GGMLType, type_size
+from ggmlpy.ir.types import GGMLType, block_size, type_size
 from ggmlpy.quants import block_dtype, supported_types
 
-LAYOUT_TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1,
-                GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q8_1, GGMLType.Q2_K,
-                GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q8_K,
-                GGMLType.MXFP4]
+LAYOUT_TYPES = list(GGMLType)   # every type ggml numbers has a layout
 
 # (field, byte offset, bytes) read off the C structs in ggml-common.h
 EXPECTED_FIELDS = {
@@ -28,6 +26,20 @@ EXPECTED_FIELDS = {
     GGMLType.Q6_K: [("ql", 0, 128), ("qh", 128, 64), ("scales", 192, 16), ("d", 208, 2)],
     GGMLType.Q8_K: [("d", 0, 4), ("qs", 4, 256), ("bsums", 260, 32)],
     GGMLType.MXFP4: [("e", 0, 1), ("qs", 1, 16)],
+    GGMLType.IQ2_XXS: [("d", 0, 2), ("qs", 2, 64)],
+    GGMLType.IQ2_XS: [("d", 0, 2), ("qs", 2, 64), ("scales", 66, 8)],
+    GGMLType.IQ2_S: [("d", 0, 2), ("qs", 2, 64), ("qh", 66, 8), ("scales", 74, 8)],
+    GGMLType.IQ3_XXS: [("d", 0, 2), ("qs", 2, 96)],
+    GGMLType.IQ3_S: [("d", 0, 2), ("qs", 2, 64), ("qh", 66, 8), ("signs", 74, 32), ("scales", 106, 4)],
+    GGMLType.IQ1_S: [("d", 0, 2), ("qs", 2, 32), ("qh", 34, 16)],
+    GGMLType.IQ1_M: [("qs", 0, 32), ("qh", 32, 16), ("scales", 48, 8)],
+    GGMLType.IQ4_NL: [("d", 0, 2), ("qs", 2, 16)],
+    GGMLType.IQ4_XS: [("d", 0, 2), ("scales_h", 2, 2), ("scales_l", 4, 4), ("qs", 8, 128)],
+    GGMLType.TQ1_0: [("qs", 0, 48), ("qh", 48, 4), ("d", 52, 2)],
+    GGMLType.TQ2_0: [("qs", 0, 64), ("d", 64, 2)],
+    GGMLType.NVFP4: [("d", 0, 4), ("qs", 4, 32)],
+    GGMLType.Q1_0: [("d", 0, 2), ("qs", 2, 16)],
+    GGMLType.Q2_0: [("d", 0, 2), ("qs", 2, 16)],
 }
 
 
@@ -51,10 +63,18 @@ def test_scales_are_little_endian_halves_or_floats():
 
 
 def test_supported_types_cover_the_required_formats():
-    assert set(LAYOUT_TYPES) <= set(supported_types())
+    assert set(LAYOUT_TYPES) == set(supported_types())
 
 
-@pytest.mark.parametrize("t", [GGMLType.IQ2_XXS, GGMLType.IQ4_NL, GGMLType.TQ1_0, GGMLType.IQ2_XS])
-def test_no_layout_for_unsupported_formats(t):
-    with pytest.raises(NotImplementedError, match=t.name):
+def test_trait_sizes_agree_with_the_gguf_package():
+    # gguf gives Q8_1 40 bytes (float d and s); ggml-common.h's block_q8_1 has halves: 36
+    for t in GGMLType:
+        if t.name in GGMLQuantizationType.__members__ and t != GGMLType.Q8_1:
+            assert (block_size(t), type_size(t)) == GGML_QUANT_SIZES[GGMLQuantizationType[t.name]], t.name
+
+
+@pytest.mark.parametrize("t, name", [(4, r"Q4_2 \(removed from ggml\)"), (36, r"IQ4_NL_4_4 \(removed"),
+                                     (43, "unknown type 43")])
+def test_no_layout_for_removed_or_unknown_ids(t, name):
+    with pytest.raises(NotImplementedError, match=name):
         block_dtype(t)

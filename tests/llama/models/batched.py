@@ -7,9 +7,10 @@ import numpy as np
 import llama
 
 
-def alone(model, prompt: list[int], steps: list[int], n_threads: int = 2) -> list[np.ndarray]:
-    """The logits after the prompt and after each one-token step, in a context of its own."""
-    ctx = llama.Context(model, n_ctx=256, n_threads=n_threads)
+def alone(model, prompt: list[int], steps: list[int], n_threads: int = 2, **ctx_options) -> list[np.ndarray]:
+    """The logits after the prompt and after each one-token step, in a context of its own
+    (ctx_options: more Context keywords, e.g. the KV cache's types)."""
+    ctx = llama.Context(model, n_ctx=256, n_threads=n_threads, **ctx_options)
     assert ctx.decode(llama.Batch.from_tokens(prompt)) == 0
     out = [np.array(ctx.get_logits_ith(-1))]
     for tok in steps:
@@ -18,13 +19,13 @@ def alone(model, prompt: list[int], steps: list[int], n_threads: int = 2) -> lis
     return out
 
 
-def check_batched_equals_alone(model, n_seqs: int, n_vocab: int, n_threads: int = 2) -> None:
+def check_batched_equals_alone(model, n_seqs: int, n_vocab: int, n_threads: int = 2, **ctx_options) -> None:
     """n_seqs sequences (prompts of 3.. tokens, then 3 one-token steps of all of them in one
     ubatch): each sequence's logits within 1e-4 of the same sequence decoded alone."""
     rng = np.random.default_rng(n_seqs)
     prompts = [[int(t) for t in rng.integers(100, n_vocab, 3 + s)] for s in range(n_seqs)]
     steps = [[int(t) for t in rng.integers(100, n_vocab, 3)] for _ in range(n_seqs)]
-    ctx = llama.Context(model, n_ctx=512, n_seq_max=n_seqs, n_threads=n_threads)
+    ctx = llama.Context(model, n_ctx=512, n_seq_max=n_seqs, n_threads=n_threads, **ctx_options)
     first = llama.Batch(tokens=[t for p in prompts for t in p],
                         seq_ids=[[s] for s, p in enumerate(prompts) for _ in p],
                         logits=[i == len(p) - 1 for p in prompts for i in range(len(p))])
@@ -38,5 +39,5 @@ def check_batched_equals_alone(model, n_seqs: int, n_vocab: int, n_threads: int 
         for s in range(n_seqs):
             got[s].append(np.array(ctx.get_logits_ith(s)))
     for s in range(n_seqs):
-        for step, (a, b) in enumerate(zip(got[s], alone(model, prompts[s], steps[s], n_threads))):
+        for step, (a, b) in enumerate(zip(got[s], alone(model, prompts[s], steps[s], n_threads, **ctx_options))):
             assert np.abs(a - b).max() <= 1e-4, f"sequence {s}, step {step}"

@@ -1,0 +1,125 @@
+"""The attention over the KV cache (llama.cpp's build_attn with its cache): store this ubatch's
+K and V rows, attend over the n_kv cells read back through views of the cache.
+
+The chain is llama.cpp's without flash attention, which every backend runs and fuses (the
+CPU's mul_mat_soft_max, the CUDA attention kernel):
+
+    kq = mul_mat(K, Q) -> soft_max(kq, mask, scale) -> mul_mat(V^T, .) -> permute -> cont
+
+The cache's type (llama/kv_types.py) changes three things. Its views are strided by the
+type's row size, so a quantised K is read a block row at a time (mul_mat's quantised src0, as
+ggml reads it without flash attention). A quantised V cannot be read transposed (its values
+lie in blocks along the head), so the weights times V is out_prod(V, transpose(weights)),
+which reads V by rows as ggml's flash attention does (ggmlpy/ir/ops/out_prod.py). And where
+llama.cpp rotates a quantised cache (kv_types.rotation_sizes), Q and K (V, and the output
+back) are multiplied by the Hadamard matrix, an input of the graph (`inp_k_rot`,
+`inp_v_rot`), as llama_mul_mat_hadamard does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ggmlpy.ir import N_KV, N_TOKENS, GGMLType, GraphBuilder, Tensor
+from ggmlpy.ir.symbolic import N_KV_SWA
+from ggmlpy.ir.types import is_quantized, row_size
+from llama.graph_inputs import GraphInput, InputBuffers, fill_input
+from llama.kv_types import hadamard
+
+if TYPE_CHECKING:
+    from llama.graph import AttnInput, KVLayout, LlmGraph
+    from llama.weights import WeightRef
+
+ROT_NAMES = ("inp_k_rot", "inp_v_rot")
+
+
+def rotation_inputs(kv: "KVLayout", bufs: InputBuffers | None = None) -> dict[str, np.ndarray]:
+    """The Hadamard matrices of the layout's rotations, by leaf name (none without)."""
+    out = {}
+    for name, n in zip(ROT_NAMES, (kv.rot_k, kv.rot_v)):
+        if n:
+            out[name] = fill_input(bufs, name, np.float32, hadamard(n))
+    return out
+
+
+@dataclass
+class InpKVRot(GraphInput):
+    """The rotation matrices (llama.cpp's attn_inp_k_rot / attn_inp_v_rot): the same every ubatch."""
+
+    kv: "KVLayout"
+
+    @property
+    def names(self) -> tuple[str, ...]:  # type: ignore[override]
+        return tuple(name for name, n in zip(ROT_NAMES, (self.kv.rot_k, self.kv.rot_v)) if n)
+
+    def set_input(self, ub, state, bufs=None):
+        return rotation_inputs(self.kv, bufs)
+
+
+def rotation_leaves(g: "LlmGraph") -> tuple[Tensor | None, Tensor | None]:
+    """The graph's K and V rotation inputs (made once per graph), None where not rotated."""
+    kv, leaves = g.kv, g._leaves
+    if not (kv.rot_k or kv.rot_v):
+        return None, None
+    if ROT_NAMES[0] not in leaves and ROT_NAMES[1] not in leaves:
+        g.inputs.append(InpKVRot(kv))
+        for name, n in zip(ROT_NAMES, (kv.rot_k, kv.rot_v)):
+            if n:
+                leaves[name] = g.b.input(name, GGMLType.F32, (n, n))
+    return leaves.get(ROT_NAMES[0]), leaves.get(ROT_NAMES[1])
+
+
+def rotate(b: GraphBuilder, t: Tensor, rot: Tensor) -> Tensor:
+    """t with each run of rot.ne[0] values along ne[0] multiplied by the Hadamard matrix rot
+    (symmetric: mul_mat(rot, x) = rot x), in t's shape (llama_mul_mat_hadamard)."""
+    n = rot.ne[0]
+    x = t if t.is_contiguous else b.cont(t)
+    rows = b.reshape(x, n, t.ne[0] // n, t.ne[1], t.ne[2])
+    return b.reshape(b.mul_mat(rot, rows), *t.ne[:3])
+
+
+def build_kv_attn(g: "LlmGraph", inp: "AttnInput", q_cur: Tensor, k_cur: Tensor, v_cur: Tensor,
+                  kq_scale: float, il: int, softcap: float = 0.0,
+                  sinks: "WeightRef | None" = None) -> Tensor:
+    """The heads' outputs [head_v * n_head, n_tokens] (`kqv_out`) of layer il: LlmGraph.build_attn
+    without the output projection. q_cur [head_dim, n_head, n_tokens]; k_cur, v_cur
+    [head_dim, n_head_kv, n_tokens]. The cached views depend on the set_rows results, so the
+    store always precedes the read. A layer of the separate SWA cache (iSWA) uses that
+    cache's size, indices and n_kv."""
+    b, hp, kv = g.b, g.hp, g.kv
+    hk, hv, n_head_kv = hp.n_embd_head_k, hp.n_embd_head_v, hp.n_head_kv[il]
+    swa_cache = kv.separate_swa(hp, il)
+    size = kv.size_of(hp, il)
+    k_idxs, n_kv = (inp.k_idxs_swa, N_KV_SWA) if swa_cache else (inp.k_idxs, N_KV)
+    rot_k, rot_v = rotation_leaves(g)
+    if rot_k is not None:
+        q_cur, k_cur = rotate(b, q_cur, rot_k), rotate(b, k_cur, rot_k)
+    if rot_v is not None:
+        v_cur = rotate(b, v_cur, rot_v)
+    cache_k = b.cache(f"cache_k_l{il}", kv.type_k, (hp.n_embd_k_gqa(il), size))
+    cache_v = b.cache(f"cache_v_l{il}", kv.type_v, (hp.n_embd_v_gqa(il), size))
+    k_rows = b.reshape(k_cur, hp.n_embd_k_gqa(il), N_TOKENS)
+    v_rows = b.reshape(v_cur, hp.n_embd_v_gqa(il), N_TOKENS)
+    k_all = g.cb(b.set_rows(cache_k, k_rows, k_idxs), "k_stored", il)
+    v_all = g.cb(b.set_rows(cache_v, v_rows, k_idxs), "v_stored", il)
+    k = b.view(k_all, (hk, n_head_kv, n_kv), (row_size(kv.type_k, hk), cache_k.nb[1]))
+    v = b.view(v_all, (hv, n_head_kv, n_kv), (row_size(kv.type_v, hv), cache_v.nb[1]))
+    q = b.permute(q_cur, 0, 2, 1, 3)                           # [hk, n_tokens, n_head]
+    k = b.permute(k, 0, 2, 1, 3)                               # [hk, n_kv, n_head_kv]
+    kq = g.cb(b.mul_mat(k, q), "kq", il)                       # [n_kv, n_tokens, n_head]
+    if softcap:
+        kq = b.scale(b.tanh(b.scale(kq, kq_scale / softcap)), softcap)
+        kq_scale = 1.0
+    mask = inp.mask_swa if (inp.mask_swa is not None and hp.is_swa(il)) else inp.mask
+    kq = g.cb(b.soft_max_ext(kq, mask, kq_scale, 0.0, sinks=g.w(sinks)), "kq_soft_max", il)
+    if is_quantized(kv.type_v):   # V's rows, one per key, weighted: [hv, n_tokens, n_head]
+        kqv = b.out_prod(b.permute(v, 0, 2, 1, 3), b.transpose(kq))
+    else:
+        kqv = b.mul_mat(b.permute(v, 1, 2, 0, 3), kq)          # [hv, n_tokens, n_head]
+    cur = b.permute(kqv, 0, 2, 1, 3)                           # [hv, n_head, n_tokens]
+    cur = b.cont(cur, hv * hp.n_head[il], N_TOKENS)
+    if rot_v is not None:
+        cur = rotate(b, cur, rot_v)
+    return g.cb(cur, "kqv_out", il)
