@@ -133,12 +133,13 @@ def llama_cpp_view(path: Path, texts: list[str]) -> dict:
                 got = L.llama_tokenize(v, raw, len(raw), buf, size, add, parse)
             return list(buf[:got])
 
-        ids = ("bos", "eos", "eot", "eom", "sep", "nl", "pad", "mask", "fim_pre", "fim_suf",
+        # the special ids llama-cpp-python binds (it has no llama_vocab_eom)
+        ids = ("bos", "eos", "eot", "sep", "nl", "pad", "mask", "fim_pre", "fim_suf",
                "fim_mid", "fim_pad", "fim_rep", "fim_sep")
         return {
             "attrs": [int(L.llama_vocab_get_attr(v, i)) for i in range(n)],
             "eog": [i for i in range(n) if L.llama_vocab_is_eog(v, i)],
-            "ids": [int(getattr(L, f"llama_vocab_{k}")(v)) for k in ids if hasattr(L, f"llama_vocab_{k}")],
+            "ids": [int(getattr(L, f"llama_vocab_{k}")(v)) for k in ids],
             "flags": [bool(L.llama_vocab_get_add_bos(v)), bool(L.llama_vocab_get_add_eos(v))],
             "tokens": [tokenize(t, a, p) for t in texts for a in (False, True) for p in (False, True)],
             "cases": [tokenize(t, False, False) for t in texts],
