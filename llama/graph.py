@@ -105,6 +105,9 @@ class LlmGraph:
     # nodes the graph runs for their writes alone (recurrent states stored for the next
     # ubatch), as llama.cpp's ggml_build_forward_expand of a copy nothing reads
     side_effects: list[Tensor] = field(default_factory=list)
+    # each cache layer's K and V after this ubatch's write (what later layers that share it read)
+    kv_stored: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    inp_tokens: Tensor | None = None   # the token ids, in a graph of tokens (build_inp_embd)
 
     @property
     def hp(self) -> HParams:
@@ -134,7 +137,7 @@ class LlmGraph:
             self.inputs.append(InpEmbd())
             return self.b.input("inp_embd", GGMLType.F32, (self.hp.n_embd, N_TOKENS))
         self.inputs.append(InpTokens())
-        tokens = self.b.input("inp_tokens", GGMLType.I32, (N_TOKENS,))
+        tokens = self.inp_tokens = self.b.input("inp_tokens", GGMLType.I32, (N_TOKENS,))
         cur = self.b.get_rows(self.w(tok_embd), tokens)
         for adapter in self.loras():
             lw = adapter.token_embd
@@ -312,7 +315,7 @@ class LlmGraph:
         """The projections, as heads: from the fused attn_qkv when the layer has one (Q, K
         and V are then views of its rows; V is made contiguous), else from wq, wk, wv."""
         b, hp = self.b, self.hp
-        hk, hv, n_head, n_head_kv = hp.n_embd_head_k, hp.n_embd_head_v, hp.n_head[il], hp.n_head_kv[il]
+        hk, hv, n_head, n_head_kv = hp.head_k(il), hp.head_v(il), hp.n_head[il], hp.n_head_kv[il]
         if layer.wqkv is not None:
             qkv = self.cb(self.build_lora_mm(layer.wqkv, cur), "wqkv", il)
             n_tokens, esz, row = qkv.ne[1], qkv.nb[0], qkv.nb[1]
@@ -396,14 +399,15 @@ class LlmGraph:
         return self.b.scale(self.b.tanh(self.b.scale(t, 1.0 / cap)), cap)
 
     def build_attn(self, inp: "AttnInput", wo: WeightRef | None, wo_b: WeightRef | None, q_cur: Tensor,
-                   k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int,
+                   k_cur: Tensor | None, v_cur: Tensor | None, kq_scale: float, il: int,
                    softcap: float = 0.0, sinks: WeightRef | None = None) -> Tensor:
         """Store K and V for this ubatch in the cache, attend over the n_kv cells read back
         (llama/kv_attention.py, whatever the cache's type); with `sinks` (gpt-oss), one more
         logit per head joins each softmax. Without `wo` the heads' outputs are returned
         unprojected [head_v * n_head, n_tokens] (Qwen3.5 gates them first).
 
-        q_cur [head_dim, n_head, n_tokens]; k_cur, v_cur [head_dim, n_head_kv, n_tokens].
+        q_cur [head_dim, n_head, n_tokens]; k_cur, v_cur [head_dim, n_head_kv, n_tokens], or
+        None in a layer that reads an earlier layer's cache (hp.kv_layer).
         """
         cur = build_kv_attn(self, inp, q_cur, k_cur, v_cur, kq_scale, il, softcap=softcap, sinks=sinks)
         if wo is None:

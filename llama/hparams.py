@@ -63,13 +63,51 @@ class HParams:
     ssm_n_group: int = 0
     recurrent_layers: list[bool] = field(default_factory=list)
     rope_sections: tuple[int, int, int, int] = (0, 0, 0, 0)  # multi-section RoPE (rope.dimension_sections)
+    # the sliding-window layers' own head sizes and rotary dims (key_length_swa,
+    # value_length_swa, rope.dimension_count_swa; 0: the same as the global layers')
+    n_embd_head_k_swa: int = 0
+    n_embd_head_v_swa: int = 0
+    n_rot_swa: int = 0
+    # layers from this one on own no KV cache and read an earlier layer's (Gemma 3n/4's
+    # shared_kv_layers; -1: every layer has its own)
+    n_layer_kv_from_start: int = -1
+    n_embd_per_layer: int = 0       # per-layer embedding inputs' width (Gemma 4; 0: none)
+    rope_freqs_swa: bool = True     # the sliding-window layers rotate with rope_freqs too (not Gemma 4's)
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def head_k(self, il: int) -> int:
+        """Layer il's key head size (llama_hparams::n_embd_head_k(il))."""
+        return self.n_embd_head_k_swa if self.n_embd_head_k_swa and self.is_swa(il) else self.n_embd_head_k
+
+    def head_v(self, il: int) -> int:
+        return self.n_embd_head_v_swa if self.n_embd_head_v_swa and self.is_swa(il) else self.n_embd_head_v
+
+    def rot(self, il: int) -> int:
+        """Layer il's rotated dims (llama_hparams::n_rot(il))."""
+        return self.n_rot_swa if self.n_rot_swa and self.is_swa(il) else self.n_rot
+
     def n_embd_k_gqa(self, il: int) -> int:
-        return self.n_embd_head_k * self.n_head_kv[il]
+        return self.head_k(il) * self.n_head_kv[il]
 
     def n_embd_v_gqa(self, il: int) -> int:
-        return self.n_embd_head_v * self.n_head_kv[il]
+        return self.head_v(il) * self.n_head_kv[il]
+
+    def uses_rope_freqs(self, il: int) -> bool:
+        """Whether layer il rotates with the file's frequency factors (rope_freqs.weight),
+        where it has them: every layer, or only the global ones (Gemma 4)."""
+        return self.rope_freqs_swa or not self.is_swa(il)
+
+    def has_kv(self, il: int) -> bool:
+        """Whether layer il stores K and V (llama_hparams::has_kv)."""
+        return self.n_layer_kv_from_start < 0 or il < self.n_layer_kv_from_start
+
+    def kv_layer(self, il: int) -> int:
+        """The layer whose cache layer il attends over: its own, or for a layer past
+        n_layer_kv_from_start the last earlier layer of its kind (the last sliding-window
+        one or the last global one), as llama.cpp's layer_reuse callback for Gemma 3n/4."""
+        if self.has_kv(il):
+            return il
+        return self.n_layer_kv_from_start - (2 if self.is_swa(il) else 1)
 
     def is_recurrent(self, il: int) -> bool:
         return bool(self.recurrent_layers) and self.recurrent_layers[il]
@@ -110,7 +148,7 @@ class HParams:
             attn_factor = (mscale(factor, 1.0) / mscale(factor, self.rope_yarn_log_mul) if self.rope_yarn_log_mul
                            else mscale(factor, 1.0))
             attn_factor /= 1.0 + 0.1 * math.log(factor)
-        return dict(n_dims=self.n_rot, mode=self.rope_type, n_ctx_orig=self.n_ctx_orig_yarn,
+        return dict(n_dims=self.rot(il), mode=self.rope_type, n_ctx_orig=self.n_ctx_orig_yarn,
                     freq_base=self.rope_freq_base_swa if swa else self.rope_freq_base, freq_scale=freq_scale,
                     ext_factor=ext_factor, attn_factor=float(np.float32(attn_factor * self.rope_attn_factor)),
                     beta_fast=self.yarn_beta_fast, beta_slow=self.yarn_beta_slow)
@@ -247,4 +285,7 @@ def load_common(md: Mapping[str, Any], arch: str) -> HParams:
     hp.n_ctx_orig_yarn = r.int("rope.scaling.original_context_length", hp.n_ctx_train)
     hp.rope_attn_factor = float(r.get("rope.scaling.attn_factor", 1.0))
     hp.rope_yarn_log_mul = float(r.get("rope.scaling.yarn_log_multiplier", 0.0))
+    hp.n_embd_head_k_swa = r.int("attention.key_length_swa", 0)
+    hp.n_embd_head_v_swa = r.int("attention.value_length_swa", 0)
+    hp.n_rot_swa = r.int("rope.dimension_count_swa", 0)
     return hp

@@ -50,7 +50,9 @@ def build_k_shift(model: "Model", kv: KVLayout) -> BuiltGraph:
     rot = b.input(ROT_NAMES[0], GGMLType.F32, (kv.rot_k, kv.rot_k)) if kv.rot_k else None
     outs = []
     for il in range(hp.n_layer):
-        hk, n_head_kv = hp.n_embd_head_k, hp.n_head_kv[il]
+        if not hp.has_kv(il):   # reads an earlier layer's cache, shifted there
+            continue
+        hk, n_head_kv = hp.head_k(il), hp.n_head_kv[il]
         size = kv.size_of(hp, il)
         cache_k = b.cache(f"cache_k_l{il}", kv.type_k, (hp.n_embd_k_gqa(il), size))
         k = b.view(cache_k, (hk, n_head_kv, size), (row_size(kv.type_k, hk), cache_k.nb[1]))
@@ -59,7 +61,7 @@ def build_k_shift(model: "Model", kv: KVLayout) -> BuiltGraph:
         cur = b.cont(k) if is_quantized(kv.type_k) else k
         if rot is not None:
             cur = rotate(b, cur, rot)
-        rotated = b.rope_ext(cur, delta, factors, **hp.rope_args(il))
+        rotated = b.rope_ext(cur, delta, factors if hp.uses_rope_freqs(il) else None, **hp.rope_args(il))
         if rot is not None:
             rotated = rotate(b, rotated, rot)
         outs.append(b.name(b.cpy(rotated, k), "k_shifted", il))

@@ -80,32 +80,32 @@ def rotate(b: GraphBuilder, t: Tensor, rot: Tensor) -> Tensor:
     return b.reshape(b.mul_mat(rot, rows), *t.ne[:3])
 
 
-def build_kv_attn(g: "LlmGraph", inp: "AttnInput", q_cur: Tensor, k_cur: Tensor, v_cur: Tensor,
+def build_kv_attn(g: "LlmGraph", inp: "AttnInput", q_cur: Tensor, k_cur: Tensor | None, v_cur: Tensor | None,
                   kq_scale: float, il: int, softcap: float = 0.0,
                   sinks: "WeightRef | None" = None) -> Tensor:
     """The heads' outputs [head_v * n_head, n_tokens] (`kqv_out`) of layer il: LlmGraph.build_attn
     without the output projection. q_cur [head_dim, n_head, n_tokens]; k_cur, v_cur
-    [head_dim, n_head_kv, n_tokens]. The cached views depend on the set_rows results, so the
-    store always precedes the read. A layer of the separate SWA cache (iSWA) uses that
-    cache's size, indices and n_kv."""
+    [head_dim, n_head_kv, n_tokens], or None in a layer without a cache of its own, which
+    attends over the cache layer hp.kv_layer(il) stored earlier in this graph (Gemma 4's
+    shared KV layers). The cached views depend on the set_rows results, so the store always
+    precedes the read. A layer of the separate SWA cache (iSWA) uses that cache's size,
+    indices and n_kv."""
     b, hp, kv = g.b, g.hp, g.kv
-    hk, hv, n_head_kv = hp.n_embd_head_k, hp.n_embd_head_v, hp.n_head_kv[il]
-    swa_cache = kv.separate_swa(hp, il)
-    size = kv.size_of(hp, il)
+    hk, hv, n_head_kv = hp.head_k(il), hp.head_v(il), hp.n_head_kv[il]
+    src = hp.kv_layer(il)
+    swa_cache = kv.separate_swa(hp, src)
     k_idxs, n_kv = (inp.k_idxs_swa, N_KV_SWA) if swa_cache else (inp.k_idxs, N_KV)
     rot_k, rot_v = rotation_leaves(g)
     if rot_k is not None:
-        q_cur, k_cur = rotate(b, q_cur, rot_k), rotate(b, k_cur, rot_k)
-    if rot_v is not None:
-        v_cur = rotate(b, v_cur, rot_v)
-    cache_k = b.cache(f"cache_k_l{il}", kv.type_k, (hp.n_embd_k_gqa(il), size))
-    cache_v = b.cache(f"cache_v_l{il}", kv.type_v, (hp.n_embd_v_gqa(il), size))
-    k_rows = b.reshape(k_cur, hp.n_embd_k_gqa(il), N_TOKENS)
-    v_rows = b.reshape(v_cur, hp.n_embd_v_gqa(il), N_TOKENS)
-    k_all = g.cb(b.set_rows(cache_k, k_rows, k_idxs), "k_stored", il)
-    v_all = g.cb(b.set_rows(cache_v, v_rows, k_idxs), "v_stored", il)
-    k = b.view(k_all, (hk, n_head_kv, n_kv), (row_size(kv.type_k, hk), cache_k.nb[1]))
-    v = b.view(v_all, (hv, n_head_kv, n_kv), (row_size(kv.type_v, hv), cache_v.nb[1]))
+        q_cur = rotate(b, q_cur, rot_k)
+    if k_cur is None or v_cur is None:
+        if src == il or src not in g.kv_stored:
+            raise ValueError(f"{hp.arch} layer {il}: no K/V given and no earlier layer's cache to read")
+        k_all, v_all = g.kv_stored[src]
+    else:
+        k_all, v_all = _store_kv(g, k_cur, v_cur, k_idxs, rot_k, rot_v, il)
+    k = b.view(k_all, (hk, n_head_kv, n_kv), (row_size(kv.type_k, hk), k_all.nb[1]))
+    v = b.view(v_all, (hv, n_head_kv, n_kv), (row_size(kv.type_v, hv), v_all.nb[1]))
     q = b.permute(q_cur, 0, 2, 1, 3)                           # [hk, n_tokens, n_head]
     k = b.permute(k, 0, 2, 1, 3)                               # [hk, n_kv, n_head_kv]
     kq = g.cb(b.mul_mat(k, q), "kq", il)                       # [n_kv, n_tokens, n_head]
@@ -123,3 +123,23 @@ def build_kv_attn(g: "LlmGraph", inp: "AttnInput", q_cur: Tensor, k_cur: Tensor,
     if rot_v is not None:
         cur = rotate(b, cur, rot_v)
     return g.cb(cur, "kqv_out", il)
+
+
+def _store_kv(g: "LlmGraph", k_cur: Tensor, v_cur: Tensor, k_idxs: Tensor, rot_k: Tensor | None,
+              rot_v: Tensor | None, il: int) -> tuple[Tensor, Tensor]:
+    """Write this ubatch's K and V rows into layer il's cache; the results (the whole caches
+    after the write) are what the attention reads, here and in layers that share them."""
+    b, hp, kv = g.b, g.hp, g.kv
+    if rot_k is not None:
+        k_cur = rotate(b, k_cur, rot_k)
+    if rot_v is not None:
+        v_cur = rotate(b, v_cur, rot_v)
+    size = kv.size_of(hp, il)
+    cache_k = b.cache(f"cache_k_l{il}", kv.type_k, (hp.n_embd_k_gqa(il), size))
+    cache_v = b.cache(f"cache_v_l{il}", kv.type_v, (hp.n_embd_v_gqa(il), size))
+    k_rows = b.reshape(k_cur, hp.n_embd_k_gqa(il), N_TOKENS)
+    v_rows = b.reshape(v_cur, hp.n_embd_v_gqa(il), N_TOKENS)
+    stored = (g.cb(b.set_rows(cache_k, k_rows, k_idxs), "k_stored", il),
+              g.cb(b.set_rows(cache_v, v_rows, k_idxs), "v_stored", il))
+    g.kv_stored[il] = stored
+    return stored

@@ -56,7 +56,9 @@ class KVCache:
         self.size = kv_size
         self.type_k, self.type_v = type_k, type_v
         self.rot_k, self.rot_v = rotation_sizes(hp, type_k, type_v)   # Hadamard sizes (kv_types.py)
-        self.layers = list(range(hp.n_layer)) if layers is None else sorted(set(layers))
+        # by default every layer that owns a cache (later Gemma 4 layers read an earlier one's)
+        own = [il for il in range(hp.n_layer) if hp.has_kv(il)]
+        self.layers = own if layers is None else sorted(set(layers) & set(own))
         if any(not 0 <= il < hp.n_layer for il in self.layers):
             raise ValueError(f"KV cache layers {self.layers} are not all in [0, {hp.n_layer})")
         self.cells = KVCells(kv_size, n_seq_max, n_pad=n_pad, swa_type=swa_type, n_swa=n_swa,

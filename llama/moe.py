@@ -23,6 +23,7 @@ import numpy as np
 
 from ggmlpy.ir import Tensor
 from llama.graph import FfnOp, NormType, ffn_activation
+from llama.weights import TensorLoadError
 
 if TYPE_CHECKING:
     from types import SimpleNamespace
@@ -57,14 +58,17 @@ def build_moe_block(g: "LlmGraph", layer: "SimpleNamespace", x: Tensor, act: Ffn
 
 
 def build_moe_ffn(g: "LlmGraph", cur: Tensor, layer: "SimpleNamespace", act: FfnOp, norm_w: bool, il: int,
-                  gating: Gating = Gating.SOFTMAX) -> Tensor:
+                  gating: Gating = Gating.SOFTMAX, logits: Tensor | None = None) -> Tensor:
     """The block's output [n_embd, n_tokens] for its input cur [n_embd, n_tokens], from the
     layer's router and experts (ffn_gate_inp, ffn_{gate,up,down}_exps and their optional
-    biases); n_expert, n_expert_used and the weights' scale are the model's."""
+    biases); n_expert, n_expert_used and the weights' scale are the model's. `logits`: the
+    router's scores when the model computes them itself from another input (Gemma 4's
+    probs_in), instead of ffn_gate_inp · cur."""
     b, hp = g.b, g.hp
     n_expert, n_used = hp.n_expert, hp.n_expert_used
     n_embd, n_tokens = cur.ne[0], cur.ne[1]
-    logits = g.cb(g.build_lora_mm(layer.ffn_gate_inp, cur), "ffn_moe_logits", il)   # [n_expert, n_tokens]
+    if logits is None:
+        logits = g.cb(g.build_lora_mm(layer.ffn_gate_inp, cur), "ffn_moe_logits", il)   # [n_expert, n_tokens]
     if layer.ffn_gate_inp_b is not None:
         logits = g.cb(b.add(logits, g.w(layer.ffn_gate_inp_b)), "ffn_moe_logits_biased", il)
     probs = {Gating.SOFTMAX: b.soft_max, Gating.SIGMOID: b.sigmoid, Gating.SOFTMAX_WEIGHT: lambda t: t,
@@ -96,14 +100,31 @@ def build_moe_ffn(g: "LlmGraph", cur: Tensor, layer: "SimpleNamespace", act: Ffn
         return out
 
     x = b.reshape(cur, n_embd, 1, n_tokens)
-    up = experts(layer.ffn_up_exps, layer.ffn_up_exps_b, x, "ffn_moe_up")
     gated, plain = _ACT_NAMES[act]
-    if layer.ffn_gate_exps is not None:
+    if layer.ffn_gate_up_exps is not None:   # one product, then the gate's and up's rows apart
+        gate_up = experts(layer.ffn_gate_up_exps, None, x, "ffn_moe_gate_up")
+        n_ff = gate_up.ne[0] // 2
+        gate, up = (b.cont(b.view(gate_up, (n_ff, n_used, n_tokens), gate_up.nb[1:3], off * gate_up.nb[0]))
+                    for off in (0, n_ff))
+        h = g.cb(ffn_activation(b, act, up, gate), gated, il)
+    elif layer.ffn_up_exps is None:
+        raise TensorLoadError(f"{hp.arch} layer {il}: the file has neither blk.{il}.ffn_gate_up_exps.weight "
+                              f"nor blk.{il}.ffn_up_exps.weight")
+    elif layer.ffn_gate_exps is not None:
+        up = experts(layer.ffn_up_exps, layer.ffn_up_exps_b, x, "ffn_moe_up")
         gate = experts(layer.ffn_gate_exps, layer.ffn_gate_exps_b, x, "ffn_moe_gate")
         h = g.cb(ffn_activation(b, act, up, gate), gated, il)
     else:
+        up = experts(layer.ffn_up_exps, layer.ffn_up_exps_b, x, "ffn_moe_up")
         h = g.cb(ffn_activation(b, act, up), plain, il)
     down = experts(layer.ffn_down_exps, layer.ffn_down_exps_b, h, "ffn_moe_down")  # [n_embd, n_used, n_tokens]
+    if layer.ffn_down_exps_s is not None:
+        # each selected expert's scale [1, n_used, n_tokens], gathered as the weights are from
+        # the scales repeated over the tokens (llama.cpp's repeat_4d: here 0 * probs + s,
+        # exact since the probabilities are finite)
+        per_token = b.add(b.scale(b.reshape(probs, 1, n_expert, n_tokens), 0.0),
+                          b.reshape(g.w(layer.ffn_down_exps_s), 1, n_expert, 1))
+        down = g.cb(b.mul(down, b.get_rows(per_token, selected)), "ffn_moe_down_scaled", il)
     down = g.cb(b.mul(down, weights), "ffn_moe_weighted", il)
 
     # the sum over the selected experts, one view of `down` each, added in order

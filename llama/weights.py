@@ -105,9 +105,9 @@ class TensorTable:
         A file with `fused_qkv` and `qkv` both OPTIONAL may have either (phi3); the graph
         checks that one of them is there. The q/k norms are one head wide, or with
         `qk_norm_rows` as wide as all of Q's and K's heads (OLMoE normalises whole rows)."""
-        n_embd, head_k = hp.n_embd, hp.n_embd_head_k
+        n_embd, head_k = hp.n_embd, hp.head_k(il)
         n_q, n_k, n_v = head_k * hp.n_head[il], hp.n_embd_k_gqa(il), hp.n_embd_v_gqa(il)
-        n_out = hp.n_embd_head_v * hp.n_head[il]  # the attention output's width
+        n_out = hp.head_v(il) * hp.n_head[il]  # the attention output's width
         self._add_layer(il, "wqkv", "attn_qkv.weight", (n_embd, n_q + n_k + n_v), fused_qkv)
         self._add_layer(il, "wq", "attn_q.weight", (n_embd, n_q), qkv)
         self._add_layer(il, "wk", "attn_k.weight", (n_embd, n_k), qkv)
@@ -127,16 +127,24 @@ class TensorTable:
         self.add_layer(il, "ffn_down", "ffn_down.weight", (n_ff, n_embd))
 
     def add_moe_ffn(self, il: int, n_embd: int, n_ff_exp: int, n_expert: int, gate: Need = Need.REQUIRED,
-                    biases: Need = Need.UNUSED, probs_bias: Need = Need.UNUSED) -> None:
+                    biases: Need = Need.UNUSED, probs_bias: Need = Need.UNUSED, gate_up: Need = Need.UNUSED,
+                    down_scale: Need = Need.UNUSED) -> None:
         """A mixture-of-experts block: the router and every expert's gate (optional in
         Mixtral's files: then act(up)), up and down projections, stacked [n_in, n_out,
         n_expert]; with `biases` the router's and every expert's biases (gpt-oss; an
         expert's bias row is column e of [n_out, n_expert]), with `probs_bias` the bias added
-        to the router's scores for choosing experts only (DeepSeek V3's exp_probs_b). Every
-        one is an attribute of the layer (None where UNUSED), as build_moe_ffn reads them."""
+        to the router's scores for choosing experts only (DeepSeek V3's exp_probs_b). With
+        `gate_up` a file may stack each expert's gate and up rows in one ffn_gate_up_exps
+        (then the separate ones are optional: Gemma 4); `down_scale` is a scale per expert
+        on its down projection's output (ffn_down_exps.scale). Every one is an attribute of
+        the layer (None where UNUSED), as build_moe_ffn reads them."""
+        split = Need.OPTIONAL if gate_up is not Need.UNUSED else Need.REQUIRED
         self.add_layer(il, "ffn_gate_inp", "ffn_gate_inp.weight", (n_embd, n_expert))
-        self._add_layer(il, "ffn_gate_exps", "ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), gate)
-        self.add_layer(il, "ffn_up_exps", "ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert))
+        self._add_layer(il, "ffn_gate_up_exps", "ffn_gate_up_exps.weight", (n_embd, 2 * n_ff_exp, n_expert), gate_up)
+        self._add_layer(il, "ffn_gate_exps", "ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert),
+                        Need.OPTIONAL if gate is Need.REQUIRED and split is Need.OPTIONAL else gate)
+        self._add_layer(il, "ffn_up_exps", "ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), split)
+        self._add_layer(il, "ffn_down_exps_s", "ffn_down_exps.scale", (n_expert,), down_scale)
         self.add_layer(il, "ffn_down_exps", "ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert))
         self._add_layer(il, "ffn_gate_inp_b", "ffn_gate_inp.bias", (n_expert,), biases)
         self._add_layer(il, "ffn_gate_exps_b", "ffn_gate_exps.bias", (n_ff_exp, n_expert), biases)

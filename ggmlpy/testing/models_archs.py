@@ -21,6 +21,7 @@ from ggmlpy.gguf.writer import GGUFWriter, GGUFValueType
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.quants import quantize
 from ggmlpy.testing.models import add_random_matrix, add_tiny_bpe_vocab
+from ggmlpy.testing.models_gemma4 import GEMMA4_DENSE, gemma4_globals, gemma4_layer
 
 
 @dataclass
@@ -106,6 +107,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen3next": dict(n_layer=4, head_dim=32, n_rot=16, rope_base=1e6, n_expert=8, n_expert_used=2, n_ff_exp=32,
                       n_ff_shexp=64, shexp_gate=True,
                       extra_keys={k: v for k, v in SSM_KEYS.items() if k != "rope.dimension_sections"}),
+    "gemma4": GEMMA4_DENSE,
 }
 
 
@@ -139,6 +141,9 @@ class _Tiny:
     def bias(self, name: str, n: int) -> None:
         self.add(name, (0.5 * self.rng.standard_normal(n)).astype(np.float32))
 
+    def experts(self, name: str, n_in: int, n_out: int) -> None:
+        _experts(self, name, n_in, n_out)
+
 
 def _common_keys(t: _Tiny) -> None:
     c = t.cfg
@@ -146,9 +151,10 @@ def _common_keys(t: _Tiny) -> None:
     t.key_u32("context_length", c.n_ctx_train)
     t.key_u32("embedding_length", c.n_embd)
     t.key_u32("block_count", c.n_layer)
-    t.key_u32("feed_forward_length", c.n_ff)
-    t.key_u32("attention.head_count", c.n_head)
-    t.key_u32("attention.head_count_kv", c.n_head_kv)
+    for key, value in (("feed_forward_length", c.n_ff), ("attention.head_count", c.n_head),
+                       ("attention.head_count_kv", c.n_head_kv)):
+        if key not in c.extra_keys:   # extra_keys may give them per layer
+            t.key_u32(key, value)
     if c.head_dim:
         t.key_u32("attention.key_length", c.head_dim)
         t.key_u32("attention.value_length", c.head_dim)
@@ -176,6 +182,8 @@ def _common_keys(t: _Tiny) -> None:
             t.w.add_string(f"{c.arch}.{key}", value)
         elif isinstance(value, float):
             t.key_f32(key, value)
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, bool) for v in value):
+            t.w.add_array(f"{c.arch}.{key}", list(value), GGUFValueType.BOOL)
         elif isinstance(value, (list, tuple)):
             t.w.add_array(f"{c.arch}.{key}", [int(v) for v in value], GGUFValueType.INT32)
         else:
@@ -373,7 +381,10 @@ LAYER_WRITERS: dict[str, Callable[[_Tiny, str], None]] = {
     "qwen35": _qwen35_layer,
     "qwen35moe": _qwen35_layer,
     "qwen3next": _qwen35_layer,
+    "gemma4": gemma4_layer,
 }
+# tensors outside the layers besides the embeddings, per architecture
+GLOBAL_WRITERS: dict[str, Callable[[_Tiny], None]] = {"gemma4": gemma4_globals}
 ARCHS_WITHOUT_OUTPUT = {"gemma", "gemma2"}  # llama.cpp always ties their output
 
 
@@ -402,6 +413,8 @@ def write_tiny_model(arch: str, path: str | Path, **overrides: Any) -> Path:
     _embeddings(t)
     for name, data in cfg.extra_tensors.items():
         t.add(name, np.asarray(data, np.float32))
+    if arch in GLOBAL_WRITERS:
+        GLOBAL_WRITERS[arch](t)
     layer = LAYER_WRITERS[arch]
     for il in range(cfg.n_layer):
         layer(t, f"blk.{il}.")

@@ -16,3 +16,4 @@ from llama.models import glm4moe  # noqa: F401
 from llama.models import qwen35  # noqa: F401
 from llama.models import qwen35moe  # noqa: F401
 from llama.models import qwen3next  # noqa: F401
+from llama.models import gemma4  # noqa: F401

@@ -22,6 +22,7 @@ import numpy as np
 
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.testing.models_archs import write_tiny_model
+from ggmlpy.testing.models_gemma4 import GEMMA4_MOE
 
 # name -> (architecture, tiny-model settings)
 VARIANTS: dict[str, tuple[str, dict]] = {
@@ -75,6 +76,12 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "llama-iq2_s": ("llama", {"weight_type": GGMLType.IQ2_S, "n_embd": 256, "n_ff": 512}),
     "llama-tq2_0": ("llama", {"weight_type": GGMLType.TQ2_0, "n_embd": 256, "n_ff": 512}),
     "llama-tq1_0": ("llama", {"weight_type": GGMLType.TQ1_0, "n_embd": 256, "n_ff": 512}),
+    # Gemma 4: per-layer embeddings, per-layer head sizes and KV heads, shared KV layers (E2B's
+    # shape), and the experts' variant with a dense FFN beside them (26B-A4B's)
+    "gemma4-f32": ("gemma4", {}),
+    "gemma4-q8_0": ("gemma4", {"weight_type": GGMLType.Q8_0}),
+    "gemma4-moe-f32": ("gemma4", GEMMA4_MOE),
+    "gemma4-moe-q4_0": ("gemma4", {**GEMMA4_MOE, "weight_type": GGMLType.Q4_0}),
 }
 PROMPT = [5, 17, 200, 33, 41, 9, 8, 7, 100]
 N_GREEDY = 8

@@ -22,6 +22,7 @@ import llama
 from ggmlpy.testing.ops import normalized_error
 from ggmlpy.sched.registry import available_backends
 from ggmlpy.testing.models_archs import DEFAULTS, write_tiny_model
+from ggmlpy.testing.models_gemma4 import GEMMA4_MOE
 from llama.arch import ARCHS, get_arch
 from llama.hparams import HParamsError
 from llama.weights import TensorLoadError
@@ -38,6 +39,7 @@ VARIANTS.update({
     "mistral-no-window": ("mistral", {"n_swa": 0}),
     "phi3-split-qkv": ("phi3", {"fused_qkv": False}),
     "qwen3next-ssm-in": ("qwen3next", {"legacy_ssm_in": True}),
+    "gemma4-moe": ("gemma4", GEMMA4_MOE),   # 26B-A4B's shape: experts beside the dense FFN
 })
 TOKENS = [5, 17, 200, 33, 41, 9, 8, 7, 100, 101, 102, 103]  # windows are 4 positions
 N_PROMPT = 7          # then the remaining tokens one at a time
@@ -82,6 +84,10 @@ CONTROLS = [
     ("qwen35", "partial rotary", dict(rotary_dim=32)),
     ("qwen35moe", "the gated shared expert", dict(forward_kw={"use_shared_expert": False})),
     ("qwen3next", "value heads interleaved over the key heads", dict(forward_kw={"interleave": False})),
+    ("gemma4", "KV shared from earlier layers", dict(forward_kw={"share_kv": False})),
+    ("gemma4", "per-layer embedding inputs", dict(forward_kw={"use_per_layer": False})),
+    ("gemma4", "proportional RoPE on the global layers", dict(forward_kw={"use_factors": False})),
+    ("gemma4", "sliding window", dict(sliding_window=0)),
 ]
 
 
@@ -195,6 +201,7 @@ def test_token_by_token_equals_batch(tiny, variant):
     ("gemma", 2, 0, [False, False]),
     ("gemma2", 2, 4, [True, False, True, False]),
     ("gemma3", 2, 4, [True] * 5 + [False]),
+    ("gemma4", 2, 4, [True, True, True, False, True, False]),
 ])
 def test_hparams(tiny, variant, rope_type, n_swa, swa_layers):
     hp = tiny.model(variant).hparams
@@ -210,6 +217,35 @@ def test_hparams_head_sizes_and_caps(tiny):
     assert (gemma2.f_attn_logit_softcapping, gemma2.f_final_logit_softcapping) == (3.0, 10.0)
     assert gemma2.rope_freq_base_swa == gemma2.rope_freq_base == 10000.0
     assert gemma2.f_attention_scale == pytest.approx(0.25)
+
+
+def test_gemma4_hparams_per_layer(tiny):
+    """Head sizes, rotary dims, KV heads and RoPE bases per layer kind, and the layers past
+    n_layer - shared_kv_layers reading the last earlier cache of their kind."""
+    hp = tiny.model("gemma4").hparams
+    assert [hp.head_k(il) for il in range(6)] == [32, 32, 32, 64, 32, 64]
+    assert [hp.rope_args(il)["n_dims"] for il in (0, 3)] == [32, 64]
+    assert [hp.rope_args(il)["freq_base"] for il in (0, 3)] == [1e4, 1e6]
+    assert [hp.n_embd_k_gqa(il) for il in range(6)] == [64, 64, 64, 64, 64, 64]
+    assert [hp.kv_layer(il) for il in range(6)] == [0, 1, 2, 3, 2, 3]
+    assert hp.n_embd_per_layer == 32 and hp.f_attention_scale == 1.0
+    assert [hp.uses_rope_freqs(il) for il in range(6)] == [False, False, False, True, False, True]
+
+
+def test_gemma4_cache_holds_only_the_layers_that_own_one(tiny):
+    ctx = llama.Context(tiny.model("gemma4"), n_ctx=32, backend="ref")
+    names = set(ctx.memory.bindings())
+    assert {f"cache_k_l{il}" for il in range(4)} <= names
+    assert not {"cache_k_l4", "cache_k_l5", "cache_v_l4", "cache_v_l5"} & names
+
+
+def test_gemma4_bad_shared_layers_are_refused(tmp_path):
+    """Shared layers must find a sliding-window layer and then a global one before them."""
+    from ggmlpy.testing.models_gemma4 import GEMMA4_DENSE
+    keys = {**GEMMA4_DENSE["extra_keys"], "attention.shared_kv_layers": 3}
+    path = write_tiny_model("gemma4", tmp_path / "bad.gguf", extra_keys=keys)
+    with pytest.raises(HParamsError, match="shared_kv_layers"):
+        llama.Model.load(str(path))
 
 
 def test_mistral_window_pattern_makes_every_nth_layer_global(tmp_path):

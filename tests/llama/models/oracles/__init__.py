@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tests.llama.models.oracles import gemma, glm4moe, gpt_oss, granite, llama, olmoe, phi3, qwen, qwen35
+from tests.llama.models.oracles import gemma, gemma4, glm4moe, gpt_oss, granite, llama, olmoe, phi3, qwen, qwen35
 from tests.llama.models.oracles.common import Config, GGUFContents, read_gguf
 
 # arch -> (config from the file, forward pass)
@@ -28,6 +28,7 @@ ORACLES: dict[str, tuple[Callable[[GGUFContents], Config], Callable[..., np.ndar
     "gemma": (gemma.config_gemma, gemma.forward),
     "gemma2": (gemma.config_gemma2, gemma.forward),
     "gemma3": (gemma.config_gemma3, gemma.forward),
+    "gemma4": (gemma4.config, gemma4.forward),
     "olmoe": (olmoe.config, olmoe.forward),
     "granite": (granite.config, granite.forward),
     "granitemoe": (granite.config, granite.forward),
