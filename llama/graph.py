@@ -107,6 +107,9 @@ class LlmGraph:
     side_effects: list[Tensor] = field(default_factory=list)
     # each cache layer's K and V after this ubatch's write (what later layers that share it read)
     kv_stored: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    # nodes to order first (as llama.cpp's early ggml_build_forward_expand): host lookups that
+    # would otherwise split a device's work in two where a later layer first reads them
+    first: list[Tensor] = field(default_factory=list)
     inp_tokens: Tensor | None = None   # the token ids, in a graph of tokens (build_inp_embd)
 
     @property
@@ -188,7 +191,10 @@ class LlmGraph:
         """The token embeddings times sqrt(n_embd), as every Gemma scales them. Embeddings
         given as input (e.g. of images) are used as they are unless scale_input_embd
         (Gemma 2 scales them too, as llama.cpp's gemma2-iswa does)."""
-        cur = self.build_inp_embd(tok_embd)
+        return self.scale_inp_embd(self.build_inp_embd(tok_embd), scale_input_embd)
+
+    def scale_inp_embd(self, cur: Tensor, scale_input_embd: bool = False) -> Tensor:
+        """build_inp_embd_scaled's scaling of the embeddings build_inp_embd returned."""
         if self.params.use_embd and not scale_input_embd:
             return cur
         return self.cb(self.b.scale(cur, math.sqrt(self.hp.n_embd)), "inp_scaled")
@@ -425,7 +431,7 @@ class LlmGraph:
                 raise ValueError(f"{self.hp.arch}: the graph names no 'result_norm' tensor, "
                                  "so it has no embeddings output")
             out = self.t_embd
-        graph = self.b.build([out, *self.side_effects])
+        graph = self.b.build([out, *self.side_effects], first=self.first)
         graph.hints["tokens"] = self.params.tokens_class
         return BuiltGraph(graph, out, self.inputs, self.params)
 

@@ -46,7 +46,7 @@ log = logging.getLogger("ggmlpy.sched")
 
 # llama.cpp's LLM_TENSOR_LAYER_INPUT tensors: looked up with get_rows, kept on the CPU
 INPUT_LAYER = frozenset({"token_embd.weight", "position_embd.weight", "token_types.weight",
-                         "token_embd_norm.weight", "token_embd_norm.bias"})
+                         "token_embd_norm.weight", "token_embd_norm.bias", "per_layer_token_embd.weight"})
 _LAYER_NAME = re.compile(r"^(?:blk\.(\d+)\.|cache_[kv]_l(\d+)$)")
 _LLAMA_CPP_DEVICE = re.compile(r"^([A-Za-z]+)(\d+)$")  # llama.cpp's buffer type names: CUDA0
 

@@ -67,5 +67,5 @@ class GraphBuilder:
         t.name = name if il is None or il < 0 else f"{name}-{il}"
         return t
 
-    def build(self, outputs: Iterable[Tensor]) -> Graph:
-        return Graph.from_outputs(outputs)
+    def build(self, outputs: Iterable[Tensor], first: Iterable[Tensor] = ()) -> Graph:
+        return Graph.from_outputs(outputs, first)

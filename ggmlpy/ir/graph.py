@@ -56,11 +56,13 @@ class Graph:
     hints: dict[str, Any] = field(default_factory=dict)
 
     @staticmethod
-    def from_outputs(outputs: Iterable[Tensor]) -> "Graph":
+    def from_outputs(outputs: Iterable[Tensor], first: Iterable[Tensor] = ()) -> "Graph":
+        """The graph of `outputs`; the nodes `first` needs are ordered before the rest (as an
+        early ggml_build_forward_expand), without becoming outputs."""
         outs = list(outputs)
         for o in outs:
             o.flags |= Flag.OUTPUT
-        return Graph(outs, topological_order(outs))
+        return Graph(outs, topological_order([*first, *outs]))
 
     @property
     def leafs(self) -> list[Tensor]:

@@ -19,18 +19,21 @@ load_arch_tensors and the graph):
   layer's output and projected back onto the residual stream;
 - each layer's output is scaled by layer_output_scale where the file has one; the final
   logits are soft-capped.
-Embeddings given as input (of images) are refused where the file has per-layer embeddings:
-llama.cpp feeds those the padding token's row, which this engine does not do.
+Embeddings given as input (of images) take the padding token's row (id 0) of the per-layer
+table for every position, as llama.cpp does.
 """
 from __future__ import annotations
 
 import math
 from types import SimpleNamespace
 
-from ggmlpy.ir import Tensor
+import numpy as np
+
+from ggmlpy.ir import GGMLType, Tensor
 from ggmlpy.ir.ops.rope import ROPE_TYPE_NEOX
 from llama.arch import Architecture, register
 from llama.graph import FfnOp, LlmGraph, NormType
+from llama.graph_inputs import GraphInput, fill_input
 from llama.hparams import HParams, HParamsError, MetadataReader, load_experts, require_rms_eps
 from llama.kv_cells import SWAType
 from llama.models.decoder_tensors import add_embd_output
@@ -121,9 +124,15 @@ def tensors(hp: HParams, t: TensorTable) -> None:
 
 def build(g: LlmGraph) -> Tensor:
     hp, m, b = g.hp, g.model, g.b
-    inp_l = g.build_inp_embd_scaled(m.w.tok_embd)
+    inp_l = g.build_inp_embd(m.w.tok_embd)
+    # the per-layer table's rows are looked up next to the embedding's, on the host, before
+    # anything that may run on a device
+    per_layer_rows = lookup_per_layer_rows(g) if hp.n_embd_per_layer else None
+    if per_layer_rows is not None:
+        g.first.append(per_layer_rows)
+    inp_l = g.scale_inp_embd(inp_l)
     inp = g.build_layer_inputs()
-    per_layer = build_per_layer_inputs(g, inp_l) if hp.n_embd_per_layer else None
+    per_layer = project_per_layer_inputs(g, inp_l, per_layer_rows) if per_layer_rows is not None else None
 
     for il, layer in enumerate(m.layers):
         cur = g.cb(g.build_norm(inp_l, layer.attn_norm, None, NormType.RMS, il), "attn_norm", il)
@@ -196,22 +205,39 @@ def build_ffn_with_experts(g: LlmGraph, layer: SimpleNamespace, attn_out: Tensor
     return g.cb(b.add(mlp, moe), "ffn_moe_combined", il)
 
 
-def build_per_layer_inputs(g: LlmGraph, inp_embd: Tensor) -> Tensor:
-    """Every layer's input [n_embd_per_layer, n_layer, n_tokens]: the token's row of the
-    per-layer table (times sqrt(n_embd_per_layer)) plus the normalised projection of its
-    scaled embedding (over sqrt(n_embd)), the sum over sqrt(2) (llama.cpp's
-    build_inp_per_layer and project_per_layer_inputs)."""
+def lookup_per_layer_rows(g: LlmGraph) -> Tensor:
+    """The tokens' rows of the per-layer table [n_embd_per_layer * n_layer, n_tokens]
+    (llama.cpp's build_inp_per_layer). With embeddings as input the row is the padding
+    token's, one row for every token."""
+    m, b = g.model, g.b
+    ids = g.inp_tokens
+    if ids is None:
+        g.inputs.append(InpPaddingRow())
+        ids = b.input(InpPaddingRow.names[0], GGMLType.I32, (1,))
+    return b.get_rows(g.w(m.w.per_layer_tok_embd), ids)
+
+
+def project_per_layer_inputs(g: LlmGraph, inp_embd: Tensor, rows: Tensor) -> Tensor:
+    """Every layer's input [n_embd_per_layer, n_layer, n_tokens]: the rows plus the
+    normalised projection of the scaled embedding (over sqrt(n_embd)), the sum over sqrt(2)
+    (llama.cpp's project_per_layer_inputs). The rows are scaled by sqrt(n_embd_per_layer)
+    first; one row (embeddings as input) is added to every token's projection."""
     hp, m, b = g.hp, g.model, g.b
-    n_pl, n_layer = hp.n_embd_per_layer, hp.n_layer
-    if g.inp_tokens is None:
-        raise ValueError("gemma4: a file with per-layer embeddings needs token ids, not embeddings, as input")
-    n_tokens = inp_embd.ne[1]
-    rows = b.reshape(b.get_rows(g.w(m.w.per_layer_tok_embd), g.inp_tokens), n_pl, n_layer, n_tokens)
-    rows = g.cb(b.scale(rows, math.sqrt(n_pl)), "inp_per_layer_selected")
+    rows = b.reshape(rows, hp.n_embd_per_layer, hp.n_layer, rows.ne[1])
+    rows = g.cb(b.scale(rows, math.sqrt(hp.n_embd_per_layer)), "inp_per_layer_selected")
     proj = b.scale(g.build_lora_mm(m.w.per_layer_model_proj, inp_embd), 1.0 / math.sqrt(hp.n_embd))
-    proj = b.reshape(proj, n_pl, n_layer, n_tokens)
+    proj = b.reshape(proj, hp.n_embd_per_layer, hp.n_layer, inp_embd.ne[1])
     proj = g.cb(g.build_norm(proj, m.w.per_layer_proj_norm, None, NormType.RMS), "per_layer_proj")
     return g.cb(b.scale(b.add(proj, rows), 1.0 / math.sqrt(2.0)), "inp_per_layer")
+
+
+class InpPaddingRow(GraphInput):
+    """The padding token's id, 0, whose per-layer row embeddings given as input take."""
+
+    names = ("inp_per_layer_pad",)
+
+    def set_input(self, ub, state, bufs=None):
+        return {self.names[0]: fill_input(bufs, self.names[0], np.int32, [0])}
 
 
 def add_per_layer_input(g: LlmGraph, layer: SimpleNamespace, cur: Tensor, per_layer: Tensor,

@@ -305,3 +305,17 @@ def test_tiny_writer_rejects_bad_settings(tmp_path):
         write_tiny_model("gpt2", tmp_path / "x.gguf")
     with pytest.raises(TypeError, match="n_layers"):
         write_tiny_model("llama", tmp_path / "x.gguf", n_layers=3)
+
+
+def test_gemma4_embeddings_input_takes_the_padding_rows(tiny):
+    """Embeddings as input take per-layer row 0 (the padding token's), as llama.cpp does: the
+    scaled embedding rows of token 0 then give the logits of token 0 given as ids."""
+    model = tiny.model("gemma4")
+    table = model.gguf.tensors["token_embd.weight"].data.view(np.float32).reshape(-1, 64)
+    embd = table[[0, 0, 0]] * np.float32(np.sqrt(64))
+    outs = []
+    for batch in (llama.Batch(embd=embd, logits=[True] * 3), llama.Batch.from_tokens([0, 0, 0], logits_all=True)):
+        ctx = llama.Context(model, n_ctx=32, backend="ref")
+        assert ctx.decode(batch) == 0
+        outs.append(np.array([ctx.get_logits_ith(i) for i in range(3)]))
+    assert normalized_error(outs[0], outs[1]) <= MAX_NMSE_ORACLE
