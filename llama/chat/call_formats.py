@@ -16,6 +16,7 @@ import regex
 from llama.chat import call_readers as read
 from llama.chat.call_readers import Reader
 from llama.chat.call_streams import StreamFactory, call_list, generic_calls, json_calls, named_args
+from llama.chat.gemma_stream import gemma_calls
 from llama.chat.pythonic_stream import pythonic_calls
 from llama.chat.tagged_calls import ARG_KEY, DSML, INVOKE, KIMI_K3, MINICPM, QWEN3_CODER, SEED_OSS, TagSyntax
 from llama.chat.tagged_stream import tagged_calls
@@ -172,7 +173,7 @@ FORMATS: Mapping[str, ToolFormat] = MappingProxyType({f.name: f for f in (
                                     section=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"))),
     ToolFormat("lfm2", blocks=(closed("<|tool_call_start|>", "<|tool_call_end|>", read.read_pythonic, pythonic_calls),),
                grammar=GrammarShape("array", ("<|tool_call_start|>",), ("<|tool_call_end|>",), repeat="call")),
-    ToolFormat("gemma4", blocks=(closed("<|tool_call>", "<tool_call|>", read.read_gemma),),
+    ToolFormat("gemma4", blocks=(closed("<|tool_call>", "<tool_call|>", read.read_gemma, gemma_calls),),
                grammar=GrammarShape(None)),
     ToolFormat("deepseek", blocks=(closed("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", read.read_deepseek,
                                           call_list((_DEEPSEEK_R1, "```<｜tool▁call▁end｜>"),

@@ -125,6 +125,9 @@ def test_a_call_waits_for_its_whole_name_and_the_id_it_writes() -> None:
     ("deepseek", '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"city"', "get_time", '{"city"'),
     ("mistral_args", '[TOOL_CALLS]get_time[ARGS]{"city": "Lima"', "get_time", '{"city": "Lima"'),
     ("functionary_v3_1", '<function=get_time>{"city": ', "get_time", '{"city": '),
+    ("gemma4", '<|tool_call>call:get_weather{city:<|"|>Par', "get_weather", '{"city": "Par'),
+    ("gemma4", '<|tool_call>call:get_weather{city:<|"|>Paris<|"', "get_weather", '{"city": "Paris'),
+    ("gemma4", '<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>,days:12', "get_weather", '{"city": "Oslo", "days": '),
 ])
 def test_a_cut_off_call_has_its_name_and_the_arguments_so_far(fmt, text, name, arguments) -> None:
     """What a stream has settled of a reply cut inside a call: the call, with the arguments that
