@@ -65,8 +65,8 @@ class GrammarShape:
     """How a forced call is written: markers before and after it, and its shape — ``object``:
     the call's JSON object; ``array``: a one-element list of it; ``tool_calls``: generic's
     wrapper object; ``named``: the markers name the function (``{name}`` in ``before``) and
-    the arguments' JSON follows; ``tagged``: `syntax`'s tags (tagged_calls.py); None: the
-    family has no forced form. ``call_extra`` adds optional properties after the arguments
+    the arguments' JSON follows; ``tagged``: `syntax`'s tags (tagged_calls.py); ``gemma``:
+    Gemma 4's ``call:NAME{..}`` (gemma_grammar.py); None: the family has no forced form. ``call_extra`` adds optional properties after the arguments
     (Mistral's 9-character ``id``).
 
     With ``parallel_tool_calls``, how more calls follow the first (as llama.cpp's grammars
@@ -75,7 +75,7 @@ class GrammarShape:
     calls while ``before``/``after`` are each call's); None: the family writes one call.
     ``{index}`` in a marker is the call's number (Kimi's ids)."""
 
-    json: Optional[Literal["object", "array", "tool_calls", "named", "tagged"]]
+    json: Optional[Literal["object", "array", "tool_calls", "named", "tagged", "gemma"]]
     before: tuple[str, ...] = ()
     after: tuple[str, ...] = ()
     call_extra: tuple[tuple[str, Any], ...] = ()  # (property, schema) pairs
@@ -174,7 +174,7 @@ FORMATS: Mapping[str, ToolFormat] = MappingProxyType({f.name: f for f in (
     ToolFormat("lfm2", blocks=(closed("<|tool_call_start|>", "<|tool_call_end|>", read.read_pythonic, pythonic_calls),),
                grammar=GrammarShape("array", ("<|tool_call_start|>",), ("<|tool_call_end|>",), repeat="call")),
     ToolFormat("gemma4", blocks=(closed("<|tool_call>", "<tool_call|>", read.read_gemma, gemma_calls),),
-               grammar=GrammarShape(None)),
+               grammar=GrammarShape("gemma", repeat="block")),
     ToolFormat("deepseek", blocks=(closed("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", read.read_deepseek,
                                           call_list((_DEEPSEEK_R1, "```<｜tool▁call▁end｜>"),
                                                     (_DEEPSEEK_V3, "<｜tool▁call▁end｜>"))),),

@@ -12,6 +12,7 @@ import json
 from typing import Any, Mapping, Optional
 
 from llama.chat.call_formats import ToolFormat, tool_format
+from llama.chat.gemma_grammar import gemma_grammar
 
 _MORE = '("\\n"? {})*'   # the calls or blocks after the first, a newline between them allowed
 
@@ -77,6 +78,8 @@ def tool_call_grammar(tools: list[dict], tool_choice: Any, fmt: str,
         raise ValueError(f"the {fmt} tool-call format has no grammar for a forced call")
     chosen = _chosen(tools, tool_choice)
     repeat = shape.repeat if parallel else None
+    if shape.json == "gemma":
+        return gemma_grammar(chosen, repeat)
     if shape.json == "tagged":
         assert shape.syntax is not None
         return shape.syntax.grammar(chosen, "".join(shape.before), "".join(shape.after), repeat)

@@ -378,9 +378,6 @@ def test_every_format_reads_its_own_calls(fmt: str) -> None:
         assert content in (None, "Sure.")
 
 
-def test_a_format_without_a_forced_form_says_so() -> None:
-    with pytest.raises(ValueError, match="no grammar for a forced call"):
-        tool_call_grammar(TOOLS, "required", "gemma4")
 
 
 @pytest.mark.parametrize("fmt", FORCED)
@@ -450,3 +447,20 @@ def test_generic_tools_instruction() -> None:
     text = generic_tools_instruction(TOOLS)
     assert "get_weather" in text and "Weather in a city" in text and '"required": ["city"]' in text
     assert '{"tool_calls": [' in text and '{"response": ' in text
+
+
+def test_gemma4_grammar_takes_any_gemma_value_where_the_schema_is_not_a_scalar(tokenizer) -> None:  # noqa: F811
+    """An object or array parameter is any value in Gemma's syntax (llama.cpp's gemma4-value); a
+    string enum is one of its values between <|"|> marks; the call parses back."""
+    tools = [{"type": "function", "function": {"name": "plan", "parameters": {"type": "object", "properties": {
+        "mode": {"enum": ["fast", "slow"]}, "opts": {"type": "object"}, "steps": {"type": "array"}},
+        "required": ["mode"]}}}]
+    grammar = tool_call_grammar(tools, "required", "gemma4")
+    good = '<|tool_call>call:plan{mode:<|"|>fast<|"|>,opts:{a:<|"|>x, y<|"|>,b:[1,true,null]},steps:[]}<tool_call|>'
+    assert accepts(tokenizer, grammar, good)
+    assert [json.loads(c["function"]["arguments"]) for c in parse_tool_calls(good, "gemma4", tools=tools)[1]] == [
+        {"mode": "fast", "opts": {"a": "x, y", "b": [1, True, None]}, "steps": []}]
+    for bad in ('<|tool_call>call:plan{mode:<|"|>medium<|"|>}<tool_call|>',
+                '<|tool_call>call:plan{opts:{}}<tool_call|>',
+                '<|tool_call>call:plan{mode:"fast"}<tool_call|>'):
+        assert not accepts(tokenizer, grammar, bad), bad
