@@ -28,10 +28,17 @@ REASONING_FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
 @dataclass(frozen=True)
 class ThinkingTags:
     """The markers around a model's reasoning; `needle`: the template text that says a template
-    writes them, where the end marker alone does not (default: the end marker)."""
+    writes them, where the end marker alone does not (default: the end marker).
+
+    `channel`: a marker the start begins with that opens a block of any kind (Gemma 4's
+    `<|channel>`). Then, as llama.cpp's Gemma 4 parser reads a reply, extra channel markers
+    before a thinking block are dropped, and the answer runs only to the next channel marker
+    (a further thinking block, whose reasoning joins the rest) or to a stray end marker,
+    after which the reply is over."""
     start: str
     end: str
     needle: str = ""
+    channel: str = ""
 
 
 # The families llama.cpp's template analysis finds, in the order they are tried (a marker that
@@ -39,7 +46,7 @@ class ThinkingTags:
 KNOWN_TAGS = (
     ThinkingTags("<|channel|>analysis<|message|>", "<|end|>", needle="<|channel|>analysis"),   # gpt-oss (harmony)
     ThinkingTags("<mm:think>", "</mm:think>"),                          # MiniMax M3
-    ThinkingTags("<|channel>thought", "<channel|>"),                    # Gemma 4
+    ThinkingTags("<|channel>thought", "<channel|>", channel="<|channel>"),   # Gemma 4
     ThinkingTags("<|open|>think<|sep|>", "<|close|>think<|sep|>", needle="open_tag('think')"),   # Kimi K3
     ThinkingTags("<think>", "</think>"),
     ThinkingTags("<|START_THINKING|>", "<|END_THINKING|>"),
@@ -89,7 +96,7 @@ class Reasoning:
         return reasoning, content
 
 
-_BEFORE, _INSIDE, _AFTER = "before", "inside", "after"
+_BEFORE, _INSIDE, _AFTER, _OVER = "before", "inside", "after", "over"
 
 
 class ReasoningSplit:
@@ -108,6 +115,7 @@ class ReasoningSplit:
         self._prefix = self.tags.start if reasoning.opened else ""   # for deepseek-legacy
         self._after_end = False  # the block just closed: the answer's leading whitespace is dropped
         self.stops = reasoning.stops
+        self._answered = False   # an answer has ended at a channel marker (tags with a channel)
 
     def feed(self, text: str) -> list[tuple[str, str]]:
         if self.fmt == "none":
@@ -123,9 +131,21 @@ class ReasoningSplit:
     def _scan(self, final: bool) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
         while self._buf:
+            if self._state == _OVER:
+                self._buf = ""
+                break
             if self._state == _BEFORE:
                 stripped = self._buf.lstrip()
                 start = self.tags.start
+                kind = self._extra_channel(stripped, final)
+                if kind == "extra":
+                    self._buf = stripped[len(self.tags.channel):]
+                    continue
+                if kind == "wait":
+                    break
+                if kind == "other" and self._answered:   # the answer's end: the reply is over
+                    self._state = _OVER
+                    continue
                 if stripped.startswith(start):
                     self._state = _INSIDE
                     self._prefix = self._buf[:len(self._buf) - len(stripped)] + start
@@ -172,9 +192,47 @@ class ReasoningSplit:
                 self._buf = stripped
                 self._after_end = False
             self._after_end = False
+            if self.tags.channel and self.fmt != "deepseek-legacy":
+                if not self._answer_to_channel(out, final):
+                    break
+                continue
             out.append(("content", self._buf))
             self._buf = ""
         return out
+
+    def _extra_channel(self, stripped: str, final: bool) -> str:
+        """What a channel marker at the start of `stripped` is, where the tags have one: "extra"
+        (another one follows: Gemma 4 sometimes doubles it, and it is dropped), "wait" (that
+        is not known yet), "other" (a block that is not a thinking one), else ""."""
+        channel = self.tags.channel
+        if not channel or self.fmt == "deepseek-legacy" or not stripped.startswith(channel) \
+                or stripped.startswith(self.tags.start):
+            return ""
+        rest = stripped[len(channel):]
+        if rest.startswith(channel):
+            return "extra"
+        if not final and (channel.startswith(rest) or self.tags.start.startswith(stripped)):
+            return "wait"
+        return "other"
+
+    def _answer_to_channel(self, out: list, final: bool) -> bool:
+        """The answer up to the next channel marker (then a further block: back to before
+        one) or a stray end marker (then the reply is over); False when what remains could
+        still be the start of either and more text must come."""
+        at = [(i, m) for m in (self.tags.channel, self.tags.end) if (i := self._buf.find(m)) >= 0]
+        if at:
+            i, marker = min(at)
+            if i:
+                out.append(("content", self._buf[:i]))
+            self._buf = self._buf[i:]
+            self._state = _OVER if marker == self.tags.end else _BEFORE
+            self._answered = True
+            return True
+        keep = 0 if final else max(partial_suffix(self._buf, m) for m in (self.tags.channel, self.tags.end))
+        if len(self._buf) > keep:
+            out.append(("content", self._buf[:len(self._buf) - keep]))
+            self._buf = self._buf[len(self._buf) - keep:]
+        return final and not self._buf
 
     def _first_stop(self) -> int:
         found = [i for i in (self._buf.find(m) for m in self.stops) if i >= 0]
