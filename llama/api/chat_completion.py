@@ -294,7 +294,8 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
                         grammar=constraint, logits_processor=logits_processor)
     meta = (responses.new_id("chatcmpl"), responses.now(), model or llm.model_path)
     include_usage = bool((stream_options or {}).get("include_usage"))
-    reader = reply_reader(setup, prompt, tools, choice, reasoning_format, parallel)
+    json_answer = isinstance(response_format, dict) and response_format.get("type") in ("json_object", "json_schema")
+    reader = reply_reader(setup, prompt, tools, choice, reasoning_format, parallel, json_answer)
     if choice == "auto" and not parallel and not reader.harmony:
         seq.complete = _complete_at_first_call(reader)
     return ChatJob(seq, meta, reader, include_usage, bool(logprobs))
@@ -312,12 +313,13 @@ def _complete_at_first_call(reader: ReplyReader) -> Callable[[str], bool]:
 
 
 def reply_reader(setup: "ChatSetup", prompt: ChatPrompt, tools: list | None, choice: Any,
-                 reasoning_format: str, parallel: bool = True) -> ReplyReader:
+                 reasoning_format: str, parallel: bool = True, json_answer: bool = False) -> ReplyReader:
     """How the reply to `prompt` is read: the template's thinking markers split off the
     reasoning (unless `reasoning_format` is "none": then a thinking block the prompt opened
     is given back in the content, marker and all, as llama-server gives it), its tool-call
     syntax reads the calls (unless there are no tools or `tool_choice` is "none"; only the
-    first without `parallel`)."""
+    first without `parallel`); with `json_answer` (a schema's response format) a ```json
+    fence around the answer is left out."""
     tags = setup.thinking
     fmt = setup.tool_format if tools and choice != "none" else None
     prefill = prompt.prefill
@@ -328,7 +330,8 @@ def reply_reader(setup: "ChatSetup", prompt: ChatPrompt, tools: list | None, cho
     elif tags is not None and prompt.opened and not prefill:
         prefill = prompt.text[prompt.text.rfind(tags.start):]
     return ReplyReader(split, fmt, tools, prefill=prefill, harmony=setup.tool_format == "harmony",
-                       answer_markers=answer_markers(setup.template.source), parallel=parallel)
+                       answer_markers=answer_markers(setup.template.source), parallel=parallel,
+                       json_fence=json_answer)
 
 
 def budget_processor(llm: "Llama", tags: ThinkingTags, budget: int, message: str | None,

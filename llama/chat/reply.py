@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import regex
+
 from llama.chat.harmony import HarmonyStream
 from llama.chat.reasoning import Reasoning, ReasoningSplit, partial_suffix
 from llama.chat.tool_calls import ToolCallStream, assemble_deltas
@@ -31,6 +33,9 @@ class ReplyReader:
     harmony: bool = False   # gpt-oss's messages (harmony.py); then `reasoning` only says whether to split
     answer_markers: tuple[str, ...] = ()   # markers around the answer, left out of the content
     parallel: bool = True
+    # a JSON answer (response_format with a schema): a ```json fence around it is left out
+    # of the content, as llama.cpp's parser takes the answer fenced or bare
+    json_fence: bool = False
 
     def stream(self) -> "ReplyStream | HarmonyStream":
         if self.harmony:
@@ -48,6 +53,7 @@ class ReplyStream:
                        if reader.tool_format is not None else None)
         self._prefill = reader.prefill
         self._markers = _DropMarkers(reader.answer_markers) if reader.answer_markers else None
+        self._fence = _JsonFence() if reader.json_fence else None
 
     @property
     def done(self) -> bool:
@@ -71,6 +77,10 @@ class ReplyStream:
             pieces = [(kind, self._markers.feed(piece) if kind == "content" else piece) for kind, piece in pieces]
             if final:
                 pieces.append(("content", self._markers.finish()))
+        if self._fence is not None:
+            pieces = [(kind, self._fence.feed(piece) if kind == "content" else piece) for kind, piece in pieces]
+            if final:
+                pieces.append(("content", self._fence.finish()))
         deltas: list[dict] = []
         for kind, piece in pieces:
             if kind == "reasoning":
@@ -103,6 +113,44 @@ class _DropMarkers:
     def finish(self) -> str:
         text, self._held = self._held, ""
         return text
+
+
+_FENCE_OPEN, _FENCE_CLOSE = "```json", "```"
+_MAYBE_CLOSE = regex.compile(r"\s*`{0,3}\s*\Z")
+
+
+class _JsonFence:
+    """Content with a ```json fence around it taken out, streamed: the start is held until
+    it is known whether it opens a fence; inside one, an end that could be the closing
+    fence (blanks and backticks) is held until more text shows it is not."""
+
+    def __init__(self) -> None:
+        self._held = ""
+        self._fenced: Optional[bool] = None   # None: not known yet
+
+    def feed(self, text: str, final: bool = False) -> str:
+        text = self._held + text
+        self._held = ""
+        if self._fenced is None:
+            stripped = text.lstrip()
+            if stripped.startswith(_FENCE_OPEN):
+                self._fenced, text = True, stripped[len(_FENCE_OPEN):].lstrip()
+            elif not final and (not stripped or _FENCE_OPEN.startswith(stripped)):
+                self._held = text
+                return ""
+            else:
+                self._fenced = False
+        if not self._fenced:
+            return text
+        m = _MAYBE_CLOSE.search(text)
+        tail = text[m.start():] if m else ""
+        if final:
+            return text[:len(text) - len(tail)] + ("" if tail.strip() == _FENCE_CLOSE else tail)
+        self._held = tail
+        return text[:len(text) - len(tail)]
+
+    def finish(self) -> str:
+        return self.feed("", final=True)
 
 
 def assemble_message(deltas: list[dict]) -> dict:

@@ -59,7 +59,8 @@ def _read(case: dict):
     prompt = chat_prompt(setup, case["messages"], tools=tools, reasoning="on" if case["enable_thinking"] else "off",
                          add_generation_prompt=case["add_generation_prompt"],
                          continue_final_message=True if case["continue_final_message"] != "none" else None)
-    return reply_reader(setup, prompt, tools, choice, case["reasoning_format"], case["parallel_tool_calls"])
+    return reply_reader(setup, prompt, tools, choice, case["reasoning_format"], case["parallel_tool_calls"],
+                        json_answer=bool(case["json_schema"]))
 
 
 def _args(text: str):
