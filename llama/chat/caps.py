@@ -75,3 +75,62 @@ def _objectified(call: Any) -> Any:
     except ValueError:
         return call
     return {**call, "function": {**function, "arguments": args}} if isinstance(args, dict) else call
+
+
+# llama-server's chat_template_caps (its /props), found as llama.cpp's caps_get finds them,
+# by rendering probes; each probe's marker must reach the prompt
+_USER = {"role": "user", "content": "User message"}
+_CAP_TOOLS = [{"type": "function", "function": {"name": "tool1_probe", "description": "Tool description", "parameters": {
+    "type": "object", "properties": {"arg": {"type": "string", "description": "Arg description"}},
+    "required": ["arg"]}}}]
+_PLACEHOLDER = "<REASONING_CONTENT_PLACEHOLDER>"
+_PRESERVE = {"enable_thinking": True, "preserve_thinking": True, "clear_thinking": False,
+             "truncate_history_thinking": False, "drop_thinking": False}
+
+
+def _try(template: ChatTemplate, messages: list[dict], tools: list | None = None, **variables: Any) -> str | None:
+    try:   # no tools is an empty list, as llama.cpp's probes give it
+        return template.render(messages, add_generation_prompt=True, tools=tools or [], **variables)
+    except ChatTemplateError:
+        return None
+
+
+def _call_turn(arguments: list[Any]) -> list[dict]:
+    """llama.cpp's probe of calls: one call per arguments, a result, an answer."""
+    calls = [{"id": f"call0000{i + 1}", "type": "function", "function": {"name": "tool1_probe", "arguments": a}}
+             for i, a in enumerate(arguments)]
+    return [_USER, {"role": "assistant", "content": "", "tool_calls": calls},
+            {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
+            {"role": "assistant", "content": "The tool response was 'tool response'"}, _USER]
+
+
+def _mentions(template: ChatTemplate, *names: str) -> bool:
+    """Whether the template's source reads one of the variables `names`."""
+    return any(n in template.variables for n in names)
+
+
+def template_caps(template: ChatTemplate) -> dict[str, bool]:
+    """What `template` supports, as llama-server reports it in `/props` (`chat_template_caps`).
+    llama.cpp watches which probe values the template reads; here a probe counts where its
+    marker reaches the prompt (a reasoning effort: where the variable is read at all)."""
+    def shows(marker: str, messages: list[dict], tools: list | None = None, **variables: Any) -> bool:
+        return marker in (_try(template, messages, tools, **variables) or "")
+
+    typed = _try(template, [{"role": "user", "content": [{"type": "text", "text": "TYPED_MARKER"}]}])
+    as_object = shows("value1", _call_turn([{"arg": "value1"}]), _CAP_TOOLS)
+    def args(v: str) -> Any:
+        return {"arg": v} if as_object else json.dumps({"arg": v})
+    return {
+        "supports_string_content": _try(template, [{"role": "user", "content": "STRING_MARKER"}]) is not None,
+        "supports_typed_content": typed is not None and "TYPED_MARKER" in typed and "'type'" not in typed,
+        "supports_tools": shows("tool1_probe", [_USER], _CAP_TOOLS),
+        "supports_tool_calls": shows("tool1_probe", _call_turn([args("value1")])),
+        "supports_parallel_tool_calls": shows("value2", _call_turn([args("value1"), args("value2")]), _CAP_TOOLS),
+        "supports_system_role": shows("SYSTEM_MARKER", [{"role": "system", "content": "SYSTEM_MARKER"}, _USER]),
+        "supports_preserve_reasoning": shows(_PLACEHOLDER, [
+            _USER, {"role": "assistant", "content": "Assistant message", "reasoning_content": _PLACEHOLDER}, _USER,
+            {"role": "assistant", "content": "Assistant message", "reasoning_content": "Reasoning content"}, _USER],
+            **_PRESERVE),
+        "supports_reasoning_effort": _mentions(template, "reasoning_effort", "reasoning_strength"),
+        "supports_object_arguments": as_object,
+    }

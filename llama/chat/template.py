@@ -14,7 +14,10 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+import functools
+
 import jinja2
+import jinja2.meta
 from jinja2.exceptions import SecurityError, TemplateSyntaxError
 
 from llama.chat.errors import ChatTemplateError
@@ -45,6 +48,13 @@ class ChatTemplate:
             raise ChatTemplateError(self.label, f"does not parse: {exc.message} (line {exc.lineno})") from exc
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(self.label, f"does not parse: {exc}") from exc
+
+    @functools.cached_property
+    def variables(self) -> frozenset[str]:
+        """The variables the template's source reads from its context (jinja's undeclared
+        variables: the ones it does not set itself)."""
+        env = self._template.environment
+        return frozenset(jinja2.meta.find_undeclared_variables(env.parse(self.source)))
 
     @property
     def label(self) -> str:

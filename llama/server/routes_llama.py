@@ -271,7 +271,8 @@ def register(app: FastAPI, state: ServerState) -> None:
                                                 "params": fields.generation_settings(
                                                     {}, cfg, state.lora_scales)},
                 "total_slots": cfg.parallel, "model_path": cfg.model, "model_alias": cfg.model_name,
-                "chat_template": template, "modalities": {"vision": False, "audio": False},
+                "chat_template": template, "chat_template_caps": state.template_caps,
+                "modalities": {"vision": False, "audio": False},
                 "build_info": "ggmlpy", "is_sleeping": state.sleeping}
 
     @app.get("/slots")

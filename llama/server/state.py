@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llama.chat.caps import template_caps
+from llama.chat.template import ChatTemplate
 from llama.sampling.dry import DEFAULT_BREAKERS
 from llama.server.config import ServerConfig
 from llama.server.errors import APIError
@@ -33,6 +35,7 @@ class ServerState:
     sleeping: bool = False
     last_used: float = field(default_factory=time.monotonic)
     template_source: str = ""
+    template_caps: dict = field(default_factory=dict)   # /props' chat_template_caps
     slot_n_ctx: int = 0
     stats: Stats | None = None    # the scheduler's counters, kept across sleeps
     metrics_snapshot: list | None = None
@@ -63,9 +66,11 @@ class ServerState:
             self.stats = self.scheduler.stats
             self.slot_n_ctx = self.scheduler.pool.slots[0].n_ctx
             try:
-                self.template_source = self.llm._chat.template.source  # noqa: SLF001 - the template served
+                template = self.llm._chat.template  # noqa: SLF001 - the template served
+                self.template_source = template.source
+                self.template_caps = template_caps(template) if isinstance(template, ChatTemplate) else {}
             except ValueError:
-                self.template_source = ""
+                self.template_source, self.template_caps = "", {}
             self.scheduler.start()
         except Exception as e:  # reported by /health; the server stays up to say so
             log.exception("loading the model failed")

@@ -419,6 +419,11 @@ def test_tokenize_detokenize_apply_template_props(server):
         assert "Name three colors." in prompt
         props = c.get("/props").json()
         assert props["total_slots"] == 4 and props["default_generation_settings"]["n_ctx"] == 512
+        caps = props["chat_template_caps"]   # llama-server's keys; SmolLM2's template has no tools
+        assert set(caps) == {"supports_string_content", "supports_typed_content", "supports_tools",
+                             "supports_tool_calls", "supports_parallel_tool_calls", "supports_system_role",
+                             "supports_preserve_reasoning", "supports_reasoning_effort", "supports_object_arguments"}
+        assert caps["supports_system_role"] and caps["supports_string_content"] and not caps["supports_tools"]
         params = props["default_generation_settings"]["params"]   # llama-server's names
         assert params["temperature"] == 0.8 and params["top_k"] == 40 and params["mirostat"] == 0
         assert params["dry_sequence_breakers"] == ["\n", ":", "\"", "*"]
