@@ -71,8 +71,11 @@ STEP_BYTES = {  # bytes per step of a group (16 rows x 64 values; K-quants: 256 
     GGMLType.Q4_K: 32 * 64 + 4 * 64 + 64,
     GGMLType.Q5_K: 40 * 64 + 4 * 64 + 64,
     GGMLType.Q6_K: 32 * 64 + 16 * 64 + 4 * 64 + 64,
+    GGMLType.IQ4_XS: 32 * 64 + 2 * 64 + 64,
 }
-KQUANTS = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+# the super-block types (one step: 256 values), the K-quants and IQ4_XS, whose codes sit where
+# Q4_K's nibbles do
+KQUANTS = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_XS)
 
 # K-quant steps (one super-block of 256 values): the values chunk by chunk (64 values each;
 # Q6_K's high bits right after the low nibbles of their chunk), then the scales and d. With
@@ -96,10 +99,13 @@ KQUANTS = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.
 # the GGUF scale bytes [16][16] (scale in the low nibble, minimum in the high one); Q5_K as
 # Q4_K. Then d[16] f16 (Q2_K, Q4_K, Q5_K: then dmin[16] f16; the others 32 bytes of padding).
 K_VECTORS = {GGMLType.Q2_K: (4, 0), GGMLType.Q3_K: (4, 2), GGMLType.Q4_K: (8, 0), GGMLType.Q5_K: (8, 2),
-             GGMLType.Q6_K: (8, 4)}
+             GGMLType.Q6_K: (8, 4), GGMLType.IQ4_XS: (8, 0)}
 K_CHUNK = {t: 64 * (lo + hi) for t, (lo, hi) in K_VECTORS.items()}   # bytes per chunk of 64 values
-K_D = {t: 4 * chunk + 256 for t, chunk in K_CHUNK.items()}   # d[16] f16 after the scales
-K_OFFSET = {GGMLType.Q3_K: 4, GGMLType.Q6_K: 32}   # stored q + offset, i8 scales; else u8 scales and minimums
+K_SCALE_BYTES = {GGMLType.IQ4_XS: 128}   # the scales' bytes where not 256 (IQ4_XS: 8 sub-blocks, no minimums)
+K_D = {t: 4 * chunk + K_SCALE_BYTES.get(t, 256) for t, chunk in K_CHUNK.items()}   # d[16] f16 after the scales
+# stored q + offset, i8 scales; else u8 scales and minimums (IQ4_XS: its codes decode to
+# kvalues + 128, kernels/qcodes.py)
+K_OFFSET = {GGMLType.Q3_K: 4, GGMLType.Q6_K: 32, GGMLType.IQ4_XS: 128}
 
 
 def k_scales_offset(t: GGMLType) -> int:
@@ -463,6 +469,8 @@ def _repack_kquant_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
 
     if t in (GGMLType.Q2_K, GGMLType.Q3_K):
         return _repack_crumb_groups(blk, t, lanes, per_row)
+    if t == GGMLType.IQ4_XS:
+        return _repack_iq4_xs_groups(blk, lanes, per_row)
     if t in (GGMLType.Q4_K, GGMLType.Q5_K):
         at = field_at(t, "qs")
         qs = blk[..., at:at + 128].reshape(g, GROUP, s, 32, 4)   # vector 8j + c = bytes 32j + 4c..
@@ -485,6 +493,33 @@ def _repack_kquant_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
                              lanes(qh.reshape(g, GROUP, s, 16, 4)).reshape(g, s, 4, 4 * 64)], axis=3)
     return np.concatenate([chunks.reshape(g, s, -1), per_row(blk[..., 192:208]), d,
                            np.zeros((g, s, 32), np.uint8)], axis=2)
+
+
+def _nibble_chunks(q: np.ndarray, lanes: Callable) -> np.ndarray:
+    """Values [g, r, s, 256] of 4 bits -> [g, s, 4 chunks * 8 vectors * 64]: vector c of
+    chunk j, lane r, byte i: value 64j + 4c + i in its low nibble, 64j + 32 + 4c + i in its
+    high one (Q4_K's layout)."""
+    g, s = q.shape[0], q.shape[2]
+    q = q.reshape(g, GROUP, s, 4, 2, 8, 4)                    # chunk j, half, c, i
+    nibbles = (q[:, :, :, :, 0] & 15) | ((q[:, :, :, :, 1] & 15) << 4)    # [g, r, s, 4, 8, 4]
+    return lanes(nibbles.reshape(g, GROUP, s, 32, 4))
+
+
+def _repack_iq4_xs_groups(blk: np.ndarray, lanes: Callable, per_row: Callable) -> np.ndarray:
+    """IQ4_XS blocks [g, r, s, 136] -> [g, s, STEP_BYTES]: the codes as Q4_K's nibbles, the
+    eight 6-bit scales less 32 as i8 (sub-block b: low four bits in nibble b % 2 of
+    scales_l[b / 2], top two at bits 2b of scales_h), then d and 32 bytes of padding."""
+    g, s = blk.shape[0], blk.shape[2]
+    qs = blk[..., 8:136].reshape(g, GROUP, s, 8, 16)
+    codes = np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(g, GROUP, s, 256)   # value 32b + l
+    low = blk[..., 4:8]
+    low = np.stack([low & 15, low >> 4], axis=-1).reshape(g, GROUP, s, 8)
+    high = blk[..., 2:4].astype(np.uint16)
+    high = (high[..., 0] | (high[..., 1] << 8))[..., None] >> (2 * np.arange(8, dtype=np.uint16))
+    scales = ((low | ((high & 3) << 4).astype(np.uint8)).astype(np.int16) - 32).astype(np.int8).view(np.uint8)
+    d = _moved(blk[..., 0:2].reshape(g, GROUP, s, 1, 2), np.uint16, (0, 2, 3, 1)).reshape(g, s, -1)
+    return np.concatenate([_nibble_chunks(codes, lanes), per_row(scales), d, np.zeros((g, s, 32), np.uint8)],
+                          axis=2)
 
 
 def _repack_crumb_groups(blk: np.ndarray, t: GGMLType, lanes: Callable, per_row: Callable) -> np.ndarray:

@@ -329,6 +329,8 @@ class RepackedMatmul:
             moved = (b.lshr(qh, splat_const(I16, 2 * e, 32)) if high
                      else b.shl(qh, splat_const(I16, 4 - 2 * e, 32)))
             q = b.or_(q, b.and_(b.bitcast(moved, vec(I8, 64)), splat_const(I8, 0x30, 64)))
+        if self.codes is not None:   # IQ4_XS: codes to their unsigned values
+            q = lookup(kb, q, self.codes)
         return q
 
     def _crumb_vector(self, wp: ir.Value, j: int, v: int) -> ir.Value:
