@@ -284,7 +284,7 @@ class RepackedMatmul:
     def _kquant_scale(self, wp: ir.Value, g: int) -> ir.Value:
         """Sub-block g's scale for the 16 rows, as i32 (Q2_K: the low nibble of its byte)."""
         b = self.kb.b
-        raw = load_vec(b, self.kb.byte_ptr(wp, i64(repack.k_scales_offset(self.t) + 16 * g)), I8, 16)
+        raw = load_vec(b, self.kb.byte_ptr(wp, i64(repack.k_scale_offset(self.t, g))), I8, 16)
         if self.t in repack.K_OFFSET:
             return b.sext(raw, vec(I32, 16))
         if self.t == GGMLType.Q2_K:

@@ -120,7 +120,7 @@ def _unpack_kquant(packed: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarra
                     else:
                         qh = int(step[repack.q6_high_offset(j, c // 2) + 4 * r + i])
                         q = nib | (((qh >> (2 * (c % 2) + 4 * half)) & 3) << 4)
-                        sc = np.float32(step[repack.k_scales_offset(t) + 16 * (v // 16) + r].view(np.int8))
+                        sc = np.float32(step[repack.k_scale_offset(t, v // 16) + r].view(np.int8))
                         value = np.float32(q - 32) * np.float32(d * sc)
                     out[16 * g + r, 256 * s + v] = value
     return out
