@@ -77,13 +77,15 @@ STEP_BYTES = {  # bytes per step of a group (16 rows x 64 values; K-quants: 256 
 # Q4_K's nibbles do
 KQUANTS = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_XS)
 
-# K-quant steps (one super-block of 256 values): the values chunk by chunk (64 values each;
-# Q6_K's high bits right after the low nibbles of their chunk), then the scales and d. With
-# its high bits in a region of their own, 2 KiB after the low nibbles, Q6_K streamed from
-# DRAM at 10 GB/s on one thread against 25-32 for the other types (a plain native loop
-# reading bytes in that order: 5-11 GB/s; in address order: 27-30); chunked, 21-24 GB/s.
-# The header stays after the values: put first, it made Q4_K 25% slower (bench/prefetch_ab.py
-# with `--ahead 0`, old and new layouts side by side).
+# K-quant steps (one super-block of 256 values): four chunks of 64 values, each its value
+# vectors and then the scales of its sub-blocks, then d. A step is so read as one ascending
+# stream: with the scales after the four chunks the one-token products streamed from DRAM
+# at (one thread / two) Q4_K 35-36 / 61-62 GB/s, Q5_K 22 / 39, Q6_K 16.4 / 32-34; with each
+# chunk's scales after it, 37 / 67-68, 24 / 41, 18.8 / 34.5-35 (Q2_K and Q3_K about the same;
+# `python bench/prefetch_ab.py --type T -k 2048 -m 4096 --tokens 1 --ahead 0 --chain-mb 128
+# -t N`, the layouts taking turns). With its high bits in a region of their own, 2 KiB after
+# the low nibbles, Q6_K had streamed at 10 GB/s on one thread. The header (d) stays after
+# the values: put first, it made Q4_K 25% slower.
 #
 # A chunk: the low bits' vectors, then the high bits' vectors (per type: K_VECTORS).
 #   Q4_K, Q5_K, Q6_K  8 vectors of nibbles: vector c, lane r, byte i: value 64j + 4c + i
@@ -91,60 +93,61 @@ KQUANTS = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.
 #   Q2_K, Q3_K  4 vectors of two-bit values: vector c, lane r, byte i, bits 2e..2e+1: value
 #               64j + 16e + 4c + i
 #   Q6_K        4 vectors of high bits: vector c, byte i: bits 2e..2e+1 (low nibble of vector
-#               2c + e) and 4 + 2e.. (its high nibble)
+#               2c + e) and 4 + 2e.. (its high nibble); the chunk's vectors are stored in
+#               the order the kernel first reads them (Q6_K_ORDER: low 0-3, high 0-1, low
+#               4-7, high 2-3)
 #   Q3_K        2 vectors of third bits: vector h, byte i, bit b: value 64j + 32h + 4b + i
 #   Q5_K        2 vectors of fifth bits, laid out as Q3_K's third bits
-# Then the sub-blocks' scales, 16 rows a vector (scale g of row r at byte 16g + r): Q4_K
-# sc[8][16] u8 and mn[8][16] u8; Q3_K sc[16][16] i8 (less its 32); Q2_K the GGUF scale bytes
-# [16][16] (scale in the low nibble, minimum in the high one); Q5_K as Q4_K; IQ4_XS sc[8][16]
-# i8 (less 32). Then d[16] f16 (Q2_K, Q4_K, Q5_K: then dmin[16] f16; the others 32 bytes of
-# padding).
-# Q6_K instead puts each chunk's vectors in the order the kernel first reads them (low bits
-# 0-3, their high bits 0-1, low bits 4-7, high bits 2-3) and after them the i8 scales of
-# the chunk's four sub-blocks (Q6_K_ORDER, k_scale_offset): a step is then one ascending
-# stream, and its one-token products went from 16.4 to 18.8 GB/s on one thread (32.1-34.4
-# to 34.5-34.9 on two; `python bench/prefetch_ab.py --type Q6_K -k 2048 -m 4096 --tokens 1
-# --ahead 0 --chain-mb 128`), Gemma 4 E2B's tied output product from 5.7 to 5.0 ms.
+# Then one vector of the chunk's sub-blocks' scales, 16 rows each (k_scale_offset,
+# k_min_offset): Q4_K and Q5_K sc u8 of its two sub-blocks, then their mn u8; Q2_K the GGUF
+# scale bytes of its four (scale in the low nibble, minimum in the high one); Q3_K sc i8 of
+# its four (less its 32); Q6_K sc i8 of its four. IQ4_XS has no such vector: its sc[8][16]
+# i8 (less 32) follow the four chunks. Then d[16] f16 (Q2_K, Q4_K, Q5_K: then dmin[16] f16;
+# the others 32 bytes of padding).
 K_VECTORS = {GGMLType.Q2_K: (4, 0), GGMLType.Q3_K: (4, 2), GGMLType.Q4_K: (8, 0), GGMLType.Q5_K: (8, 2),
              GGMLType.Q6_K: (8, 4), GGMLType.IQ4_XS: (8, 0)}
-K_CHUNK = {t: 64 * (lo + hi) for t, (lo, hi) in K_VECTORS.items()}   # bytes per chunk of 64 values
-K_SCALE_BYTES = {GGMLType.IQ4_XS: 128}   # the scales' bytes where not 256 (IQ4_XS: 8 sub-blocks, no minimums)
-K_D = {t: 4 * chunk + K_SCALE_BYTES.get(t, 256) for t, chunk in K_CHUNK.items()}   # d[16] f16 after the scales
+K_CHUNK = {t: 64 * (lo + hi) for t, (lo, hi) in K_VECTORS.items()}   # value bytes per chunk of 64 values
+# the types whose chunks carry their own sub-blocks' scales (one vector after the values):
+# every K-quant; IQ4_XS keeps its 128 bytes of scales after the four chunks
+K_CHUNK_SCALES = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+K_STRIDE = {t: chunk + (64 if t in K_CHUNK_SCALES else 0) for t, chunk in K_CHUNK.items()}   # bytes a chunk
+K_D = {t: 4 * K_STRIDE[t] + (0 if t in K_CHUNK_SCALES else 128) for t in K_CHUNK}   # d[16] f16 after the scales
 # stored q + offset, i8 scales; else u8 scales and minimums (IQ4_XS: its codes decode to
 # kvalues + 128, kernels/qcodes.py)
 K_OFFSET = {GGMLType.Q3_K: 4, GGMLType.Q6_K: 32, GGMLType.IQ4_XS: 128}
-
-
-# Q6_K: each chunk's vectors in the order the kernel first reads them (low bits 0-3, their
-# high bits, low bits 4-7, theirs), then the scales of its 4 sub-blocks: one ascending stream
+# Q6_K's chunk vectors in the order the kernel first reads them: low bits 0-3, their high
+# bits, low bits 4-7, theirs (Q6_K_ORDER[i]: which of the low (0-7) and high (8-11) vectors
+# is the chunk's i-th)
 Q6_K_ORDER = (0, 1, 2, 3, 8, 9, 4, 5, 6, 7, 10, 11)
 _Q6_K_SLOT = {v: i for i, v in enumerate(Q6_K_ORDER)}
-Q6_K_CHUNK = 13 * 64
 
 
-def k_scales_offset(t: GGMLType) -> int:
-    return 4 * K_CHUNK[t]
+def _subs_per_chunk(t: GGMLType) -> int:
+    return 2 if t in (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.IQ4_XS) else 4
 
 
 def k_scale_offset(t: GGMLType, g: int) -> int:
-    """Sub-block g's scales for the 16 rows (16 bytes)."""
-    if t == GGMLType.Q6_K:
-        return Q6_K_CHUNK * (g // 4) + 12 * 64 + 16 * (g % 4)
-    return k_scales_offset(t) + 16 * g
+    """Sub-block g's scales for the 16 rows (16 bytes; Q2_K: the GGUF byte, scale and minimum)."""
+    if t not in K_CHUNK_SCALES:
+        return 4 * K_STRIDE[t] + 16 * g
+    chunk, i = divmod(g, _subs_per_chunk(t))
+    return K_STRIDE[t] * chunk + K_CHUNK[t] + 16 * i
+
+
+def k_min_offset(t: GGMLType, g: int) -> int:
+    """Sub-block g's minimums for the 16 rows (Q4_K, Q5_K: after the chunk's two scales)."""
+    return k_scale_offset(t, g) + 32
 
 
 def k_values_offset(t: GGMLType, j: int, c: int) -> int:
     """Vector c of chunk j's low bits (see above for what its bytes hold)."""
-    if t == GGMLType.Q6_K:
-        return Q6_K_CHUNK * j + 64 * _Q6_K_SLOT[c]
-    return K_CHUNK[t] * j + 64 * c
+    return K_STRIDE[t] * j + 64 * (_Q6_K_SLOT[c] if t == GGMLType.Q6_K else c)
 
 
 def k_high_offset(t: GGMLType, j: int, c: int) -> int:
     """Vector c of chunk j's high bits (Q6_K: c = 0..3, Q3_K and Q5_K: 0..1)."""
-    if t == GGMLType.Q6_K:
-        return Q6_K_CHUNK * j + 64 * _Q6_K_SLOT[8 + c]
-    return K_CHUNK[t] * j + 64 * (K_VECTORS[t][0] + c)
+    v = K_VECTORS[t][0] + c
+    return K_STRIDE[t] * j + 64 * (_Q6_K_SLOT[v] if t == GGMLType.Q6_K else v)
 
 
 def q6_high_offset(j: int, c: int) -> int:
@@ -506,7 +509,9 @@ def _repack_kquant_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
         if t == GGMLType.Q5_K:   # the fifth bits as Q3_K's third bits, after each chunk's nibbles
             values = np.concatenate([values.reshape(g, s, 4, 8 * 64),
                                      _fifth_bit_vectors(blk[..., 16:48], lanes)], axis=3).reshape(g, s, -1)
-        return np.concatenate([values, per_row(sc), per_row(mn), halves], axis=2)
+        chunks = np.concatenate([values.reshape(g, s, 4, -1), per_row(sc).reshape(g, s, 4, 32),
+                                 per_row(mn).reshape(g, s, 4, 32)], axis=3)   # each chunk's two sub-blocks
+        return np.concatenate([chunks.reshape(g, s, -1), halves], axis=2)
     q = _q6_values(blk)                                       # [g, r, s, 256] in 0..63
     q = q.reshape(g, GROUP, s, 4, 2, 8, 4)                    # chunk j, half, c, i
     ql = (q[:, :, :, :, 0] & 15) | ((q[:, :, :, :, 1] & 15) << 4)           # [g,r,s,4,8,4]
@@ -569,8 +574,8 @@ def _repack_crumb_groups(blk: np.ndarray, t: GGMLType, lanes: Callable, per_row:
         scales = per_row(_q3_scales(blk[..., 96:108]).view(np.uint8))
         d = np.concatenate([_moved(blk[..., 108:110].reshape(g, GROUP, s, 1, 2), np.uint16, (0, 2, 3, 1))
                             .reshape(g, s, -1), np.zeros((g, s, 32), np.uint8)], axis=2)
-    values = np.concatenate(chunks, axis=3).reshape(g, s, -1)
-    return np.concatenate([values, scales, d], axis=2)
+    values = np.concatenate(chunks + [scales.reshape(g, s, 4, 64)], axis=3).reshape(g, s, -1)   # 4 sub-blocks a chunk
+    return np.concatenate([values, d], axis=2)
 
 
 def _fifth_bit_vectors(qh: np.ndarray, lanes: Callable) -> np.ndarray:

@@ -295,9 +295,9 @@ class RepackedMatmul:
         """Sub-block g's minimum for the 16 rows, as i32 (Q2_K, Q4_K, Q5_K)."""
         b = self.kb.b
         if self.t == GGMLType.Q2_K:
-            raw = load_vec(b, self.kb.byte_ptr(wp, i64(repack.k_scales_offset(self.t) + 16 * g)), I8, 16)
+            raw = load_vec(b, self.kb.byte_ptr(wp, i64(repack.k_scale_offset(self.t, g))), I8, 16)
             return b.zext(b.lshr(raw, splat_const(I8, 4, 16)), vec(I32, 16))
-        raw = load_vec(b, self.kb.byte_ptr(wp, i64(repack.k_scales_offset(self.t) + 128 + 16 * g)), I8, 16)
+        raw = load_vec(b, self.kb.byte_ptr(wp, i64(repack.k_min_offset(self.t, g))), I8, 16)
         return b.zext(raw, vec(I32, 16))
 
     def _kquant_vector(self, wp: ir.Value, v: int) -> ir.Value:

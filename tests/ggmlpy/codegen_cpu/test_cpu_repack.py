@@ -113,8 +113,8 @@ def _unpack_kquant(packed: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarra
                         nib |= ((int(step[repack.k_high_offset(t, j, half) + 4 * r + i]) >> c) & 1) << 4
                     if t in (G.Q4_K, G.Q5_K):
                         sub = 2 * j + half
-                        sc = np.float32(step[repack.k_scales_offset(t) + 16 * sub + r])
-                        mn = np.float32(step[repack.k_scales_offset(t) + 128 + 16 * sub + r])
+                        sc = np.float32(step[repack.k_scale_offset(t, sub) + r])
+                        mn = np.float32(step[repack.k_min_offset(t, sub) + r])
                         dmin = _f16(step[repack.K_D[t] + 32 + 2 * r:][:2])[0]
                         value = np.float32(d * sc) * np.float32(nib) - np.float32(dmin * mn)
                     else:
@@ -134,7 +134,7 @@ def _crumb_value(step: np.ndarray, t: GGMLType, r: int, d: np.float32, j: int, w
     c, i = divmod(rest, 4)
     q = (int(step[repack.k_values_offset(t, j, c) + 4 * r + i]) >> (2 * e)) & 3
     sub = (64 * j + w) // 16
-    scale_byte = step[repack.k_scales_offset(t) + 16 * sub + r]
+    scale_byte = step[repack.k_scale_offset(t, sub) + r]
     if t == G.Q2_K:
         dmin = _f16(step[repack.K_D[t] + 32 + 2 * r:][:2])[0]
         return np.float32(d * np.float32(scale_byte & 15)) * np.float32(q) - np.float32(dmin * np.float32(scale_byte >> 4))
