@@ -80,9 +80,10 @@ def _objectified(call: Any) -> Any:
 # llama-server's chat_template_caps (its /props), found as llama.cpp's caps_get finds them,
 # by rendering probes; each probe's marker must reach the prompt
 _USER = {"role": "user", "content": "User message"}
-_CAP_TOOLS = [{"type": "function", "function": {"name": "tool1_probe", "description": "Tool description", "parameters": {
-    "type": "object", "properties": {"arg": {"type": "string", "description": "Arg description"}},
-    "required": ["arg"]}}}]
+_CAP_TOOLS = [{"type": "function", "function": {
+    "name": "tool1_probe", "description": "Tool description", "parameters": {
+        "type": "object", "properties": {"arg": {"type": "string", "description": "Arg description"}},
+        "required": ["arg"]}}}]
 _PLACEHOLDER = "<REASONING_CONTENT_PLACEHOLDER>"
 _PRESERVE = {"enable_thinking": True, "preserve_thinking": True, "clear_thinking": False,
              "truncate_history_thinking": False, "drop_thinking": False}
@@ -118,6 +119,7 @@ def template_caps(template: ChatTemplate) -> dict[str, bool]:
 
     typed = _try(template, [{"role": "user", "content": [{"type": "text", "text": "TYPED_MARKER"}]}])
     as_object = shows("value1", _call_turn([{"arg": "value1"}]), _CAP_TOOLS)
+
     def args(v: str) -> Any:
         return {"arg": v} if as_object else json.dumps({"arg": v})
     return {

@@ -24,6 +24,7 @@ from typing import Callable
 import llvmlite.ir as ir
 
 from ggmlpy.codegen_cpu import repack
+from ggmlpy.codegen_cpu import repack_superblocks as superblocks
 from ggmlpy.codegen_cpu.irgen import F32, I8, I16, I32, KernelBuilder, i64
 from ggmlpy.codegen_cpu.kernels.qact import ActFormat
 from ggmlpy.codegen_cpu.kernels.qcodes import CODE_BOOKS, e8m0_half, lookup
@@ -255,7 +256,7 @@ class RepackedMatmul:
         per = 64 // n_sub                                     # dots (4 values each) per sub-block
         totals = [zeros(I32, 16) for _ in aps]
         corrs: list[ir.Value | None] = [None for _ in aps]
-        offset = repack.K_OFFSET.get(self.t)
+        offset = superblocks.K_OFFSET.get(self.t)
         for sub in range(n_sub):
             if sub:   # a compiler-only fence (no instruction): LLVM's scheduler would
                 b.fence("seq_cst", "singlethread")   # otherwise decode every sub-block up front
@@ -269,7 +270,7 @@ class RepackedMatmul:
                 a = splat(b, b.load(kb.byte_ptr(ap, i64(320 + 4 * sub)), typ=F32, align=4), 16)
                 x = b.fmul(term, a, flags=CONTRACT)
                 corrs[i] = x if corrs[i] is None else b.fadd(corrs[i], x, flags=CONTRACT)
-        dd = load_vec(b, kb.byte_ptr(wp, i64(repack.K_D[self.t])), ir.HalfType(), 32)
+        dd = load_vec(b, kb.byte_ptr(wp, i64(superblocks.K_D[self.t])), ir.HalfType(), 32)
         d = b.fpext(shuffle(b, dd, None, range(16)), vec(F32, 16))
         if offset is not None:   # i8 scales; the offset's share met by the activation sums
             corr_w = b.fmul(d, splat_const(F32, -float(offset), 16), flags=CONTRACT)
@@ -284,8 +285,8 @@ class RepackedMatmul:
     def _kquant_scale(self, wp: ir.Value, g: int) -> ir.Value:
         """Sub-block g's scale for the 16 rows, as i32 (Q2_K: the low nibble of its byte)."""
         b = self.kb.b
-        raw = load_vec(b, self.kb.byte_ptr(wp, i64(repack.k_scale_offset(self.t, g))), I8, 16)
-        if self.t in repack.K_OFFSET:
+        raw = load_vec(b, self.kb.byte_ptr(wp, i64(superblocks.k_scale_offset(self.t, g))), I8, 16)
+        if self.t in superblocks.K_OFFSET:
             return b.sext(raw, vec(I32, 16))
         if self.t == GGMLType.Q2_K:
             raw = b.and_(raw, splat_const(I8, 15, 16))
@@ -295,9 +296,9 @@ class RepackedMatmul:
         """Sub-block g's minimum for the 16 rows, as i32 (Q2_K, Q4_K, Q5_K)."""
         b = self.kb.b
         if self.t == GGMLType.Q2_K:
-            raw = load_vec(b, self.kb.byte_ptr(wp, i64(repack.k_scale_offset(self.t, g))), I8, 16)
+            raw = load_vec(b, self.kb.byte_ptr(wp, i64(superblocks.k_scale_offset(self.t, g))), I8, 16)
             return b.zext(b.lshr(raw, splat_const(I8, 4, 16)), vec(I32, 16))
-        raw = load_vec(b, self.kb.byte_ptr(wp, i64(repack.k_min_offset(self.t, g))), I8, 16)
+        raw = load_vec(b, self.kb.byte_ptr(wp, i64(superblocks.k_min_offset(self.t, g))), I8, 16)
         return b.zext(raw, vec(I32, 16))
 
     def _kquant_vector(self, wp: ir.Value, v: int) -> ir.Value:
@@ -308,22 +309,22 @@ class RepackedMatmul:
         vectors (bits 2e..2e+1 for the low nibbles of vector 2c' + e, bits 4 + 2e.. for the
         high ones). Q2_K and Q3_K: see _crumb_vector."""
         j, u = divmod(v, 16)
-        if repack.K_VECTORS[self.t][0] == 4:
+        if superblocks.K_VECTORS[self.t][0] == 4:
             return self._crumb_vector(wp, j, u)
         kb, b = self.kb, self.kb.b
         high, c = divmod(u, 8)
         low = splat_const(I8, 15, 64)
-        raw = load_vec(b, kb.byte_ptr(wp, i64(repack.k_values_offset(self.t, j, c))), I8, 64)
+        raw = load_vec(b, kb.byte_ptr(wp, i64(superblocks.k_values_offset(self.t, j, c))), I8, 64)
         if high:
             raw = b.bitcast(b.lshr(b.bitcast(raw, vec(I16, 32)), splat_const(I16, 4, 32)), vec(I8, 64))
         q = b.and_(raw, low)
         if self.t == GGMLType.Q5_K:   # bit c of fifth-bit vector `high`'s bytes -> bit 4
-            hv = b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(repack.k_high_offset(self.t, j, high))), I8, 64),
+            hv = b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(superblocks.k_high_offset(self.t, j, high))), I8, 64),
                            vec(I16, 32))
             moved = b.shl(hv, splat_const(I16, 4 - c, 32)) if c < 4 else b.lshr(hv, splat_const(I16, c - 4, 32))
             q = b.or_(q, b.and_(b.bitcast(moved, vec(I8, 64)), splat_const(I8, 16, 64)))
         if self.t == GGMLType.Q6_K:
-            qh = b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(repack.q6_high_offset(j, c // 2))), I8, 64),
+            qh = b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(superblocks.q6_high_offset(j, c // 2))), I8, 64),
                            vec(I16, 32))
             e = c % 2
             moved = (b.lshr(qh, splat_const(I16, 2 * e, 32)) if high
@@ -338,12 +339,12 @@ class RepackedMatmul:
         c; Q3_K adds bit v % 8 of its third-bit vector v // 8 as bit 2 (the stored q + 4)."""
         kb, b = self.kb, self.kb.b
         e, c = divmod(v, 4)
-        crumbs = b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(repack.k_values_offset(self.t, j, c))), I8, 64),
+        crumbs = b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(superblocks.k_values_offset(self.t, j, c))), I8, 64),
                            vec(I16, 32))
         q = b.and_(b.bitcast(b.lshr(crumbs, splat_const(I16, 2 * e, 32)), vec(I8, 64)), splat_const(I8, 3, 64))
-        if repack.K_VECTORS[self.t][1]:
+        if superblocks.K_VECTORS[self.t][1]:
             h, bit = divmod(v, 8)
-            highs = b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(repack.k_high_offset(self.t, j, h))), I8, 64),
+            highs = b.bitcast(load_vec(b, kb.byte_ptr(wp, i64(superblocks.k_high_offset(self.t, j, h))), I8, 64),
                               vec(I16, 32))
             moved = (b.shl(highs, splat_const(I16, 2 - bit, 32)) if bit < 2
                      else b.lshr(highs, splat_const(I16, bit - 2, 32)))

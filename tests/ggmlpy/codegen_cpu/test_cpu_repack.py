@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from ggmlpy.codegen_cpu import repack
+from ggmlpy.codegen_cpu import repack_superblocks as superblocks
 from ggmlpy.codegen_cpu.backend import CpuBackend
 from ggmlpy.ir.builder import GraphBuilder
 from ggmlpy.ir.ops import OpCase, SrcSpec
@@ -99,7 +100,7 @@ def _unpack_kquant(packed: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarra
         for s in range(n_steps):
             step = packed[(g * n_steps + s) * sb:(g * n_steps + s + 1) * sb]
             for r in range(16):
-                d = _f16(step[repack.K_D[t] + 2 * r:][:2])[0]
+                d = _f16(step[superblocks.K_D[t] + 2 * r:][:2])[0]
                 for v in range(256):
                     j, within = divmod(v, 64)
                     if t in (G.Q2_K, G.Q3_K):
@@ -107,20 +108,20 @@ def _unpack_kquant(packed: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarra
                         continue
                     half, pos = divmod(within, 32)
                     c, i = divmod(pos, 4)
-                    byte = int(step[repack.k_values_offset(t, j, c) + 4 * r + i])
+                    byte = int(step[superblocks.k_values_offset(t, j, c) + 4 * r + i])
                     nib = (byte & 15) if half == 0 else (byte >> 4)
                     if t == G.Q5_K:   # fifth bit: vector `half`, byte i, bit c
-                        nib |= ((int(step[repack.k_high_offset(t, j, half) + 4 * r + i]) >> c) & 1) << 4
+                        nib |= ((int(step[superblocks.k_high_offset(t, j, half) + 4 * r + i]) >> c) & 1) << 4
                     if t in (G.Q4_K, G.Q5_K):
                         sub = 2 * j + half
-                        sc = np.float32(step[repack.k_scale_offset(t, sub) + r])
-                        mn = np.float32(step[repack.k_min_offset(t, sub) + r])
-                        dmin = _f16(step[repack.K_D[t] + 32 + 2 * r:][:2])[0]
+                        sc = np.float32(step[superblocks.k_scale_offset(t, sub) + r])
+                        mn = np.float32(step[superblocks.k_min_offset(t, sub) + r])
+                        dmin = _f16(step[superblocks.K_D[t] + 32 + 2 * r:][:2])[0]
                         value = np.float32(d * sc) * np.float32(nib) - np.float32(dmin * mn)
                     else:
-                        qh = int(step[repack.q6_high_offset(j, c // 2) + 4 * r + i])
+                        qh = int(step[superblocks.q6_high_offset(j, c // 2) + 4 * r + i])
                         q = nib | (((qh >> (2 * (c % 2) + 4 * half)) & 3) << 4)
-                        sc = np.float32(step[repack.k_scale_offset(t, v // 16) + r].view(np.int8))
+                        sc = np.float32(step[superblocks.k_scale_offset(t, v // 16) + r].view(np.int8))
                         value = np.float32(q - 32) * np.float32(d * sc)
                     out[16 * g + r, 256 * s + v] = value
     return out
@@ -132,14 +133,14 @@ def _crumb_value(step: np.ndarray, t: GGMLType, r: int, d: np.float32, j: int, w
     meaning minus 4; its sub-block's scale (and Q2_K's minimum) at byte 16 * sub + r."""
     e, rest = divmod(w, 16)
     c, i = divmod(rest, 4)
-    q = (int(step[repack.k_values_offset(t, j, c) + 4 * r + i]) >> (2 * e)) & 3
+    q = (int(step[superblocks.k_values_offset(t, j, c) + 4 * r + i]) >> (2 * e)) & 3
     sub = (64 * j + w) // 16
-    scale_byte = step[repack.k_scale_offset(t, sub) + r]
+    scale_byte = step[superblocks.k_scale_offset(t, sub) + r]
     if t == G.Q2_K:
-        dmin = _f16(step[repack.K_D[t] + 32 + 2 * r:][:2])[0]
+        dmin = _f16(step[superblocks.K_D[t] + 32 + 2 * r:][:2])[0]
         return np.float32(d * np.float32(scale_byte & 15)) * np.float32(q) - np.float32(dmin * np.float32(scale_byte >> 4))
     h, within = divmod(w, 32)
-    high = (int(step[repack.k_high_offset(t, j, h) + 4 * r + within % 4]) >> (within // 4)) & 1
+    high = (int(step[superblocks.k_high_offset(t, j, h) + 4 * r + within % 4]) >> (within // 4)) & 1
     return np.float32(d * np.float32(scale_byte.view(np.int8))) * np.float32(q - (0 if high else 4))
 
 

@@ -1,0 +1,241 @@
+"""The CPU backend's repacked layout of the super-block types (one step: 256 values of 16
+rows): the K-quants and IQ4_XS, as repack.py does it for the 32-block types. The numpy
+functions here define the layout; repack_bits.py derives the native bit moves from them.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ggmlpy.ir.types import GGMLType, type_size
+from ggmlpy.quants import block_dtype
+
+GROUP = 16   # rows per group: one per dot lane
+
+
+# K-quant steps (one super-block of 256 values): four chunks of 64 values, each its value
+# vectors and then the scales of its sub-blocks, then d. A step is so read as one ascending
+# stream: with the scales after the four chunks the one-token products streamed from DRAM
+# at (one thread / two) Q4_K 35-36 / 61-62 GB/s, Q5_K 22 / 39, Q6_K 16.4 / 32-34; with each
+# chunk's scales after it, 37 / 67-68, 24 / 41, 18.8 / 34.5-35 (Q2_K and Q3_K about the same;
+# `python bench/prefetch_ab.py --type T -k 2048 -m 4096 --tokens 1 --ahead 0 --chain-mb 128
+# -t N`, the layouts taking turns). With its high bits in a region of their own, 2 KiB after
+# the low nibbles, Q6_K had streamed at 10 GB/s on one thread. The header (d) stays after
+# the values: put first, it made Q4_K 25% slower.
+#
+# A chunk: the low bits' vectors, then the high bits' vectors (per type: K_VECTORS).
+#   Q4_K, Q5_K, Q6_K  8 vectors of nibbles: vector c, lane r, byte i: value 64j + 4c + i
+#               (low nibble) and 64j + 32 + 4c + i (high nibble)
+#   Q2_K, Q3_K  4 vectors of two-bit values: vector c, lane r, byte i, bits 2e..2e+1: value
+#               64j + 16e + 4c + i
+#   Q6_K        4 vectors of high bits: vector c, byte i: bits 2e..2e+1 (low nibble of vector
+#               2c + e) and 4 + 2e.. (its high nibble); the chunk's vectors are stored in
+#               the order the kernel first reads them (Q6_K_ORDER: low 0-3, high 0-1, low
+#               4-7, high 2-3)
+#   Q3_K        2 vectors of third bits: vector h, byte i, bit b: value 64j + 32h + 4b + i
+#   Q5_K        2 vectors of fifth bits, laid out as Q3_K's third bits
+# Then one vector of the chunk's sub-blocks' scales, 16 rows each (k_scale_offset,
+# k_min_offset): Q4_K and Q5_K sc u8 of its two sub-blocks, then their mn u8; Q2_K the GGUF
+# scale bytes of its four (scale in the low nibble, minimum in the high one); Q3_K sc i8 of
+# its four (less its 32); Q6_K sc i8 of its four. IQ4_XS has no such vector: its sc[8][16]
+# i8 (less 32) follow the four chunks. Then d[16] f16 (Q2_K, Q4_K, Q5_K: then dmin[16] f16;
+# the others 32 bytes of padding).
+K_VECTORS = {GGMLType.Q2_K: (4, 0), GGMLType.Q3_K: (4, 2), GGMLType.Q4_K: (8, 0), GGMLType.Q5_K: (8, 2),
+             GGMLType.Q6_K: (8, 4), GGMLType.IQ4_XS: (8, 0)}
+K_CHUNK = {t: 64 * (lo + hi) for t, (lo, hi) in K_VECTORS.items()}   # value bytes per chunk of 64 values
+# the types whose chunks carry their own sub-blocks' scales (one vector after the values):
+# every K-quant; IQ4_XS keeps its 128 bytes of scales after the four chunks
+K_CHUNK_SCALES = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+K_STRIDE = {t: chunk + (64 if t in K_CHUNK_SCALES else 0) for t, chunk in K_CHUNK.items()}   # bytes a chunk
+K_D = {t: 4 * K_STRIDE[t] + (0 if t in K_CHUNK_SCALES else 128) for t in K_CHUNK}   # d[16] f16 after the scales
+# stored q + offset, i8 scales; else u8 scales and minimums (IQ4_XS: its codes decode to
+# kvalues + 128, kernels/qcodes.py)
+K_OFFSET = {GGMLType.Q3_K: 4, GGMLType.Q6_K: 32, GGMLType.IQ4_XS: 128}
+# Q6_K's chunk vectors in the order the kernel first reads them: low bits 0-3, their high
+# bits, low bits 4-7, theirs (Q6_K_ORDER[i]: which of the low (0-7) and high (8-11) vectors
+# is the chunk's i-th)
+Q6_K_ORDER = (0, 1, 2, 3, 8, 9, 4, 5, 6, 7, 10, 11)
+_Q6_K_SLOT = {v: i for i, v in enumerate(Q6_K_ORDER)}
+
+
+def _subs_per_chunk(t: GGMLType) -> int:
+    return 2 if t in (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.IQ4_XS) else 4
+
+
+def k_scale_offset(t: GGMLType, g: int) -> int:
+    """Sub-block g's scales for the 16 rows (16 bytes; Q2_K: the GGUF byte, scale and minimum)."""
+    if t not in K_CHUNK_SCALES:
+        return 4 * K_STRIDE[t] + 16 * g
+    chunk, i = divmod(g, _subs_per_chunk(t))
+    return K_STRIDE[t] * chunk + K_CHUNK[t] + 16 * i
+
+
+def k_min_offset(t: GGMLType, g: int) -> int:
+    """Sub-block g's minimums for the 16 rows (Q4_K, Q5_K: after the chunk's two scales)."""
+    return k_scale_offset(t, g) + 32
+
+
+def k_values_offset(t: GGMLType, j: int, c: int) -> int:
+    """Vector c of chunk j's low bits (see above for what its bytes hold)."""
+    return K_STRIDE[t] * j + 64 * (_Q6_K_SLOT[c] if t == GGMLType.Q6_K else c)
+
+
+def k_high_offset(t: GGMLType, j: int, c: int) -> int:
+    """Vector c of chunk j's high bits (Q6_K: c = 0..3, Q3_K and Q5_K: 0..1)."""
+    v = K_VECTORS[t][0] + c
+    return K_STRIDE[t] * j + 64 * (_Q6_K_SLOT[v] if t == GGMLType.Q6_K else v)
+
+
+def q6_high_offset(j: int, c: int) -> int:
+    """Vector c (0..3) of Q6_K chunk j's high bits (two bits for each of two low-nibble vectors)."""
+    return k_high_offset(GGMLType.Q6_K, j, c)
+
+
+
+def moved(x: np.ndarray, word: type, order: tuple[int, ...]) -> np.ndarray:
+    """x's last axis (the bytes of one word) read as one `word`, the other axes put in
+    `order`, back as contiguous bytes. numpy then moves whole words, not single bytes:
+    repacking SmolLM2 or Gemma 3 runs 2 to 3 times faster than transposing bytes."""
+    words = x.view(word)[..., 0]
+    return np.ascontiguousarray(words.transpose(order)).view(np.uint8)
+
+
+
+def repack_superblock_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
+    """[groups, steps, STEP_BYTES] for K-quant rows (one step = one super-block)."""
+    m = rows.shape[0]
+    g, s = m // GROUP, k // 256
+    blk = rows.reshape(g, GROUP, s, type_size(t))          # [g, r, s, block bytes]
+
+    def lanes(x: np.ndarray) -> np.ndarray:
+        """[g, r, s, V, 4] -> [g, s, V * 64]: lane r of each of the V vectors."""
+        return moved(x, np.uint32, (0, 2, 3, 1)).reshape(g, s, -1)
+
+    def per_row(x: np.ndarray) -> np.ndarray:
+        """[g, r, s, n] bytes -> [g, s, n * 16]: byte 16i + r."""
+        return x.transpose(0, 2, 3, 1).reshape(g, s, -1)
+
+    if t in (GGMLType.Q2_K, GGMLType.Q3_K):
+        return _repack_crumb_groups(blk, t, lanes, per_row)
+    if t == GGMLType.IQ4_XS:
+        return _repack_iq4_xs_groups(blk, lanes, per_row)
+    if t in (GGMLType.Q4_K, GGMLType.Q5_K):
+        at = block_dtype(t).fields["qs"][1]
+        qs = blk[..., at:at + 128].reshape(g, GROUP, s, 32, 4)   # vector 8j + c = bytes 32j + 4c..
+        sc, mn = _k4_scales(blk[..., 4:16])
+        d = blk[..., 0:4].reshape(g, GROUP, s, 2, 2)        # d, dmin: 16 f16 each
+        halves = moved(d, np.uint16, (0, 2, 3, 1)).reshape(g, s, -1)
+        values = lanes(qs)
+        if t == GGMLType.Q5_K:   # the fifth bits as Q3_K's third bits, after each chunk's nibbles
+            values = np.concatenate([values.reshape(g, s, 4, 8 * 64),
+                                     _fifth_bit_vectors(blk[..., 16:48], lanes)], axis=3).reshape(g, s, -1)
+        chunks = np.concatenate([values.reshape(g, s, 4, -1), per_row(sc).reshape(g, s, 4, 32),
+                                 per_row(mn).reshape(g, s, 4, 32)], axis=3)   # each chunk's two sub-blocks
+        return np.concatenate([chunks.reshape(g, s, -1), halves], axis=2)
+    q = _q6_values(blk)                                       # [g, r, s, 256] in 0..63
+    q = q.reshape(g, GROUP, s, 4, 2, 8, 4)                    # chunk j, half, c, i
+    ql = (q[:, :, :, :, 0] & 15) | ((q[:, :, :, :, 1] & 15) << 4)           # [g,r,s,4,8,4]
+    hi = (q >> 4).reshape(g, GROUP, s, 4, 2, 4, 2, 4)         # j, half, c', e, i
+    qh = (hi[..., 0, :, 0, :] | (hi[..., 0, :, 1, :] << 2)
+          | (hi[..., 1, :, 0, :] << 4) | (hi[..., 1, :, 1, :] << 6))         # [g,r,s,4,4,4]
+    d = moved(blk[..., 208:210].reshape(g, GROUP, s, 1, 2), np.uint16, (0, 2, 3, 1)).reshape(g, s, -1)
+    chunks = np.concatenate([lanes(ql.reshape(g, GROUP, s, 32, 4)).reshape(g, s, 4, 8, 64),
+                             lanes(qh.reshape(g, GROUP, s, 16, 4)).reshape(g, s, 4, 4, 64)], axis=3)
+    chunks = chunks[:, :, :, list(Q6_K_ORDER)].reshape(g, s, 4, 12 * 64)
+    scales = per_row(blk[..., 192:208]).reshape(g, s, 4, 64)     # sub-blocks 4j..4j + 3
+    return np.concatenate([np.concatenate([chunks, scales], axis=3).reshape(g, s, -1), d,
+                           np.zeros((g, s, 32), np.uint8)], axis=2)
+
+
+def _nibble_chunks(q: np.ndarray, lanes: Callable) -> np.ndarray:
+    """Values [g, r, s, 256] of 4 bits -> [g, s, 4 chunks * 8 vectors * 64]: vector c of
+    chunk j, lane r, byte i: value 64j + 4c + i in its low nibble, 64j + 32 + 4c + i in its
+    high one (Q4_K's layout)."""
+    g, s = q.shape[0], q.shape[2]
+    q = q.reshape(g, GROUP, s, 4, 2, 8, 4)                    # chunk j, half, c, i
+    nibbles = (q[:, :, :, :, 0] & 15) | ((q[:, :, :, :, 1] & 15) << 4)    # [g, r, s, 4, 8, 4]
+    return lanes(nibbles.reshape(g, GROUP, s, 32, 4))
+
+
+def _repack_iq4_xs_groups(blk: np.ndarray, lanes: Callable, per_row: Callable) -> np.ndarray:
+    """IQ4_XS blocks [g, r, s, 136] -> [g, s, STEP_BYTES]: the codes as Q4_K's nibbles, the
+    eight 6-bit scales less 32 as i8 (sub-block b: low four bits in nibble b % 2 of
+    scales_l[b / 2], top two at bits 2b of scales_h), then d and 32 bytes of padding."""
+    g, s = blk.shape[0], blk.shape[2]
+    qs = blk[..., 8:136].reshape(g, GROUP, s, 8, 16)
+    codes = np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(g, GROUP, s, 256)   # value 32b + l
+    low = blk[..., 4:8]
+    low = np.stack([low & 15, low >> 4], axis=-1).reshape(g, GROUP, s, 8)
+    high = blk[..., 2:4].astype(np.uint16)
+    high = (high[..., 0] | (high[..., 1] << 8))[..., None] >> (2 * np.arange(8, dtype=np.uint16))
+    scales = ((low | ((high & 3) << 4).astype(np.uint8)).astype(np.int16) - 32).astype(np.int8).view(np.uint8)
+    d = moved(blk[..., 0:2].reshape(g, GROUP, s, 1, 2), np.uint16, (0, 2, 3, 1)).reshape(g, s, -1)
+    return np.concatenate([_nibble_chunks(codes, lanes), per_row(scales), d, np.zeros((g, s, 32), np.uint8)],
+                          axis=2)
+
+
+def _repack_crumb_groups(blk: np.ndarray, t: GGMLType, lanes: Callable, per_row: Callable) -> np.ndarray:
+    """Q2_K and Q3_K blocks [g, r, s, block bytes] -> [g, s, STEP_BYTES] (layout above)."""
+    g, s = blk.shape[0], blk.shape[2]
+    at = block_dtype(t).fields["qs"][1]
+    qs = blk[..., at:at + 64].reshape(g, GROUP, s, 2, 1, 32)   # half n, -, l
+    crumbs = (qs >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3        # [g, r, s, n, s', l]
+    q = crumbs.reshape(g, GROUP, s, 4, 4, 4, 4)                             # chunk j, e, c, i
+    packed = q[..., 0, :, :] | (q[..., 1, :, :] << 2) | (q[..., 2, :, :] << 4) | (q[..., 3, :, :] << 6)
+    chunks = [lanes(packed.reshape(g, GROUP, s, 16, 4)).reshape(g, s, 4, 4 * 64)]
+    if t == GGMLType.Q2_K:
+        scales = per_row(blk[..., 0:16])
+        d = moved(blk[..., 80:84].reshape(g, GROUP, s, 2, 2), np.uint16, (0, 2, 3, 1)).reshape(g, s, -1)
+    else:
+        hm = blk[..., 0:32].reshape(g, GROUP, s, 1, 1, 32)
+        bits = (hm >> np.arange(8, dtype=np.uint8)[:, None]).reshape(g, GROUP, s, 2, 4, 32) & 1  # n, s', l
+        hb = bits.reshape(g, GROUP, s, 4, 2, 8, 4)                          # chunk j, h, b, i
+        hbytes = sum(hb[..., b, :] << b for b in range(8)).astype(np.uint8)   # [g, r, s, j, h, i]
+        chunks.append(lanes(hbytes.reshape(g, GROUP, s, 8, 4)).reshape(g, s, 4, 2 * 64))
+        scales = per_row(_q3_scales(blk[..., 96:108]).view(np.uint8))
+        d = np.concatenate([moved(blk[..., 108:110].reshape(g, GROUP, s, 1, 2), np.uint16, (0, 2, 3, 1))
+                            .reshape(g, s, -1), np.zeros((g, s, 32), np.uint8)], axis=2)
+    values = np.concatenate(chunks + [scales.reshape(g, s, 4, 64)], axis=3).reshape(g, s, -1)   # 4 sub-blocks a chunk
+    return np.concatenate([values, d], axis=2)
+
+
+def _fifth_bit_vectors(qh: np.ndarray, lanes: Callable) -> np.ndarray:
+    """Q5_K's qh[32] per block ([g, r, s, 32]; value 64j + 32h + l has bit 2j + h of byte l)
+    -> [g, s, 4, 2 * 64]: chunk j's vector h, lane r, byte i, bit b = value 64j + 32h + 4b + i."""
+    g, s = qh.shape[0], qh.shape[2]
+    bits = (qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1    # [g, r, s, 2j + h, l]
+    hb = bits.reshape(g, GROUP, s, 4, 2, 8, 4)                                # j, h, b, i
+    hbytes = sum(hb[..., b, :] << b for b in range(8)).astype(np.uint8)       # [g, r, s, j, h, i]
+    return lanes(hbytes.reshape(g, GROUP, s, 8, 4)).reshape(g, s, 4, 2 * 64)
+
+
+def _q3_scales(packed: np.ndarray) -> np.ndarray:
+    """Q3_K's 12 scale bytes -> the 16 scales as int8, less 32: scale i has its low nibble
+    in byte i (i < 8) or the high one of byte i - 8, its top two bits at bits 2 (i // 4) of
+    byte 8 + i % 4."""
+    q = packed.astype(np.int16)
+    low = np.concatenate([q[..., 0:8] & 15, q[..., 0:8] >> 4], axis=-1)
+    top = (q[..., [8 + i % 4 for i in range(16)]] >> np.array([2 * (i // 4) for i in range(16)])) & 3
+    return ((low | (top << 4)) - 32).astype(np.int8)
+
+
+def _k4_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's get_scale_min_k4 for the 8 sub-blocks: 12 bytes -> (scales, mins), 6 bits each."""
+    q = packed.astype(np.uint8)
+    sc = np.concatenate([q[..., 0:4] & 63, (q[..., 8:12] & 15) | ((q[..., 0:4] >> 6) << 4)], axis=-1)
+    mn = np.concatenate([q[..., 4:8] & 63, (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)], axis=-1)
+    return sc, mn
+
+
+def _q6_values(blk: np.ndarray) -> np.ndarray:
+    """Q6_K blocks [..., 210] -> the 256 unsigned 6-bit values (q + 32) in order: value
+    128n + 32k + l has the low (k < 2) or high nibble of ql[64n + 32(k % 2) + l] and bits
+    2k..2k+1 of qh[32n + l]."""
+    ql = blk[..., 0:128].reshape(blk.shape[:-1] + (2, 2, 32))      # n, k % 2, l
+    qh = blk[..., 128:192].reshape(blk.shape[:-1] + (2, 1, 32))     # n, -, l
+    out = np.empty(blk.shape[:-1] + (2, 4, 32), np.uint8)
+    for kk in range(4):
+        nib = ql[..., kk % 2, :] & 15 if kk < 2 else ql[..., kk % 2, :] >> 4
+        out[..., kk, :] = nib | (((qh[..., 0, :] >> (2 * kk)) & 3) << 4)
+    return out.reshape(blk.shape[:-1] + (256,))
