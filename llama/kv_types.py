@@ -59,22 +59,33 @@ def check_kv_types(hp: "HParams", type_k: str, type_v: str, flash_attn: bool | N
             raise ValueError("quantized V cache requires flash_attn to be enabled")
         log.info("enabling flash_attn since it is required for quantized V cache")
         flash_attn = True
-    for which, t, head in (("K", tk, hp.n_embd_head_k), ("V", tv, hp.n_embd_head_v)):
-        if is_quantized(t) and head % block_size(t):  # ggmlpy's cache views need whole blocks per head
-            raise ValueError(f"{which} cache type {KV_TYPE_NAMES[t]} with block size {block_size(t)} does not "
-                             f"divide n_embd_head_{which.lower()}={head}")
+    for which, t, heads in (("K", tk, _heads(hp, hp.head_k)), ("V", tv, _heads(hp, hp.head_v))):
+        for head in sorted(heads):   # ggmlpy's cache views need whole blocks per head
+            if is_quantized(t) and head % block_size(t):
+                raise ValueError(f"{which} cache type {KV_TYPE_NAMES[t]} with block size {block_size(t)} does not "
+                                 f"divide n_embd_head_{which.lower()}={head}")
     return flash_attn
+
+
+def _heads(hp: "HParams", head_of) -> set[int]:
+    """The head sizes of the layers that own a cache."""
+    return {head_of(il) for il in range(hp.n_layer) if hp.has_kv(il)}
 
 
 def rotation_sizes(hp: "HParams", type_k: GGMLType, type_v: GGMLType) -> tuple[int, int]:
     """(K's, V's) Hadamard size, 0 for none (llama_kv_cache's attn_rot_k/v and
-    build_input_k_rot/v_rot)."""
+    build_input_k_rot/v_rot). As llama.cpp, none where the cache's layers differ in head
+    size (n_embd_head_k_all = -1; llama.cpp's iSWA cache of Gemma 4 rotates each half with
+    its own size, which one rotation for the layout cannot: ggmlpy then rotates neither)."""
+    heads_k, heads_v = _heads(hp, hp.head_k), _heads(hp, hp.head_v)
+    head_k = heads_k.pop() if len(heads_k) == 1 else 0
+    head_v = heads_v.pop() if len(heads_v) == 1 else 0
     rot_k = 0
-    if is_quantized(type_k) and hp.n_embd_head_k > 0 and hp.n_embd_head_k % ROT_MIN == 0:
+    if is_quantized(type_k) and head_k > 0 and head_k % ROT_MIN == 0:
         rot_k = ROT_MIN
-        while hp.n_embd_head_k % (2 * rot_k) == 0:
+        while head_k % (2 * rot_k) == 0:
             rot_k *= 2
-    rot_v = ROT_MIN if is_quantized(type_v) and hp.n_embd_head_v > 0 and hp.n_embd_head_v % ROT_MIN == 0 else 0
+    rot_v = ROT_MIN if is_quantized(type_v) and head_v > 0 and head_v % ROT_MIN == 0 else 0
     return rot_k, rot_v
 
 

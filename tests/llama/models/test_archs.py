@@ -319,3 +319,16 @@ def test_gemma4_embeddings_input_takes_the_padding_rows(tiny):
         assert ctx.decode(batch) == 0
         outs.append(np.array([ctx.get_logits_ith(i) for i in range(3)]))
     assert normalized_error(outs[0], outs[1]) <= MAX_NMSE_ORACLE
+
+
+def test_gemma4_quantised_kv_cache(tiny):
+    """A q8_0 K/V cache over layers of two head sizes: whole blocks per head in each, no
+    Hadamard rotation (the layers' heads differ, as llama.cpp's n_embd_head_k_all = -1), and
+    the logits of the f16 cache but for the rounding."""
+    outs = []
+    for kv in ("f16", "q8_0"):
+        ctx = llama.Context(tiny.model("gemma4"), n_ctx=32, type_k=kv, type_v=kv, flash_attn=True, backend="ref")
+        assert ctx.decode(llama.Batch.from_tokens(TOKENS, logits_all=True)) == 0
+        assert ctx.memory.layout().rot_k == 0
+        outs.append(np.array([ctx.get_logits_ith(i) for i in range(len(TOKENS))]))
+    assert 0 < normalized_error(outs[1], outs[0]) <= 1e-3
