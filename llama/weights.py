@@ -128,7 +128,7 @@ class TensorTable:
 
     def add_moe_ffn(self, il: int, n_embd: int, n_ff_exp: int, n_expert: int, gate: Need = Need.REQUIRED,
                     biases: Need = Need.UNUSED, probs_bias: Need = Need.UNUSED, gate_up: Need = Need.UNUSED,
-                    down_scale: Need = Need.UNUSED) -> None:
+                    down_scale: Need = Need.UNUSED, present: Need = Need.REQUIRED) -> None:
         """A mixture-of-experts block: the router and every expert's gate (optional in
         Mixtral's files: then act(up)), up and down projections, stacked [n_in, n_out,
         n_expert]; with `biases` the router's and every expert's biases (gpt-oss; an
@@ -136,21 +136,27 @@ class TensorTable:
         to the router's scores for choosing experts only (DeepSeek V3's exp_probs_b). With
         `gate_up` a file may stack each expert's gate and up rows in one ffn_gate_up_exps
         (then the separate ones are optional: Gemma 4); `down_scale` is a scale per expert
-        on its down projection's output (ffn_down_exps.scale). Every one is an attribute of
-        the layer (None where UNUSED), as build_moe_ffn reads them."""
+        on its down projection's output (ffn_down_exps.scale). With `present` OPTIONAL the
+        layer may have no experts at all (Gemma 4 decides per layer by the router's
+        presence): nothing here is then required, and the graph checks a layer that has a
+        router. Every one is an attribute of the layer (None where UNUSED), as build_moe_ffn
+        reads them."""
+        def need(n: Need) -> Need:
+            return Need.OPTIONAL if present is Need.OPTIONAL and n is Need.REQUIRED else n
+
         split = Need.OPTIONAL if gate_up is not Need.UNUSED else Need.REQUIRED
-        self.add_layer(il, "ffn_gate_inp", "ffn_gate_inp.weight", (n_embd, n_expert))
+        self._add_layer(il, "ffn_gate_inp", "ffn_gate_inp.weight", (n_embd, n_expert), need(Need.REQUIRED))
         self._add_layer(il, "ffn_gate_up_exps", "ffn_gate_up_exps.weight", (n_embd, 2 * n_ff_exp, n_expert), gate_up)
         self._add_layer(il, "ffn_gate_exps", "ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert),
-                        Need.OPTIONAL if gate is Need.REQUIRED and split is Need.OPTIONAL else gate)
-        self._add_layer(il, "ffn_up_exps", "ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), split)
+                        need(Need.OPTIONAL if gate is Need.REQUIRED and split is Need.OPTIONAL else gate))
+        self._add_layer(il, "ffn_up_exps", "ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), need(split))
         self._add_layer(il, "ffn_down_exps_s", "ffn_down_exps.scale", (n_expert,), down_scale)
-        self.add_layer(il, "ffn_down_exps", "ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert))
-        self._add_layer(il, "ffn_gate_inp_b", "ffn_gate_inp.bias", (n_expert,), biases)
-        self._add_layer(il, "ffn_gate_exps_b", "ffn_gate_exps.bias", (n_ff_exp, n_expert), biases)
-        self._add_layer(il, "ffn_up_exps_b", "ffn_up_exps.bias", (n_ff_exp, n_expert), biases)
-        self._add_layer(il, "ffn_down_exps_b", "ffn_down_exps.bias", (n_embd, n_expert), biases)
-        self._add_layer(il, "ffn_exp_probs_b", "exp_probs_b.bias", (n_expert,), probs_bias)
+        self._add_layer(il, "ffn_down_exps", "ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), need(Need.REQUIRED))
+        self._add_layer(il, "ffn_gate_inp_b", "ffn_gate_inp.bias", (n_expert,), need(biases))
+        self._add_layer(il, "ffn_gate_exps_b", "ffn_gate_exps.bias", (n_ff_exp, n_expert), need(biases))
+        self._add_layer(il, "ffn_up_exps_b", "ffn_up_exps.bias", (n_ff_exp, n_expert), need(biases))
+        self._add_layer(il, "ffn_down_exps_b", "ffn_down_exps.bias", (n_embd, n_expert), need(biases))
+        self._add_layer(il, "ffn_exp_probs_b", "exp_probs_b.bias", (n_expert,), need(probs_bias))
 
     def resolve(self, tensors: Mapping[str, TensorInfo], strict: bool = True
                 ) -> tuple[SimpleNamespace, list[SimpleNamespace]]:

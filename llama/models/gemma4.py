@@ -86,6 +86,11 @@ def _load_shared_kv(r: MetadataReader, hp: HParams) -> None:
     hp.n_layer_kv_from_start = start
 
 
+# what a layer with experts has besides them: the router's input scale and the halves' norms
+MOE_NORMS = (("ffn_gate_inp_s", "ffn_gate_inp.scale"), ("ffn_pre_norm_2", "pre_ffw_norm_2.weight"),
+             ("ffn_post_norm_1", "post_ffw_norm_1.weight"), ("ffn_post_norm_2", "post_ffw_norm_2.weight"))
+
+
 def tensors(hp: HParams, t: TensorTable) -> None:
     n_embd, n_pl = hp.n_embd, hp.n_embd_per_layer
     add_embd_output(hp, t)
@@ -110,12 +115,11 @@ def tensors(hp: HParams, t: TensorTable) -> None:
         t.add_layer(il, "ffn_norm", "ffn_norm.weight", (n_embd,))
         t.add_gated_ffn(il, n_embd, hp.n_ff[il])
         t.add_layer(il, "ffn_post_norm", "post_ffw_norm.weight", (n_embd,))
-        if hp.n_expert:
-            t.add_moe_ffn(il, n_embd, hp.n_ff_exp, hp.n_expert, gate_up=Need.OPTIONAL, down_scale=Need.OPTIONAL)
-            t.add_layer(il, "ffn_gate_inp_s", "ffn_gate_inp.scale", (n_embd,))
-            t.add_layer(il, "ffn_pre_norm_2", "pre_ffw_norm_2.weight", (n_embd,))
-            t.add_layer(il, "ffn_post_norm_1", "post_ffw_norm_1.weight", (n_embd,))
-            t.add_layer(il, "ffn_post_norm_2", "post_ffw_norm_2.weight", (n_embd,))
+        if hp.n_expert:   # a layer has experts where it has a router (llama.cpp's has_expert)
+            t.add_moe_ffn(il, n_embd, hp.n_ff_exp, hp.n_expert, gate_up=Need.OPTIONAL, down_scale=Need.OPTIONAL,
+                          present=Need.OPTIONAL)
+            for attr, name in MOE_NORMS:
+                t.add_layer(il, attr, name, (n_embd,), optional=True)
         if n_pl:
             t.add_layer(il, "per_layer_inp_gate", "inp_gate.weight", (n_embd, n_pl))
             t.add_layer(il, "per_layer_proj", "proj.weight", (n_pl, n_embd))
@@ -141,7 +145,7 @@ def build(g: LlmGraph) -> Tensor:
         cur = g.cb(g.build_norm(cur, layer.attn_post_norm, None, NormType.RMS, il), "attn_post_norm", il)
         attn_out = g.cb(b.add(cur, inp_l), "attn_out", il)
 
-        if hp.n_expert:
+        if hp.n_expert and layer.ffn_gate_inp is not None:
             cur = build_ffn_with_experts(g, layer, attn_out, il)
         else:
             cur = g.cb(g.build_norm(attn_out, layer.ffn_norm, None, NormType.RMS, il), "ffn_norm", il)
@@ -192,6 +196,10 @@ def build_ffn_with_experts(g: LlmGraph, layer: SimpleNamespace, attn_out: Tensor
     """The dense FFN (a shared expert) plus the experts, each normalised before and after; the
     router reads attn_out RMS-normalised, over sqrt(n_embd) and times ffn_gate_inp.scale."""
     hp, b = g.hp, g.b
+    needed = (*MOE_NORMS, ("ffn_down_exps", "ffn_down_exps.weight"))
+    missing = [name for attr, name in needed if vars(layer)[attr] is None]
+    if missing:
+        raise TensorLoadError(f"gemma4 layer {il} has a router but not blk.{il}.{missing[0]}")
     mlp = g.cb(g.build_norm(attn_out, layer.ffn_norm, None, NormType.RMS, il), "ffn_norm_1", il)
     mlp = g.build_ffn(mlp, layer.ffn_up, None, layer.ffn_gate, None, layer.ffn_down, None, FfnOp.GELU, il)
     mlp = g.cb(g.build_norm(mlp, layer.ffn_post_norm_1, None, NormType.RMS, il), "ffn_mlp", il)

@@ -332,3 +332,22 @@ def test_gemma4_quantised_kv_cache(tiny):
         assert ctx.memory.layout().rot_k == 0
         outs.append(np.array([ctx.get_logits_ith(i) for i in range(len(TOKENS))]))
     assert 0 < normalized_error(outs[1], outs[0]) <= 1e-3
+
+
+def test_gemma4_experts_per_layer(tmp_path):
+    """A layer has experts where it has a router, as llama.cpp decides (has_expert): a file
+    whose layer 1 has none runs that layer's dense FFN alone, as the oracle does; a router
+    without its norms is refused by name."""
+    from ggmlpy.testing.models_gemma4 import GEMMA4_MOE
+    p = "blk.1."
+    dense_1 = [p + n for n in ("ffn_gate_inp.weight", "ffn_gate_inp.scale", "ffn_gate_up_exps.weight",
+                               "ffn_down_exps.weight", "ffn_down_exps.scale", "pre_ffw_norm_2.weight",
+                               "post_ffw_norm_1.weight", "post_ffw_norm_2.weight")]
+    path = write_tiny_model("gemma4", tmp_path / "mixed.gguf", **GEMMA4_MOE, omit=tuple(dense_1))
+    ctx = llama.Context(llama.Model.load(str(path)), n_ctx=32, backend="ref")
+    assert ctx.decode(llama.Batch.from_tokens(TOKENS, logits_all=True)) == 0
+    ours = np.array([ctx.get_logits_ith(i) for i in range(len(TOKENS))])
+    assert normalized_error(ours, oracles.run(path, TOKENS)) <= MAX_NMSE_ORACLE
+    bad = write_tiny_model("gemma4", tmp_path / "bad.gguf", **GEMMA4_MOE, omit=(p + "pre_ffw_norm_2.weight",))
+    with pytest.raises(TensorLoadError, match="pre_ffw_norm_2"):   # when its graphs are built
+        llama.Context(llama.Model.load(str(bad)), n_ctx=32, backend="ref")
