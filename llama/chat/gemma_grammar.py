@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Optional
 
-from llama.chat.tagged_calls import value_types
+from llama.chat.tagged_calls import parameter_order, value_types
 
 QUOTE = '"<|\\"|>"'
 OPEN, CLOSE = '"<|tool_call>call:"', '"<tool_call|>"'
@@ -31,10 +31,7 @@ def gemma_grammar(functions: list[dict], repeat: Optional[str] = None) -> str:
     or with `repeat` one or more calls, each in its own block."""
     rules, choices = list(_ANY), []
     for i, function in enumerate(functions):
-        params = function.get("parameters") or {}
-        properties = params.get("properties") or {}
-        required = [k for k in params.get("required", []) if k in properties]
-        optional = [k for k in properties if k not in required]
+        properties, required, optional = parameter_order(function)
         names = {}
         for j, key in enumerate(properties):
             names[key] = f"f{i}_p{j}"

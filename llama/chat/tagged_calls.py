@@ -115,10 +115,7 @@ class TagSyntax:
         gap = "" if self.newlines else ' "\\n"?'   # a free newline between tags, where the layout has none fixed
         rules, choices = [], []
         for i, function in enumerate(functions):
-            params = function.get("parameters") or {}
-            properties = params.get("properties") or {}
-            required = [k for k in params.get("required", []) if k in properties]
-            optional = [k for k in properties if k not in required]
+            properties, required, optional = parameter_order(function)
             names = {}
             for j, key in enumerate(list(properties)):
                 rule = f"f{i}_p{j}"
@@ -156,6 +153,15 @@ def _lark(text: str) -> str:
     """A literal of the grammar; `{attrs}` in a tag becomes any further attributes."""
     parts = text.split("{attrs}")
     return ' /[^<>]*/ '.join(json.dumps(p, ensure_ascii=False) for p in parts)
+
+
+def parameter_order(function: dict) -> tuple[dict, list[str], list[str]]:
+    """A function's parameter schemas by name, the required names in the schema's order, then
+    the optional ones: the order a forced call's grammar writes them in."""
+    params = function.get("parameters") or {}
+    properties = params.get("properties") or {}
+    required = [k for k in params.get("required", []) if k in properties]
+    return properties, required, [k for k in properties if k not in required]
 
 
 def value_types(schema: Any) -> set[str]:
