@@ -15,32 +15,36 @@ GROUP = 16   # rows per group: one per dot lane
 
 
 # K-quant steps (one super-block of 256 values): four chunks of 64 values, each its value
-# vectors and then the scales of its sub-blocks, then d. A step is so read as one ascending
-# stream: with the scales after the four chunks the one-token products streamed from DRAM
-# at (one thread / two) Q4_K 35-36 / 61-62 GB/s, Q5_K 22 / 39, Q6_K 16.4 / 32-34; with each
-# chunk's scales after it, 37 / 67-68, 24 / 41, 18.8 / 34.5-35 (Q2_K and Q3_K about the same;
-# `python bench/prefetch_ab.py --type T -k 2048 -m 4096 --tokens 1 --ahead 0 --chain-mb 128
-# -t N`, the layouts taking turns). With its high bits in a region of their own, 2 KiB after
-# the low nibbles, Q6_K had streamed at 10 GB/s on one thread. The header (d) stays after
-# the values: put first, it made Q4_K 25% slower.
+# vectors and the scales of its sub-blocks, then d. A step is read as one ascending stream,
+# each vector first read in the order stored and the sub-blocks that share vectors taken
+# one after the other (qrepacked.RepackedMatmul._sub_order): the hardware prefetchers then
+# keep more of the stream in flight. One-token products streamed from DRAM (one thread /
+# two, `python bench/prefetch_ab.py --type T -k 2048 -m 4096 --tokens 1 --ahead 0
+# --chain-mb 128 -t N`, layouts taking turns): with the scales after the four chunks Q4_K
+# 35-36 / 61-62 GB/s, Q5_K 22 / 39, Q6_K 16.4 / 32-34; with each chunk's scales after its
+# values, 37 / 67-68, 24 / 41, 18.8 / 34.5-35; with Q6_K's scales after the vectors its
+# first sub-block reads and its sub-blocks paired, Q6_K 17.6 -> 24.6 on one thread (the
+# scales moved alone 21.0, the sub-blocks paired alone 20.6). With its high bits in a
+# region of their own, 2 KiB after the low nibbles, Q6_K had streamed at 10 GB/s on one
+# thread. The header (d) stays after the values: put first, it made Q4_K 25% slower.
 #
-# A chunk: the low bits' vectors, then the high bits' vectors (per type: K_VECTORS).
+# A chunk's vectors, natural order (K_VECTORS: low bits, high bits, then the scales):
 #   Q4_K, Q5_K, Q6_K  8 vectors of nibbles: vector c, lane r, byte i: value 64j + 4c + i
 #               (low nibble) and 64j + 32 + 4c + i (high nibble)
 #   Q2_K, Q3_K  4 vectors of two-bit values: vector c, lane r, byte i, bits 2e..2e+1: value
 #               64j + 16e + 4c + i
 #   Q6_K        4 vectors of high bits: vector c, byte i: bits 2e..2e+1 (low nibble of vector
-#               2c + e) and 4 + 2e.. (its high nibble); the chunk's vectors are stored in
-#               the order the kernel first reads them (Q6_K_ORDER: low 0-3, high 0-1, low
-#               4-7, high 2-3)
+#               2c + e) and 4 + 2e.. (its high nibble)
 #   Q3_K        2 vectors of third bits: vector h, byte i, bit b: value 64j + 32h + 4b + i
 #   Q5_K        2 vectors of fifth bits, laid out as Q3_K's third bits
-# Then one vector of the chunk's sub-blocks' scales, 16 rows each (k_scale_offset,
-# k_min_offset): Q4_K and Q5_K sc u8 of its two sub-blocks, then their mn u8; Q2_K the GGUF
-# scale bytes of its four (scale in the low nibble, minimum in the high one); Q3_K sc i8 of
-# its four (less its 32); Q6_K sc i8 of its four. IQ4_XS has no such vector: its sc[8][16]
-# i8 (less 32) follow the four chunks. Then d[16] f16 (Q2_K, Q4_K, Q5_K: then dmin[16] f16;
-# the others 32 bytes of padding).
+#   then one vector of the chunk's sub-blocks' scales, 16 rows each (k_scale_offset,
+#   k_min_offset): Q4_K and Q5_K sc u8 of its two sub-blocks, then their mn u8; Q2_K the
+#   GGUF scale bytes of its four (scale in the low nibble, minimum in the high one); Q3_K
+#   sc i8 of its four (less its 32); Q6_K sc i8 of its four.
+# They are stored in K_CHUNK_ORDER: the scales right after the vectors the chunk's first
+# sub-block reads. IQ4_XS has no scale vector: its sc[8][16] i8 (less 32) follow the four
+# chunks. Then d[16] f16 (Q2_K, Q4_K, Q5_K: then dmin[16] f16; the others 32 bytes of
+# padding).
 K_VECTORS = {GGMLType.Q2_K: (4, 0), GGMLType.Q3_K: (4, 2), GGMLType.Q4_K: (8, 0), GGMLType.Q5_K: (8, 2),
              GGMLType.Q6_K: (8, 4), GGMLType.IQ4_XS: (8, 0)}
 K_CHUNK = {t: 64 * (lo + hi) for t, (lo, hi) in K_VECTORS.items()}   # value bytes per chunk of 64 values
@@ -52,11 +56,14 @@ K_D = {t: 4 * K_STRIDE[t] + (0 if t in K_CHUNK_SCALES else 128) for t in K_CHUNK
 # stored q + offset, i8 scales; else u8 scales and minimums (IQ4_XS: its codes decode to
 # kvalues + 128, kernels/qcodes.py)
 K_OFFSET = {GGMLType.Q3_K: 4, GGMLType.Q6_K: 32, GGMLType.IQ4_XS: 128}
-# Q6_K's chunk vectors in the order the kernel first reads them: low bits 0-3, their high
-# bits, low bits 4-7, theirs (Q6_K_ORDER[i]: which of the low (0-7) and high (8-11) vectors
-# is the chunk's i-th)
-Q6_K_ORDER = (0, 1, 2, 3, 8, 9, 4, 5, 6, 7, 10, 11)
-_Q6_K_SLOT = {v: i for i, v in enumerate(Q6_K_ORDER)}
+# A chunk's stored vectors as natural indices (low 0.., high n_lo.., scales n_lo + n_hi):
+# what the first sub-block reads, its scales, then the rest (Q6_K: low 0-3 and their high
+# bits 0-1, the scales, low 4-7 and high 2-3; Q3_K and Q5_K: the second high-bit vector
+# after the scales).
+K_CHUNK_ORDER = {GGMLType.Q2_K: (0, 1, 2, 3, 4), GGMLType.Q3_K: (0, 1, 2, 3, 4, 6, 5),
+                 GGMLType.Q4_K: tuple(range(9)), GGMLType.Q5_K: (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 9),
+                 GGMLType.Q6_K: (0, 1, 2, 3, 8, 9, 12, 4, 5, 6, 7, 10, 11), GGMLType.IQ4_XS: tuple(range(8))}
+_SLOT = {t: {v: i for i, v in enumerate(order)} for t, order in K_CHUNK_ORDER.items()}
 
 
 def _subs_per_chunk(t: GGMLType) -> int:
@@ -68,7 +75,7 @@ def k_scale_offset(t: GGMLType, g: int) -> int:
     if t not in K_CHUNK_SCALES:
         return 4 * K_STRIDE[t] + 16 * g
     chunk, i = divmod(g, _subs_per_chunk(t))
-    return K_STRIDE[t] * chunk + K_CHUNK[t] + 16 * i
+    return K_STRIDE[t] * chunk + 64 * _SLOT[t][sum(K_VECTORS[t])] + 16 * i
 
 
 def k_min_offset(t: GGMLType, g: int) -> int:
@@ -78,13 +85,12 @@ def k_min_offset(t: GGMLType, g: int) -> int:
 
 def k_values_offset(t: GGMLType, j: int, c: int) -> int:
     """Vector c of chunk j's low bits (see above for what its bytes hold)."""
-    return K_STRIDE[t] * j + 64 * (_Q6_K_SLOT[c] if t == GGMLType.Q6_K else c)
+    return K_STRIDE[t] * j + 64 * _SLOT[t][c]
 
 
 def k_high_offset(t: GGMLType, j: int, c: int) -> int:
     """Vector c of chunk j's high bits (Q6_K: c = 0..3, Q3_K and Q5_K: 0..1)."""
-    v = K_VECTORS[t][0] + c
-    return K_STRIDE[t] * j + 64 * (_Q6_K_SLOT[v] if t == GGMLType.Q6_K else v)
+    return K_STRIDE[t] * j + 64 * _SLOT[t][K_VECTORS[t][0] + c]
 
 
 def q6_high_offset(j: int, c: int) -> int:
@@ -130,9 +136,9 @@ def repack_superblock_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarra
         if t == GGMLType.Q5_K:   # the fifth bits as Q3_K's third bits, after each chunk's nibbles
             values = np.concatenate([values.reshape(g, s, 4, 8 * 64),
                                      _fifth_bit_vectors(blk[..., 16:48], lanes)], axis=3).reshape(g, s, -1)
-        chunks = np.concatenate([values.reshape(g, s, 4, -1), per_row(sc).reshape(g, s, 4, 32),
-                                 per_row(mn).reshape(g, s, 4, 32)], axis=3)   # each chunk's two sub-blocks
-        return np.concatenate([chunks.reshape(g, s, -1), halves], axis=2)
+        chunks = _stored_chunks(t, [values.reshape(g, s, 4, -1), per_row(sc).reshape(g, s, 4, 32),
+                                    per_row(mn).reshape(g, s, 4, 32)])   # each chunk's two sub-blocks
+        return np.concatenate([chunks, halves], axis=2)
     q = _q6_values(blk)                                       # [g, r, s, 256] in 0..63
     q = q.reshape(g, GROUP, s, 4, 2, 8, 4)                    # chunk j, half, c, i
     ql = (q[:, :, :, :, 0] & 15) | ((q[:, :, :, :, 1] & 15) << 4)           # [g,r,s,4,8,4]
@@ -140,12 +146,18 @@ def repack_superblock_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarra
     qh = (hi[..., 0, :, 0, :] | (hi[..., 0, :, 1, :] << 2)
           | (hi[..., 1, :, 0, :] << 4) | (hi[..., 1, :, 1, :] << 6))         # [g,r,s,4,4,4]
     d = moved(blk[..., 208:210].reshape(g, GROUP, s, 1, 2), np.uint16, (0, 2, 3, 1)).reshape(g, s, -1)
-    chunks = np.concatenate([lanes(ql.reshape(g, GROUP, s, 32, 4)).reshape(g, s, 4, 8, 64),
-                             lanes(qh.reshape(g, GROUP, s, 16, 4)).reshape(g, s, 4, 4, 64)], axis=3)
-    chunks = chunks[:, :, :, list(Q6_K_ORDER)].reshape(g, s, 4, 12 * 64)
-    scales = per_row(blk[..., 192:208]).reshape(g, s, 4, 64)     # sub-blocks 4j..4j + 3
-    return np.concatenate([np.concatenate([chunks, scales], axis=3).reshape(g, s, -1), d,
-                           np.zeros((g, s, 32), np.uint8)], axis=2)
+    chunks = _stored_chunks(t, [lanes(ql.reshape(g, GROUP, s, 32, 4)).reshape(g, s, 4, 8 * 64),
+                                lanes(qh.reshape(g, GROUP, s, 16, 4)).reshape(g, s, 4, 4 * 64),
+                                per_row(blk[..., 192:208]).reshape(g, s, 4, 64)])   # sub-blocks 4j..4j + 3
+    return np.concatenate([chunks, d, np.zeros((g, s, 32), np.uint8)], axis=2)
+
+
+def _stored_chunks(t: GGMLType, parts: list[np.ndarray]) -> np.ndarray:
+    """A chunk's parts [g, s, 4, bytes] in natural order (the values' vectors, then the
+    scales) -> [g, s, 4 * K_STRIDE], the vectors of each chunk in K_CHUNK_ORDER."""
+    g, s = parts[0].shape[:2]
+    natural = np.concatenate(parts, axis=3).reshape(g, s, 4, -1, 64)
+    return natural[:, :, :, list(K_CHUNK_ORDER[t])].reshape(g, s, -1)
 
 
 def _nibble_chunks(q: np.ndarray, lanes: Callable) -> np.ndarray:
@@ -196,7 +208,7 @@ def _repack_crumb_groups(blk: np.ndarray, t: GGMLType, lanes: Callable, per_row:
         scales = per_row(_q3_scales(blk[..., 96:108]).view(np.uint8))
         d = np.concatenate([moved(blk[..., 108:110].reshape(g, GROUP, s, 1, 2), np.uint16, (0, 2, 3, 1))
                             .reshape(g, s, -1), np.zeros((g, s, 32), np.uint8)], axis=2)
-    values = np.concatenate(chunks + [scales.reshape(g, s, 4, 64)], axis=3).reshape(g, s, -1)   # 4 sub-blocks a chunk
+    values = _stored_chunks(t, chunks + [scales.reshape(g, s, 4, 64)])   # 4 sub-blocks a chunk
     return np.concatenate([values, d], axis=2)
 
 
