@@ -2,8 +2,8 @@
 
 The arguments are llama-quantize's: TYPE is a mix name or its file type number (the list is
 in --help), OUT may be left out (then ggml-model-TYPE.gguf beside IN), NTHREADS is optional.
-For every mix that needs no importance matrix the output is llama-quantize's byte for byte;
-the work is in llama.quantize (docs/quantize.md).
+The output is llama-quantize's byte for byte, with an importance matrix or without; the work
+is in llama.quantize (docs/quantize.md).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def register(subparsers: Any) -> None:
                     "writes.\n\nusage as llama-quantize: ggmlpy quantize [options] IN [OUT] TYPE [NTHREADS]",
         epilog="allowed quantization types (name or number):\n\n" + mix_help() +
                "\n\nIQ2_XXS, IQ2_XS, IQ2_S, IQ2_M, IQ1_S, IQ1_M, IQ3_XXS, IQ3_XS and Q2_K_S need an importance "
-               "matrix\nfor the tensors whose rows are multiples of 256, which ggmlpy cannot use yet.")
+               "matrix\n(--imatrix) for the tensors whose rows are multiples of 256.")
     p.add_argument("args", nargs="+", metavar="IN [OUT] TYPE [NTHREADS]",
                    help="input model, output path (default: ggml-model-TYPE.gguf beside IN), mix, threads")
     p.add_argument("--allow-requantize", action="store_true",

@@ -34,13 +34,14 @@ def _rmse_sums(x: np.ndarray, w: np.ndarray, levels: np.ndarray) -> tuple[np.nda
     return seq_sum(w * x * lf), seq_sum(w * lf * lf)
 
 
-def make_qx_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric levels in [-nmax, nmax) with weights x*x (rmse_type 1, no importance).
+def make_qx_quants(x: np.ndarray, nmax: int, w: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric levels in [-nmax, nmax) (rmse_type 1): weights w, x*x where None.
 
     Returns (scale per sub-block, levels + nmax as uint8), like ggml's make_qx_quants.
     """
     mx, amax = first_absmax(x, axis=0)
-    w = x * x
+    if w is None:
+        w = x * x
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         levels, scale, best = None, None, None
         for step in [0] + [s for s in range(-9, 10) if s != 0]:
@@ -111,10 +112,13 @@ def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelt
     """Asymmetric levels in [0, nmax] with a min, searched over nstep+1 candidate scales.
 
     Returns (scale, the_min = -min >= 0, levels as uint8), like ggml's make_qkx2_quants. As
-    in C, an accepted candidate's min shifts the grid of every later candidate.
+    in C, an accepted candidate's min shifts the grid of every later candidate. Given its
+    weights, ggml's make_qkx3_quants (the importance-matrix encoders' search) computes the
+    same: make_qkx3_quants is this function.
     """
     mx = x.max(axis=0)
-    mn = x.min(axis=0)
+    # C keeps the first of equal minima (`if (x[i] < min)`): a zero minimum has its sign
+    mn = np.take_along_axis(x, np.argmin(x, axis=0)[None, :], axis=0)[0]
     sum_w = w[0].copy()
     sum_x = sum_w * x[0]
     for i in range(1, x.shape[0]):
@@ -153,3 +157,49 @@ def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelt
     levels = np.where(flat, 0, levels).astype(np.uint8)
     mn = np.where(flat, flat_min, mn).astype(F32)
     return scale, -mn, levels
+
+
+make_qkx3_quants = make_qkx2_quants
+
+
+def make_qp_quants(x: np.ndarray, nmax: int, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's make_qp_quants: non-negative levels up to nmax for values x >= 0 (a super-block's
+    sub-block scales or minimums) weighted by w, the best of nine scales by weighted squared
+    error, then up to five sweeps moving single levels. x, w (n, blocks). Returns (scale,
+    levels as uint8; ggml stores them in uint8_t, so a negative level wraps as there)."""
+    mx = np.maximum(x.max(axis=0), F32(0.0))    # `max = MAX(max, x[i])` from 0
+    zero = mx < GROUP_MAX_EPS
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        iscale = (F32(nmax) / mx).astype(F32)
+        first = nearest_int(iscale * x) & 0xFF       # stored unclamped, as uint8
+        scale = (F32(1.0) / iscale).astype(F32)
+        best = seq_sum(w * (x - scale * first.astype(F32)) * (x - scale * first.astype(F32)))
+        for step in (-4, -3, -2, -1, 1, 2, 3, 4):
+            trial = ((F32(0.1) * F32(step) + F32(nmax)) / mx).astype(F32)
+            trial_scale = (F32(1.0) / trial).astype(F32)
+            diff = x - trial_scale * np.minimum(nmax, nearest_int(trial * x)).astype(F32)
+            mse = seq_sum(w * diff * diff)
+            better = mse < best
+            best = np.where(better, mse, best).astype(F32)
+            iscale = np.where(better, trial, iscale).astype(F32)
+        levels = np.minimum(nmax, nearest_int(iscale * x))
+        lf = levels.astype(F32)
+        sumlx, suml2 = seq_sum(w * x * lf), seq_sum(w * lf * lf)
+        levels = levels & 0xFF
+        for _sweep in range(5):        # a sweep that changes nothing leaves the next one idle too
+            for i in range(x.shape[0]):
+                xi, wi, li = x[i], w[i], levels[i].astype(F32)
+                slx = sumlx - wi * xi * li
+                sl2 = suml2 - wi * li * li
+                new = np.minimum(nmax, nearest_int(xi * sl2 / slx))
+                newf = new.astype(F32)
+                slx_new = slx + wi * xi * newf
+                sl2_new = sl2 + wi * newf * newf
+                accept = ((slx > 0) & (sl2 > 0) & (new != levels[i])
+                          & (slx_new * slx_new * suml2 > sumlx * sumlx * sl2_new))
+                levels[i] = np.where(accept, new & 0xFF, levels[i])
+                sumlx = np.where(accept, slx_new, sumlx).astype(F32)
+                suml2 = np.where(accept, sl2_new, suml2).astype(F32)
+        scale = np.where(suml2 > 0, sumlx / suml2, F32(0.0)).astype(F32)
+    scale = np.where(zero, F32(0.0), scale).astype(F32)
+    return scale, np.where(zero, 0, levels).astype(np.uint8)

@@ -52,7 +52,7 @@ def _range(x: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return mn, d, safe_inverse(d)
 
 
-def _legacy_block(t: GGMLType, d: np.ndarray, q: np.ndarray, mn: np.ndarray | None = None) -> np.ndarray:
+def legacy_block(t: GGMLType, d: np.ndarray, q: np.ndarray, mn: np.ndarray | None = None) -> np.ndarray:
     """The Q4_0/Q4_1/Q5_0/Q5_1 blocks of scales d, quants q and (the _1 types) minimums mn:
     the low nibbles in qs, the 5-bit types' fifth bits in qh."""
     blk = _new(t, len(d))
@@ -67,25 +67,25 @@ def _legacy_block(t: GGMLType, d: np.ndarray, q: np.ndarray, mn: np.ndarray | No
 
 def q4_0(x: np.ndarray) -> np.ndarray:
     d, inv = _symmetric(x, -8)
-    return _legacy_block(GGMLType.Q4_0, d, _truncate(x * inv[:, None] + F32(8.5), 15))
+    return legacy_block(GGMLType.Q4_0, d, _truncate(x * inv[:, None] + F32(8.5), 15))
 
 
 def q4_1(x: np.ndarray) -> np.ndarray:
     mn, d, inv = _range(x, 15)
     q = _truncate((x - mn[:, None]) * inv[:, None] + F32(0.5), 15)
-    return _legacy_block(GGMLType.Q4_1, d, q, mn)
+    return legacy_block(GGMLType.Q4_1, d, q, mn)
 
 
 def q5_0(x: np.ndarray) -> np.ndarray:
     d, inv = _symmetric(x, -16)
-    return _legacy_block(GGMLType.Q5_0, d, _truncate(x * inv[:, None] + F32(16.5), 31))
+    return legacy_block(GGMLType.Q5_0, d, _truncate(x * inv[:, None] + F32(16.5), 31))
 
 
 def q5_1(x: np.ndarray) -> np.ndarray:
     mn, d, inv = _range(x, 31)
     # C: (uint8_t)(x0 + 0.5f) without a clamp; the value never exceeds 31.5
     q = ((x - mn[:, None]) * inv[:, None] + F32(0.5)).astype(np.uint8)
-    return _legacy_block(GGMLType.Q5_1, d, q, mn)
+    return legacy_block(GGMLType.Q5_1, d, q, mn)
 
 
 def _q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -44,13 +44,16 @@ def _sums(x: np.ndarray, w: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray,
     return seq_sum(wq * x), seq_sum(wq * q)
 
 
-def sub_block_scales(x: np.ndarray, ntry: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def sub_block_scales(x: np.ndarray, ntry: int,
+                     w: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The scale search of every 32-element sub-block: x is (32, n), element i of sub-block b
-    in row i. Returns (scale, levels of the first pass, zero), zero marking the sub-blocks
-    below GROUP_MAX_EPS, which ggml skips (scale 0, levels not written)."""
+    in row i; w its weights (x*x where None). Returns (scale, levels of the first pass, zero),
+    zero marking the sub-blocks below GROUP_MAX_EPS, which ggml skips (scale 0, levels not
+    written)."""
     mx, amax = first_absmax(x, axis=0)
     zero = amax < GROUP_MAX_EPS
-    w = x * x
+    if w is None:
+        w = x * x
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         d = (-mx if ntry > 0 else mx) / _VALUES[0]
         levels = best_index((F32(1.0) / d) * x)
@@ -72,14 +75,24 @@ def _pack(levels: np.ndarray) -> np.ndarray:
     return (L[:, :, 0] | (L[:, :, 1] << 4)).reshape(len(levels), -1)
 
 
-def iq4_nl(x: np.ndarray, ntry: int = NTRY_REF) -> np.ndarray:
-    """IQ4_NL blocks of x (n, 32). ntry = -1 is quantize_row_iq4_nl_ref, 7 quantize_iq4_nl.
+def importance(x: np.ndarray, qw: np.ndarray) -> np.ndarray:
+    """The weights of super-blocks x (n, k) with importance qw (n, k): qw * sqrt(sigma2 +
+    x*x), sigma2 = sum(x*x) * (2 / k), as quantize_row_iq4_nl_impl forms them."""
+    xt = np.ascontiguousarray(x.T)
+    sigma2 = seq_sum(xt * xt) * F32(2.0 / x.shape[1])
+    return (qw * np.sqrt(sigma2[:, None] + x * x)).astype(F32)
+
+
+def iq4_nl(x: np.ndarray, ntry: int = NTRY_REF, qw: np.ndarray | None = None) -> np.ndarray:
+    """IQ4_NL blocks of x (n, 32). ntry = -1 is quantize_row_iq4_nl_ref, 7 quantize_iq4_nl;
+    qw (n, 32): the importance of each element (an importance matrix's column).
 
     A block below GROUP_MAX_EPS gets d = 0 and every level 8 (value 1, nearest to 0), as
     ntry = 7 writes it; with ntry = -1 ggml leaves there whatever its level buffer last held
     (the previous block's levels, or uninitialised memory), which decodes to 0 all the same."""
     xt = np.ascontiguousarray(x.T)
-    d, levels, zero = sub_block_scales(xt, ntry)
+    w = None if qw is None else np.ascontiguousarray(importance(x, qw).T)
+    d, levels, zero = sub_block_scales(xt, ntry, w)
     if ntry > 0:
         with np.errstate(divide="ignore", invalid="ignore"):
             inv = np.where(d != 0, F32(1.0) / d, F32(0.0)).astype(F32)
@@ -96,14 +109,20 @@ def iq4_nl_file(x: np.ndarray) -> np.ndarray:
     return iq4_nl(x, NTRY_FILE)
 
 
-def iq4_xs(x: np.ndarray) -> np.ndarray:
-    """quantize_row_iq4_xs_ref (= quantize_iq4_xs without an importance matrix): the eight
-    sub-block scales as 6-bit multiples l - 32 of d = -(scale of largest magnitude) / 32, then
-    every level re-picked for its decoded scale d * l (all levels 8, the value 1, where that is
-    0)."""
+def iq4_nl_weighted(x: np.ndarray, qw: np.ndarray) -> np.ndarray:
+    """quantize_iq4_nl with an importance matrix (qw (n, 32): each element's value)."""
+    return iq4_nl(x, NTRY_FILE, qw)
+
+
+def iq4_xs(x: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
+    """quantize_row_iq4_xs_ref (= quantize_iq4_xs without an importance matrix; with qw (n,
+    256), each element's importance, quantize_iq4_xs with one): the eight sub-block scales as
+    6-bit multiples l - 32 of d = -(scale of largest magnitude) / 32, then every level
+    re-picked for its decoded scale d * l (all levels 8, the value 1, where that is 0)."""
     n = len(x)
     sub = np.ascontiguousarray(x.reshape(n * 8, 32).T)
-    scales, _, _ = sub_block_scales(sub, NTRY_FILE)
+    w = None if qw is None else np.ascontiguousarray(importance(x, qw).reshape(n * 8, 32).T)
+    scales, _, _ = sub_block_scales(sub, NTRY_FILE, w)
     scales = scales.reshape(n, 8)
     max_scale, _ = first_absmax(scales, axis=1)
     d = (-max_scale / F32(32)).astype(F32)

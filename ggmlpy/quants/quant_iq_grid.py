@@ -1,6 +1,7 @@
-"""Reference encoders for the grid I-quants without an importance matrix: IQ3_XXS, IQ3_S and
-IQ2_S, after ggml's quantize_row_iq3_xxs_impl, quantize_row_iq3_s_impl and
-quantize_row_iq2_s_impl (what quantize_row_*_ref and quantize_* with a NULL imatrix run).
+"""Encoders for the grid I-quants IQ3_XXS, IQ3_S and IQ2_S, after ggml's
+quantize_row_iq3_xxs_impl, quantize_row_iq3_s_impl and quantize_row_iq2_s_impl (without an
+importance matrix what quantize_row_*_ref runs; with one, its values weigh the search), and
+the search machinery and grids of every grid type (quant_iq2_xs.py and quant_iq1.py use them).
 
 Per sub-block (32 elements, or 16 for IQ2_S) ggml takes magnitudes (the signs are stored
 apart), tries a range of scales and, for each, rounds every group of 4 (or 8) magnitudes to
@@ -46,7 +47,7 @@ class Grid:
     kmax: int               # levels per position: 0 .. kmax - 1
 
 
-def _build(values: np.ndarray, kmax: int, nwant: int) -> Grid:
+def build_grid(values: np.ndarray, kmax: int, nwant: int) -> Grid:
     """iq2xs_init_impl / iq3xs_init_impl: a point off the grid gets every grid point at the
     nwant smallest squared distances, ordered by (distance, index) as ggml's qsort leaves them."""
     levels = iq_grids.levels(values)
@@ -73,17 +74,24 @@ def _build(values: np.ndarray, kmax: int, nwant: int) -> Grid:
 
 @lru_cache(maxsize=None)
 def grid(t: GGMLType) -> Grid:
-    """The search grid of t, built on first use (ggml_quantize_init)."""
+    """The search grid of t, built on first use (ggml_quantize_init: iq2xs_init_impl and
+    iq3xs_init_impl, each off-grid point with its neighbours at the nwant smallest distances)."""
     if t == GGMLType.IQ3_XXS:
-        return _build(iq_grids.IQ3XXS_VALUES, 8, 2)
+        return build_grid(iq_grids.IQ3XXS_VALUES, 8, 2)
     if t == GGMLType.IQ3_S:
-        return _build(iq_grids.IQ3S_VALUES, 8, 3)
+        return build_grid(iq_grids.IQ3S_VALUES, 8, 3)
     if t == GGMLType.IQ2_S:
-        return _build(iq_grids.IQ2S_VALUES, 3, 1)
+        return build_grid(iq_grids.IQ2S_VALUES, 3, 1)
+    if t == GGMLType.IQ2_XXS:
+        return build_grid(iq_grids.IQ2XXS_VALUES, 3, 2)
+    if t == GGMLType.IQ2_XS:
+        return build_grid(iq_grids.IQ2XS_VALUES, 3, 2)
+    if t in (GGMLType.IQ1_S, GGMLType.IQ1_M):   # one grid, its points' 3 nearest distances kept
+        return build_grid(iq_grids.IQ1S_VALUES, 3, 3)
     raise ValueError(f"no search grid for {t.name}")
 
 
-def _pack(g: Grid, L: np.ndarray) -> np.ndarray:
+def pack_levels(g: Grid, L: np.ndarray) -> np.ndarray:
     """Levels (groups, group, m) -> packed codes (groups, m)."""
     u = np.zeros((L.shape[0], L.shape[2]), dtype=np.int64)
     for i in range(L.shape[1]):
@@ -97,11 +105,11 @@ def to_grid(g: Grid, L: np.ndarray, xval: np.ndarray, waux: np.ndarray, scale: n
     neighbour for `scale` (ggml's iq*_find_best_neighbour: the first smallest sum of
     waux * diff * diff). L, xval, waux: (groups, group, m), modified L returned with the mask
     of groups that were on the grid."""
-    on = g.kmap[_pack(g, L)] >= 0
+    on = g.kmap[pack_levels(g, L)] >= 0
     k_idx, s_idx = np.nonzero(~on if which is None else ~on & which)
     if len(k_idx) == 0:
         return L, on
-    rows = g.row[_pack(g, L)[k_idx, s_idx]]
+    rows = g.row[pack_levels(g, L)[k_idx, s_idx]]
     xv, wa, sc = xval[k_idx, :, s_idx], waux[k_idx, :, s_idx], scale[s_idx]
     best_d2 = np.full(len(rows), np.finfo(F32).max, dtype=F32)
     best = np.full(len(rows), -1, dtype=np.int64)
@@ -121,13 +129,13 @@ def to_grid(g: Grid, L: np.ndarray, xval: np.ndarray, waux: np.ndarray, scale: n
     return L, on
 
 
-def _sums(xval: np.ndarray, weight: np.ndarray, L: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def level_sums(xval: np.ndarray, weight: np.ndarray, L: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """sum(w*x*q) and sum(w*q*q) over positions, q = 2l + 1."""
     q = (2 * L + 1).astype(F32)
     return seq_sum(weight * xval * q), seq_sum(weight * q * q)
 
 
-def _round_levels(g: Grid, inv: np.ndarray, xval: np.ndarray) -> np.ndarray:
+def round_levels(g: Grid, inv: np.ndarray, xval: np.ndarray) -> np.ndarray:
     """nearest_int(0.5 * (inv * x - 1)) clamped to the levels: the value 2l + 1 nearest x*inv."""
     return np.clip(nearest_int(F32(0.5) * (inv * xval - F32(1.0))), 0, g.kmax - 1).astype(np.int8)
 
@@ -148,8 +156,8 @@ def search(g: Grid, xval: np.ndarray, weight: np.ndarray, trials: range, step: f
     on_grid = np.full(shape[::2], start_on_grid)
     for trial in trials:
         inv = ((F32(2 * g.kmax - 1) + F32(trial) * F32(step)) / mx).astype(F32)
-        cand, on = to_grid(g, _round_levels(g, inv, xg), xg, waux, (F32(1.0) / inv).astype(F32))
-        sumqx, sumq2 = _sums(xval, weight, cand.reshape(n_pos, m))
+        cand, on = to_grid(g, round_levels(g, inv, xg), xg, waux, (F32(1.0) / inv).astype(F32))
+        sumqx, sumq2 = level_sums(xval, weight, cand.reshape(n_pos, m))
         better = (sumq2 > 0) & (sumqx * sumqx > best * sumq2)
         scale = np.where(better, sumqx / sumq2, scale).astype(F32)
         best = np.where(better, scale * sumqx, best).astype(F32)
@@ -158,23 +166,28 @@ def search(g: Grid, xval: np.ndarray, weight: np.ndarray, trials: range, step: f
     refit = (~on_grid).any(axis=0) & (scale > 0)
     if refit.any():
         which = np.broadcast_to(refit, on_grid.shape) if refit_all else ~on_grid & refit
-        fresh = _round_levels(g, (F32(1.0) / scale).astype(F32), xg)
+        fresh = round_levels(g, (F32(1.0) / scale).astype(F32), xg)
         fresh, _ = to_grid(g, fresh, xg, waux, scale, which)
         L = np.where(which[:, None, :], fresh, L)
-        sumqx, sumq2 = _sums(xval, weight, L.reshape(n_pos, m))
+        sumqx, sumq2 = level_sums(xval, weight, L.reshape(n_pos, m))
         scale = np.where(refit & (sumq2 > 0), sumqx / sumq2, scale).astype(F32)
     return scale, L
 
 
-def _prepare(x: np.ndarray, size: int, weights: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Sub-blocks of `size` as (positions, sub-blocks): x, magnitudes and ggml's weights
-    (x*x, or IQ2_S's 0.25 * sigma2 + x*x with sigma2 = 2 * sum(x*x) / 256 per super-block)."""
+def _prepare(x: np.ndarray, size: int, weights: str,
+             qw: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sub-blocks of `size` as (positions, sub-blocks): x, magnitudes and ggml's weights: with
+    an importance qw (n, 256) qw * sqrt(sigma2 + x*x), sigma2 = 2 * sum(x*x) / 256 per
+    super-block; without, x*x (or IQ2_S's 0.25 * sigma2 + x*x)."""
     n = len(x)
     sub = np.ascontiguousarray(x.reshape(n * (QK_K // size), size).T)
     w = sub * sub
-    if weights == "sigma":
-        sigma2 = F32(2) * seq_sum(np.ascontiguousarray(x.T) * np.ascontiguousarray(x.T)) / F32(QK_K)
-        w = (F32(0.25) * np.repeat(sigma2, QK_K // size))[None, :] + w
+    sigma2 = np.repeat(F32(2) * seq_sum(np.ascontiguousarray(x.T) * np.ascontiguousarray(x.T)) / F32(QK_K),
+                       QK_K // size)[None, :]
+    if qw is not None:
+        w = (np.ascontiguousarray(qw.reshape(n * (QK_K // size), size).T) * np.sqrt(sigma2 + w)).astype(F32)
+    elif weights == "sigma":
+        w = F32(0.25) * sigma2 + w
     return sub, np.where(sub >= 0, sub, -sub), w     # ggml's magnitudes keep -0.0 as it is
 
 
@@ -184,7 +197,7 @@ def _signs(sub: np.ndarray) -> np.ndarray:
     return np.packbits(neg.reshape(-1, 8, sub.shape[1]), axis=1, bitorder="little")[:, 0]
 
 
-def _scale_nibbles(scales: np.ndarray, max_scale: np.ndarray) -> np.ndarray:
+def scale_nibbles(scales: np.ndarray, max_scale: np.ndarray) -> np.ndarray:
     """4-bit sub-block scales: nearest_int(0.5 * (scale / d - 1)) for d = max_scale / 31."""
     d = (max_scale / F32(31)).astype(F32)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -192,30 +205,31 @@ def _scale_nibbles(scales: np.ndarray, max_scale: np.ndarray) -> np.ndarray:
         return np.clip(nearest_int(F32(0.5) * (inv[:, None] * scales - F32(1.0))), 0, 15)
 
 
-def _super_block_scale(scales: np.ndarray) -> np.ndarray:
+def super_block_scale(scales: np.ndarray) -> np.ndarray:
     """ggml's `max_scale = MAX(max_scale, scale)` from 0 over a super-block's sub-blocks."""
     return np.maximum(scales.max(axis=1), F32(0.0)).astype(F32)
 
 
-def _gate_zero(zero: np.ndarray, scale: np.ndarray, L: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def gate_zero(zero: np.ndarray, scale: np.ndarray, L: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Sub-blocks ggml skips (too small to search): scale 0, levels 0."""
     return np.where(zero, F32(0.0), scale).astype(F32), np.where(zero, 0, L).astype(np.int8)
 
 
-def _grid_index(g: Grid, L: np.ndarray) -> np.ndarray:
-    idx = g.kmap[_pack(g, L)]
+def grid_index(g: Grid, L: np.ndarray) -> np.ndarray:
+    idx = g.kmap[pack_levels(g, L)]
     if (idx < 0).any():   # ggml aborts here ("Oops: found point not on grid")
         raise ValueError("quantisation left a group off the grid (non-finite input?)")
     return idx
 
 
-def iq3_xxs(x: np.ndarray) -> np.ndarray:
-    """quantize_row_iq3_xxs_ref. Only 7 sign bits are stored per 8 elements, the eighth
+def iq3_xxs(x: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
+    """quantize_row_iq3_xxs_ref (with qw, each element's importance: quantize_iq3_xxs with an
+    importance matrix). Only 7 sign bits are stored per 8 elements, the eighth
     making the count of minus signs even: a group with an odd count has the sign of its
     element of least w*x*x flipped (its magnitude then enters the search negated)."""
     n = len(x)
     g = grid(GGMLType.IQ3_XXS)
-    sub, xval, w = _prepare(x, 32, "square")
+    sub, xval, w = _prepare(x, 32, "square", qw)
     m = sub.shape[1]
     neg = ~(sub >= 0).reshape(4, 8, m)
     cost = (w * sub * sub).reshape(4, 8, m)
@@ -226,12 +240,12 @@ def iq3_xxs(x: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         scale, L = search(g, xval, w, range(-15, 16), 0.2, True, False)
     signs = np.where(scale < 0, ~signs & 127, signs).astype(np.uint32)
-    scale, L = _gate_zero(zero, np.abs(scale), L)
+    scale, L = gate_zero(zero, np.abs(scale), L)
     words = np.where(zero, 0, signs[0] | (signs[1] << 7) | (signs[2] << 14) | (signs[3] << 21)).T.reshape(n, 8)
     scales = scale.reshape(n, 8)
-    max_scale = _super_block_scale(scales)
-    words = (words | (_scale_nibbles(scales, max_scale).astype(np.uint32) << 28)).astype("<u4")
-    qs = np.concatenate([_grid_index(g, L).T.reshape(n, 64).astype(np.uint8), words.view(np.uint8)], axis=1)
+    max_scale = super_block_scale(scales)
+    words = (words | (scale_nibbles(scales, max_scale).astype(np.uint32) << 28)).astype("<u4")
+    qs = np.concatenate([grid_index(g, L).T.reshape(n, 64).astype(np.uint8), words.view(np.uint8)], axis=1)
     blk = np.zeros(n, dtype=block_dtype(GGMLType.IQ3_XXS))
     live = max_scale != 0       # an all-zero super-block is all zero bytes
     blk["d"] = np.where(live, to_f16((max_scale / F32(31)) * F32(1.0125)), np.float16(0))
@@ -239,20 +253,21 @@ def iq3_xxs(x: np.ndarray) -> np.ndarray:
     return blk
 
 
-def iq3_s(x: np.ndarray) -> np.ndarray:
-    """quantize_row_iq3_s_ref. As in ggml, a sub-block that is exactly zero does not advance
+def iq3_s(x: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
+    """quantize_row_iq3_s_ref (with qw: quantize_iq3_s with an importance matrix). As in
+    ggml, a sub-block that is exactly zero does not advance
     the qs and signs write positions: the sub-blocks after it are stored one slot early
     (their qh bits stay in place), and the last slots of the block stay zero."""
     n = len(x)
     g = grid(GGMLType.IQ3_S)
-    sub, xval, w = _prepare(x, 32, "square")
+    sub, xval, w = _prepare(x, 32, "square", qw)
     signs = _signs(sub)
     zero = xval.max(axis=0) == 0
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         scale, L = search(g, xval, w, range(-9, 10), 0.2, False, True)
     signs = np.where(scale < 0, ~signs, signs).astype(np.uint8)
-    scale, L = _gate_zero(zero, np.abs(scale), L)
-    idx = _grid_index(g, L).T.reshape(n, 8, 8)
+    scale, L = gate_zero(zero, np.abs(scale), L)
+    idx = grid_index(g, L).T.reshape(n, 8, 8)
     live = ~zero.reshape(n, 8)
     b, j = np.nonzero(live)
     slot = (np.cumsum(live, axis=1) - 1)[b, j]
@@ -260,8 +275,8 @@ def iq3_s(x: np.ndarray) -> np.ndarray:
     qs[b, slot] = (idx[b, j] & 255).astype(np.uint8)
     sg[b, slot] = signs.T.reshape(n, 8, 4)[b, j]
     scales = scale.reshape(n, 8)
-    max_scale = _super_block_scale(scales)
-    nib = _scale_nibbles(scales, max_scale).astype(np.uint8)
+    max_scale = super_block_scale(scales)
+    nib = scale_nibbles(scales, max_scale).astype(np.uint8)
     blk = np.zeros(n, dtype=block_dtype(GGMLType.IQ3_S))
     nonzero = max_scale != 0
     blk["d"] = np.where(nonzero, to_f16((max_scale / F32(31)) * F32(1.033)), np.float16(0))
@@ -272,22 +287,23 @@ def iq3_s(x: np.ndarray) -> np.ndarray:
     return blk
 
 
-def iq2_s(x: np.ndarray) -> np.ndarray:
-    """quantize_row_iq2_s_ref: 16-element sub-blocks of two 8-element groups, weights
+def iq2_s(x: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
+    """quantize_row_iq2_s_ref (with qw: quantize_iq2_s with an importance matrix): 16-element
+    sub-blocks of two 8-element groups, weights
     0.25 * sigma2 + x*x, full sign bytes."""
     n = len(x)
     g = grid(GGMLType.IQ2_S)
-    sub, xval, w = _prepare(x, 16, "sigma")
+    sub, xval, w = _prepare(x, 16, "sigma", qw)
     signs = _signs(sub)
     zero = xval.max(axis=0) < F32(1e-8)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         scale, L = search(g, xval, w, range(-9, 10), 0.1, True, False)
     signs = np.where(scale < 0, ~signs, signs).astype(np.uint8)
-    scale, L = _gate_zero(zero, np.abs(scale), L)
-    idx = np.where(zero, 0, _grid_index(g, L)).T.reshape(n, 32)
+    scale, L = gate_zero(zero, np.abs(scale), L)
+    idx = np.where(zero, 0, grid_index(g, L)).T.reshape(n, 32)
     scales = scale.reshape(n, 16)
-    max_scale = _super_block_scale(scales)
-    nib = _scale_nibbles(scales, max_scale).astype(np.uint8)
+    max_scale = super_block_scale(scales)
+    nib = scale_nibbles(scales, max_scale).astype(np.uint8)
     blk = np.zeros(n, dtype=block_dtype(GGMLType.IQ2_S))
     nonzero = max_scale != 0
     blk["d"] = np.where(nonzero, to_f16((max_scale / F32(31)) * F32(0.9875)), np.float16(0))

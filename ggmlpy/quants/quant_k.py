@@ -84,32 +84,35 @@ def _k4_common(x: np.ndarray, nmax: int, rmin: float, nstep: int):
         inv_min = np.where(max_min > 0, F32(63) / max_min, F32(0.0)).astype(F32)
     ls = np.minimum(nearest_int(inv_scale[:, None] * scales) & 0xFF, 63).astype(np.uint8)
     lm = np.minimum(nearest_int(inv_min[:, None] * mins) & 0xFF, 63).astype(np.uint8)
-    d = to_f16(max_scale / F32(63))
-    dmin = to_f16(max_min / F32(63))
-    dl = d.astype(F32)[:, None] * ls
-    ml = dmin.astype(F32)[:, None] * lm
-    levels = _requantize(x, _per_block(search, n), dl, ml, 0, nmax, 32)
-    return d, dmin, _pack_k4_scales(ls, lm), levels
+    return to_f16(max_scale / F32(63)), to_f16(max_min / F32(63)), ls, lm, _per_block(search, n)
+
+
+def k4_blocks(t: GGMLType, x: np.ndarray, d: np.ndarray, dmin: np.ndarray, ls: np.ndarray, lm: np.ndarray,
+              search: np.ndarray) -> np.ndarray:
+    """Q4_K or Q5_K blocks of x (n, 256): fp16 d and dmin, 6-bit scales and minimums (n, 8;
+    larger values are packed as ggml's byte stores cut them), the searched levels (n, 256)
+    kept where a decoded scale is 0, every other level re-picked for its decoded scale."""
+    n, nmax = len(x), 15 if t == GGMLType.Q4_K else 31
+    packed = _pack_k4_scales(ls, lm)
+    sc = np.concatenate([packed[:, 0:4] & 63, (packed[:, 8:12] & 15) | ((packed[:, 0:4] >> 6) << 4)], axis=1)
+    mn = np.concatenate([packed[:, 4:8] & 63, (packed[:, 8:12] >> 4) | ((packed[:, 4:8] >> 6) << 4)], axis=1)
+    levels = _requantize(x, search, d.astype(F32)[:, None] * sc, dmin.astype(F32)[:, None] * mn, 0, nmax, 32)
+    blk = np.zeros(n, dtype=block_dtype(t))
+    blk["d"], blk["dmin"], blk["scales"] = d, dmin, packed
+    L = levels.reshape(n, 4, 2, 32)
+    blk["qs"] = ((L[:, :, 0] & 0x0F) | ((L[:, :, 1] & 0x0F) << 4)).reshape(-1, 128)
+    if t == GGMLType.Q5_K:
+        high = (levels.reshape(n, 8, 32) >> 4) & 1  # sub-block j's fifth bits go to bit j
+        blk["qh"] = np.bitwise_or.reduce(high << np.arange(8, dtype=np.uint8)[:, None], axis=1)
+    return blk
 
 
 def q4_k(x: np.ndarray) -> np.ndarray:
-    d, dmin, scales, levels = _k4_common(x, 15, -1.0, 20)
-    blk = np.zeros(len(x), dtype=block_dtype(GGMLType.Q4_K))
-    blk["d"], blk["dmin"], blk["scales"] = d, dmin, scales
-    L = levels.reshape(len(x), 4, 2, 32)
-    blk["qs"] = (L[:, :, 0] | (L[:, :, 1] << 4)).reshape(-1, 128)
-    return blk
+    return k4_blocks(GGMLType.Q4_K, x, *_k4_common(x, 15, -1.0, 20))
 
 
 def q5_k(x: np.ndarray) -> np.ndarray:
-    d, dmin, scales, levels = _k4_common(x, 31, -0.5, 15)
-    blk = np.zeros(len(x), dtype=block_dtype(GGMLType.Q5_K))
-    blk["d"], blk["dmin"], blk["scales"] = d, dmin, scales
-    L = levels.reshape(len(x), 4, 2, 32)
-    blk["qs"] = ((L[:, :, 0] & 0x0F) | ((L[:, :, 1] & 0x0F) << 4)).reshape(-1, 128)
-    high = (levels.reshape(len(x), 8, 32) >> 4) & 1  # sub-block j's fifth bits go to bit j
-    blk["qh"] = np.bitwise_or.reduce(high << np.arange(8, dtype=np.uint8)[:, None], axis=1)
-    return blk
+    return k4_blocks(GGMLType.Q5_K, x, *_k4_common(x, 31, -0.5, 15))
 
 
 def q2_k(x: np.ndarray) -> np.ndarray:
@@ -124,12 +127,16 @@ def q2_k(x: np.ndarray) -> np.ndarray:
     ls = np.where(max_scale[:, None] > 0, nearest_int(inv_scale[:, None] * scales), 0)
     lm = np.where(max_min[:, None] > 0, nearest_int(inv_min[:, None] * mins), 0)
     packed = (((ls & 0xFF) | (lm << 4)) & 0xFF).astype(np.uint8)
-    d = to_f16(max_scale / F32(15))
-    dmin = to_f16(max_min / F32(15))
+    return q2_k_blocks(x, to_f16(max_scale / F32(15)), to_f16(max_min / F32(15)), packed, _per_block(search, n))
+
+
+def q2_k_blocks(x: np.ndarray, d: np.ndarray, dmin: np.ndarray, packed: np.ndarray, search: np.ndarray) -> np.ndarray:
+    """Q2_K blocks: fp16 d and dmin, the scale bytes (scale | minimum << 4), the searched
+    levels kept where a decoded scale is 0 and re-picked elsewhere."""
     dl = d.astype(F32)[:, None] * (packed & 0x0F)
     ml = dmin.astype(F32)[:, None] * (packed >> 4)
-    levels = _requantize(x, _per_block(search, n), dl, ml, 0, 3, 16)
-    blk = np.zeros(n, dtype=block_dtype(GGMLType.Q2_K))
+    levels = _requantize(x, search, dl, ml, 0, 3, 16)
+    blk = np.zeros(len(x), dtype=block_dtype(GGMLType.Q2_K))
     blk["scales"], blk["d"], blk["dmin"] = packed, d, dmin
     blk["qs"] = _pack_crumbs(levels)
     return blk
@@ -147,7 +154,6 @@ def _scales16(x: np.ndarray, make: Callable[[np.ndarray, int], tuple[np.ndarray,
 
 
 def q3_k(x: np.ndarray) -> np.ndarray:
-    n = len(x)
     scales, search, max_scale, _ = _scales16(x, make_q3_quants, 4)
     nonzero = max_scale != 0
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -155,12 +161,19 @@ def q3_k(x: np.ndarray) -> np.ndarray:
         l6 = np.clip(_as_int8(nearest_int(iscale[:, None] * scales)), -32, 31) + 32
         d = to_f16(np.where(nonzero, F32(1.0) / iscale, F32(0.0)))
     l6 = np.where(nonzero[:, None], l6, 0).astype(np.uint8)  # 6-bit scales, offset by 32
+    return q3_k_blocks(x, d, l6, _per_block(search, len(x)))
+
+
+def q3_k_blocks(x: np.ndarray, d: np.ndarray, l6: np.ndarray, search: np.ndarray) -> np.ndarray:
+    """Q3_K blocks: fp16 d, the 6-bit scales plus 32 (n, 16), the searched levels (+4) kept
+    where a decoded scale is 0 and re-picked elsewhere."""
+    n = len(x)
     packed = np.empty((n, 12), dtype=np.uint8)
     packed[:, :8] = (l6[:, :8] & 0x0F) | ((l6[:, 8:] & 0x0F) << 4)
     high = (l6 >> 4).reshape(n, 4, 4)  # [j // 4, j % 4]
     packed[:, 8:] = high[:, 0] | (high[:, 1] << 2) | (high[:, 2] << 4) | (high[:, 3] << 6)
     dl = d.astype(F32)[:, None] * (l6.astype(np.int8) - np.int8(32))
-    levels = _requantize(x, _per_block(search, n), dl, None, -4, 3, 16)
+    levels = _requantize(x, search, dl, None, -4, 3, 16)
     blk = np.zeros(n, dtype=block_dtype(GGMLType.Q3_K))
     blk["scales"], blk["d"] = packed, d
     high_bits = (levels.reshape(n, 8, 32) > 3).astype(np.uint8)  # bit m of hmask[l]
@@ -169,9 +182,12 @@ def q3_k(x: np.ndarray) -> np.ndarray:
     return blk
 
 
-def q6_k(x: np.ndarray) -> np.ndarray:
+def q6_k(x: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
+    """quantize_row_q6_K_ref, or with importance weights qw (n, 256) quantize_row_q6_K_impl,
+    whose sub-block searches weigh by qw itself."""
     n = len(x)
-    scales, search, max_scale, max_abs = _scales16(x, make_qx_quants, 32)
+    w = None if qw is None else _sub_blocks(qw, 16)
+    scales, search, max_scale, max_abs = _scales16(x, lambda sub, nmax: make_qx_quants(sub, nmax, w), 32)
     zero = max_abs < GROUP_MAX_EPS
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         iscale = (F32(-128) / max_scale).astype(F32)

@@ -83,19 +83,23 @@ def _as_f32(raw: np.ndarray, t: GGMLType, ne0: int, rows: int) -> np.ndarray:
     return np.asarray(dequantize(raw, t, (ne0, rows)), dtype=np.float32).reshape(rows, ne0)
 
 
-def encode_rows(x: np.ndarray, t: GGMLType) -> np.ndarray:
-    """float32 rows as ggml_quantize_chunk writes them without an importance matrix: the
-    reference quantiser, but for IQ4_NL, whose quantize_iq4_nl searches more scales (ntry 7)
-    than its _ref (ggmlpy.quants.quantize, the KV cache's encoder)."""
+def encode_rows(x: np.ndarray, t: GGMLType, imatrix: np.ndarray | None = None) -> np.ndarray:
+    """float32 rows as ggml_quantize_chunk writes them: with an importance matrix (one value
+    per column) weighted by it; without, the reference quantiser, but for IQ4_NL, whose
+    quantize_iq4_nl searches more scales (ntry 7) than its _ref (ggmlpy.quants.quantize, the
+    KV cache's encoder)."""
     with np.errstate(all="ignore"):   # ggml's C arithmetic does not trap either
+        if imatrix is not None:
+            return quantize(x, t, imatrix).reshape(-1)
         if t == GGMLType.IQ4_NL:
             return iq4_nl_file(x.reshape(-1, 32)).view(np.uint8).reshape(-1)
         return quantize(x, t).reshape(-1)
 
 
-def encode_job(raw: np.ndarray, src: GGMLType, ne0: int, rows: int, dst: GGMLType) -> np.ndarray:
+def encode_job(raw: np.ndarray, src: GGMLType, ne0: int, rows: int, dst: GGMLType,
+               imatrix: np.ndarray | None = None) -> np.ndarray:
     """One unit of work (whole rows): decode, encode. Top level so worker processes can run it."""
-    return encode_rows(_as_f32(raw, src, ne0, rows), dst)
+    return encode_rows(_as_f32(raw, src, ne0, rows), dst, imatrix)
 
 
 Piece = Union[np.ndarray, Future, None]   # bytes to write, bytes being encoded, end of a tensor
@@ -114,10 +118,18 @@ def _pieces(f: GGUFFile, plan: Plan, submit: Callable[..., Piece]) -> Iterator[t
         else:
             src_row = row_size(tp.src_type, tp.ne[0])
             step = max(1, WORK_ELEMENTS // max(1, tp.ne[0]))
-            for r in range(0, tp.n_rows, step):
-                rows = min(step, tp.n_rows - r)
+            # with an importance matrix per expert, a unit of work stays within one expert
+            per_matrix = tp.ne[1] if tp.imatrix is not None and len(tp.imatrix) > tp.ne[0] else tp.n_rows
+            r = 0
+            while r < tp.n_rows:
+                rows = min(step, tp.n_rows - r, per_matrix - r % per_matrix)
+                imatrix = None
+                if tp.imatrix is not None:
+                    at = r // per_matrix * tp.ne[0]
+                    imatrix = tp.imatrix[at:at + tp.ne[0]]
                 yield tp, submit(encode_job, data[r * src_row:(r + rows) * src_row], tp.src_type, tp.ne[0], rows,
-                                 tp.dst_type)
+                                 tp.dst_type, imatrix)
+                r += rows
         yield tp, None
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from ggmlpy.gguf import GGUFFile, GGUFValueType
 from ggmlpy.gguf.constants import DEFAULT_ALIGNMENT, KEY_ALIGNMENT
 from ggmlpy.ir.types import GGMLType, is_quantized, row_size
-from ggmlpy.quants import QUANTIZABLE, dequantizable_types
+from ggmlpy.quants import QUANTIZABLE, QUANTIZABLE_WITH_IMATRIX, dequantizable_types
 from llama.quantize import mixes as F
 from llama.quantize.choose import tensor_type
 from llama.quantize.imatrix import Imatrix
@@ -27,8 +27,6 @@ from llama.quantize.rules import ModelInfo, Params, State, requires_imatrix
 V = GGUFValueType
 T = GGMLType
 QNT_VERSION = 2   # GGML_QNT_VERSION, written as general.quantization_version
-# types whose ggml quantize_* ignore an importance matrix: ggmlpy writes them as llama.cpp does
-IMATRIX_FREE = frozenset({T.F32, T.F16, T.BF16, T.Q8_0, T.MXFP4, T.NVFP4, T.TQ1_0, T.TQ2_0, T.Q1_0, T.Q2_0})
 _SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
 _KV_OVERRIDE = re.compile(r"^([^=]+)=(int|float|bool|str):(.*)$", re.S)
 
@@ -39,6 +37,8 @@ class TensorPlan:
     ne: tuple[int, ...]
     src_type: GGMLType
     dst_type: GGMLType
+    # the importance matrix its encoder weighs by (ne[0] values, times n_expert for experts)
+    imatrix: np.ndarray | None = None
 
     @property
     def n_rows(self) -> int:
@@ -166,9 +166,9 @@ def make_plan(f: GGUFFile, params: Params, imatrix: Imatrix | None, allow_requan
         tensors.append(TensorPlan(name, ne, t.type, dst))
     for tp in tensors:
         if tp.convert:
-            _check_conversion(tp, allow_requantize)
             if has_imatrix:
-                _check_imatrix(tp, imatrix, params.ftype)
+                tp.imatrix = _tensor_imatrix(tp, imatrix, params.ftype)
+            _check_conversion(tp, allow_requantize)
     warnings = state.warnings
     if state.n_fallback:
         warnings.append(f"{state.n_fallback} of {len(tensors)} tensor(s) required fallback quantization")
@@ -177,9 +177,8 @@ def make_plan(f: GGUFFile, params: Params, imatrix: Imatrix | None, allow_requan
 
 def _check_conversion(tp: TensorPlan, allow_requantize: bool) -> None:
     """What llama_tensor_dequantize_impl and ggmlpy's encoders can do, and --allow-requantize."""
-    if tp.dst_type not in QUANTIZABLE:
-        why = (" (its quantiser needs an importance matrix, which ggmlpy's quantisers do not use yet)"
-               if tp.dst_type in (T.IQ2_XXS, T.IQ2_XS, T.IQ1_S, T.IQ1_M) else "")
+    if tp.dst_type not in (QUANTIZABLE if tp.imatrix is None else QUANTIZABLE_WITH_IMATRIX):
+        why = " without an importance matrix" if tp.dst_type in QUANTIZABLE_WITH_IMATRIX else ""
         raise ValueError(f"tensor {tp.name}: ggmlpy cannot quantize to {ggml_name(tp.dst_type)}{why}")
     readable = tp.src_type in (T.F32, T.F16, T.BF16) or is_quantized(tp.src_type)
     if not readable or tp.src_type not in dequantizable_types():
@@ -189,10 +188,10 @@ def _check_conversion(tp: TensorPlan, allow_requantize: bool) -> None:
                          f"(pass --allow-requantize)")
 
 
-def _check_imatrix(tp: TensorPlan, imatrix: Imatrix, ftype: int) -> None:
-    """Where llama.cpp would quantise with the importance matrix, refuse: ggmlpy's encoders
-    are the reference ones, whose bytes differ. Tensors without usable data are quantised
-    without, as llama.cpp does (but the very low-bit ones, which it refuses)."""
+def _tensor_imatrix(tp: TensorPlan, imatrix: Imatrix, ftype: int) -> np.ndarray | None:
+    """The importance matrix llama.cpp quantises this tensor with, or None where it has no
+    usable data (then quantised without, as llama.cpp does, but for the very low-bit types,
+    which it refuses)."""
     values = imatrix.data.get(tp.name)
     n_expert = tp.ne[2] if len(tp.ne) > 2 else 1
     if values is not None and len(values) != tp.ne[0] * n_expert:
@@ -200,12 +199,7 @@ def _check_imatrix(tp: TensorPlan, imatrix: Imatrix, ftype: int) -> None:
             raise ValueError(f"imatrix {imatrix.path}: imatrix size {len(values)} is different from tensor size "
                              f"{tp.ne[0] * n_expert} for {tp.name}")
         values = None   # ignored with a note, as llama.cpp does: the embeddings never match
-    if values is None:
-        if requires_imatrix(tp.name, tp.dst_type, ftype):
-            raise ValueError(f"missing importance matrix for tensor {tp.name} in a very low-bit quantization "
-                             f"({ggml_name(tp.dst_type)}): the result would be garbage")
-        return
-    if tp.dst_type not in IMATRIX_FREE:
-        raise ValueError(f"tensor {tp.name}: llama.cpp would quantize it to {ggml_name(tp.dst_type)} with the "
-                         f"importance matrix, and ggmlpy's quantisers cannot use one yet; quantize without "
-                         f"--imatrix, or --exclude-weights it")
+    if values is None and requires_imatrix(tp.name, tp.dst_type, ftype):
+        raise ValueError(f"missing importance matrix for tensor {tp.name} in a very low-bit quantization "
+                         f"({ggml_name(tp.dst_type)}): the result would be garbage")
+    return None if values is None else np.asarray(values, dtype=np.float32)

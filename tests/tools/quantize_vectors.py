@@ -63,6 +63,7 @@ def main() -> int:
         folder = Path(tmp)
         files = {name: sha256(write_file(name, folder)) for name in FILES}
         imatrix = sha256(write_imatrix(folder))
+        imatrix_dense = sha256(write_imatrix(folder, dense=True))
         cases = {}
         for file, options, mix in CASES:
             rc, log, _ = run(args.llama_quantize, folder, options, f"{file}.gguf", "out.gguf", mix)
@@ -70,7 +71,7 @@ def main() -> int:
             cases[key] = {"sha256": sha256(folder / "out.gguf")} if rc == 0 else {"error": error_line(log)}
             (folder / "out.gguf").unlink(missing_ok=True)
             print(f"{key}: {cases[key]}", file=sys.stderr)
-        result = {"files": files, "imatrix": imatrix, "cases": cases}
+        result = {"files": files, "imatrix": imatrix, "imatrix_dense": imatrix_dense, "cases": cases}
         result["smollm2"] = smollm2(args.llama_quantize, folder) if args.smollm2 else old.get("smollm2")
     args.output.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     return 0

@@ -29,7 +29,8 @@ from ggmlpy.codegen_cpu.irgen import F32, I8, I16, I32, KernelBuilder, i64
 from ggmlpy.codegen_cpu.kernels.qact import ActFormat
 from ggmlpy.codegen_cpu.kernels.qcodes import CODE_BOOKS, e8m0_half, lookup
 from ggmlpy.codegen_cpu.kernels.qvec import (
-    CONTRACT, WEIGHT_BYTE_MAX, dot_sum_offset128, dot_sum_u8s8, load_vec, prefetch, shuffle, sitofp, splat, splat_const, store_vec, vec, zeros,
+    CONTRACT, WEIGHT_BYTE_MAX, dot_sum_offset128, dot_sum_u8s8, load_vec, prefetch, shuffle, sitofp, splat, splat_const,
+    store_vec, vec, zeros,
 )
 from ggmlpy.ir.types import GGMLType
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 from ggmlpy.cli import main
 from ggmlpy.gguf import GGUFFile
 from ggmlpy.ir.types import GGMLType
+from ggmlpy.quants import quantize
 from ggmlpy.testing.models_archs import write_tiny_model
 from llama.quantize import driver
 
@@ -118,16 +120,28 @@ def test_tensor_type_file(f16, tmp_path):
         assert g.tensors["blk.1.ffn_up.weight"].type == GGMLType.Q4_0
 
 
-@pytest.mark.parametrize("options,mix,message", [
-    (["--exclude-weights", "output"], "IQ2_XXS", "ggmlpy cannot quantize to iq2_xxs (its quantiser needs an importance matrix, which ggmlpy's "
-                "quantisers do not use yet)"),
-    ([], "Q4_K_M", "tensor output.weight: llama.cpp would quantize it to q6_K with the importance matrix, and "
-                   "ggmlpy's quantisers cannot use one yet"),
-])
-def test_importance_matrix_read_then_refused_where_used(f16, tmp_path, capsys, options, mix, message):
+def test_importance_matrix_refused_where_a_low_bit_tensor_has_none(f16, tmp_path, capsys):
+    """The matrix has no attn_output rows for layers 0-1: IQ2_XXS cannot be written there."""
     from tests.llama.quantize.cases import write_imatrix
     imatrix = write_imatrix(tmp_path)
-    args = ["--imatrix", str(imatrix), *options, str(f16), str(tmp_path / "out.gguf"), mix]
-    assert main(["quantize", *args]) == 1
-    assert message in capsys.readouterr().err
+    assert main(["quantize", "--imatrix", str(imatrix), str(f16), str(tmp_path / "out.gguf"), "IQ2_XXS"]) == 1
+    assert "missing importance matrix for tensor blk.0.attn_output.weight" in capsys.readouterr().err
     assert not (tmp_path / "out.gguf").exists()
+
+
+def test_importance_matrix_weighs_each_tensor_by_its_own_values(f16, tmp_path):
+    """Each tensor is encoded with its own entry of the matrix (counts normalised): output.weight
+    is quantize(its values, Q6_K, imatrix=its entry), unlike the file written without one."""
+    from llama.quantize import load_imatrix
+    from tests.llama.quantize.cases import write_imatrix
+    imatrix = write_imatrix(tmp_path)
+    with_m, without = tmp_path / "with.gguf", tmp_path / "without.gguf"
+    assert main(["quantize", "--no-progress", "--imatrix", str(imatrix), str(f16), str(with_m), "Q4_K_M"]) == 0
+    assert main(["quantize", "--no-progress", str(f16), str(without), "Q4_K_M"]) == 0
+    values = np.asarray(load_imatrix(imatrix, [], []).data["output.weight"], dtype=np.float32)
+    with GGUFFile(f16) as src, GGUFFile(with_m) as a, GGUFFile(without) as b:
+        x = np.asarray(src.tensors["output.weight"].data).view(np.float16).astype(np.float32).reshape(-1, 256)
+        got = np.asarray(a.tensors["output.weight"].data).reshape(-1)
+        assert a.tensors["output.weight"].type == GGMLType.Q6_K
+        np.testing.assert_array_equal(got, quantize(x, GGMLType.Q6_K, imatrix=values).reshape(-1))
+        assert not np.array_equal(got, np.asarray(b.tensors["output.weight"].data).reshape(-1))

@@ -12,6 +12,9 @@ compare ggmlpy against without needing ggml.
   from_float_ref (quantize_row_*_ref) for the rows of `q_x` (and `q_x_huge` but for the grid
   types), `q_chunk_<T>` those of ggml_quantize_chunk without an importance matrix (what
   llama-quantize writes), stored only where they differ from `q_ref_<T>`.
+- `q_imatrix` (four importance matrices for the rows of `q_x`) and `q_im_<T>`: the bytes of
+  ggml_quantize_chunk for `q_x` with each of them, for every type whose quantiser uses one;
+  `q_chunk_IQ1_M` IQ1_M's without one (it has no quantize_row_*_ref).
 
 Not a test and not a dependency of the project. It needs a libggml-base.so built from the
 llama.cpp vendored by llama-cpp-python 0.3.36 (ggml's CMake Release build):
@@ -39,6 +42,9 @@ DEQUANT_TYPES = [T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S, T.IQ4_NL, T.IQ3_S, T.I
                  T.IQ1_M, T.TQ1_0, T.TQ2_0, T.NVFP4, T.Q1_0, T.Q2_0]
 QUANT_TYPES = [T.IQ3_XXS, T.IQ4_NL, T.IQ3_S, T.IQ2_S, T.IQ4_XS, T.TQ1_0, T.TQ2_0, T.NVFP4, T.Q1_0, T.Q2_0]
 GRID_TYPES = {T.IQ3_XXS, T.IQ3_S, T.IQ2_S}   # ggml aborts on inputs whose squares overflow
+# the types whose quantize_* weigh by an importance matrix (q_im_<T>: their bytes with one)
+IMATRIX_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS,
+                 T.IQ3_XXS, T.IQ3_S, T.IQ2_S, T.IQ2_XXS, T.IQ2_XS, T.IQ1_S, T.IQ1_M]
 
 
 class Ggml:
@@ -80,10 +86,12 @@ class Ggml:
         self._fn(t, "from_float_ref")(x.ctypes.data, out.ctypes.data, x.size)
         return out
 
-    def quantize_chunk(self, t: GGMLType, x: np.ndarray) -> np.ndarray:
+    def quantize_chunk(self, t: GGMLType, x: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.zeros(x.size // block_size(t) * type_size(t), dtype=np.uint8)
-        self.lib.ggml_quantize_chunk(int(t), x.ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1], None)
+        im = None if imatrix is None else np.ascontiguousarray(imatrix, dtype=np.float32)
+        self.lib.ggml_quantize_chunk(int(t), x.ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1],
+                                     None if im is None else im.ctypes.data)
         return out
 
 
@@ -195,6 +203,14 @@ def quant_rows(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     return np.array(rows, dtype=np.float32), np.array(huge, dtype=np.float32)
 
 
+def importance_matrices(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Importance matrices for rows of n: log-normal, all ones, a third zeros among uniform
+    values, and a spread over 40 orders of magnitude."""
+    return np.array([np.exp(rng.standard_normal(n)), np.ones(n),
+                     np.where(rng.random(n) < 0.3, 0.0, rng.random(n) * 5), np.exp(rng.uniform(-20, 20, n))],
+                    dtype=np.float32)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("libggml_base", type=Path, help="libggml-base.so of the vendored llama.cpp")
@@ -216,6 +232,11 @@ def main(argv: list[str] | None = None) -> None:
         chunk = ggml.quantize_chunk(t, rows)
         if not np.array_equal(chunk, ref):
             data[f"q_chunk_{t.name}"] = chunk
+    imatrices = importance_matrices(np.random.default_rng(20261207), x.shape[1])
+    data["q_imatrix"] = imatrices
+    for t in IMATRIX_TYPES:   # ggml_quantize_chunk with each matrix (the grid types: no huge rows)
+        data[f"q_im_{t.name}"] = np.stack([ggml.quantize_chunk(t, x, im) for im in imatrices])
+    data["q_chunk_IQ1_M"] = ggml.quantize_chunk(T.IQ1_M, x)   # it has no _ref; without a matrix: x*x
     args.out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(args.out, **data)
     print(f"{args.out}: {args.out.stat().st_size} bytes, {len(data)} arrays")

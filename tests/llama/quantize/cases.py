@@ -40,6 +40,13 @@ FILES: dict[str, tuple[str, dict[str, Any]]] = {
 ALIASES = {"Q3_K", "Q4_K", "Q5_K"}   # the same ftype as Q3_K_M, Q4_K_M, Q5_K_M
 MIX_NAMES = [m.name for m in MIXES if m.name not in ALIASES]
 IMATRIX = "imatrix.gguf"   # written by write_imatrix beside the models
+# the mixes run with the importance matrix on llama-256 (Q4_K_M is among the options' cases)
+IMATRIX_MIXES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_S", "Q3_K_M", "Q5_K_M", "Q6_K", "IQ4_NL",
+                 "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_S", "IQ2_M"]
+# IMATRIX plus the attn_output rows of llama-256's first two layers (qwen3moe-256's are 128
+# wide there, so IMATRIX leaves them out): the very low-bit mixes need every matrix
+IMATRIX_DENSE = "imatrix-dense.gguf"
+LOW_BIT_MIXES = ["Q2_K_S", "IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ1_M"]
 
 # (file, llama-quantize options, mix): every mix on the F16 files, then the options
 CASES: list[tuple[str, list[str], str]] = [
@@ -66,7 +73,12 @@ CASES: list[tuple[str, list[str], str]] = [
     ("qwen3moe-256", ["--imatrix", IMATRIX], "MXFP4_MOE"),
     ("llama-256", ["--imatrix", IMATRIX, "--include-weights", "attn_v"], "Q8_0"),
     ("llama-256", ["--imatrix", IMATRIX, "--exclude-weights", "weight"], "Q4_K_M"),   # nothing left: none used
-    ("llama-256", ["--imatrix", IMATRIX], "Q4_K_M"),      # llama.cpp uses it: ggmlpy refuses
+    ("llama-256", ["--imatrix", IMATRIX], "Q4_K_M"),
+    # every type's encoder with an importance matrix (per expert on qwen3moe-256)
+    *[("llama-256", ["--imatrix", IMATRIX], mix) for mix in IMATRIX_MIXES],
+    ("llama-256", ["--imatrix", IMATRIX], "IQ2_XXS"),   # a matrix without attn_output: refused
+    *[("llama-256", ["--imatrix", IMATRIX_DENSE], mix) for mix in LOW_BIT_MIXES],
+    *[("qwen3moe-256", ["--imatrix", IMATRIX], mix) for mix in ("Q4_K_M", "IQ2_XXS", "IQ1_M")],
 ]
 
 
@@ -82,9 +94,10 @@ def write_file(name: str, folder: Path) -> Path:
     return write_tiny_model(arch, folder / f"{name}.gguf", **settings)
 
 
-def write_imatrix(folder: Path) -> Path:
+def write_imatrix(folder: Path, dense: bool = False) -> Path:
     """An importance matrix in llama-imatrix's GGUF layout for every matrix of the llama-256
-    and qwen3moe-256 files: per tensor NAME.in_sum2 (ne0 x matrices) and NAME.counts."""
+    and qwen3moe-256 files: per tensor NAME.in_sum2 (ne0 x matrices) and NAME.counts.
+    dense: IMATRIX_DENSE, with llama-256's attn_output of layers 0 and 1 too."""
     rng = np.random.default_rng(7)
     w = GGUFWriter()
     w.add_string("general.type", "imatrix")
@@ -102,11 +115,13 @@ def write_imatrix(folder: Path) -> Path:
     for layer in range(2):
         for t in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
             entries[f"blk.{layer}.{t}.weight"] = (256, 8)
+    if dense:
+        entries.update({f"blk.{layer}.attn_output.weight": (256, 1) for layer in range(2)})
     for name, (n, mats) in entries.items():
         counts = rng.integers(0, 40, mats).astype(np.float32) * 512
         w.add_tensor(f"{name}.in_sum2", (rng.random((mats, n)) * 100).astype(np.float32))
         w.add_tensor(f"{name}.counts", counts.reshape(mats, 1))
-    return w.write(folder / IMATRIX)
+    return w.write(folder / (IMATRIX_DENSE if dense else IMATRIX))
 
 
 def sha256(path: Path) -> str:
