@@ -21,15 +21,15 @@ overflow float32, around 1e15 and up) give some bytes instead: they are not repr
 """
 from __future__ import annotations
 
-from functools import lru_cache
+import functools
 
 import numpy as np
 
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.quants.kquant_search import make_qp_quants, seq_sum
 from ggmlpy.quants.layouts import QK_K, block_dtype
-from ggmlpy.quants.quant_iq_grid import (gate_zero, grid, grid_index, level_sums, pack_levels, round_levels,
-                                         scale_nibbles, super_block_scale)
+from ggmlpy.quants.quant_iq_grid import (gate_zero, grid, grid_index, pack_levels, scale_nibbles, search,
+                                         super_block_scale)
 from ggmlpy.quants.rounding import F32, to_f16
 
 GROUP_MAX_EPS = F32(1e-15)
@@ -56,7 +56,7 @@ def _prepare(x: np.ndarray, qw: np.ndarray, size: int) -> tuple[np.ndarray, np.n
     return xval, weight, signs
 
 
-@lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)
 def _neighbour_lists(t: GGMLType) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The grid's neighbour rows without their padding, one after another: the grid indices,
     where each row starts, and per position (8, entries) each entry's level plus 3 * position,
@@ -100,37 +100,6 @@ def _to_grid(t: GGMLType, L: np.ndarray, xg: np.ndarray, waux: np.ndarray, scale
     return L, on
 
 
-def _search(t: GGMLType, xval: np.ndarray, weight: np.ndarray, trials: range, scale: np.ndarray,
-            denom: np.ndarray, refit_all: bool) -> tuple[np.ndarray, np.ndarray]:
-    """The scale search of every sub-block: trial i scales by denom / (5 + 0.1 i), the best
-    least-squares fit wins (`scale` stays where none fits). refit_all (IQ2_XXS): then every
-    group is re-placed for the winning scale; else (IQ2_XS) only the groups it left off the
-    grid, and only where there are some. Returns (scale (m,), levels (groups, 8, m))."""
-    g, (n_pos, m) = grid(t), xval.shape
-    shape = (n_pos // 8, 8, m)
-    xg, waux = xval.reshape(shape), np.sqrt(weight).reshape(shape)
-    best = np.zeros(m, dtype=F32)
-    L = np.zeros(shape, dtype=np.int8)
-    on_grid = np.ones(shape[::2], dtype=bool)
-    for trial in trials:
-        inv = ((F32(2 * KMAXQ - 1) + F32(trial) * F32(0.1)) / denom).astype(F32)
-        cand, on = _to_grid(t, round_levels(g, inv, xg), xg, waux, (F32(1.0) / inv).astype(F32))
-        sumqx, sumq2 = level_sums(xval, weight, cand.reshape(n_pos, m))
-        better = (sumq2 > 0) & (sumqx * sumqx > best * sumq2)
-        scale = np.where(better, sumqx / sumq2, scale).astype(F32)
-        best = np.where(better, scale * sumqx, best).astype(F32)
-        L = np.where(better, cand, L)
-        on_grid = np.where(better, on, on_grid)
-    refit = (scale > 0) if refit_all else (~on_grid).any(axis=0) & (scale > 0)
-    which = np.broadcast_to(refit, on_grid.shape) if refit_all else ~on_grid & refit
-    if which.any():
-        fresh, _ = _to_grid(t, round_levels(g, (F32(1.0) / scale).astype(F32), xg), xg, waux, scale, which)
-        L = np.where(which[:, None, :], fresh, L)
-        sumqx, sumq2 = level_sums(xval, weight, L.reshape(n_pos, m))
-        scale = np.where(refit & (sumq2 > 0), sumqx / sumq2, scale).astype(F32)
-    return scale, L
-
-
 def _inputs(x: np.ndarray, qw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """x and qw as float32 (n, 256)."""
     x = np.ascontiguousarray(x, dtype=F32).reshape(-1, QK_K)
@@ -155,7 +124,8 @@ def iq2_xxs(x: np.ndarray, qw: np.ndarray) -> np.ndarray:
         scale0, _ = make_qp_quants(xval, KMAXQ + 1, weight)
         eff_max = (scale0 * F32(KMAXQ)).astype(F32)
         zero = (xval.max(axis=0) < GROUP_MAX_EPS) | (eff_max <= 0)
-        scale, L = _search(GGMLType.IQ2_XXS, xval, weight, range(-6, 7), scale0, eff_max, True)
+        scale, L = search(g, xval, weight, range(-6, 7), 0.1, True, "always", scale0, eff_max,
+                          functools.partial(_to_grid, GGMLType.IQ2_XXS))
     signs = np.where(scale < 0, ~signs & 127, signs).astype(np.uint32)
     scale, L = gate_zero(zero, np.abs(scale), L)
     index_word = np.ascontiguousarray(grid_index(g, L).T.astype(np.uint8)).view("<u4")[:, 0]
@@ -180,8 +150,8 @@ def iq2_xs(x: np.ndarray, qw: np.ndarray) -> np.ndarray:
     mx = xval.max(axis=0)
     zero = mx < GROUP_MAX_EPS
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        scale0 = (mx / F32(2 * KMAXQ - 1)).astype(F32)
-        scale, L = _search(GGMLType.IQ2_XS, xval, weight, range(-9, 10), scale0, mx, False)
+        scale, L = search(g, xval, weight, range(-9, 10), 0.1, True, "off",
+                          place=functools.partial(_to_grid, GGMLType.IQ2_XS))
     signs = np.where(scale < 0, ~signs & 127, signs).astype(np.uint16)
     scale, L = gate_zero(zero, np.abs(scale), L)
     qs = np.where(zero, 0, grid_index(g, L) | (signs << 9)).T.reshape(n, 32)

@@ -19,8 +19,10 @@ are not reproduced bit for bit.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
+from typing import Callable
 from functools import lru_cache
 
 import numpy as np
@@ -140,37 +142,42 @@ def round_levels(g: Grid, inv: np.ndarray, xval: np.ndarray) -> np.ndarray:
     return np.clip(nearest_int(F32(0.5) * (inv * xval - F32(1.0))), 0, g.kmax - 1).astype(np.int8)
 
 
-def search(g: Grid, xval: np.ndarray, weight: np.ndarray, trials: range, step: float,
-           start_on_grid: bool, refit_all: bool) -> tuple[np.ndarray, np.ndarray]:
+def search(g: Grid, xval: np.ndarray, weight: np.ndarray, trials: range, step: float, start_on_grid: bool,
+           refit: str, scale: np.ndarray | None = None, denom: np.ndarray | None = None,
+           place: Callable[..., tuple[np.ndarray, np.ndarray]] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The scale search of every sub-block: xval, weight (positions, m) -> (scale (m,), levels
-    (groups, group, m)). refit_all: after the trials, re-place every group of a sub-block
-    with a group off the grid (IQ3_S), not only the groups off the grid (IQ3_XXS, IQ2_S)."""
+    (groups, group, m)). Trial i scales by denom / (2 kmax - 1 + step * i) (denom: the largest
+    magnitude by default), the best least-squares fit wins (`scale`, by default denom / (2 kmax
+    - 1), stays where none fits). Then the groups are re-placed for the winning scale: refit
+    "off" the groups off the grid (IQ3_XXS, IQ2_S, IQ2_XS), "all" every group of a sub-block
+    with one off the grid (IQ3_S), "always" every group where the scale is positive (IQ2_XXS).
+    place: to_grid's work (g's neighbour search by default)."""
     n_pos, m = xval.shape
     group = g.levels.shape[1]
     shape = (n_pos // group, group, m)
     xg, waux = xval.reshape(shape), np.sqrt(weight).reshape(shape)
-    mx = xval.max(axis=0)
-    scale = (mx / F32(2 * g.kmax - 1)).astype(F32)
+    denom = xval.max(axis=0) if denom is None else denom
+    scale = (denom / F32(2 * g.kmax - 1)).astype(F32) if scale is None else scale
+    place = place or functools.partial(to_grid, g)
     best = np.zeros(m, dtype=F32)
     L = np.zeros(shape, dtype=np.int8)
     on_grid = np.full(shape[::2], start_on_grid)
     for trial in trials:
-        inv = ((F32(2 * g.kmax - 1) + F32(trial) * F32(step)) / mx).astype(F32)
-        cand, on = to_grid(g, round_levels(g, inv, xg), xg, waux, (F32(1.0) / inv).astype(F32))
+        inv = ((F32(2 * g.kmax - 1) + F32(trial) * F32(step)) / denom).astype(F32)
+        cand, on = place(round_levels(g, inv, xg), xg, waux, (F32(1.0) / inv).astype(F32))
         sumqx, sumq2 = level_sums(xval, weight, cand.reshape(n_pos, m))
         better = (sumq2 > 0) & (sumqx * sumqx > best * sumq2)
         scale = np.where(better, sumqx / sumq2, scale).astype(F32)
         best = np.where(better, scale * sumqx, best).astype(F32)
         L = np.where(better, cand, L)
         on_grid = np.where(better, on, on_grid)
-    refit = (~on_grid).any(axis=0) & (scale > 0)
-    if refit.any():
-        which = np.broadcast_to(refit, on_grid.shape) if refit_all else ~on_grid & refit
-        fresh = round_levels(g, (F32(1.0) / scale).astype(F32), xg)
-        fresh, _ = to_grid(g, fresh, xg, waux, scale, which)
+    redo = (scale > 0) if refit == "always" else (~on_grid).any(axis=0) & (scale > 0)
+    which = ~on_grid & redo if refit == "off" else np.broadcast_to(redo, on_grid.shape)
+    if which.any():
+        fresh, _ = place(round_levels(g, (F32(1.0) / scale).astype(F32), xg), xg, waux, scale, which)
         L = np.where(which[:, None, :], fresh, L)
         sumqx, sumq2 = level_sums(xval, weight, L.reshape(n_pos, m))
-        scale = np.where(refit & (sumq2 > 0), sumqx / sumq2, scale).astype(F32)
+        scale = np.where(redo & (sumq2 > 0), sumqx / sumq2, scale).astype(F32)
     return scale, L
 
 
@@ -238,7 +245,7 @@ def iq3_xxs(x: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
     signs = np.packbits(neg ^ flip, axis=1, bitorder="little")[:, 0] & 127
     zero = xval.max(axis=0) < F32(1e-8)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        scale, L = search(g, xval, w, range(-15, 16), 0.2, True, False)
+        scale, L = search(g, xval, w, range(-15, 16), 0.2, True, "off")
     signs = np.where(scale < 0, ~signs & 127, signs).astype(np.uint32)
     scale, L = gate_zero(zero, np.abs(scale), L)
     words = np.where(zero, 0, signs[0] | (signs[1] << 7) | (signs[2] << 14) | (signs[3] << 21)).T.reshape(n, 8)
@@ -264,7 +271,7 @@ def iq3_s(x: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
     signs = _signs(sub)
     zero = xval.max(axis=0) == 0
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        scale, L = search(g, xval, w, range(-9, 10), 0.2, False, True)
+        scale, L = search(g, xval, w, range(-9, 10), 0.2, False, "all")
     signs = np.where(scale < 0, ~signs, signs).astype(np.uint8)
     scale, L = gate_zero(zero, np.abs(scale), L)
     idx = grid_index(g, L).T.reshape(n, 8, 8)
@@ -297,7 +304,7 @@ def iq2_s(x: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
     signs = _signs(sub)
     zero = xval.max(axis=0) < F32(1e-8)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        scale, L = search(g, xval, w, range(-9, 10), 0.1, True, False)
+        scale, L = search(g, xval, w, range(-9, 10), 0.1, True, "off")
     signs = np.where(scale < 0, ~signs, signs).astype(np.uint8)
     scale, L = gate_zero(zero, np.abs(scale), L)
     idx = np.where(zero, 0, grid_index(g, L)).T.reshape(n, 32)
