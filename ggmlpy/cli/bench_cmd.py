@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ggmlpy.cli.cache_args import add_cache_args, cache_kwargs
 from ggmlpy.cli.placement_args import add_placement_args, placement_kwargs
 from ggmlpy.hub import DEFAULT_MODEL
 
@@ -23,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="sequence counts for batched decode (tg128_batched), comma-separated; '' skips it")
     p.add_argument("--json", action="store_true", help="print one JSON object (the default output too)")
     add_placement_args(p)
+    add_cache_args(p)
     p.set_defaults(func=run)
 
 
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads < 1 or args.reps < 1 or args.n_prompt < 1 or args.n_gen < 1 or args.depth < 0:
         raise ValueError("threads, reps, n-prompt and n-gen must be positive, depth at least 0")
     result = run_bench(args.model, threads=args.threads, backend=args.backend, n_prompt=args.n_prompt,
-                       n_gen=args.n_gen, reps=args.reps, start_times=not args.no_start_times, batched=args.batched, depth=args.depth,
-                       **placement_kwargs(args))
+                       n_gen=args.n_gen, reps=args.reps, start_times=not args.no_start_times, batched=args.batched,
+                       depth=args.depth, kv=cache_kwargs(args), **placement_kwargs(args))
     print(json.dumps(result))
     return 0

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -50,11 +50,13 @@ def run_bench(model_name: str, *, threads: int = 2, backend: str | None = None, 
               n_gen: int = 128, reps: int = 3, start_times: bool = True, devices: list[str] | None = None,
               n_gpu_layers: int = 0, tensor_split: list[float] | None = None,
               override_tensor: list[str] | None = None, batched: tuple[int, ...] = (1, 2, 4, 8),
-              depth: int = 0) -> dict:
+              depth: int = 0, kv: dict[str, Any] | None = None) -> dict:
     """`devices`, `n_gpu_layers`, `tensor_split`, `override_tensor`: offloading, as
     llama.Model.load takes them (llama-bench's -ngl, -ts and -ot). `batched`: the sequence
     counts of `tg128_batched` (empty: skipped). `depth` > 0 adds tg at that depth
-    (`tg128_d{depth}_tok_s`, llama-bench's -d)."""
+    (`tg128_d{depth}_tok_s`, llama-bench's -d). `kv`: the KV cache's Context keywords
+    (type_k, type_v, flash_attn: llama-bench's -ctk, -ctv, -fa) for every context measured."""
+    kv = dict(kv or {})
     where = {"devices": devices, "n_gpu_layers": n_gpu_layers, "tensor_split": tensor_split,
              "override_tensor": override_tensor}
     t0 = time.perf_counter()
@@ -62,7 +64,7 @@ def run_bench(model_name: str, *, threads: int = 2, backend: str | None = None, 
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     ctx = llama.Context(model, n_ctx=1024, n_batch=n_prompt, n_ubatch=n_prompt, n_threads=threads,
-                        backend=backend)
+                        backend=backend, **kv)
     ctx_s = time.perf_counter() - t0
     toks = _tokens(model, n_prompt)
     pp, tg, overhead, runs_gb_s = [], [], [], []
@@ -98,6 +100,7 @@ def run_bench(model_name: str, *, threads: int = 2, backend: str | None = None, 
     result = {
         "model": model.path.name, "backend": ctx.backend_name, "threads": threads,
         "devices": list(devices or []), "ngl": n_gpu_layers,
+        "type_k": str(ctx.type_k), "type_v": str(ctx.type_v),
         f"pp{n_prompt}_tok_s": round(statistics.median(pp), 2),
         f"tg{n_gen}_tok_s": round(statistics.median(tg), 2),
         # null where the first backend does not time its native code (CUDA): JSON has no NaN
@@ -119,25 +122,26 @@ def run_bench(model_name: str, *, threads: int = 2, backend: str | None = None, 
         result[f"tg{n_gen}_roofline"] = round(statistics.median(r["roofline"] for r in runs), 3)
     del loop
     if batched:
-        agg, gb_s = batched_decode(model, threads, backend, batched, n_gen, reps, on_host)
+        agg, gb_s = batched_decode(model, threads, backend, batched, n_gen, reps, on_host, kv)
         result[f"tg{n_gen}_batched"] = {str(n): round(v, 2) for n, v in agg.items()}
         if on_host:
             result[f"tg{n_gen}_batched_roofline"] = {
                 str(n): round(step_bytes * v / n / (gb_s[n] * 1e9), 3) for n, v in agg.items()}
     if depth:
-        result[f"tg{n_gen}_d{depth}_tok_s"] = round(decode_at_depth(model, threads, backend, depth, n_gen, reps), 2)
+        result[f"tg{n_gen}_d{depth}_tok_s"] = round(decode_at_depth(model, threads, backend, depth, n_gen, reps,
+                                                                    kv=kv), 2)
     if start_times:
         result["cold_start_s"], result["warm_start_s"] = start_times_s(model_name, threads, backend, where)
     return result
 
 
 def decode_at_depth(model: llama.Model, threads: int, backend: str | None, depth: int, n_gen: int,
-                    reps: int, n_batch: int = 512) -> float:
+                    reps: int, n_batch: int = 512, kv: dict[str, Any] | None = None) -> float:
     """tokens/s of n_gen one-token steps after a depth-token prompt (llama-bench's -d): the
     prompt is decoded once, untimed, and the memory put back to it before each round (a
     copy of its buffers), so each round starts from the same cache."""
     ctx = llama.Context(model, n_ctx=depth + n_gen + 256, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
-                        backend=backend)
+                        backend=backend, **(kv or {}))
     toks = _tokens(model, depth + n_gen, seed=2)
     for i in range(0, depth, n_batch):
         if ctx.decode(llama.Batch.from_tokens(toks[i:min(i + n_batch, depth)])) != 0:
@@ -178,14 +182,15 @@ def weight_bytes_per_step(ctx: llama.Context) -> int:
 
 
 def batched_decode(model: llama.Model, threads: int, backend: str | None, counts: tuple[int, ...],
-                   n_gen: int, reps: int, measure_bandwidth: bool = True) -> tuple[dict[int, float], dict[int, float]]:
+                   n_gen: int, reps: int, measure_bandwidth: bool = True,
+                   kv: dict[str, Any] | None = None) -> tuple[dict[int, float], dict[int, float]]:
     """Aggregate tokens/s of n_gen steps that each decode one token of every one of N
     sequences (each with its logits), the median of `reps` rounds after a warm-up; and per
     N the mean read bandwidth (GB/s) measured before and after each timed round (empty
     without `measure_bandwidth`)."""
     n_max = max(counts)
     ctx = llama.Context(model, n_ctx=n_max * (n_gen + 2), n_batch=max(n_max, 8), n_ubatch=max(n_max, 8),
-                        n_seq_max=n_max, n_threads=threads, backend=backend)
+                        n_seq_max=n_max, n_threads=threads, backend=backend, **(kv or {}))
     toks = _tokens(model, (n_gen + 1) * n_max, seed=1)
     loop = read_loop(ctx, threads) if measure_bandwidth else None
     out, bandwidth = {}, {}

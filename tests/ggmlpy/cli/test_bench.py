@@ -85,6 +85,31 @@ def test_bench_reports_the_roofline_and_batched_decode(tmp_path):
     assert all(v > 0 for v in result["tg8_batched_roofline"].values())
 
 
+def test_bench_measures_with_the_kv_cache_types_asked_for(tmp_path, monkeypatch):
+    """`ggmlpy bench -ctk q8_0 -ctv q8_0 -fa on -d N` (llama-bench's flags): every context it
+    makes, the depth one included, has that cache; the result says which."""
+    import llama
+    from ggmlpy.cli import main
+
+    made = []
+    real = llama.Context.__init__
+
+    def spy(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        made.append((self.type_k, self.type_v, self.flash_attn))
+
+    monkeypatch.setattr(llama.Context, "__init__", spy)
+    path = write_tiny_llama(tmp_path / "tiny.gguf", n_layer=2, n_embd=128, n_head=4)   # heads of 32
+    result = run_bench(str(path), n_prompt=8, n_gen=4, reps=1, start_times=False, batched=(2,), depth=16,
+                       kv={"type_k": "q8_0", "type_v": "q8_0", "flash_attn": True})
+    assert result["type_k"] == result["type_v"] == "q8_0" and result["tg4_d16_tok_s"] > 0
+    assert len(made) == 3 and all(m == ("q8_0", "q8_0", True) for m in made)
+    made.clear()
+    assert main(["bench", "-m", str(path), "-p", "8", "-n", "2", "-r", "1", "--no-start-times", "--batched", "",
+                 "-ctk", "q4_0", "-ctv", "q8_0", "-fa", "1"]) == 0
+    assert made == [("q4_0", "q8_0", True)]
+
+
 def test_bench_batched_counts_are_checked():
     import argparse
 
