@@ -34,6 +34,7 @@ from ggmlpy.ir.graph import Graph
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.options import Options
 from ggmlpy.quants import quantize
+from ggmlpy.quants.quant import REQUIRES_IMATRIX
 from ggmlpy.sched.store import TensorStore
 
 
@@ -119,7 +120,8 @@ def main() -> None:
     aheads = args.ahead.split(",")
     tokens = [int(n) for n in args.tokens.split(",")]
     rng = np.random.default_rng(0)
-    weight = np.ascontiguousarray(quantize(rng.standard_normal((args.m, args.k)).astype(np.float32), t))
+    imatrix = np.ones(args.k, np.float32) if t in REQUIRES_IMATRIX else None   # the types that need one
+    weight = np.ascontiguousarray(quantize(rng.standard_normal((args.m, args.k)).astype(np.float32), t, imatrix))
     copies = max(1, round(args.chain_mb * 1e6 / weight.nbytes))
     xs = {n: rng.standard_normal((n, args.k)).astype(np.float32) for n in tokens}
     qdot = kernel_flavour()

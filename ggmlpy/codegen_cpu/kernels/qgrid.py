@@ -33,7 +33,7 @@ from ggmlpy.codegen_cpu.kernels.qact import Q8_256_16, Q8_256_32
 from ggmlpy.codegen_cpu.kernels.qkind import KQuant, Vals
 from ggmlpy.codegen_cpu.kernels.qvec import (
     CONTRACT, WEIGHT_BYTE_MAX, concat, const, dot_u8s8, intrinsic, load_f16, load_vec, repeat_lanes, shuffle, sitofp,
-    splat, splat_const, vec, zeros,
+    splat, splat_const, vec, volatile_load, zeros,
 )
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.quants import iq_grids
@@ -63,17 +63,14 @@ def lookup_rows(kb: KernelBuilder, table: ir.GlobalVariable, idx: ir.Value | lis
     Scalar loads put together by shuffles, as ggml's x86 kernels build these vectors: one
     `llvm.masked.gather` (vpgatherqq / vpgatherdd) made decode 1.1-1.3x slower on Zen 4, and
     Intel's gathers are microcoded since the GDS fix. `idx`: scalar indices, or a vector,
-    which goes through a stack slot read by volatile loads: LLVM would otherwise take each
-    lane out with vpextr (two µops each) rather than one load (volatile loads keep the slot
-    from being promoted to a register)."""
+    whose lanes LLVM takes out with vpextrw (two µops each). Read from a stack slot by
+    volatile loads instead, IQ3_S's 16 indices a chunk made its products 25% slower; where an
+    index is a field of the block in memory, loading it alone (volatile_load, so LLVM does not
+    merge it with a vector load of the same bytes) is faster (IQ2_XS: 22%)."""
     b = kb.b
     et = ir.IntType(8 * width)
     if not isinstance(idx, list):
-        slot = kb.var(idx.type, idx, "grid_idx")
-        idx = [b.load(b.gep(slot, [ir.Constant(I32, i)], source_etype=idx.type.element), typ=idx.type.element)
-               for i in range(idx.type.count)]
-        for load in idx:
-            load.volatile = True
+        idx = [b.extract_element(idx, ir.Constant(I32, i)) for i in range(idx.type.count)]
     parts = []
     for k in idx:
         row = b.load(b.gep(table, [b.zext(k, I64)], source_etype=et), typ=et, align=width)
@@ -237,7 +234,8 @@ class IQ2XS(GridKind):
 
     def values(self, kb: KernelBuilder, row: Vals, j: int) -> ir.Value:
         b = kb.b
-        idx = b.and_(shuffle(b, row["q"], None, range(8 * j, 8 * j + 8)), splat_const(I16, 511, 8))
+        idx = [b.and_(volatile_load(b, kb.byte_ptr(row["p"], i64(self.at["qs"] + 2 * (8 * j + i))), I16, 2),
+                      ir.Constant(I16, 511)) for i in range(8)]
         return signed(kb, lookup_rows(kb, self.table(kb), idx, 8), row["signs"], j, self.offset)
 
 

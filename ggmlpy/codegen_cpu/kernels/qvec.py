@@ -134,6 +134,25 @@ def load_vec(b: ir.IRBuilder, ptr: ir.Value, t: ir.Type, n: int) -> ir.Value:
     return b.load(ptr, typ=vec(t, n), align=1)
 
 
+class _VolatileLoad(ir.LoadInstr):
+    """A `load volatile` (llvmlite's LoadInstr has no volatile flag to print)."""
+
+    def descr(self, buf: list) -> None:
+        [ptr] = self.operands
+        align = f", align {self.align}" if self.align is not None else ""
+        buf.append(f"load volatile {self.type}, {ptr.type} {ptr.get_reference()}{align}"
+                   f"{self._stringify_metadata(leading_comma=True)}\n")
+
+
+def volatile_load(b: ir.IRBuilder, ptr: ir.Value, t: ir.Type, align: int = 1) -> ir.Value:
+    """One load of t that LLVM keeps as it is: not merged with a wider load of the same bytes
+    (then taken apart with two-µop lane extractions) nor promoted to a register."""
+    load = _VolatileLoad(b.block, ptr, typ=t)
+    load.align = align
+    b._insert(load)
+    return load
+
+
 def store_vec(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value) -> None:
     b.store(value, ptr, align=1)
 
