@@ -58,16 +58,23 @@ def _pattern(template: str, back: bool = False) -> str:
     return "".join(out)
 
 
+CDATA_OPEN, CDATA_CLOSE = "<![CDATA[", "]]>"
+CDATA_OPEN_RE, CDATA_CLOSE_RE = regex.escape(CDATA_OPEN), regex.escape(CDATA_CLOSE)
+
+
 @dataclass(frozen=True)
 class TagSyntax:
     """How one family writes a call's name and arguments (see the module's table).
     `newlines`: a value may have one newline after its opening tag and one before its
-    closing tag that are not part of it (Qwen3-Coder's layout)."""
+    closing tag that are not part of it (Qwen3-Coder's layout). `cdata`: a value that may be
+    a string may be a CDATA section, its inner text the value (MiniCPM 5's, so that it can
+    hold its closing tag)."""
     call_open: str
     call_close: str
     param_open: str
     param_close: str
     newlines: bool = False
+    cdata: bool = False
 
     @cached_property
     def call_re(self) -> regex.Pattern:
@@ -77,8 +84,9 @@ class TagSyntax:
     @cached_property
     def param_re(self) -> regex.Pattern:
         nl = r"\n?" if self.newlines else ""
-        return regex.compile(
-            rf"\s*{_pattern(self.param_open)}{nl}(?P<value>.*?){nl}{_pattern(self.param_close, True)}", regex.S)
+        close = _pattern(self.param_close, True)
+        cdata = rf"{CDATA_OPEN_RE}(?P<cdata>.*?){CDATA_CLOSE_RE}(?={close})|" if self.cdata else ""
+        return regex.compile(rf"\s*{_pattern(self.param_open)}{nl}(?:{cdata}(?P<value>.*?)){nl}{close}", regex.S)
 
     def read(self, payload: str, schemas: Mapping[str, Any]) -> Optional[list[tuple[str, str]]]:
         """The calls of one block's text (name, arguments as JSON text), or None when it is not
@@ -99,7 +107,14 @@ class TagSyntax:
                 key = p.group("key").strip()
                 flag = p.groupdict().get("string")
                 schema = {"type": "string"} if flag == "true" else properties.get(key)
-                args[key] = json.loads(p.group("value")) if flag == "false" else typed_value(p.group("value"), schema)
+                inner = p.groupdict().get("cdata")
+                if inner is not None and "string" in value_types(schema):
+                    args[key] = inner
+                elif inner is not None:
+                    return None
+                else:
+                    value = p.group("value")
+                    args[key] = json.loads(value) if flag == "false" else typed_value(value, schema)
                 at = p.end()
             calls.append((name, json.dumps(args, ensure_ascii=False)))
             pos = m.end()
@@ -217,6 +232,6 @@ INVOKE = TagSyntax('<invoke name="{name}">', "</invoke>", '<parameter name="{key
 DSML = TagSyntax('<｜DSML｜invoke name="{name}">', "</｜DSML｜invoke>",
                  '<｜DSML｜parameter name="{key}" string="{string}">', "</｜DSML｜parameter>")
 ARG_KEY = TagSyntax("{name}", "", "<arg_key>{key}</arg_key>\n<arg_value>", "</arg_value>")
-MINICPM = TagSyntax('<function name="{name}">', "</function>", '<param name="{key}">', "</param>")
+MINICPM = TagSyntax('<function name="{name}">', "</function>", '<param name="{key}">', "</param>", cdata=True)
 KIMI_K3 = TagSyntax('<|open|>call tool="{name}"{attrs}<|sep|>', "<|close|>call<|sep|>",
                     '<|open|>argument key="{key}"{attrs}<|sep|>', "<|close|>argument<|sep|>")

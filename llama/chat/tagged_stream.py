@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 import regex
 
 from llama.chat.call_streams import CallStream, StreamedCall, held, skip_ws
-from llama.chat.tagged_calls import TagSyntax, _pattern, typed_value, value_types
+from llama.chat.tagged_calls import CDATA_CLOSE, CDATA_OPEN, TagSyntax, _pattern, typed_value, value_types
 
 if TYPE_CHECKING:
     from llama.chat.call_formats import ToolFormat
@@ -48,6 +48,7 @@ class TaggedCalls:
         self._mode = ""        # string (streamed), json (DSML's string="false"), typed (by the schema)
         self._schema: Any = None
         self._lead = False     # whether the layout newline after the opening tag has been looked for
+        self._cdata = False    # whether the value may still turn out to be a CDATA section
 
     def advance(self, text: str, start: int, limit: int, final: bool) -> None:
         i = start if self._pos is None else self._pos
@@ -115,6 +116,7 @@ class TaggedCalls:
         self._mode = "json" if flag == "false" else "string" if value_types(self._schema) == {"string"} else "typed"
         self._close = self._syntax.param_close.replace("{key}", raw_key)
         self._lead = not self._syntax.newlines
+        self._cdata = self._syntax.cdata and self._mode != "json" and "string" in value_types(self._schema)
         head = (", " if self._count else "") + json.dumps(key, ensure_ascii=False) + ": "
         self._given().args.append(head + ('"' if self._mode == "string" else ""))
         self._count += 1
@@ -123,6 +125,17 @@ class TaggedCalls:
     def _value(self, text: str, limit: int) -> tuple[int, bool]:
         """Read the value on to ``limit``: (where reading got to, whether the value ended)."""
         args = self._given().args
+        if self._cdata:   # a CDATA section: its inner text is the (string) value
+            head = text[self._start:min(limit, self._start + len(CDATA_OPEN))]
+            if len(head) < len(CDATA_OPEN) and CDATA_OPEN.startswith(head):
+                return self._start, False
+            self._cdata = False
+            if head == CDATA_OPEN:
+                self._start = self._search = self._sent = self._start + len(CDATA_OPEN)
+                self._close = CDATA_CLOSE + self._close
+                if self._mode != "string":
+                    self._mode = "string"
+                    args.append('"')
         end = text.find(self._close, self._search, limit)
         stop = end if end >= 0 else limit - held(text, self._start, limit, self._close)
         if end < 0:
