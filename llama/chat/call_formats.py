@@ -48,6 +48,7 @@ class Block:
     whole: bool = False
     literal: str = ""
     stream: Optional[StreamFactory] = None
+    keeps_open: bool = False   # closed: the opening is the call's own, and the reader's text starts at it
 
     @cached_property
     def pattern(self) -> regex.Pattern:
@@ -110,9 +111,16 @@ _KIMI_CALL = (r"<\|tool_call_begin\|>\s*(?P<id>(?:functions\.)?(?P<name>[\w.\-]+
               r"<\|tool_call_argument_begin\|>")
 
 
-def _tagged(open_: str, close: str, syntax: TagSyntax, repeat: str = "call", **kw: Any) -> dict:
-    """The entry of a family whose block holds tagged calls."""
-    return dict(blocks=(closed(open_, close, read.tagged(syntax), tagged_calls(syntax)),),
+def _tagged(open_: str, close: str, syntax: TagSyntax, repeat: str = "call", bare: bool = False, **kw: Any) -> dict:
+    """The entry of a family whose block holds tagged calls. `bare`: a call may also come
+    without the block's opening, its own opening tag starting the block (which still ends at
+    `close`), as llama.cpp's Qwen3-Coder parser takes it."""
+    blocks = [closed(open_, close, read.tagged(syntax), tagged_calls(syntax))]
+    if bare:
+        call_open = syntax.call_open[:syntax.call_open.index("{")]
+        blocks.append(Block(regex.escape(call_open), "closed", read.tagged(syntax), close=close,
+                            stream=tagged_calls(syntax), keeps_open=True))
+    return dict(blocks=tuple(blocks),
                 grammar=GrammarShape("tagged", (open_ + ("\n" if syntax.newlines else ""),), (close,),
                                      syntax=syntax, repeat=repeat), **kw)  # type: ignore[arg-type]
 
@@ -144,7 +152,8 @@ FORMATS: Mapping[str, ToolFormat] = MappingProxyType({f.name: f for f in (
         Block(r"<function=(?P<name>[^>\s]+)>", "closed", read.read_named_json, close="</function>",
               stream=named_args),),
         grammar=GrammarShape("named", ("<function={name}>",), ("</function>",), repeat="block")),
-    ToolFormat("qwen3_coder", **_tagged("<tool_call>", "</tool_call>", QWEN3_CODER, "block", ends_reasoning=True)),
+    ToolFormat("qwen3_coder", **_tagged("<tool_call>", "</tool_call>", QWEN3_CODER, "block", bare=True,
+                                        ends_reasoning=True)),
     ToolFormat("seed_oss", **_tagged("<seed:tool_call>", "</seed:tool_call>", SEED_OSS, "block")),
     ToolFormat("minimax_m2", **_tagged("<minimax:tool_call>", "</minimax:tool_call>", INVOKE)),
     ToolFormat("minimax_m3", **_tagged(

@@ -264,7 +264,7 @@ class ToolCallStream:
         if block.kind == "rest":
             return (n if final else None), open_end, n, True
         if block.kind == "closed":
-            lo = start if block.whole else open_end
+            lo = start if block.whole or block.keeps_open else open_end
             close = text.find(block.close, max(open_end, self._close_from))
             if close < 0:
                 self._close_from = max(open_end, n - len(block.close) + 1)
