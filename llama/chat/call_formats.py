@@ -252,6 +252,11 @@ ANSWER_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # section's markers, which llama.cpp leaves out of the content when it does not split it
     ("<|end_of_msg|>", ("<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|close|>message<|sep|>",
                         "<|end_of_msg|>", "<|open|>think<|sep|>", "<|close|>think<|sep|>")),
+    # Command R+ (and the Cohere templates without the markers above): llama.cpp reads the
+    # answer as wrapped in its turn's markers
+    ("<|END_OF_TURN_TOKEN|>", ("<|CHATBOT_TOKEN|>", "<|END_OF_TURN_TOKEN|>")),
+    # Ling 3: its end-of-turn marker, which a model may write as text (llama.cpp's extra stop)
+    ("<|role_end|>", ("<|role_end|>",)),
 )
 
 
