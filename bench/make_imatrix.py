@@ -12,8 +12,8 @@ import argparse
 
 import numpy as np
 
-from ggmlpy.gguf import GGUFFile, GGUFValueType
-from ggmlpy.gguf.writer import GGUFWriter
+from ggmlpy.gguf import GGUFFile
+from llama.quantize.imatrix import write_imatrix
 
 
 def main() -> int:
@@ -22,23 +22,16 @@ def main() -> int:
     ap.add_argument("out", help="the importance matrix to write (GGUF)")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    w = GGUFWriter()
-    w.add_string("general.type", "imatrix")
-    w.add_array("imatrix.datasets", ["synthetic"], GGUFValueType.STRING)
-    w.add_uint32("imatrix.chunk_count", 1)
-    w.add_uint32("imatrix.chunk_size", 512)
-    n = 0
+    sums = {}
     with GGUFFile(args.model) as f:
         for name, t in f.tensors.items():
             ne = [int(d) for d in t.ne]
             if len(ne) < 2 or not name.endswith(".weight") or name == "token_embd.weight":
                 continue
             mats = ne[2] if len(ne) > 2 else 1   # one row of sums per expert
-            w.add_tensor(f"{name}.in_sum2", (np.exp(rng.standard_normal((mats, ne[0])) * 0.5) * 10).astype(np.float32))
-            w.add_tensor(f"{name}.counts", np.full((mats, 1), 10, np.float32))
-            n += 1
-    w.write(args.out)
-    print(f"{args.out}: {n} matrices")
+            sums[name] = (np.exp(rng.standard_normal((mats, ne[0])) * 0.5) * 10, np.full(mats, 10.0))
+    write_imatrix(args.out, sums, ["synthetic"], 1, 512)
+    print(f"{args.out}: {len(sums)} matrices")
     return 0
 
 

@@ -6,14 +6,16 @@ imatrix.chunk_count and imatrix.chunk_size) and the legacy binary `.dat` files. 
 result is, per tensor name, the mean squared activation of each input column (per expert,
 experts one after another), which is what ggml's quantize_* take as `quant_weights`.
 
-ggmlpy's quantisers are the reference ones (no quant_weights), so the driver only uses this
-to choose types and to refuse, naming the tensor, where llama.cpp would quantise with it.
+The driver uses it to choose types, as llama-quantize does, and hands each tensor's values
+to its encoder (ggmlpy.quants.quantize(..., imatrix=...)). `write_imatrix` writes the GGUF
+form (the test inputs and the benchmarks' synthetic matrices).
 """
 from __future__ import annotations
 
 import os
 import struct
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -127,3 +129,20 @@ def load_imatrix(path: str | os.PathLike, include: list[str] | None = None,
             bad = values[~np.isfinite(values)][0]
             raise ValueError(f"imatrix {path}: {name} contains non-finite value {bad}")
     return result
+
+
+def write_imatrix(path: str | os.PathLike, sums: dict[str, tuple[np.ndarray, np.ndarray]],
+                  datasets: list[str], chunk_count: int, chunk_size: int) -> Path:
+    """llama-imatrix's GGUF file: per tensor name its in_sum2 (matrices x ne0, F32) and counts
+    (matrices x 1, F32), as _read_gguf reads them."""
+    from ggmlpy.gguf.writer import GGUFWriter
+
+    w = GGUFWriter()
+    w.add_string("general.type", "imatrix")
+    w.add_array("imatrix.datasets", list(datasets), GGUFValueType.STRING)
+    w.add_uint32("imatrix.chunk_count", chunk_count)
+    w.add_uint32("imatrix.chunk_size", chunk_size)
+    for name, (in_sum2, counts) in sums.items():
+        w.add_tensor(f"{name}.in_sum2", np.asarray(in_sum2, dtype=np.float32))
+        w.add_tensor(f"{name}.counts", np.asarray(counts, dtype=np.float32).reshape(-1, 1))
+    return w.write(path)

@@ -13,11 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from ggmlpy.gguf import GGUFValueType
-from ggmlpy.gguf.writer import GGUFWriter
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.testing.models_archs import write_tiny_model
 from llama.quantize import MIXES
+from llama.quantize.imatrix import write_imatrix as write_imatrix_file
 
 DATA = Path(__file__).with_name("data") / "llama_quantize.json"
 
@@ -99,11 +98,6 @@ def write_imatrix(folder: Path, dense: bool = False) -> Path:
     and qwen3moe-256 files: per tensor NAME.in_sum2 (ne0 x matrices) and NAME.counts.
     dense: IMATRIX_DENSE, with llama-256's attn_output of layers 0 and 1 too."""
     rng = np.random.default_rng(7)
-    w = GGUFWriter()
-    w.add_string("general.type", "imatrix")
-    w.add_array("imatrix.datasets", ["tiny.txt"], GGUFValueType.STRING)
-    w.add_uint32("imatrix.chunk_count", 3)
-    w.add_uint32("imatrix.chunk_size", 512)
     entries: dict[str, tuple[int, int]] = {}
     for layer in range(8):
         for t in ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"):
@@ -117,11 +111,11 @@ def write_imatrix(folder: Path, dense: bool = False) -> Path:
             entries[f"blk.{layer}.{t}.weight"] = (256, 8)
     if dense:
         entries.update({f"blk.{layer}.attn_output.weight": (256, 1) for layer in range(2)})
+    sums = {}
     for name, (n, mats) in entries.items():
         counts = rng.integers(0, 40, mats).astype(np.float32) * 512
-        w.add_tensor(f"{name}.in_sum2", (rng.random((mats, n)) * 100).astype(np.float32))
-        w.add_tensor(f"{name}.counts", counts.reshape(mats, 1))
-    return w.write(folder / (IMATRIX_DENSE if dense else IMATRIX))
+        sums[name] = ((rng.random((mats, n)) * 100).astype(np.float32), counts)
+    return write_imatrix_file(folder / (IMATRIX_DENSE if dense else IMATRIX), sums, ["tiny.txt"], 3, 512)
 
 
 def sha256(path: Path) -> str:
