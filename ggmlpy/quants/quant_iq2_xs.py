@@ -26,13 +26,12 @@ import functools
 import numpy as np
 
 from ggmlpy.ir.types import GGMLType
-from ggmlpy.quants.kquant_search import make_qp_quants, seq_sum
+from ggmlpy.quants.kquant_search import GROUP_MAX_EPS, make_qp_quants, seq_sum
 from ggmlpy.quants.layouts import QK_K, block_dtype
 from ggmlpy.quants.quant_iq_grid import (gate_zero, grid, grid_index, pack_levels, scale_nibbles, search,
                                          super_block_scale)
 from ggmlpy.quants.rounding import F32, to_f16
 
-GROUP_MAX_EPS = F32(1e-15)
 KMAXQ = 3           # levels 0..2, values 1, 3, 5
 
 
