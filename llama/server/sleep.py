@@ -37,4 +37,4 @@ class IdleSleeper:
             if not sched.idle:
                 state.last_used = time.monotonic()
             elif time.monotonic() - state.last_used >= self.seconds:
-                state.sleep(self.snapshot())
+                state.sleep(self.snapshot, self.seconds)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +40,7 @@ class ServerState:
     slot_n_ctx: int = 0
     stats: Stats | None = None    # the scheduler's counters, kept across sleeps
     metrics_snapshot: list | None = None
-    _wake_lock: threading.Lock = field(default_factory=threading.Lock)
+    _wake_lock: threading.RLock = field(default_factory=threading.RLock)
 
     @property
     def vocab(self):
@@ -95,9 +96,10 @@ class ServerState:
         needs the model wakes a sleeping server (`wake`); the read-only routes pass
         wake=False and get (None, None) while it sleeps."""
         if wake:
-            self.last_used = time.monotonic()
-            if self.sleeping:
-                self.wake()
+            with self._wake_lock:   # after a sleep in progress, which then sees this use
+                self.last_used = time.monotonic()
+                if self.sleeping:
+                    self.wake()
         elif self.sleeping:
             return None, None
         if self.load_error is not None:
@@ -110,13 +112,14 @@ class ServerState:
     def n_ctx_slot(self) -> int:
         return self.slot_n_ctx
 
-    def sleep(self, snapshot) -> None:
+    def sleep(self, snapshot: Callable[[], list], idle_seconds: float = 0.0) -> None:
         """Unload the model (the scheduler stopped, the Llama and its cache dropped), keeping
-        `snapshot` (the metrics as they were) for /metrics meanwhile."""
+        `snapshot()` (the metrics as they were, taken now) for /metrics meanwhile; not if a
+        request has used it within `idle_seconds` (one may have come since the caller looked)."""
         with self._wake_lock:
-            if self.sleeping or self.scheduler is None:
+            if self.sleeping or self.scheduler is None or time.monotonic() - self.last_used < idle_seconds:
                 return
-            self.metrics_snapshot = snapshot
+            self.metrics_snapshot = snapshot()
             self.scheduler.stop()
             self.scheduler, self.llm, self.sleeping = None, None, True
         log.info("idle: the model is unloaded until the next request")
