@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from llama.chat.caps import template_caps
 from llama.chat.template import ChatTemplate
