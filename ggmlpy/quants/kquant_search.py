@@ -28,6 +28,22 @@ def seq_sum(terms: np.ndarray) -> np.ndarray:
     return acc
 
 
+def mean_square(x: np.ndarray, scale: float = 1.0) -> np.ndarray:
+    """ggml's sigma2 of each row of x (n, k): `sumx2 += x*x` in order, then scale * sumx2 / k."""
+    t = np.ascontiguousarray(x.T)
+    return ((F32(scale) * seq_sum(t * t)) / F32(x.shape[1])).astype(F32)
+
+
+def importance_weights(x: np.ndarray, qw: np.ndarray, size: int, scale: float) -> np.ndarray:
+    """The weights ggml's quantize_row_*_impl search with given an importance matrix: per
+    element qw * sqrt(sigma2 + x*x), sigma2 = mean_square(row of x, scale). x, qw (n, k) ->
+    (size, n * k / size), the sub-blocks of `size` as columns."""
+    sigma2 = np.repeat(mean_square(x, scale), x.shape[1] // size)
+    sub = np.ascontiguousarray(x.reshape(-1, size).T)
+    qsub = np.ascontiguousarray(np.asarray(qw, dtype=F32).reshape(-1, size).T)
+    return (qsub * np.sqrt(sigma2[None, :] + sub * sub)).astype(F32)
+
+
 def _rmse_sums(x: np.ndarray, w: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """sum(w*x*l) and sum(w*l*l), each product evaluated left to right."""
     lf = levels.astype(F32)

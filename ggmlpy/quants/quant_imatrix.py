@@ -20,7 +20,8 @@ import numpy as np
 
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.quants import quant_iq, quant_iq1, quant_iq2_xs, quant_iq_grid
-from ggmlpy.quants.kquant_search import make_qkx3_quants, make_qp_quants, make_qx_quants, seq_sum
+from ggmlpy.quants.kquant_search import (importance_weights, make_qkx3_quants, make_qp_quants, make_qx_quants,
+                                         seq_sum)
 from ggmlpy.quants.layouts import QK_K
 from ggmlpy.quants.quant_blocks import legacy_block
 from ggmlpy.quants.quant_k import k4_blocks, q2_k_blocks, q3_k_blocks, q6_k
@@ -34,24 +35,10 @@ def element_weights(rows: np.ndarray, imatrix: np.ndarray, size: int) -> np.ndar
     return np.broadcast_to(imatrix.astype(F32), rows.shape).reshape(-1, size)
 
 
-def _importance(x: np.ndarray, qw: np.ndarray, sigma2: np.ndarray) -> np.ndarray:
-    """qw * sqrt(sigma2 + x*x), sigma2 broadcast against x."""
-    return (qw * np.sqrt(sigma2 + x * x)).astype(F32)
-
-
-def _mean_square(x: np.ndarray, scale: float) -> np.ndarray:
-    """ggml's sigma2 of each row of x (n, k): `sumx2 += x*x` in order, then scale * sumx2 / k."""
-    t = np.ascontiguousarray(x.T)
-    total = seq_sum(t * t)
-    return ((F32(scale) * total) / F32(x.shape[1])).astype(F32)
-
-
 # the legacy 32-blocks: sigma2 = sum(x*x) / n_per_row over the row ------------------------------
 def _legacy(t: GGMLType, rows: np.ndarray, imatrix: np.ndarray) -> np.ndarray:
-    sigma2 = np.repeat(_mean_square(rows, 1), rows.shape[1] // 32)
-    x = rows.reshape(-1, 32)
-    sub = np.ascontiguousarray(x.T)
-    w = _importance(sub, np.ascontiguousarray(element_weights(rows, imatrix, 32).T), sigma2[None, :])
+    sub = np.ascontiguousarray(rows.reshape(-1, 32).T)
+    w = importance_weights(rows, element_weights(rows, imatrix, rows.shape[1]), 32, 1)
     with np.errstate(all="ignore"):
         if t in (GGMLType.Q4_0, GGMLType.Q5_0):
             scale, levels = make_qx_quants(sub, 8 if t == GGMLType.Q4_0 else 16, w)
@@ -65,12 +52,6 @@ def _sub_blocks(v: np.ndarray, size: int) -> np.ndarray:
     return np.ascontiguousarray(v.reshape(-1, size).T)
 
 
-def _super_block_weights(x: np.ndarray, qw: np.ndarray, size: int, scale: float) -> np.ndarray:
-    """(size, n * 256 / size) weights of the sub-blocks of size, sigma2 = scale * sum(x*x) / 256."""
-    sigma2 = np.repeat(_mean_square(x, scale), QK_K // size)
-    return _importance(_sub_blocks(x, size), _sub_blocks(qw, size), sigma2[None, :])
-
-
 def _per_block(levels: np.ndarray, n: int) -> np.ndarray:
     return np.ascontiguousarray(levels.T).reshape(n, QK_K)
 
@@ -79,7 +60,7 @@ def _scales_and_mins(x: np.ndarray, qw: np.ndarray, size: int, nmax: int, sigma:
     """Q2_K, Q4_K, Q5_K: make_qkx3_quants per sub-block, then the sub-block scales and
     minimums each by make_qp_quants weighted by the sub-blocks' total weights."""
     n, per = len(x), QK_K // size
-    w = _super_block_weights(x, qw, size, sigma)
+    w = importance_weights(x, qw, size, sigma)
     sw = seq_sum(w).reshape(n, per).T
     scales, mins, search = make_qkx3_quants(_sub_blocks(x, size), w, nmax, -0.9, 0.05, 36, False)
     d, ls = make_qp_quants(np.ascontiguousarray(scales.reshape(n, per).T), scale_max, sw)
@@ -97,7 +78,7 @@ def q2_k(x: np.ndarray, qw: np.ndarray) -> np.ndarray:
 def q3_k(x: np.ndarray, qw: np.ndarray) -> np.ndarray:
     n = len(x)
     with np.errstate(all="ignore"):
-        w = _super_block_weights(x, qw, 16, 2)
+        w = importance_weights(x, qw, 16, 2)
         scales, search = make_qx_quants(_sub_blocks(x, 16), 4, w)
         d, l6 = make_qx_quants(np.ascontiguousarray(scales.reshape(n, 16).T), 32, seq_sum(w).reshape(n, 16).T)
     return q3_k_blocks(x, to_f16(d), l6.T, _per_block(search, n))

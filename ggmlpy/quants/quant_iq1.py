@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ggmlpy.ir.types import GGMLType
-from ggmlpy.quants.kquant_search import seq_sum
+from ggmlpy.quants.kquant_search import importance_weights, seq_sum
 from ggmlpy.quants.layouts import QK_K, block_dtype
 from ggmlpy.quants.quant_iq_grid import Grid, grid, pack_levels
 from ggmlpy.quants.rounding import F32, nearest_int, to_f16
@@ -45,10 +45,7 @@ def _prepare(x: np.ndarray, qw: np.ndarray | None, size: int) -> tuple[np.ndarra
     sub = np.ascontiguousarray(x.reshape(n * nsub, size).T)
     if qw is None:
         return sub, sub * sub
-    xt = np.ascontiguousarray(x.T)
-    sigma2 = F32(2) * seq_sum(xt * xt) / F32(QK_K)
-    qsub = np.ascontiguousarray(np.asarray(qw, dtype=F32).reshape(n * nsub, size).T)
-    return sub, qsub * np.sqrt(np.repeat(sigma2, nsub)[None, :] + sub * sub)
+    return sub, importance_weights(x, qw, size, 2)
 
 
 def _prefix(terms: np.ndarray) -> np.ndarray:

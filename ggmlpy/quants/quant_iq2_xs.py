@@ -26,7 +26,7 @@ import functools
 import numpy as np
 
 from ggmlpy.ir.types import GGMLType
-from ggmlpy.quants.kquant_search import GROUP_MAX_EPS, make_qp_quants, seq_sum
+from ggmlpy.quants.kquant_search import GROUP_MAX_EPS, importance_weights, make_qp_quants
 from ggmlpy.quants.layouts import QK_K, block_dtype
 from ggmlpy.quants.quant_iq_grid import (gate_zero, grid, grid_index, pack_levels, scale_nibbles, search,
                                          super_block_scale)
@@ -39,11 +39,8 @@ def _prepare(x: np.ndarray, qw: np.ndarray, size: int) -> tuple[np.ndarray, np.n
     """Sub-blocks of `size` as (positions, sub-blocks): the magnitudes the search sees (one
     negated in each group with an odd count of minus signs), the weights, and the 7-bit sign
     fields (groups, sub-blocks)."""
-    xt = np.ascontiguousarray(x.T)
-    sigma2 = seq_sum(xt * xt) / F32(QK_K)
     sub = np.ascontiguousarray(x.reshape(-1, size).T)
-    qws = np.ascontiguousarray(qw.reshape(-1, size).T)
-    weight = qws * np.sqrt(np.repeat(sigma2, QK_K // size)[None, :] + sub * sub)
+    weight = importance_weights(x, qw, size, 1)
     groups = (size // 8, 8, sub.shape[1])
     neg = ~(sub >= 0).reshape(groups)
     cost = (weight * sub * sub).reshape(groups)

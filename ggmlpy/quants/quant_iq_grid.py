@@ -29,7 +29,7 @@ import numpy as np
 
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.quants import iq_grids
-from ggmlpy.quants.kquant_search import seq_sum
+from ggmlpy.quants.kquant_search import importance_weights, mean_square, seq_sum
 from ggmlpy.quants.layouts import QK_K, block_dtype
 from ggmlpy.quants.rounding import F32, nearest_int, to_f16
 
@@ -188,13 +188,12 @@ def _prepare(x: np.ndarray, size: int, weights: str,
     super-block; without, x*x (or IQ2_S's 0.25 * sigma2 + x*x)."""
     n = len(x)
     sub = np.ascontiguousarray(x.reshape(n * (QK_K // size), size).T)
-    w = sub * sub
-    sigma2 = np.repeat(F32(2) * seq_sum(np.ascontiguousarray(x.T) * np.ascontiguousarray(x.T)) / F32(QK_K),
-                       QK_K // size)[None, :]
     if qw is not None:
-        w = (np.ascontiguousarray(qw.reshape(n * (QK_K // size), size).T) * np.sqrt(sigma2 + w)).astype(F32)
+        w = importance_weights(x, qw, size, 2)
     elif weights == "sigma":
-        w = F32(0.25) * sigma2 + w
+        w = (F32(0.25) * np.repeat(mean_square(x, 2), QK_K // size))[None, :] + sub * sub
+    else:
+        w = sub * sub
     return sub, np.where(sub >= 0, sub, -sub), w     # ggml's magnitudes keep -0.0 as it is
 
 
