@@ -323,13 +323,7 @@ class LlmGraph:
         b, hp = self.b, self.hp
         hk, hv, n_head, n_head_kv = hp.head_k(il), hp.head_v(il), hp.n_head[il], hp.n_head_kv[il]
         if layer.wqkv is not None:
-            qkv = self.cb(self.build_lora_mm(layer.wqkv, cur), "wqkv", il)
-            n_tokens, esz, row = qkv.ne[1], qkv.nb[0], qkv.nb[1]
-            n_q, n_k = hk * n_head, hp.n_embd_k_gqa(il)
-            q = b.view(qkv, (hk, n_head, n_tokens), (esz * hk, row), 0)
-            k = b.view(qkv, (hk, n_head_kv, n_tokens), (esz * hk, row), esz * n_q)
-            v = b.view(qkv, (hv, n_head_kv, n_tokens), (esz * hv, row), esz * (n_q + n_k))
-            return q, k, b.cont(v, hv, n_head_kv, n_tokens)
+            return self.split_fused_qkv(self.cb(self.build_lora_mm(layer.wqkv, cur), "wqkv", il), il)
         if layer.wq is None or layer.wk is None or layer.wv is None:
             raise TensorLoadError(f"{hp.arch} layer {il}: the file has neither blk.{il}.attn_qkv.weight "
                                   f"nor all of blk.{il}.attn_q/k/v.weight")
@@ -339,6 +333,18 @@ class LlmGraph:
         n_tokens = q.ne[1]
         return (b.reshape(q, hk, n_head, n_tokens), b.reshape(k, hk, n_head_kv, n_tokens),
                 b.reshape(v, hv, n_head_kv, n_tokens))
+
+    def split_fused_qkv(self, qkv: Tensor, il: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Q, K and V as heads viewing the rows [Q | K | V] of a fused attn_qkv product, so no
+        copy is made of Q and K; V is made contiguous, as the cache's V writer needs."""
+        b, hp = self.b, self.hp
+        hk, hv, n_head, n_head_kv = hp.head_k(il), hp.head_v(il), hp.n_head[il], hp.n_head_kv[il]
+        n_tokens, esz, row = qkv.ne[1], qkv.nb[0], qkv.nb[1]
+        n_q, n_k = hk * n_head, hp.n_embd_k_gqa(il)
+        q = b.view(qkv, (hk, n_head, n_tokens), (esz * hk, row), 0)
+        k = b.view(qkv, (hk, n_head_kv, n_tokens), (esz * hk, row), esz * n_q)
+        v = b.view(qkv, (hv, n_head_kv, n_tokens), (esz * hv, row), esz * (n_q + n_k))
+        return q, k, b.cont(v, hv, n_head_kv, n_tokens)
 
     def select_out_rows(self, cur: Tensor, residual: Tensor, inp_out_ids: Tensor | None,
                         il: int) -> tuple[Tensor, Tensor]:

@@ -40,7 +40,7 @@ class TinyConfig:
     n_rot: int | None = None          # written as rope.dimension_count
     n_swa: int = 0                    # attention.sliding_window (0: not written)
     tied: bool = False
-    fused_qkv: bool = True            # phi3: attn_qkv.weight instead of attn_q/k/v
+    fused_qkv: bool = True            # phi3, gemma4: attn_qkv.weight instead of attn_q/k/v
     rope_base: float = 10000.0
     attn_softcap: float = 0.0
     final_softcap: float = 0.0

@@ -8,7 +8,7 @@ like 26B-A4B: no shared cache and no per-layer embeddings, a dense FFN beside fo
 whose gate and up rows are stacked in one tensor, with a scale per expert. Both have an
 output projection of their own (the released files tie it; untied, greedy tokens vary), omit
 attn_v on the global layers (they use K as V), scale each layer's output and soft-cap the
-logits.
+logits. With `fused_qkv=True` a layer's Q, K and V are one attn_qkv.weight instead.
 """
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ import numpy as np
 
 SWA_PATTERN = [True, True, True, False, True, False]
 GEMMA4_DENSE: dict[str, Any] = dict(
-    n_layer=6, head_dim=64, n_swa=4, rope_base=1e6, final_softcap=10.0,
+    n_layer=6, fused_qkv=False, head_dim=64, n_swa=4, rope_base=1e6, final_softcap=10.0,
     extra_keys={"attention.sliding_window_pattern": SWA_PATTERN, "attention.key_length_swa": 32,
                 "attention.value_length_swa": 32, "rope.dimension_count_swa": 32, "rope.freq_base_swa": 1e4,
                 "attention.head_count_kv": [2, 2, 2, 1, 2, 1], "attention.shared_kv_layers": 2,
                 "embedding_length_per_layer_input": 32, "feed_forward_length": [96, 96, 96, 96, 192, 192]})
 GEMMA4_MOE: dict[str, Any] = dict(
-    n_layer=4, head_dim=64, n_swa=4, rope_base=1e6, final_softcap=10.0,
+    n_layer=4, fused_qkv=False, head_dim=64, n_swa=4, rope_base=1e6, final_softcap=10.0,
     n_expert=4, n_expert_used=2, n_ff_exp=32,
     extra_keys={"attention.sliding_window_pattern": [True, True, False, True], "attention.key_length_swa": 32,
                 "attention.value_length_swa": 32, "rope.dimension_count_swa": 32, "rope.freq_base_swa": 1e4,
@@ -53,10 +53,13 @@ def gemma4_layer(t: Any, p: str) -> None:
     n_kv = k["attention.head_count_kv"][il]
     n_ff = k["feed_forward_length"][il] if "feed_forward_length" in k else c.n_ff
     t.norm(p + "attn_norm.weight", c.n_embd)
-    t.mat(p + "attn_q.weight", c.n_embd, head * c.n_head)
-    t.mat(p + "attn_k.weight", c.n_embd, head * n_kv)
-    if swa:
-        t.mat(p + "attn_v.weight", c.n_embd, head * n_kv)
+    if c.fused_qkv:   # rows [Q | K | V], V on every layer
+        t.mat(p + "attn_qkv.weight", c.n_embd, head * (c.n_head + 2 * n_kv))
+    else:
+        t.mat(p + "attn_q.weight", c.n_embd, head * c.n_head)
+        t.mat(p + "attn_k.weight", c.n_embd, head * n_kv)
+        if swa:
+            t.mat(p + "attn_v.weight", c.n_embd, head * n_kv)
     t.mat(p + "attn_output.weight", head * c.n_head, c.n_embd)
     t.norm(p + "attn_q_norm.weight", head)
     t.norm(p + "attn_k_norm.weight", head)

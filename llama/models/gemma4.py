@@ -8,7 +8,8 @@ load_arch_tensors and the graph):
   with rope_freqs.weight, whose huge factors leave the unrotated dims of their "proportional"
   RoPE still;
 - Q and K are RMS-normalised per head with weights, V without; attention scale 1; a global
-  layer without attn_v uses its K projection for V;
+  layer without attn_v uses its K projection for V; a file may instead give Q, K and V as
+  the rows of one attn_qkv;
 - the last attention.shared_kv_layers layers own no cache: each reads the cache of the last
   earlier layer of its kind (HParams.kv_layer), so the cache holds only the first layers;
 - sandwich norms around attention and the GELU FFN; in the experts' variant (26B-A4B) the
@@ -104,8 +105,10 @@ def tensors(hp: HParams, t: TensorTable) -> None:
     for il in range(hp.n_layer):
         head, n_head, no_kv = hp.head_k(il), hp.n_head[il], not hp.has_kv(il)
         t.add_layer(il, "attn_norm", "attn_norm.weight", (n_embd,))
-        t.add_layer(il, "wq", "attn_q.weight", (n_embd, head * n_head))
-        t.add_layer(il, "wk", "attn_k.weight", (n_embd, hp.n_embd_k_gqa(il)), optional=no_kv)
+        n_qkv = head * n_head + hp.n_embd_k_gqa(il) + hp.n_embd_v_gqa(il)
+        t.add_layer(il, "wqkv", "attn_qkv.weight", (n_embd, n_qkv), optional=True)   # or attn_q/k/v
+        t.add_layer(il, "wq", "attn_q.weight", (n_embd, head * n_head), optional=True)
+        t.add_layer(il, "wk", "attn_k.weight", (n_embd, hp.n_embd_k_gqa(il)), optional=True)  # see build_attention
         t.add_layer(il, "wv", "attn_v.weight", (n_embd, hp.n_embd_v_gqa(il)), optional=True)
         t.add_layer(il, "wo", "attn_output.weight", (head * n_head, n_embd))
         t.add_layer(il, "attn_q_norm", "attn_q_norm.weight", (head,))
@@ -167,25 +170,33 @@ def build(g: LlmGraph) -> Tensor:
 
 def build_attention(g: LlmGraph, layer: SimpleNamespace, cur: Tensor, inp, il: int) -> Tensor:
     """Q of this layer; K and V of this layer where it owns a cache (V: the K projection
-    where the file has no attn_v), else the cache of hp.kv_layer(il)."""
+    where the file has no attn_v), else the cache of hp.kv_layer(il). A fused attn_qkv
+    gives all three (its K and V rows go unused in a layer that owns no cache)."""
     hp, b = g.hp, g.b
     head, n_head, n_head_kv = hp.head_k(il), hp.n_head[il], hp.n_head_kv[il]
     rope = hp.rope_args(il)
     factors = g.w(g.model.w.rope_freqs) if hp.uses_rope_freqs(il) else None
-    q = g.cb(g.build_lora_mm(layer.wq, cur), "Qcur", il)
-    n_tokens = q.ne[1]
-    q = b.reshape(q, head, n_head, n_tokens)
+    if layer.wqkv is not None:
+        q, k, v = g.split_fused_qkv(g.cb(g.build_lora_mm(layer.wqkv, cur), "wqkv", il), il)
+    elif layer.wq is not None:
+        q = g.cb(g.build_lora_mm(layer.wq, cur), "Qcur", il)
+        q, k, v = b.reshape(q, head, n_head, q.ne[1]), None, None
+    else:
+        raise TensorLoadError(f"gemma4 layer {il}: the file has neither blk.{il}.attn_qkv.weight "
+                              f"nor blk.{il}.attn_q.weight")
+    n_tokens = q.ne[2]
     q = g.cb(g.build_norm(q, layer.attn_q_norm, None, NormType.RMS, il), "Qcur_normed", il)
     q = g.cb(b.rope_ext(q, inp.pos, factors, **rope), "Qcur_pos", il)
     if not hp.has_kv(il):
         return g.build_attn(inp.attn, layer.wo, None, q, None, None, hp.f_attention_scale, il)
-    if layer.wk is None or layer.attn_k_norm is None:
+    if layer.attn_k_norm is None or (k is None and layer.wk is None):
         raise TensorLoadError(f"gemma4 layer {il} owns a KV cache but the file lacks blk.{il}.attn_k.weight "
                               f"or blk.{il}.attn_k_norm.weight")
-    k = g.cb(g.build_lora_mm(layer.wk, cur), "Kcur", il)
-    v = g.cb(g.build_lora_mm(layer.wv, cur), "Vcur", il) if layer.wv is not None else k
-    k = b.reshape(k, head, n_head_kv, n_tokens)
-    v = b.reshape(v, head, n_head_kv, n_tokens)
+    if k is None:
+        k = g.cb(g.build_lora_mm(layer.wk, cur), "Kcur", il)
+        v = g.cb(g.build_lora_mm(layer.wv, cur), "Vcur", il) if layer.wv is not None else k
+        k = b.reshape(k, head, n_head_kv, n_tokens)
+        v = b.reshape(v, head, n_head_kv, n_tokens)
     k = g.cb(g.build_norm(k, layer.attn_k_norm, None, NormType.RMS, il), "Kcur_normed", il)
     v = g.cb(g.build_norm(v, None, None, NormType.RMS, il), "Vcur_normed", il)
     k = g.cb(b.rope_ext(k, inp.pos, factors, **rope), "Kcur_pos", il)

@@ -82,6 +82,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "gemma4-q8_0": ("gemma4", {"weight_type": GGMLType.Q8_0}),
     "gemma4-moe-f32": ("gemma4", GEMMA4_MOE),
     "gemma4-moe-q4_0": ("gemma4", {**GEMMA4_MOE, "weight_type": GGMLType.Q4_0}),
+    # Q, K and V as the rows of one attn_qkv.weight (V on the global layers too)
+    "gemma4-qkv-q8_0": ("gemma4", {"fused_qkv": True, "weight_type": GGMLType.Q8_0}),
 }
 PROMPT = [5, 17, 200, 33, 41, 9, 8, 7, 100]
 N_GREEDY = 8

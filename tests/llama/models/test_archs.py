@@ -275,6 +275,17 @@ def test_phi3_without_any_qkv_projection_is_rejected(tmp_path):
             llama.Context(m, n_ctx=256, backend="ref")
 
 
+@pytest.mark.parametrize("omit, message", [
+    (("blk.0.attn_q.weight",), r"neither blk\.0\.attn_qkv\.weight nor blk\.0\.attn_q\.weight"),
+    (("blk.1.attn_k.weight",), r"owns a KV cache but the file lacks blk\.1\.attn_k\.weight"),
+])
+def test_gemma4_without_its_projections_is_rejected(tmp_path, omit, message):
+    path = write_tiny_model("gemma4", tmp_path / "g.gguf", omit=omit)
+    with closing(llama.Model.load(path)) as m:
+        with pytest.raises(TensorLoadError, match=message):
+            llama.Context(m, n_ctx=256, backend="ref")
+
+
 def test_gemma2_zero_softcap_is_rejected(tmp_path):
     path = write_tiny_model("gemma2", tmp_path / "g.gguf", attn_softcap=0.0,
                             extra_keys={"attn_logit_softcapping": 0.0})
