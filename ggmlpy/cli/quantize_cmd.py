@@ -49,8 +49,10 @@ def register(subparsers: Any) -> None:
                    help="set a metadata key in the output (TYPE int, float, bool or str); may be repeated")
     p.add_argument("--dry-run", action="store_true", help="show each tensor's type and the sizes, write nothing")
     p.add_argument("--max-buffer-size", type=int, metavar="MiB", help=MAX_BUFFER_NOTE)
-    p.add_argument("--keep-split", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--prune-layers", metavar="L0,L1,...", help=argparse.SUPPRESS)
+    p.add_argument("--keep-split", action="store_true",
+                   help="write a split input as the same files (OUT-00001-of-0000N.gguf, ...), not one")
+    p.add_argument("--prune-layers", metavar="L0,L1,...",
+                   help="comma-separated layer numbers to drop from the model (the others are renumbered)")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=None,
                    help="no progress bar (it shows only on a terminal anyway)")
     p.set_defaults(func=run)
@@ -83,11 +85,8 @@ def positionals(args: list[str]) -> tuple[str, str | None, str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from llama.quantize import quantize_file
-    if args.keep_split:
-        raise ValueError("--keep-split is not supported: ggmlpy quantize writes one file")
-    if args.prune_layers:
-        raise ValueError("--prune-layers is not supported")
+    from llama.quantize import parse_prune_layers, quantize_file
+    prune_layers = parse_prune_layers(args.prune_layers) if args.prune_layers is not None else []
     if args.max_buffer_size is not None and args.max_buffer_size <= 0:
         raise ValueError(f"invalid --max-buffer-size '{args.max_buffer_size}'")
     inp, out, mix, nthread = positionals(args.args)
@@ -99,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         output_tensor_type=args.output_tensor_type, token_embedding_type=args.token_embedding_type,
         tensor_types=tensor_types, allow_requantize=args.allow_requantize, pure=args.pure, imatrix=args.imatrix,
         include_weights=args.include_weights, exclude_weights=args.exclude_weights, override_kv=args.override_kv,
-        dry_run=args.dry_run, progress=args.progress)
+        prune_layers=prune_layers, keep_split=args.keep_split, dry_run=args.dry_run, progress=args.progress)
     for w in result.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if args.dry_run:
@@ -110,6 +109,6 @@ def run(args: argparse.Namespace) -> int:
     n = max(result.n_elements, 1)
     print(f"model size  = {result.size_in / mib:8.2f} MiB ({result.size_in * 8 / n:.2f} BPW)")
     print(f"quant size  = {result.size_out / mib:8.2f} MiB ({result.size_out * 8 / n:.2f} BPW)")
-    if result.path is not None:
-        print(f"wrote {result.path} ({result.mix.name})")
+    for path in result.paths:
+        print(f"wrote {path} ({result.mix.name})")
     return 0

@@ -10,6 +10,10 @@ is added, and per-sub-block decisions become masks.
 
 Arrays are laid out transposed, `x[i, b]` = element i of sub-block b, so each step of a sum
 reads one contiguous row.
+
+The `*_ref` functions are the definitions. make_qkx2_quants, make_qx_quants and make_q3_quants
+run their native twins (kquant_native: the same operations compiled, bit for bit) once there
+are NATIVE_MIN_SUB_BLOCKS sub-blocks or more.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import numpy as np
 from ggmlpy.quants.rounding import F32, first_absmax, nearest_int
 
 GROUP_MAX_EPS = F32(1e-15)
+NATIVE_MIN_SUB_BLOCKS = 64   # from this many sub-blocks on, the native searches (kquant_native) run
 
 
 def seq_sum(terms: np.ndarray) -> np.ndarray:
@@ -51,6 +56,28 @@ def _rmse_sums(x: np.ndarray, w: np.ndarray, levels: np.ndarray) -> tuple[np.nda
 
 
 def make_qx_quants(x: np.ndarray, nmax: int, w: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """make_qx_quants_ref, natively where there are enough sub-blocks to repay a first compile."""
+    if x.shape[1] >= NATIVE_MIN_SUB_BLOCKS:
+        from ggmlpy.quants import kquant_native
+        return kquant_native.make_qx_quants(x, nmax, w)
+    return make_qx_quants_ref(x, nmax, w)
+
+
+def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float,
+                     nstep: int, use_mad: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """make_qkx2_quants_ref, natively where there are enough sub-blocks to repay a first compile.
+    Given its weights, ggml's make_qkx3_quants (the importance-matrix encoders' search)
+    computes the same: make_qkx3_quants is this function."""
+    if x.shape[1] >= NATIVE_MIN_SUB_BLOCKS:
+        from ggmlpy.quants import kquant_native
+        return kquant_native.make_qkx2_quants(x, w, nmax, rmin, rdelta, nstep, use_mad)
+    return make_qkx2_quants_ref(x, w, nmax, rmin, rdelta, nstep, use_mad)
+
+
+make_qkx3_quants = make_qkx2_quants
+
+
+def make_qx_quants_ref(x: np.ndarray, nmax: int, w: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric levels in [-nmax, nmax) (rmse_type 1): weights w, x*x where None.
 
     Returns (scale per sub-block, levels + nmax as uint8), like ggml's make_qx_quants.
@@ -83,6 +110,14 @@ def make_qx_quants(x: np.ndarray, nmax: int, w: np.ndarray | None = None) -> tup
 
 
 def make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """make_q3_quants_ref, natively where there are enough sub-blocks to repay a first compile."""
+    if x.shape[1] >= NATIVE_MIN_SUB_BLOCKS:
+        from ggmlpy.quants import kquant_native
+        return kquant_native.make_q3_quants(x, nmax)
+    return make_q3_quants_ref(x, nmax)
+
+
+def make_q3_quants_ref(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     """ggml's make_q3_quants with do_rmse: start from the max-based levels, then up to five
     sweeps that move single levels when that improves the weighted fit.
 
@@ -123,14 +158,12 @@ def _weighted_error(x: np.ndarray, w: np.ndarray, levels: np.ndarray, scale: np.
     return seq_sum(w * diff)
 
 
-def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float,
-                     nstep: int, use_mad: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def make_qkx2_quants_ref(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float,
+                         nstep: int, use_mad: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Asymmetric levels in [0, nmax] with a min, searched over nstep+1 candidate scales.
 
     Returns (scale, the_min = -min >= 0, levels as uint8), like ggml's make_qkx2_quants. As
-    in C, an accepted candidate's min shifts the grid of every later candidate. Given its
-    weights, ggml's make_qkx3_quants (the importance-matrix encoders' search) computes the
-    same: make_qkx3_quants is this function.
+    in C, an accepted candidate's min shifts the grid of every later candidate.
     """
     mx = x.max(axis=0)
     # C keeps the first of equal minima (`if (x[i] < min)`): a zero minimum has its sign
@@ -173,9 +206,6 @@ def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelt
     levels = np.where(flat, 0, levels).astype(np.uint8)
     mn = np.where(flat, flat_min, mn).astype(F32)
     return scale, -mn, levels
-
-
-make_qkx3_quants = make_qkx2_quants
 
 
 def make_qp_quants(x: np.ndarray, nmax: int, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -22,10 +22,10 @@ from llama.api.logprobs import chat_logprobs
 from llama.api.sequence import Sequence, Step
 from llama.chat import ChatTemplate, ChatTemplateError, select_template
 from llama.chat.caps import object_arguments, parallel_calls, with_object_arguments
-from llama.chat.call_formats import answer_markers
+from llama.chat.call_formats import answer_markers, tool_format
 from llama.chat.named_formats import FormatTemplate
 from llama.api.chat_prompt import ChatPrompt, chat_prompt, normalize_messages
-from llama.chat.reasoning import Reasoning, ThinkingTags, check_format, thinking_tags
+from llama.chat.reasoning import INLINE, Reasoning, ThinkingTags, check_format, thinking_tags
 from llama.chat.reply import ReplyReader, parse_reply
 from llama.chat.tool_calls import detect_tool_format, reasoning_stops, tool_call_grammar
 from llama.model import Model
@@ -233,7 +233,7 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
                  reasoning_format: str = "auto", reasoning: str = "auto",
                  reasoning_effort: str | None = None, reasoning_budget: int = -1,
                  reasoning_budget_message: str | None = None,
-                 add_generation_prompt: bool = True, continue_final_message: bool | None = None,
+                 add_generation_prompt: bool = True, continue_final_message: bool | str | None = None,
                  n_ctx: int | None = None, context_shift: bool = False,
                  parallel_tool_calls: bool | None = None,
                  **server_sampling: Any) -> ChatJob:
@@ -296,7 +296,7 @@ def prepare_chat(llm: "Llama", messages: list[dict], *, functions=None,
     include_usage = bool((stream_options or {}).get("include_usage"))
     json_answer = isinstance(response_format, dict) and response_format.get("type") in ("json_object", "json_schema")
     reader = reply_reader(setup, prompt, tools, choice, reasoning_format, parallel, json_answer)
-    if choice == "auto" and not parallel and not reader.harmony:
+    if choice == "auto" and not parallel:
         seq.complete = _complete_at_first_call(reader)
     return ChatJob(seq, meta, reader, include_usage, bool(logprobs))
 
@@ -308,7 +308,7 @@ def _complete_at_first_call(reader: ReplyReader) -> Callable[[str], bool]:
 
     def complete(text: str) -> bool:
         stream.feed(text)
-        return bool(getattr(stream, "done", False))
+        return stream.done
     return complete
 
 
@@ -316,20 +316,31 @@ def reply_reader(setup: "ChatSetup", prompt: ChatPrompt, tools: list | None, cho
                  reasoning_format: str, parallel: bool = True, json_answer: bool = False) -> ReplyReader:
     """How the reply to `prompt` is read: the template's thinking markers split off the
     reasoning (unless `reasoning_format` is "none": then a thinking block the prompt opened
-    is given back in the content, marker and all, as llama-server gives it), its tool-call
+    is given back in the content, marker and all, as llama-server gives it, or for Ling its
+    text without the markers), its tool-call
     syntax reads the calls (unless there are no tools or `tool_choice` is "none"; only the
     first without `parallel`); with `json_answer` (a schema's response format) a ```json
-    fence around the answer is left out."""
+    fence around the answer is left out. What the prompt wrote of the reply is read with it:
+    a continued message, the reasoning's lead after the opened block's marker (Apriel 1.6),
+    the opening of the reply's first message (Functionary v3.2's `>>>`)."""
     tags = setup.thinking
-    fmt = setup.tool_format if tools and choice != "none" else None
+    spec = tool_format(setup.tool_format)
+    fmt = spec.name if tools and choice != "none" else None
     prefill = prompt.prefill
+    opened = ""   # the thinking block the prompt opened, marker and all
+    if tags is not None and prompt.opened and not prefill:
+        opened = prompt.text[prompt.text.rfind(tags.start):]
     split = None
-    if tags is not None and reasoning_format != "none":
-        split = Reasoning(tags, "deepseek" if reasoning_format == "auto" else reasoning_format,
-                          prompt.opened and not prefill, reasoning_stops(fmt))
-    elif tags is not None and prompt.opened and not prefill:
-        prefill = prompt.text[prompt.text.rfind(tags.start):]
-    return ReplyReader(split, fmt, tools, prefill=prefill, harmony=setup.tool_format == "harmony",
+    if tags is not None and (reasoning_format != "none" or tags.inline_when_none):
+        if opened[len(tags.start):].strip():   # the prompt wrote the reasoning's lead: read from the marker
+            prefill, opened = opened, ""
+        split_format = {"auto": "deepseek", "none": INLINE}.get(reasoning_format, reasoning_format)
+        split = Reasoning(tags, split_format, bool(opened), reasoning_stops(fmt))
+    elif opened:
+        prefill = opened
+    if spec.reply_opening and prompt.text[:len(prompt.text) - len(prompt.prefill)].endswith(spec.reply_opening):
+        prefill = spec.reply_opening + prefill
+    return ReplyReader(split, fmt, tools, prefill=prefill, family=spec.name,
                        answer_markers=answer_markers(setup.template.source), parallel=parallel,
                        json_fence=json_answer)
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, NamedTuple
 
-from llama.chat.reasoning import ThinkingTags, opens_thinking
+from llama.chat.call_formats import tool_format
+from llama.chat.reasoning import ThinkingTags, before_lead, opens_thinking
 from llama.chat.tool_calls import generic_tools_instruction
 
 if TYPE_CHECKING:
@@ -27,10 +28,12 @@ class ChatPrompt(NamedTuple):
 def chat_prompt(setup: "ChatSetup", messages: list, *, tools: list | None = None, generic_tools: bool = False,
                 reasoning: str = "auto", reasoning_effort: str | None = None,
                 chat_template_kwargs: dict | None = None, add_generation_prompt: bool = True,
-                continue_final_message: bool | None = None) -> ChatPrompt:
+                continue_final_message: bool | str | None = None) -> ChatPrompt:
     """The prompt of a chat request. `generic_tools`: the template has no tool syntax ggmlpy
-    reads, so the tools are described in a first system message (`generic_tools_instruction`)."""
+    reads, so the tools are described in a first system message (`generic_tools_instruction`).
+    `continue_final_message`: as llama-server's, true, "content" or "reasoning_content"."""
     continuation = final_continuation(messages, add_generation_prompt, continue_final_message)
+    mode = continuation_mode(continue_final_message)
     if continuation is not None:
         messages = messages[:-1]
     msgs = normalize_messages(messages)
@@ -42,7 +45,10 @@ def chat_prompt(setup: "ChatSetup", messages: list, *, tools: list | None = None
                         tools=tools or None, **variables)
     if continuation is None:
         return ChatPrompt(text, opens_thinking(text, tags))
-    continued, in_reasoning = continue_prompt(text, continuation, tags)
+    spec = tool_format(setup.tool_format)
+    if spec.answer_opening and text.endswith(spec.reply_opening):   # the continued answer's recipient line
+        text += spec.answer_opening
+    continued, in_reasoning = continue_prompt(text, continuation, tags, mode)
     return ChatPrompt(continued, in_reasoning, continued[len(_cut_open_marker(text, tags)):])
 
 
@@ -77,8 +83,21 @@ def normalize_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
+def continuation_mode(continue_final_message: bool | str | None) -> str:
+    """Which part of a continued message the reply goes on with, as llama-server reads
+    `continue_final_message`: "content", "reasoning_content", or "auto" (true, or a last
+    assistant message without the field: its reasoning where it has reasoning and no content,
+    else its content)."""
+    if continue_final_message is None or isinstance(continue_final_message, bool):
+        return "auto"
+    if continue_final_message not in ("content", "reasoning_content"):
+        raise ValueError(f"continue_final_message {continue_final_message!r} is not one of true, false, "
+                         "'content', 'reasoning_content'")
+    return continue_final_message
+
+
 def final_continuation(messages: list, add_generation_prompt: bool,
-                       continue_final_message: bool | None) -> dict | None:
+                       continue_final_message: bool | str | None) -> dict | None:
     """The assistant message the reply continues, or None, by llama-server's rules: a chat
     that ends with an assistant message is continued from it (prefill), as it is with
     `continue_final_message` (vLLM's and transformers' name for it); asking for that and for
@@ -87,7 +106,8 @@ def final_continuation(messages: list, add_generation_prompt: bool,
     if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
         return None
     last = messages[-1]
-    explicit = continue_final_message is not None and continue_final_message
+    continuation_mode(continue_final_message)   # refuses an unknown mode
+    explicit = continue_final_message is not None and continue_final_message is not False
     if explicit and add_generation_prompt:
         raise ValueError("Cannot set both add_generation_prompt and continue_final_message to true.")
     if continue_final_message is False or last.get("role") != "assistant":
@@ -102,12 +122,14 @@ def final_continuation(messages: list, add_generation_prompt: bool,
     return last
 
 
-def continue_prompt(prompt: str, message: dict, tags: ThinkingTags | None) -> tuple[str, bool]:
+def continue_prompt(prompt: str, message: dict, tags: ThinkingTags | None,
+                    mode: str = "auto") -> tuple[str, bool]:
     """The prompt rendered with a generation prompt, continued by `message`, and whether it
     ends inside the reasoning. As llama.cpp: for a thinking model the generation prompt's
     own opening marker gives way to the message's reasoning between the markers, left open
-    when the message has reasoning and no content (the reply continues the reasoning); the
-    content's text parts are joined by a blank line."""
+    when the reply continues the reasoning (`mode` "reasoning_content", or "auto" and the
+    message has reasoning and no content; its content is then left out); the content's text
+    parts are joined by a blank line."""
     content = message.get("content") or ""
     if isinstance(content, list):
         content = "\n\n".join(str(p.get("text", "")) for p in content
@@ -116,16 +138,19 @@ def continue_prompt(prompt: str, message: dict, tags: ThinkingTags | None) -> tu
         return prompt + content, False
     thought = message.get("reasoning_content") or ""
     prompt = _cut_open_marker(prompt, tags)
-    in_reasoning = bool(thought) and not content
-    return prompt + tags.start + thought + ("" if in_reasoning else tags.end) + content, in_reasoning
+    in_reasoning = mode == "reasoning_content" or (mode == "auto" and bool(thought) and not content)
+    if in_reasoning:
+        return prompt + tags.start + thought, True
+    return prompt + tags.start + thought + tags.end + content, False
 
 
 def _cut_open_marker(prompt: str, tags: ThinkingTags | None) -> str:
-    """The prompt without the opening thinking marker its generation prompt ends with."""
+    """The prompt without the opening thinking marker its generation prompt ends with (and the
+    reasoning's lead the template writes after it)."""
     if tags is None:
         return prompt
     cut = prompt.rfind(tags.start)
-    return prompt[:cut] if cut >= 0 and not prompt[cut + len(tags.start):].strip() else prompt
+    return prompt[:cut] if cut >= 0 and not before_lead(prompt[cut + len(tags.start):], tags).strip() else prompt
 
 
 def template_variables(tags: ThinkingTags | None, reasoning: str = "auto", reasoning_effort: str | None = None,

@@ -366,7 +366,7 @@ class Llama:
 
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
                             tools: list[dict] | None = None, reasoning: str = "auto",
-                            reasoning_effort: str | None = None, continue_final_message: bool | None = None,
+                            reasoning_effort: str | None = None, continue_final_message: bool | str | None = None,
                             **kwargs: Any) -> str:
         """The prompt text a chat completion makes of `messages` (`chat_prompt.chat_prompt`:
         the variables llama.cpp gives templates, a last assistant message continued);

@@ -18,7 +18,8 @@ from llama.chat.call_readers import Reader
 from llama.chat.call_streams import StreamFactory, call_list, generic_calls, json_calls, named_args
 from llama.chat.gemma_stream import gemma_calls
 from llama.chat.pythonic_stream import pythonic_calls
-from llama.chat.tagged_calls import ARG_KEY, DSML, INVOKE, KIMI_K3, MINICPM, QWEN3_CODER, SEED_OSS, TagSyntax
+from llama.chat.tagged_calls import (ARG_KEY, DSML, INVOKE, KIMI_K3, MINICPM, MINIMAX_M3, MINIMAX_NS, QWEN3_CODER,
+                                     SEED_OSS, TagSyntax)
 from llama.chat.tagged_stream import tagged_calls
 
 BlockKind = Literal["closed", "json", "rest", "string"]
@@ -67,14 +68,16 @@ class GrammarShape:
     the call's JSON object; ``array``: a one-element list of it; ``tool_calls``: generic's
     wrapper object; ``named``: the markers name the function (``{name}`` in ``before``) and
     the arguments' JSON follows; ``tagged``: `syntax`'s tags (tagged_calls.py); ``gemma``:
-    Gemma 4's ``call:NAME{..}`` (gemma_grammar.py); None: the family has no forced form. ``call_extra`` adds optional properties after the arguments
-    (Mistral's 9-character ``id``).
+    Gemma 4's ``call:NAME{..}`` (gemma_grammar.py); None: the family has no forced form. ``call_extra`` adds optional
+    properties after the arguments (Mistral's 9-character ``id``).
 
     With ``parallel_tool_calls``, how more calls follow the first (as llama.cpp's grammars
     allow them): ``repeat`` ``block``: the whole block again; ``call``: another call inside
     the block (an array's next item, or between the ``section`` markers, which then wrap the
     calls while ``before``/``after`` are each call's); None: the family writes one call.
-    ``{index}`` in a marker is the call's number (Kimi's ids)."""
+    ``{index}`` in a marker is the call's number (Kimi's ids). ``between``: the marker before each call or block
+    after the first (Functionary v3.2's ``>>>``, which the prompt writes before the first), else an optional
+    newline."""
 
     json: Optional[Literal["object", "array", "tool_calls", "named", "tagged", "gemma"]]
     before: tuple[str, ...] = ()
@@ -83,6 +86,7 @@ class GrammarShape:
     syntax: Optional[TagSyntax] = None
     repeat: Optional[Literal["block", "call"]] = None
     section: tuple[str, str] = ("", "")
+    between: str = ""
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,13 @@ class ToolFormat:
     what the grammar writes); ``name_key``/``id_key``: its name and id; ``name_as_key``: a
     call is ``{name: {..}}``; ``args_required``: an object without the argument key is not a
     call; ``ends_reasoning``: a call's opening marker also ends an unclosed thinking block;
-    ``id_len``/``id_prefix``: the ids ggmlpy makes where the model writes none."""
+    ``id_len``/``id_prefix``: the ids ggmlpy makes where the model writes none.
+
+    ``reply_opening``: what the generation prompt writes of the reply, where the template's prompt ends inside
+    the reply's first message (Functionary v3.2's ``>>>``, which opens each message, its recipient following):
+    the reply is read with it before, and a forced call's grammar starts after it. ``answer_opening``: the
+    recipient line of the answer after it (``all\\n``), left out of the content and written before a continued
+    answer."""
     name: str
     blocks: tuple[Block, ...]
     grammar: GrammarShape
@@ -103,10 +113,11 @@ class ToolFormat:
     ends_reasoning: bool = False
     id_len: int = 24
     id_prefix: str = "call_"
+    reply_opening: str = ""
+    answer_opening: str = ""
 
 
 _LLAMA_HEADER = r'\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:'
-_MINIMAX3 = "]<]minimax[>["
 _KIMI_CALL = (r"<\|tool_call_begin\|>\s*(?P<id>(?:functions\.)?(?P<name>[\w.\-]+?)(?::\d+)?)\s*"
               r"<\|tool_call_argument_begin\|>")
 
@@ -133,6 +144,9 @@ def _json_block(open_: str, close: str, **kw: Any) -> dict:
 
 _DEEPSEEK_R1 = r"<｜tool▁call▁begin｜>function<｜tool▁sep｜>(?P<name>[^\n<]+)\n```(?:json)?\n"
 _DEEPSEEK_V3 = r"<｜tool▁call▁begin｜>(?P<name>[^<]+)<｜tool▁sep｜>"
+_ACTION = "Action:\n```json\n"
+# Muse Glimmer's calls (ATEM), each in its own message: <atem:function_calls>, one invoke, </atem:function_calls>
+ATEM = TagSyntax('<atem:invoke name="{name}">', "</atem:invoke>", '<atem:parameter name="{key}">', "</atem:parameter>")
 
 FORMATS: Mapping[str, ToolFormat] = MappingProxyType({f.name: f for f in (
     ToolFormat("hermes", blocks=(closed("<tool_call>", "</tool_call>", read.read_json, json_calls),),
@@ -148,6 +162,11 @@ FORMATS: Mapping[str, ToolFormat] = MappingProxyType({f.name: f for f in (
         Block(r"\[TOOL_CALLS\](?P<name>[^\[\]\s]+)(?:\[CALL_ID\](?P<id>\w+))?\[ARGS\]", "json",
               read.read_named_json, stream=named_args),),
         grammar=GrammarShape("named", ("[TOOL_CALLS]{name}[ARGS]",), repeat="block"), id_len=9, id_prefix=""),
+    # a message to a function: ``>>>NAME\n`` and the arguments' JSON (``>>>all\n`` opens the answer)
+    ToolFormat("functionary_v3_2", blocks=(
+        Block(r">>>(?!all\n)(?P<name>[\w.\-]+)\n", "json", read.read_named_json, stream=named_args),),
+        grammar=GrammarShape("named", ("{name}\n",), repeat="block", between=">>>"),
+        reply_opening=">>>", answer_opening="all\n"),
     ToolFormat("functionary_v3_1", blocks=(
         Block(r"<function=(?P<name>[^>\s]+)>", "closed", read.read_named_json, close="</function>",
               stream=named_args),),
@@ -156,10 +175,7 @@ FORMATS: Mapping[str, ToolFormat] = MappingProxyType({f.name: f for f in (
                                         ends_reasoning=True)),
     ToolFormat("seed_oss", **_tagged("<seed:tool_call>", "</seed:tool_call>", SEED_OSS, "block")),
     ToolFormat("minimax_m2", **_tagged("<minimax:tool_call>", "</minimax:tool_call>", INVOKE)),
-    ToolFormat("minimax_m3", **_tagged(
-        _MINIMAX3 + "<tool_call>", _MINIMAX3 + "</tool_call>",
-        TagSyntax(_MINIMAX3 + '<invoke name="{name}">', _MINIMAX3 + "</invoke>", _MINIMAX3 + "<{key}>",
-                  _MINIMAX3 + "</{key}>"))),
+    ToolFormat("minimax_m3", **_tagged(MINIMAX_NS + "<tool_call>", MINIMAX_NS + "</tool_call>", MINIMAX_M3)),
     ToolFormat("dsml", blocks=(closed("<｜DSML｜function_calls>", "</｜DSML｜function_calls>", read.tagged(DSML),
                                       tagged_calls(DSML)),
                                closed("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>", read.tagged(DSML),
@@ -202,10 +218,19 @@ FORMATS: Mapping[str, ToolFormat] = MappingProxyType({f.name: f for f in (
     ToolFormat("apertus", **_json_block("<|tools_prefix|>", "<|tools_suffix|>"), name_as_key=True),
     ToolFormat("command_r7b", **_json_block("<|START_ACTION|>", "<|END_ACTION|>"), name_key="tool_name",
                arg_keys=("parameters",), id_key="tool_call_id"),
+    # Command R+: ``Action:`` and a fenced JSON list of calls (the fence closed after it, if the model writes it)
+    ToolFormat("command_r_plus", blocks=(Block(regex.escape(_ACTION), "json", read.read_json, close="```",
+                                               literal=_ACTION, stream=json_calls),),
+               grammar=GrammarShape("array", (_ACTION,), ("\n```",), repeat="call"), name_key="tool_name",
+               arg_keys=("parameters",)),
     ToolFormat("harmony", blocks=(),   # read by harmony.py, not by the scanner
                grammar=GrammarShape("named",
                                     ("<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>",),
                                     ("<|call|>",))),
+    # read by muse_glimmer.py; a forced call is a message to any recipient (llama.cpp's), its ATEM markup
+    ToolFormat("muse_glimmer", blocks=(),
+               grammar=GrammarShape("tagged", (" to={attrs}<|message|><atem:function_calls>\n",),
+                                    ("</atem:function_calls>",), syntax=ATEM)),
     ToolFormat("generic", blocks=(Block(r'\A\s*\{\s*"response"\s*:\s*"', "string"),
                                   Block(r"\A\s*\{", "json", read.read_generic, json_at_open=True,
                                         stream=generic_calls)),
@@ -217,10 +242,12 @@ FORMATS: Mapping[str, ToolFormat] = MappingProxyType({f.name: f for f in (
 DETECT: tuple[tuple[tuple[str, ...], str], ...] = (
     (("<|open|>", "<|close|>", "<|end_of_msg|>"), "kimi_k3"),   # its markers are unique to it
     (("<|channel|>", "<|message|>", "functions."), "harmony"),   # gpt-oss
+    (("<atem:function_calls>", "<|eom|>"), "muse_glimmer"),
+    ((">>>all", ">>>${recipient}"), "functionary_v3_2"),
     (("<seed:tool_call>",), "seed_oss"),
     (("｜DSML｜",), "dsml"),
     (("<minimax:tool_call>",), "minimax_m2"),
-    ((_MINIMAX3,), "minimax_m3"),
+    ((MINIMAX_NS,), "minimax_m3"),
     (("<tool_call>", "<function=", "<parameter="), "qwen3_coder"),   # Qwen3-Coder, Qwen 3.5, Nemotron Nano 3
     (("<function=",), "functionary_v3_1"),
     (("<arg_key>",), "glm"),                     # GLM 4.5+, Ling, Spark
@@ -238,6 +265,7 @@ DETECT: tuple[tuple[tuple[str, ...], str], ...] = (
     (("<tool_calls>",), "apriel"),
     (("<|tools_prefix|>",), "apertus"),
     (("<|START_ACTION|>",), "command_r7b"),
+    (("<|CHATBOT_TOKEN|>", "Action:"), "command_r_plus"),
     (('<function name="',), "minicpm5"),
     (("<tool_call>",), "hermes"),
     (("<|start_header_id|>ipython<|end_header_id|>",), "llama3"),
@@ -268,9 +296,12 @@ def detect_tool_format(template_source: Optional[str]) -> str:
 
 
 def answer_markers(template_source: Optional[str]) -> tuple[str, ...]:
-    """The markers a template writes around the answer itself, which the content leaves out."""
+    """The markers a template writes around the answer itself, which the content leaves out (with
+    the recipient line of a format whose messages name one, Functionary v3.2's ``>>>all\\n``)."""
     src = template_source or ""
-    return next((markers for needle, markers in ANSWER_MARKERS if needle in src), ())
+    spec = FORMATS[detect_tool_format(src)]
+    recipient = (spec.reply_opening + spec.answer_opening,) if spec.answer_opening else ()
+    return next((markers for needle, markers in ANSWER_MARKERS if needle in src), ()) + recipient
 
 
 def tool_format(fmt: str) -> ToolFormat:

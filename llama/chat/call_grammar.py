@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional
 from llama.chat.call_formats import ToolFormat, tool_format
 from llama.chat.gemma_grammar import gemma_grammar
 
-_MORE = '("\\n"? {})*'   # the calls or blocks after the first, a newline between them allowed
+_MORE = '({} {})*'   # the calls or blocks after the first, each after the shape's `between` (or a newline)
 
 
 def function_of(tool: dict) -> dict:
@@ -22,6 +22,11 @@ def function_of(tool: dict) -> dict:
     if tool.get("type", "function") != "function" or not isinstance(tool.get("function"), dict):
         raise ValueError(f"not an OpenAI function tool: {tool!r}")
     return tool["function"]
+
+
+def parameter_schemas(tools: list[dict]) -> dict[str, Any]:
+    """Each tool's ``parameters`` schema by its name (the readers type argument values by them)."""
+    return {f.get("name"): f.get("parameters") or {} for f in map(function_of, tools)}
 
 
 def _chosen(tools: list[dict], tool_choice: Any) -> list[dict]:
@@ -95,12 +100,15 @@ def tool_call_grammar(tools: list[dict], tool_choice: Any, fmt: str,
     def markers(items: tuple[str, ...], name: str = "") -> list[str]:
         return [marker(m.format(name=name, index="\0" if repeat else "0")) for m in items]
 
+    def more(rule: str) -> str:
+        return _MORE.format(marker(shape.between) if shape.between else '"\\n"?', rule)
+
     if shape.json == "named":
         rules = [f"f{i}_args: %json {json.dumps({**(f.get('parameters') or {'type': 'object'}), **_STYLED})}"
                  for i, f in enumerate(chosen)]
         calls = [" ".join(markers(shape.before, f["name"]) + [f"f{i}_args"] + markers(shape.after))
                  for i, f in enumerate(chosen)]
-        body = " ".join(markers(shape.section[:1]) + ["call" + (" " + _MORE.format("call") if repeat else "")]
+        body = " ".join(markers(shape.section[:1]) + ["call" + (" " + more("call") if repeat else "")]
                         + markers(shape.section[1:]))
         return (f"start: {body}\ncall: " + " | ".join(f"({c})" for c in calls) + "\n" + "\n".join(rules) + "\n")
     calls = [_call_schema(f, spec) for f in chosen]
@@ -121,7 +129,7 @@ def tool_call_grammar(tools: list[dict], tool_choice: Any, fmt: str,
     schema = {**schema, "x-guidance": _JSON_STYLE}
     parts = " ".join(markers(shape.before) + ["call"] + markers(shape.after))
     if repeat == "block":
-        return f"start: block {_MORE.format('block')}\nblock: {parts}\ncall: %json {json.dumps(schema)}\n"
+        return f"start: block {more('block')}\nblock: {parts}\ncall: %json {json.dumps(schema)}\n"
     return f"start: {parts}\ncall: %json {json.dumps(schema)}\n"
 
 

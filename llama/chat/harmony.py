@@ -10,22 +10,20 @@ body as its JSON arguments, and a message to any other recipient (gpt-oss's buil
 `python` or `container.exec`) is left out. With reasoning not split off (reasoning format
 "none"), an analysis message stays in the content as written.
 
-`HarmonyStream` has `ReplyStream`'s interface. It parses the text it has so far and emits
-what changed; the parse of a prefix holds back whatever could still change (a marker cut in
-half, trailing whitespace), so its output only ever grows. A call streams as the other
-families' do: once its header has named it and its body has begun with ``{``, with the
-arguments that are certain (json_stream.py), which then only grow.
+`HarmonyStream` is a `MessageStream` (message_stream.py): it reads the text it has so far
+and emits what grew. A call streams as the other families' do: once its header has named it
+and its body has begun with ``{``, with the arguments that are certain (json_stream.py), which
+then only grow.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 
 import regex
 
 from llama.chat.call_streams import skip_ws
 from llama.chat.json_stream import JsonReader
-from llama.chat.tool_calls import tool_call_id
+from llama.chat.message_stream import MessageParse, MessageStream, held, trimmed
 
 _START = "<|start|>"
 _MESSAGE = "<|message|>"
@@ -35,28 +33,6 @@ _CHANNEL = regex.compile(r"<\|channel\|>\s*([\w-]+)")
 _RECIPIENT = regex.compile(r"\bto=([^\s<]+)")
 _ANSWER = ("", "assistant", "user", "all")   # recipients of the reply itself, not of a tool
 _ROLE = regex.compile(r"<\|start\|>\w*")
-
-
-@dataclass
-class _Parse:
-    reasoning: str = ""
-    content: str = ""
-    calls: list[tuple[str, str]] = field(default_factory=list)
-
-    def add(self, other: "_Parse") -> None:
-        self.reasoning += other.reasoning
-        self.content += other.content
-        self.calls += other.calls
-
-
-def _held(text: str) -> int:
-    """Length of the end of `text` that could be the start of a marker."""
-    for n in range(min(len(text), max(map(len, _MARKERS)) - 1), 0, -1):
-        if any(m.startswith(text[-n:]) for m in _MARKERS):
-            return n
-    return 0
-
-
 _HEADS = ("<|channel|>", "to=")
 _SPACE = regex.compile(r"\s*")
 
@@ -90,13 +66,13 @@ def _call_arguments(text: str, start: int, stop: int, closed: bool, readers: dic
 
 
 def _scan(text: str, pos: int, final: bool, split_reasoning: bool,
-          readers: dict | None = None) -> tuple[_Parse, _Parse, int]:
+          readers: dict | None = None) -> tuple[MessageParse, MessageParse, int]:
     """Read the messages from `pos` (a message boundary): (what the messages that have ended
     add, what the one still open adds so far, where that one begins). When not `final`, the
     open one gives only what more text cannot change. `readers`: the calls' argument readers
     by where their bodies start (kept between scans of a stream)."""
     readers = {} if readers is None else readers
-    done, tail = _Parse(), _Parse()
+    done, tail = MessageParse(), MessageParse()
     while pos < len(text):
         role = _ROLE.match(text, pos) if text.startswith(_START, pos) else None
         head_at = role.end() if role else pos
@@ -111,7 +87,7 @@ def _scan(text: str, pos: int, final: bool, split_reasoning: bool,
                 done.content += chunk
                 pos = nxt
                 continue
-            tail.content += chunk[:len(chunk) - _held(chunk)]
+            tail.content += chunk[:len(chunk) - held(chunk, _MARKERS)]
             break
         body_at = text.find(_MESSAGE, head_at)
         if body_at < 0:
@@ -125,7 +101,7 @@ def _scan(text: str, pos: int, final: bool, split_reasoning: bool,
         closed = bool(ends) or final
         body = text[start:end]
         if not closed:
-            body = body[:len(body) - _held(body)]
+            body = body[:len(body) - held(body, _MARKERS)]
         out = done if closed else tail
         channel = channels[-1] if channels else "final"
         if recipient.startswith("functions."):
@@ -155,63 +131,21 @@ def _json_object(text: str) -> str | None:
     return json.dumps(value, ensure_ascii=False) if isinstance(value, dict) else None
 
 
-def _trimmed(parse: _Parse) -> _Parse:
-    """Trimmed at the end, as the other readers trim; while streaming, whitespace at the end
-    may yet be followed by more text."""
-    return _Parse(parse.reasoning.rstrip(), parse.content.rstrip(), list(parse.calls))
-
-
-def parse_harmony(text: str, final: bool, split_reasoning: bool = True) -> _Parse:
+def parse_harmony(text: str, final: bool, split_reasoning: bool = True) -> MessageParse:
     """The reasoning, content and calls of `text`; when not `final`, only what more text
     cannot change."""
     done, tail, _ = _scan(text, 0, final, split_reasoning)
     done.add(tail)
-    return _trimmed(done)
+    return trimmed(done)
 
 
-class HarmonyStream:
+class HarmonyStream(MessageStream):
     """Text deltas in, OpenAI `delta` fragments out (`ReplyStream`'s interface)."""
 
     def __init__(self, split_reasoning: bool = True, prefill: str = "", seed: str | int = 0) -> None:
+        super().__init__(prefill, seed)
         self._split = split_reasoning
-        self._text = prefill
-        self._seed = seed
-        self._sent = _Parse()
-        self._done = _Parse()   # what the messages that have ended gave: read once
-        self._pos = 0           # where the first message still open begins
         self._readers: dict = {}   # the calls' argument readers
 
-    def feed(self, text: str) -> list[dict]:
-        self._text += text
-        return self._emit(self._read(final=False))
-
-    def finish(self) -> list[dict]:
-        return self._emit(self._read(final=True))
-
-    def _read(self, final: bool) -> _Parse:
-        """The reply so far, reading only from the first message still open (each token's
-        step costs the open message, not the whole reply)."""
-        done, tail, self._pos = _scan(self._text, self._pos, final, self._split, self._readers)
-        self._done.add(done)
-        now = _Parse(self._done.reasoning, self._done.content, list(self._done.calls))
-        now.add(tail)
-        return _trimmed(now)
-
-    def _emit(self, now: _Parse) -> list[dict]:
-        out: list[dict] = []
-        reasoning, content = now.reasoning.lstrip(), now.content.lstrip()
-        if len(reasoning) > len(self._sent.reasoning) and reasoning.startswith(self._sent.reasoning):
-            out.append({"reasoning_content": reasoning[len(self._sent.reasoning):]})
-            self._sent.reasoning = reasoning
-        if len(content) > len(self._sent.content) and content.startswith(self._sent.content):
-            out.append({"content": content[len(self._sent.content):]})
-            self._sent.content = content
-        for i, (name, arguments) in enumerate(now.calls):
-            if i == len(self._sent.calls):
-                out.append({"tool_calls": [{"index": i, "id": tool_call_id(self._seed, i), "type": "function",
-                                            "function": {"name": name, "arguments": arguments}}]})
-                self._sent.calls.append((name, arguments))
-            elif len(arguments) > len(sent := self._sent.calls[i][1]) and arguments.startswith(sent):
-                out.append({"tool_calls": [{"index": i, "function": {"arguments": arguments[len(sent):]}}]})
-                self._sent.calls[i] = (name, arguments)
-        return out
+    def _scan(self, text: str, pos: int, final: bool) -> tuple[MessageParse, MessageParse, int]:
+        return _scan(text, pos, final, self._split, self._readers)

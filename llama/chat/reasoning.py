@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 REASONING_FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
+INLINE = "inline"   # a Reasoning's format for "none" where the tags are inline_when_none
 
 
 @dataclass(frozen=True)
@@ -34,21 +35,39 @@ class ThinkingTags:
     `<|channel>`). Then, as llama.cpp's Gemma 4 parser reads a reply, extra channel markers
     before a thinking block are dropped, and the answer runs only to the next channel marker
     (a further thinking block, whose reasoning joins the rest) or to a stray end marker,
-    after which the reply is over."""
+    after which the reply is over.
+
+    `lead`: the reasoning's first words, which the template's generation prompt writes after
+    the start marker (Apriel 1.6's "Here are my reasoning steps:"). A prompt that ends with
+    them has opened the block, and they are read as the reasoning's start, as llama.cpp reads
+    the generation prompt with the reply.
+
+    `inline_when_none`: with reasoning format "none" the reasoning stays in the content without
+    its markers (llama.cpp's Ling 3 parser), where other families give the block back raw."""
     start: str
     end: str
     needle: str = ""
     channel: str = ""
+    lead: str = ""
+    inline_when_none: bool = False
 
 
 # The families llama.cpp's template analysis finds, in the order they are tried (a marker that
 # contains another's end comes first).
 KNOWN_TAGS = (
     ThinkingTags("<|channel|>analysis<|message|>", "<|end|>", needle="<|channel|>analysis"),   # gpt-oss (harmony)
+    # Muse Glimmer: a message to itself, then the answer's message (muse_glimmer.py reads them)
+    ThinkingTags(" to=self<|message|>", "<|eom|><|start|>assistant to=user<|message|>",
+                 needle="<|start|>assistant to=self<|message|>"),
     ThinkingTags("<mm:think>", "</mm:think>"),                          # MiniMax M3
     ThinkingTags("<|channel>thought", "<channel|>", channel="<|channel>"),   # Gemma 4
     ThinkingTags("<|open|>think<|sep|>", "<|close|>think<|sep|>", needle="open_tag('think')"),   # Kimi K3
+    ThinkingTags("<|begin_assistant|>", "[BEGIN FINAL RESPONSE]", needle="<|begin_assistant|>",   # Apriel 1.6
+                 lead="Here are my reasoning steps:"),
+    ThinkingTags("<think>", "</think>", needle="<role>ASSISTANT</role>", inline_when_none=True),   # Ling 3
     ThinkingTags("<think>", "</think>"),
+    # Kimi K2: its parser reads <think> blocks even where the template never writes one
+    ThinkingTags("<think>", "</think>", needle="<|tool_calls_section_begin|>"),
     ThinkingTags("<|START_THINKING|>", "<|END_THINKING|>"),
     ThinkingTags("<seed:think>", "</seed:think>"),
     ThinkingTags("[THINK]", "[/THINK]"),
@@ -71,11 +90,17 @@ def check_format(name: str, where: str = "reasoning_format") -> str:
 
 
 def opens_thinking(prompt: str, tags: ThinkingTags | None) -> bool:
-    """Whether the prompt ends inside a thinking block the template opened."""
+    """Whether the prompt ends inside a thinking block the template opened (its start marker,
+    then the reasoning's `lead` where the template writes one)."""
     if tags is None:
         return False
+    return before_lead(prompt, tags).rstrip().endswith(tags.start)
+
+
+def before_lead(prompt: str, tags: ThinkingTags) -> str:
+    """The prompt without the reasoning's `lead` (and the blanks after it) at its end."""
     tail = prompt.rstrip()
-    return tail.endswith(tags.start)
+    return tail[:-len(tags.lead)] if tags.lead and tail.endswith(tags.lead) else prompt
 
 
 @dataclass(frozen=True)
@@ -183,7 +208,7 @@ class ReasoningSplit:
                 self._buf = self._buf[len(body):]
                 break
             # after the block: the answer
-            if self._after_end and self.fmt != "deepseek-legacy":
+            if self._after_end and self.fmt not in ("deepseek-legacy", INLINE):
                 stripped = self._buf.lstrip()
                 if not stripped:
                     if final:
@@ -239,6 +264,10 @@ class ReasoningSplit:
         return min(found) if found else -1
 
     def _reasoning(self, out: list, text: str, closing: bool) -> None:
+        if self.fmt == INLINE:   # the reasoning's text is content, as it came
+            if text:
+                out.append(("content", text))
+            return
         if not self._started:
             text = text.lstrip()
         body = text.rstrip()

@@ -1,19 +1,21 @@
 """A model's reply read as llama-server reads it: reasoning, content and tool calls.
 
-gpt-oss's harmony messages have their own reader (harmony.py); every other family is read
-in two stages, each streamed: the reasoning is split off first (reasoning.py), then the tool
-calls are read out of what is left (tool_calls.py). `ReplyStream` is what a streamed chat
-completion feeds its text to; `parse_reply` is the same stream fed the whole reply at once,
-so a streamed answer always adds up to the unstreamed one.
+Replies written as messages with headers have their own readers: gpt-oss's harmony
+(harmony.py) and Muse Glimmer's (muse_glimmer.py). Every other family is read in two stages,
+each streamed: the reasoning is split off first (reasoning.py), then the tool calls are read
+out of what is left (tool_calls.py). `ReplyStream` is what a streamed chat completion feeds
+its text to; `parse_reply` is the same stream fed the whole reply at once, so a streamed
+answer always adds up to the unstreamed one.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
-import regex
-
 from llama.chat.harmony import HarmonyStream
+from llama.chat.json_fence import JsonFence
+from llama.chat.message_stream import MessageStream
+from llama.chat.muse_glimmer import MuseStream
 from llama.chat.reasoning import Reasoning, ReasoningSplit, partial_suffix
 from llama.chat.tool_calls import ToolCallStream, assemble_deltas
 
@@ -30,16 +32,21 @@ class ReplyReader:
     tools: Optional[list] = None
     seed: str | int = 0
     prefill: str = ""
-    harmony: bool = False   # gpt-oss's messages (harmony.py); then `reasoning` only says whether to split
+    # the template's tool-call family (call_formats.py), also where calls are not read: harmony's
+    # (gpt-oss) and Muse Glimmer's replies are messages with headers, read by their own readers
+    # (harmony.py, muse_glimmer.py); `reasoning` then only says whether to split it off
+    family: str = ""
     answer_markers: tuple[str, ...] = ()   # markers around the answer, left out of the content
     parallel: bool = True
     # a JSON answer (response_format with a schema): a ```json fence around it is left out
     # of the content, as llama.cpp's parser takes the answer fenced or bare
     json_fence: bool = False
 
-    def stream(self) -> "ReplyStream | HarmonyStream":
-        if self.harmony:
+    def stream(self) -> "ReplyStream | MessageStream":
+        if self.family == "harmony":
             return HarmonyStream(self.reasoning is not None, self.prefill, self.seed)
+        if self.family == "muse_glimmer":
+            return MuseStream(self)
         return ReplyStream(self)
 
 
@@ -53,7 +60,7 @@ class ReplyStream:
                        if reader.tool_format is not None else None)
         self._prefill = reader.prefill
         self._markers = _DropMarkers(reader.answer_markers) if reader.answer_markers else None
-        self._fence = _JsonFence() if reader.json_fence else None
+        self._fence = JsonFence() if reader.json_fence else None
 
     @property
     def done(self) -> bool:
@@ -113,44 +120,6 @@ class _DropMarkers:
     def finish(self) -> str:
         text, self._held = self._held, ""
         return text
-
-
-_FENCE_OPEN, _FENCE_CLOSE = "```json", "```"
-_MAYBE_CLOSE = regex.compile(r"\s*`{0,3}\s*\Z")
-
-
-class _JsonFence:
-    """Content with a ```json fence around it taken out, streamed: the start is held until
-    it is known whether it opens a fence; inside one, an end that could be the closing
-    fence (blanks and backticks) is held until more text shows it is not."""
-
-    def __init__(self) -> None:
-        self._held = ""
-        self._fenced: Optional[bool] = None   # None: not known yet
-
-    def feed(self, text: str, final: bool = False) -> str:
-        text = self._held + text
-        self._held = ""
-        if self._fenced is None:
-            stripped = text.lstrip()
-            if stripped.startswith(_FENCE_OPEN):
-                self._fenced, text = True, stripped[len(_FENCE_OPEN):].lstrip()
-            elif not final and (not stripped or _FENCE_OPEN.startswith(stripped)):
-                self._held = text
-                return ""
-            else:
-                self._fenced = False
-        if not self._fenced:
-            return text
-        m = _MAYBE_CLOSE.search(text)
-        tail = text[m.start():] if m else ""
-        if final:
-            return text[:len(text) - len(tail)] + ("" if tail.strip() == _FENCE_CLOSE else tail)
-        self._held = tail
-        return text[:len(text) - len(tail)]
-
-    def finish(self) -> str:
-        return self.feed("", final=True)
 
 
 def assemble_message(deltas: list[dict]) -> dict:

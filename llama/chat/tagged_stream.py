@@ -3,7 +3,8 @@ is given out with ``{`` once its opening tag and the first argument's tag (or it
 have come, then each argument as ``"key": `` and its value. A string parameter's text is sent
 as it comes (escaped as JSON, the text that could still be its closing tag held back, and
 Qwen3-Coder's layout newlines left out); a value of another type once its closing tag shows
-it whole. What is sent adds up to `TagSyntax.read`'s arguments text.
+it whole, as is one written as nested tags (MiniMax M3's objects and arrays, `NestedTags`).
+What is sent adds up to `TagSyntax.read`'s arguments text.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 import regex
 
 from llama.chat.call_streams import CallStream, StreamedCall, held, skip_ws
-from llama.chat.tagged_calls import CDATA_CLOSE, CDATA_OPEN, TagSyntax, _pattern, typed_value, value_types
+from llama.chat.tagged_calls import (CDATA_CLOSE, CDATA_OPEN, NeedMore, TagSyntax, _pattern, nested_shape, read_nested,
+                                     typed_value, value_types)
 
 if TYPE_CHECKING:
     from llama.chat.call_formats import ToolFormat
@@ -45,7 +47,7 @@ class TaggedCalls:
         # the argument being read
         self._close = ""
         self._start = self._search = self._sent = 0
-        self._mode = ""        # string (streamed), json (DSML's string="false"), typed (by the schema)
+        self._mode = ""        # string (streamed), json (DSML's string="false"), typed (by the schema), nested
         self._schema: Any = None
         self._lead = False     # whether the layout newline after the opening tag has been looked for
         self._cdata = False    # whether the value may still turn out to be a CDATA section
@@ -114,6 +116,8 @@ class TaggedCalls:
         flag = m.groupdict().get("string")
         self._schema = {"type": "string"} if flag == "true" else self._properties.get(key)
         self._mode = "json" if flag == "false" else "string" if value_types(self._schema) == {"string"} else "typed"
+        if self._mode == "typed" and self._syntax.nested and nested_shape(self._schema) is not None:
+            self._mode = "nested"
         self._close = self._syntax.param_close.replace("{key}", raw_key)
         self._lead = not self._syntax.newlines
         self._cdata = self._syntax.cdata and self._mode != "json" and "string" in value_types(self._schema)
@@ -124,6 +128,8 @@ class TaggedCalls:
 
     def _value(self, text: str, limit: int) -> tuple[int, bool]:
         """Read the value on to ``limit``: (where reading got to, whether the value ended)."""
+        if self._mode == "nested":
+            return self._nested(text, limit)
         args = self._given().args
         if self._cdata:   # a CDATA section: its inner text is the (string) value
             head = text[self._start:min(limit, self._start + len(CDATA_OPEN))]
@@ -156,6 +162,21 @@ class TaggedCalls:
                 self.error = True
                 return end, False
         return end + len(self._close), True
+
+    def _nested(self, text: str, limit: int) -> tuple[int, bool]:
+        """A value that may be written as nested tags: given out whole once one of its closing
+        tags ends it, or, where it is not written so, read as a flat value. One cut off stays
+        open, as a flat value does."""
+        try:
+            read = read_nested(self._syntax, text, self._start, self._schema, self._close, self._search, limit)
+        except NeedMore:
+            self._search = max(self._search, limit - len(self._close) + 1)
+            return self._start, False
+        if read is None:   # the text up to its first closing tag, typed (as `TagSyntax.read` takes it)
+            self._mode, self._search = "typed", self._start
+            return self._value(text, limit)
+        self._given().args.append(json.dumps(read[0], ensure_ascii=False))
+        return read[1], True
 
     def _stream(self, text: str, stop: int, whole: bool, args: list) -> None:
         """Send a string value's text up to ``stop``, less a layout newline at either end."""

@@ -18,7 +18,7 @@ import hashlib
 from typing import Optional
 
 from llama.chat.call_formats import FORMATS, Block, detect_tool_format, tool_format
-from llama.chat.call_grammar import function_of, generic_tools_instruction, tool_call_grammar
+from llama.chat.call_grammar import generic_tools_instruction, parameter_schemas, tool_call_grammar
 from llama.chat.call_streams import CallStream, held, skip_ws
 
 __all__ = ["FORMATS", "ToolCallStream", "assemble_deltas", "detect_tool_format", "generic_tools_instruction",
@@ -156,7 +156,7 @@ class ToolCallStream:
     def __init__(self, fmt: str, seed: str | int = 0, tools: Optional[list[dict]] = None,
                  parallel: bool = True) -> None:
         self._fmt = tool_format(fmt)
-        self._schemas = {f.get("name"): f.get("parameters") or {} for f in (function_of(t) for t in tools or [])}
+        self._schemas = parameter_schemas(tools or [])
         self._seed = seed
         self._parallel = parallel
         self._text = ""
@@ -277,12 +277,13 @@ class ToolCallStream:
         end, self._json_scan = _json_end(text, i, self._json_scan)
         if end is None:
             return (n if final else None), i, n, False
-        if block.close:   # a closing marker after the JSON, which a model may leave out
-            if not final and n - end < len(block.close) and block.close.startswith(text[end:]):
+        if block.close:   # a closing marker after the JSON (blanks before it), which a model may leave out
+            at = skip_ws(text, end, n)
+            if not final and n - at < len(block.close) and block.close.startswith(text[at:]):
                 self._json_scan = None   # rescanned next time (the JSON has closed: the state would not say so)
                 return None, i, end, True
-            if text.startswith(block.close, end):
-                return end + len(block.close), i, end, True
+            if text.startswith(block.close, at):
+                return at + len(block.close), i, end, True
         return end, i, end, True
 
     def _stream_reader(self, block: Block, start: int, head: dict) -> Optional[CallStream]:

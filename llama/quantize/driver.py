@@ -1,12 +1,13 @@
-"""`quantize_file`: llama-quantize's llama_model_quantize, writing the file it writes.
+"""`quantize_file`: llama-quantize's llama_model_quantize, writing the file (or, with
+--keep-split, the files) it writes.
 
 The layout is gguf.cpp's: GGUF version 3, the metadata of plan.py, one tensor info per tensor
 in the loader's order (dimensions trimmed as ggml_n_dims counts them, offsets padded to 32
 bytes), the data section aligned to 32 and every tensor's data padded to 32. Tensors keep
 their bytes where the type does not change; the others are decoded to float32 (F16/BF16
 widened, quantised types dequantised) and encoded by ggmlpy's reference quantisers, which
-are ggml's byte for byte. The file is written under a temporary name beside OUT and renamed
-once complete, so a failure never leaves a half-written OUT.
+are ggml's byte for byte. Each file is written under a temporary name beside its final one
+and all are renamed once every one is complete, so a failure never leaves a half-written OUT.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import numpy as np
 
 from ggmlpy.gguf import GGUFFile
 from ggmlpy.gguf.constants import DEFAULT_ALIGNMENT, GGUF_MAGIC
+from ggmlpy.gguf.file import split_path
 from ggmlpy.gguf.writer import encode_value
 from ggmlpy.ir.types import GGMLType, row_size
 from ggmlpy.quants import dequantize, quantize
@@ -33,7 +35,7 @@ from ggmlpy.quants.validate import can_validate, validate_tensor
 from llama.quantize.imatrix import Imatrix, load_imatrix
 from llama.quantize.mixes import Mix, parse_ggml_type, parse_mix
 from llama.quantize.names import n_dims
-from llama.quantize.plan import Plan, TensorPlan, make_plan, parse_override_kv
+from llama.quantize.plan import KV, Plan, TensorPlan, make_plan, parse_override_kv
 from llama.quantize.rules import Params
 
 ALIGN = DEFAULT_ALIGNMENT   # llama-quantize lays its output out at GGUF_DEFAULT_ALIGNMENT
@@ -45,13 +47,18 @@ PARALLEL_ELEMENTS = 1 << 23  # below this much to convert, starting worker proce
 class QuantizeResult:
     """What was (or, with dry_run, would be) written."""
 
-    path: Path | None
+    paths: list[Path]                   # the files written, in order (none with dry_run)
     mix: Mix
     types: dict[str, GGMLType]          # every tensor's type in the output
-    size_in: int                        # bytes of tensor data in and out
+    size_in: int                        # bytes of tensor data in and out (pruned tensors left out)
     size_out: int
-    n_elements: int
+    n_elements: int                     # of every input tensor, as llama-quantize counts them for BPW
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def path(self) -> Path | None:
+        """The (first) file written; None with dry_run."""
+        return self.paths[0] if self.paths else None
 
 
 def _padded(n: int) -> int:
@@ -63,14 +70,14 @@ def _string(raw: str) -> bytes:
     return struct.pack("<Q", len(b)) + b
 
 
-def header_bytes(plan: Plan) -> bytes:
-    """gguf_get_meta_data of the output: magic, version 3, counts, metadata, tensor infos,
+def header_bytes(kvs: list[KV], tensors: list[TensorPlan]) -> bytes:
+    """gguf_get_meta_data of an output file: magic, version 3, counts, metadata, tensor infos,
     zero padding to the alignment."""
-    out = [GGUF_MAGIC, struct.pack("<IQQ", 3, len(plan.tensors), len(plan.kvs))]
-    for key, vtype, value, etype in plan.kvs:
+    out = [GGUF_MAGIC, struct.pack("<IQQ", 3, len(tensors), len(kvs))]
+    for key, vtype, value, etype in kvs:
         out += [_string(key), struct.pack("<I", vtype), encode_value(vtype, value, etype)]
     offset = 0
-    for tp in plan.tensors:
+    for tp in tensors:
         nd = n_dims(tp.ne)
         out += [_string(tp.name), struct.pack(f"<I{nd}q", nd, *tp.ne[:nd]), struct.pack("<IQ", tp.dst_type, offset)]
         offset += _padded(tp.dst_bytes)
@@ -105,14 +112,15 @@ def encode_job(raw: np.ndarray, src: GGMLType, ne0: int, rows: int, dst: GGMLTyp
 Piece = Union[np.ndarray, Future, None]   # bytes to write, bytes being encoded, end of a tensor
 
 
-def _pieces(f: GGUFFile, plan: Plan, submit: Callable[..., Piece]) -> Iterator[tuple[TensorPlan, Piece]]:
+def _pieces(f: GGUFFile, tensors: list[TensorPlan],
+            submit: Callable[..., Piece]) -> Iterator[tuple[TensorPlan, Piece]]:
     """Every tensor's data in file order: its bytes as they are, or its rows in units of
     about WORK_ELEMENTS handed to `submit`; then None. The input is validated as llama.cpp's
     loader validates what it reads (check_tensors)."""
-    for tp in plan.tensors:
-        data = f.tensors[tp.name].data
+    for tp in tensors:
+        data = f.tensors[tp.source].data
         if can_validate(tp.src_type):   # all but MXFP4
-            validate_tensor(tp.name, tp.src_type, data)
+            validate_tensor(tp.source, tp.src_type, data)
         if not tp.convert:
             yield tp, data
         else:
@@ -170,13 +178,17 @@ def quantize_file(inp: str | os.PathLike, out: str | os.PathLike | None, mix: st
                   tensor_types: Sequence[str] = (), allow_requantize: bool = False, pure: bool = False,
                   imatrix: str | os.PathLike | None = None, include_weights: Sequence[str] = (),
                   exclude_weights: Sequence[str] = (), override_kv: Sequence[str] = (),
+                  prune_layers: Sequence[int] = (), keep_split: bool = False,
                   dry_run: bool = False, progress: bool | None = None) -> QuantizeResult:
     """Quantize the GGUF model `inp` to `out` as `llama-quantize inp out MIX` does.
 
     `tensor_types` are llama-quantize's --tensor-type PATTERN=TYPE (a regular expression
     searched in each tensor name; the first that matches wins); `out` None names the output
-    ggml-model-MIX.gguf beside the input. `progress` None shows a bar on a terminal only.
-    Raises ValueError (or OSError) naming the file, tensor or option at fault.
+    ggml-model-MIX.gguf beside the input. `prune_layers` drops those layers and renumbers the
+    rest (--prune-layers); `keep_split` writes a split input as the same files, named
+    OUT-0000i-of-0000N.gguf with OUT's .gguf left out (--keep-split). `progress` None shows a
+    bar on a terminal only. Raises ValueError (or OSError) naming the file, tensor or option
+    at fault.
     """
     chosen = mix if isinstance(mix, Mix) else parse_mix(str(mix))
     if chosen is None:
@@ -185,7 +197,7 @@ def quantize_file(inp: str | os.PathLike, out: str | os.PathLike | None, mix: st
     if out is None and not dry_run:
         out = inp.parent / f"ggml-model-{chosen.name}.gguf"
     out = None if out is None else Path(out)
-    if out is not None and not dry_run and _same_file(inp, out):
+    if out is not None and not dry_run and not keep_split and _same_file(inp, out):
         raise ValueError(f"input and output files are the same: '{inp}'")
     params = Params(ftype=chosen.ftype, quantize_output_tensor=not leave_output_tensor,
                     only_copy=chosen.name == "COPY", pure=pure, tensor_types=[_tensor_type(s) for s in tensor_types],
@@ -198,40 +210,61 @@ def quantize_file(inp: str | os.PathLike, out: str | os.PathLike | None, mix: st
     if im is not None and im.data:
         overrides += _imatrix_keys(im, imatrix)
     with GGUFFile(inp) as f:
-        plan = make_plan(f, params, im if im is not None and im.data else None, allow_requantize, overrides)
-        result = QuantizeResult(None if dry_run else out, chosen, {tp.name: tp.dst_type for tp in plan.tensors},
-                                sum(f.tensors[tp.name].nbytes for tp in plan.tensors),
+        plan = make_plan(f, params, im if im is not None and im.data else None, allow_requantize, overrides,
+                         sorted(set(prune_layers)), keep_split)
+        paths = [] if out is None or dry_run else output_paths(out, plan.n_split, keep_split)
+        for path in paths:
+            if any(_same_file(part, path) for part in f.paths):
+                raise ValueError(f"input and output files are the same: '{path}'")
+        result = QuantizeResult(paths, chosen, {tp.name: tp.dst_type for tp in plan.tensors},
+                                sum(f.tensors[tp.source].nbytes for tp in plan.tensors),
                                 sum(tp.dst_bytes for tp in plan.tensors),
-                                sum(f.tensors[tp.name].n_elements for tp in plan.tensors), plan.warnings)
-        if not dry_run:
-            _write(f, plan, out, nthread, progress)
+                                sum(t.n_elements for t in f.tensors.values()), plan.warnings)
+        if paths:
+            _write(f, plan, paths, nthread, progress)
     return result
 
 
-def _write(f: GGUFFile, plan: Plan, out: Path, nthread: int, progress: bool | None) -> None:
-    """The file under a temporary name in OUT's folder, renamed to OUT once complete. With
-    more than one thread and enough to convert, `nthread` worker processes encode (numpy's
-    small per-block steps hold the GIL too often for threads to help), a few units ahead of
-    the writer, which keeps the file order."""
+def output_paths(out: Path, n_split: int, keep_split: bool) -> list[Path]:
+    """The files written: OUT, or with keep_split llama_split_path's PREFIX-0000i-of-0000N.gguf
+    for each, PREFIX being OUT without its .gguf (one file too, when the input is not split)."""
+    if not keep_split:
+        return [out]
+    prefix = out.with_name(out.name[:-len(".gguf")]) if out.name.endswith(".gguf") else out
+    return [split_path(prefix, i, n_split) for i in range(n_split)]
+
+
+def _write(f: GGUFFile, plan: Plan, paths: list[Path], nthread: int, progress: bool | None) -> None:
+    """Each file under a temporary name in its folder, all renamed once every one is complete.
+    With more than one thread and enough to convert, `nthread` worker processes encode
+    (numpy's small per-block steps hold the GIL too often for threads to help), a few units
+    ahead of the writer, which keeps the file order."""
     nthread = nthread if nthread > 0 else (os.cpu_count() or 1)
     work = sum(tp.n_rows * tp.ne[0] for tp in plan.tensors if tp.convert)
     pool = _pool(nthread) if nthread > 1 and work >= PARALLEL_ELEMENTS else None
+    submit = pool.submit if pool is not None else _inline
     bar = _progress_bar(len(plan.tensors), progress)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    tmps: list[Path] = []
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(header_bytes(plan))
-            pending: deque[tuple[TensorPlan, Piece]] = deque()
-            for item in _pieces(f, plan, pool.submit if pool is not None else _inline):
-                pending.append(item)
-                while len(pending) > 2 * nthread:
+        for i, out in enumerate(paths):
+            fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+            tmps.append(Path(tmp))
+            kvs, tensors = plan.shard(i)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(header_bytes(kvs, tensors))
+                pending: deque[tuple[TensorPlan, Piece]] = deque()
+                for item in _pieces(f, tensors, submit):
+                    pending.append(item)
+                    while len(pending) > 2 * nthread:
+                        _emit(fh, *pending.popleft(), bar)
+                while pending:
                     _emit(fh, *pending.popleft(), bar)
-            while pending:
-                _emit(fh, *pending.popleft(), bar)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, out)
+            os.chmod(tmp, 0o666 & ~_umask())
+        for tmp, out in zip(tmps, paths):
+            os.replace(tmp, out)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
         raise
     finally:
         if pool is not None:

@@ -228,7 +228,7 @@ def chat_kwargs(body: dict, config: ServerConfig, vocab: "Vocab") -> dict:
         reasoning_budget=reasoning_budget(body, config),
         reasoning_budget_message=field(body, "reasoning_budget_message", (str,), config.reasoning_budget_message),
         add_generation_prompt=field(body, "add_generation_prompt", (bool,), True),
-        continue_final_message=field(body, "continue_final_message", (bool,)),
+        continue_final_message=field(body, "continue_final_message", (bool, str)),
     )
     if kwargs["grammar"] is not None and kwargs["response_format"] is not None:
         raise bad_request("give either 'grammar' or 'response_format', not both")

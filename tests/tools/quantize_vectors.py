@@ -3,9 +3,10 @@ for tests/llama/quantize/test_llama_cpp_identity.py (ggmlpy's quantize must writ
 bytes).
 
 Writes every input (seeded, so the same bytes every time; their sha256 goes with the
-vectors), runs `llama-quantize OPTIONS IN OUT MIX 2` on each case in a scratch folder (the
-importance matrix is passed as a relative path: llama-quantize records the path it was
-given), and records the output's sha256, or the error line when llama-quantize refuses. With
+vectors; split inputs part by part), runs `llama-quantize OPTIONS IN out/out.gguf MIX 2` on
+each case in a scratch folder (the importance matrix is passed as a relative path:
+llama-quantize records the path it was given), and records the output's sha256 (with
+--keep-split, each file's name and sha256), or the error line when llama-quantize refuses. With
 --smollm2 it also records SmolLM2-135M (the Q4_1 file of ggmlpy.hub) made F16 and that F16
 made Q4_K_M. Not a test and not a dependency; rerun it with the llama.cpp that
 llama-cpp-python 0.3.36 vendors when the reference or the inputs change:
@@ -16,13 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tests.llama.quantize.cases import CASES, DATA, FILES, case_id, sha256, write_file, write_imatrix
+from tests.llama.quantize.cases import (
+    CASES, DATA, FILES, SPLIT_FILES, case_id, sha256, write_file, write_imatrix, write_split_file, written,
+)
 
 
 def run(binary: str, folder: Path, options: list[str], inp: str, out: str, mix: str) -> tuple[int, str, float]:
@@ -62,14 +66,24 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         files = {name: sha256(write_file(name, folder)) for name in FILES}
+        for name in SPLIT_FILES:
+            files.update({p.name[:-len(".gguf")]: sha256(p) for p in write_split_file(name, folder)})
         imatrix = sha256(write_imatrix(folder))
         imatrix_dense = sha256(write_imatrix(folder, dense=True))
         cases = {}
+        out = folder / "out"
         for file, options, mix in CASES:
-            rc, log, _ = run(args.llama_quantize, folder, options, f"{file}.gguf", "out.gguf", mix)
+            out.mkdir()
+            rc, log, _ = run(args.llama_quantize, folder, options, f"{file}.gguf", "out/out.gguf", mix)
             key = case_id(file, options, mix)
-            cases[key] = {"sha256": sha256(folder / "out.gguf")} if rc == 0 else {"error": error_line(log)}
-            (folder / "out.gguf").unlink(missing_ok=True)
+            outputs = written(out)
+            if rc != 0:
+                cases[key] = {"error": error_line(log)}
+            elif list(outputs) == ["out.gguf"]:
+                cases[key] = {"sha256": outputs["out.gguf"]}
+            else:
+                cases[key] = {"outputs": outputs}
+            shutil.rmtree(out)
             print(f"{key}: {cases[key]}", file=sys.stderr)
         result = {"files": files, "imatrix": imatrix, "imatrix_dense": imatrix_dense, "cases": cases}
         result["smollm2"] = smollm2(args.llama_quantize, folder) if args.smollm2 else old.get("smollm2")

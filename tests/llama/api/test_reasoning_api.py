@@ -106,6 +106,28 @@ def test_a_last_assistant_message_is_continued(thinker):
                 if needle == "Cannot set both" else thinker.create_chat_completion(bad, max_tokens=1)
 
 
+def test_continue_final_message_names_the_part_continued(thinker):
+    """llama-server's `continue_final_message` may name the part: "content" closes the
+    message's reasoning even where it has no content yet, "reasoning_content" leaves the
+    reasoning open and drops the content; anything else is refused by name."""
+    thought_only = HELLO + [{"role": "assistant", "content": "", "reasoning_content": "Hmm"}]
+    as_content = thinker.apply_chat_template(thought_only, add_generation_prompt=False,
+                                             continue_final_message="content")
+    assert as_content.endswith("<｜Assistant｜><think>Hmm</think>")
+    reply = thinker.create_chat_completion(thought_only, max_tokens=40, add_generation_prompt=False,
+                                           continue_final_message="content",
+                                           logits_processor=[scripted(thinker, "Hello there")])
+    message = reply["choices"][0]["message"]
+    assert message["reasoning_content"] == "Hmm" and message["content"] == "Hello there"
+    both = HELLO + [{"role": "assistant", "content": "It is", "reasoning_content": "Look"}]
+    as_reasoning = thinker.apply_chat_template(both, add_generation_prompt=False,
+                                               continue_final_message="reasoning_content")
+    assert as_reasoning.endswith("<｜Assistant｜><think>Look")
+    with pytest.raises(ValueError, match="continue_final_message 'yes' is not one of"):
+        thinker.create_chat_completion(both, max_tokens=1, add_generation_prompt=False,
+                                       continue_final_message="yes")
+
+
 def test_a_reasoning_budget_forces_the_end_of_thinking(thinker):
     """llama-server's reasoning budget: after N reasoning tokens the message and the end
     marker are forced, and the model goes on with its answer (here it only ever writes

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from llama.chat.json_stream import JsonReader
-from llama.chat.tool_calls import FORMATS, ToolCallStream, parse_tool_calls, tool_call_grammar
-from tests.llama.chat.test_tool_calls import MM, TOOLS, accepts, render, tokenizer  # noqa: F401 (fixture)
+from llama.chat.tool_calls import FORMATS, ToolCallStream, assemble_deltas, parse_tool_calls, tool_call_grammar
+from tests.llama.chat.test_tool_calls import MM, TOOLS, accepts, generated, render, tokenizer  # noqa: F401 (fixture)
 
 LONG = {"city": "Paris, " + "the city of light; " * 20 + 'with "quotes", \\ and é', "days": 3}
 STREAMED = sorted(f for f in FORMATS if any(b.stream for b in FORMATS[f].blocks))
@@ -125,6 +125,9 @@ def test_a_call_waits_for_its_whole_name_and_the_id_it_writes() -> None:
     ("deepseek", '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"city"', "get_time", '{"city"'),
     ("mistral_args", '[TOOL_CALLS]get_time[ARGS]{"city": "Lima"', "get_time", '{"city": "Lima"'),
     ("functionary_v3_1", '<function=get_time>{"city": ', "get_time", '{"city": '),
+    ("functionary_v3_2", '>>>get_time\n{"city": "Li', "get_time", '{"city": "Li'),
+    ("command_r_plus", 'Action:\n```json\n[{"tool_name": "get_time", "parameters": {"city": "Li', "get_time",
+     '{"city": "Li'),
     ("gemma4", '<|tool_call>call:get_weather{city:<|"|>Par', "get_weather", '{"city": "Par'),
     ("gemma4", '<|tool_call>call:get_weather{city:<|"|>Paris<|"', "get_weather", '{"city": "Paris'),
     ("gemma4", '<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>,days:12', "get_weather", '{"city": "Oslo", "days": '),
@@ -186,15 +189,15 @@ def test_parallel_tool_calls_in_the_forced_grammars(tokenizer, fmt: str) -> None
     family writes several (llama.cpp's `(call)+`), still one where it writes one."""
     single = tool_call_grammar(TOOLS, "required", fmt)
     several = tool_call_grammar(TOOLS, "required", fmt, parallel=True)
-    one = render(fmt, *TWO[0])
+    one = generated(fmt, render(fmt, *TWO[0]))
     assert accepts(tokenizer, single, one) and accepts(tokenizer, several, one)
     if FORMATS[fmt].grammar.repeat is None:
         assert several == single
         return
     two = _two_calls(fmt)
-    assert not accepts(tokenizer, single, two), two
-    assert accepts(tokenizer, several, two), two
-    assert not accepts(tokenizer, several, two + " and more")
+    assert not accepts(tokenizer, single, generated(fmt, two)), two
+    assert accepts(tokenizer, several, generated(fmt, two)), two
+    assert not accepts(tokenizer, several, generated(fmt, two) + " and more")
     calls = parse_tool_calls(two, fmt, tools=TOOLS)[1]
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == TWO
     first = parse_tool_calls(two, fmt, tools=TOOLS, parallel=False)[1]
@@ -230,3 +233,25 @@ def test_minimax_m3_keeps_its_closing_tag_apart_from_an_argument_tag() -> None:
     assert f"{MM}</invoke>" in text
     calls = parse_tool_calls(text, "minimax_m3", tools=TOOLS)[1]
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris", "days": 3}
+
+
+def test_minimax_m3_streams_a_nested_argument_whole() -> None:
+    """An object or array argument written as nested tags is given out once its closing tag ends it
+    (an inner tag of the same name does not), wherever the reply is cut; the pieces add up to the
+    parse of the whole reply."""
+    from tests.llama.chat.test_tagged_calls import NESTED, SHAPES, to_xml
+    tools = [{"type": "function", "function": SHAPES}]
+    args = {**NESTED, "entries": [{"id": 1, "entries": [True]}]}
+    text = f'Sure.{MM}<tool_call>\n{MM}<invoke name="shapes">{to_xml(args)}{MM}</invoke>\n{MM}</tool_call>'
+    pieces, calls = _arguments_deltas("minimax_m3", text, tools)
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [("shapes", args)]
+    assert "".join(p["function"]["arguments"] for p in pieces) == calls[0]["function"]["arguments"]
+    assert json.dumps(args["entries"]) in [p["function"]["arguments"] for p in pieces]
+    whole = parse_tool_calls(text, "minimax_m3", 3, tools)
+    for cut in range(len(text) + 1):
+        stream = ToolCallStream("minimax_m3", 3, tools)
+        assert assemble_deltas(stream.feed(text[:cut]) + stream.feed(text[cut:]) + stream.finish()) == whole
+    inner = text.index(f"{MM}</entries>") + len(f"{MM}</entries>")   # the item's own entries end there
+    so_far = [tc for d in ToolCallStream("minimax_m3", 3, tools).feed(text[:inner])
+              for tc in d.get("tool_calls", ())]
+    assert "".join(tc["function"]["arguments"] for tc in so_far).endswith(', "entries": ')

@@ -10,13 +10,16 @@ import pytest
 from llama.chat.reasoning import KNOWN_TAGS, Reasoning, ReasoningSplit, opens_thinking, thinking_tags
 
 TEMPLATES = Path(__file__).parent / "templates"
-THINK = next(t for t in KNOWN_TAGS if t.start == "<think>")
+THINK = next(t for t in KNOWN_TAGS if t.start == "<think>" and not t.needle)
+LING = next(t for t in KNOWN_TAGS if t.inline_when_none)
 COHERE = next(t for t in KNOWN_TAGS if t.start == "<|START_THINKING|>")
+APRIEL = next(t for t in KNOWN_TAGS if t.start == "<|begin_assistant|>")
 
 
 @pytest.mark.parametrize("template, tags", [
     ("Qwen-Qwen3-0.6B", THINK), ("Qwen-QwQ-32B", THINK), ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", THINK),
     ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", COHERE),
+    ("Apriel-1.6-15b-Thinker-fixed", APRIEL), ("unsloth-Apriel-1.5", None), ("inclusionai-ling-3.0-flash", LING),
     ("meta-llama-Llama-3.1-8B-Instruct", None), ("Qwen-Qwen2.5-7B-Instruct", None),
 ])
 def test_the_markers_come_from_the_template(template, tags):
@@ -36,6 +39,12 @@ CASES = [
     (THINK, "deepseek-legacy", True, "x</think>Hi", ("x", "<think>x</think>Hi")),
     (THINK, "none", True, "x</think>Hi", ("", "x</think>Hi")),
     (COHERE, "deepseek", False, "<|START_THINKING|>plan<|END_THINKING|>Answer", ("plan", "Answer")),
+    # Ling 3 under reasoning format "none": the reasoning's text stays, its markers go
+    (LING, "inline", True, "x\n</think>\nHi", ("", "x\n\nHi")),
+    (LING, "inline", False, "<think>x</think>Hi <think>y</think>", ("", "xHi <think>y</think>")),
+    # Apriel 1.6: the reply is read from the marker its prompt wrote, with the reasoning's lead
+    (APRIEL, "deepseek", False, "<|begin_assistant|>\nHere are my reasoning steps:\nI am\n[BEGIN FINAL RESPONSE]\nHi",
+     ("Here are my reasoning steps:\nI am", "Hi")),
 ]
 
 
@@ -67,3 +76,34 @@ def test_an_open_block_at_the_prompts_end():
     assert opens_thinking("<|im_start|>assistant\n<think>\n", THINK)
     assert not opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n", THINK)
     assert not opens_thinking("<|im_start|>assistant\n", None)
+    # Apriel 1.6's generation prompt writes the reasoning's lead after the marker
+    assert APRIEL.lead == "Here are my reasoning steps:"
+    assert opens_thinking("<|begin_user|>\nHi\n<|begin_assistant|>\nHere are my reasoning steps:\n", APRIEL)
+    assert not opens_thinking("<|begin_assistant|>\nHere are my reasoning steps:\nx\n[BEGIN FINAL RESPONSE]\n", APRIEL)
+    assert not opens_thinking("Here are my reasoning steps:\n", THINK)
+
+
+def test_apriel_reads_the_reasoning_lead_its_prompt_wrote():
+    """Apriel 1.6's generation prompt writes the reasoning's lead after its marker: the reasoning
+    starts with it (as llama.cpp reads the generation prompt with the reply); a continued message
+    gives the lead way to the message's own reasoning."""
+    from llama.api.chat_completion import ChatSetup, reply_reader
+    from llama.api.chat_prompt import chat_prompt
+    from llama.chat import ChatTemplate
+    from llama.chat.reply import parse_reply
+
+    setup = ChatSetup.for_template(ChatTemplate((TEMPLATES / "Apriel-1.6-15b-Thinker-fixed.jinja").read_text(),
+                                                lenient=True))
+    user = [{"role": "user", "content": "Hi"}]
+    prompt = chat_prompt(setup, user)
+    assert prompt.opened and prompt.text.endswith("<|begin_assistant|>\nHere are my reasoning steps:\n")
+    reply = "a\nb\n[BEGIN FINAL RESPONSE]\nHello!"
+    message = parse_reply(reply, reply_reader(setup, prompt, None, "none", "auto"))
+    assert (message["reasoning_content"], message["content"]) == ("Here are my reasoning steps:\na\nb", "Hello!")
+    raw = parse_reply(reply, reply_reader(setup, prompt, None, "none", "none"))["content"]
+    assert raw == "<|begin_assistant|>\nHere are my reasoning steps:\n" + reply
+    continued = chat_prompt(setup, user + [{"role": "assistant", "content": "", "reasoning_content": "I'm"}],
+                            add_generation_prompt=False)
+    assert continued.opened and continued.text.endswith("\n<|begin_assistant|>I'm")
+    message = parse_reply(" sure[BEGIN FINAL RESPONSE]Yes", reply_reader(setup, continued, None, "none", "auto"))
+    assert (message["reasoning_content"], message["content"]) == ("I'm sure", "Yes")

@@ -1,6 +1,7 @@
 """Qwen3-Coder's XML tool calls (llama/chat/tagged_calls.py): values typed by the tool's schema
 as llama.cpp's qwen3-coder parser types them, malformed blocks refused, and the forced-call
-grammar accepting exactly the calls the reader reads (checked with llguidance itself)."""
+grammar accepting exactly the calls the reader reads (checked with llguidance itself); and
+MiniMax M3's object and array arguments, written as nested tags."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,7 @@ import json
 import llguidance
 import pytest
 
-from llama.chat.tagged_calls import QWEN3_CODER, typed_value
+from llama.chat.tagged_calls import MINIMAX_M3, MINIMAX_NS, QWEN3_CODER, typed_value
 
 
 def read_xml_calls(payload, schemas):
@@ -113,3 +114,89 @@ def test_the_format_is_detected_streamed_and_forced():
     assert tool_call_grammar(tools, "required", "qwen3_coder") == xml_call_grammar([WEATHER, PYTHON])
     assert "python" not in tool_call_grammar(tools, {"type": "function", "function": {"name": "get_weather"}},
                                              "qwen3_coder")
+
+
+# MiniMax M3: object and array values as nested tags (its template's to_xml), read as llama.cpp's
+# minimax-m3 parser reads them, streamed whole, and written so by the forced-call grammar.
+
+NS = MINIMAX_NS
+SHAPES = {"name": "shapes", "parameters": {"type": "object", "properties": {
+    "point": {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"},
+                                               "label": {"type": "string"}}, "required": ["x", "y"]},
+    "tags": {"type": "array", "items": {"type": "string"}},
+    "rows": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+    "entries": {"type": "array", "items": {"type": "object", "properties": {
+        "id": {"type": "integer"}, "entries": {"type": "array", "items": {"type": "boolean"}}}, "required": ["id"]}},
+    "limit": {"oneOf": [{"type": "integer"}, {"type": "object", "properties": {"max": {"type": "integer"}},
+                                                "required": ["max"]}]},
+    "filter": {"anyOf": [{"type": "array", "items": {"type": "string"}},
+                         {"type": "object", "properties": {"field": {"type": "string"}}, "required": ["field"]}]},
+    "note": {"oneOf": [{"type": "string"}, {"type": "object", "properties": {"text": {"type": "string"}}}]},
+}, "required": ["point"]}}
+M3_SCHEMAS = {"shapes": SHAPES["parameters"]}
+
+
+def to_xml(value) -> str:
+    """A value as MiniMax M3's template writes it (its to_xml macro)."""
+    if isinstance(value, dict):
+        return "".join(f"{NS}<{k}>{to_xml(v)}{NS}</{k}>" for k, v in value.items())
+    if isinstance(value, list):
+        return "".join(f"{NS}<item>{to_xml(v)}{NS}</item>" for v in value)
+    return json.dumps(value) if isinstance(value, bool) else str(value)
+
+
+def m3_call(args: dict, name: str = "shapes") -> str:
+    return f'{NS}<invoke name="{name}">' + to_xml(args) + f"{NS}</invoke>"
+
+
+NESTED = {"point": {"x": 1.5, "y": -2, "label": "a <b>"}, "tags": ["alpha", "beta"], "rows": [[1, 2], [], [3]],
+          "entries": [{"id": 1, "entries": [True, False]}, {"id": 2}], "limit": {"max": 10},
+          "filter": ["x"], "note": "plain"}
+
+
+@pytest.mark.parametrize("args", [NESTED, {"point": {"x": 0, "y": 0}, "limit": 5, "filter": {"field": "f"}}])
+def test_minimax_m3_reads_nested_arguments(args):
+    """Objects, arrays, arrays of arrays and of objects, a member named as its parent, and a
+    union's first alternative that reads (llama.cpp's minimax-m3 cases)."""
+    assert [(n, json.loads(a)) for n, a in MINIMAX_M3.read(m3_call(args), M3_SCHEMAS)] == [("shapes", args)]
+    same_name = {"point": {"x": 1, "y": 2}, "entries": [{"id": 3, "entries": [True]}]}
+    assert json.loads(MINIMAX_M3.read(m3_call(same_name), M3_SCHEMAS)[0][1]) == same_name
+
+
+def test_minimax_m3_reads_the_text_of_what_is_not_nested_tags():
+    """A union with a string is text, nested tags and all (as llama.cpp reads it); a value not
+    written as its schema's tags (required members out of order, a leaf not of its type, JSON)
+    is read as a flat value is: JSON of its type, else the text up to its closing tag."""
+    def read(args_xml: str) -> dict:
+        return json.loads(MINIMAX_M3.read(f'{NS}<invoke name="shapes">{args_xml}{NS}</invoke>', M3_SCHEMAS)[0][1])
+
+    assert read(to_xml({"note": {"text": "hi"}})) == {"note": f"{NS}<text>hi{NS}</text>"}
+    assert read(to_xml({"point": {"y": 2, "x": 1}})) == {"point": to_xml({"y": 2, "x": 1})}
+    assert read(to_xml({"limit": {"max": "many"}})) == {"limit": f"{NS}<max>many{NS}</max>"}
+    assert read(f'{NS}<point>{{"x": 1, "y": 2}}{NS}</point>{NS}<tags>oops{NS}</tags>') == {
+        "point": {"x": 1, "y": 2}, "tags": "oops"}
+    # a value that no closing tag of it ends (the call cut off inside it): not a call
+    cut = f"{NS}<entries>{NS}<item>{NS}<id>1{NS}</id>{NS}<entries>{NS}<item>true{NS}</item>{NS}</entries>"
+    assert MINIMAX_M3.read(f'{NS}<invoke name="shapes">{cut}{NS}</invoke>', M3_SCHEMAS) is None
+
+
+def test_the_minimax_m3_grammar_writes_nested_arguments():
+    """The forced call writes objects and arrays as the template does (as llama.cpp's grammar
+    has it): the required members in order, leaves of their types, and what it takes reads back."""
+    from llama.chat.tool_calls import tool_call_grammar
+    grammar = tool_call_grammar([{"type": "function", "function": SHAPES}], "required", "minimax_m3")
+
+    def block(args_xml: str) -> str:
+        return f'{NS}<tool_call>\n{NS}<invoke name="shapes">{args_xml}{NS}</invoke>\n{NS}</tool_call>'
+
+    for args in (NESTED, {"point": {"x": 0, "y": 0}, "limit": 5, "filter": {"field": "f"}, "rows": []}):
+        text = block(to_xml(args))
+        assert _accepts(grammar, text), text
+        assert json.loads(MINIMAX_M3.read(text[len(f"{NS}<tool_call>"):-len(f"{NS}</tool_call>")], M3_SCHEMAS)[0][1]) \
+            == args
+    assert _accepts(grammar, block(to_xml({"point": {"x": 1, "y": 2}, "note": {"text": "hi"}})))   # text
+    for bad in ({"point": {"y": 2, "x": 1}}, {"point": {"x": 1}}, {"point": {"x": "one", "y": 2}},
+                {"point": {"x": 1, "y": 2}, "limit": {"max": "many"}}, {"point": {"x": 1, "y": 2, "z": 3}},
+                {"point": {"x": 1, "y": 2}, "rows": [["a"]]}):
+        assert not _accepts(grammar, block(to_xml(bad))), bad
+    assert not _accepts(grammar, block(f'{NS}<point>{{"x": 1, "y": 2}}{NS}</point>'))

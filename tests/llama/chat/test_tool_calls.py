@@ -37,6 +37,7 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
     ("Mistral-Small-3.2-24B-Instruct-2506", "mistral_args"),
     ("mistralai-Ministral-3-14B-Reasoning-2512", "mistral_args"),
     ("meetkai-functionary-medium-v3.1", "functionary_v3_1"),
+    ("meetkai-functionary-medium-v3.2", "functionary_v3_2"),
     ("ByteDance-Seed-OSS", "seed_oss"),
     ("MiniMax-M2", "minimax_m2"),
     ("MiniMax-M3", "minimax_m3"),
@@ -52,7 +53,9 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
     ("unsloth-Apriel-1.5", "apriel"),
     ("Apertus-8B-Instruct", "apertus"),
     ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", "command_r7b"),
+    ("CohereForAI-c4ai-command-r-plus-tool_use", "command_r_plus"),
     ("openbmb-MiniCPM5-1B", "minicpm5"),
+    ("muse-glimmer", "muse_glimmer"),
 ])
 def test_detect_on_llama_cpp_templates(name: str, fmt: str) -> None:
     assert detect_tool_format((TEMPLATES / f"{name}.jinja").read_text()) == fmt
@@ -112,6 +115,16 @@ def calls_of(text: str, fmt: str) -> tuple[str | None, list[tuple[str, dict]]]:
     ("generic", '{"response": "Hello \\"there\\"\\n\\u00e9 \\ud83d\\ude00"}', 'Hello "there"\né 😀', []),
     ("generic", "Plain text, no JSON.", "Plain text, no JSON.", []),
     ("generic", '{"something": "else"}', '{"something": "else"}', []),
+    # Functionary v3.2: each message opens with >>> and its recipient (the prompt writes the first >>>)
+    ("functionary_v3_2", '>>>get_time\n{"city": "Oslo"}>>>get_weather\n{"city": "Rome"}', None,
+     [("get_time", {"city": "Oslo"}), ("get_weather", {"city": "Rome"})]),
+    ("functionary_v3_2", 'Let me look.>>>get_time\n{}', "Let me look.", [("get_time", {})]),
+    ("functionary_v3_2", ">>>python\nprint(1)", ">>>python\nprint(1)", []),   # not JSON: not a call
+    # Command R+: Action: and a fenced JSON list; the fence may be missing, and ``` may be in an argument
+    ("command_r_plus", 'Action:\n```json\n[{"tool_name": "a", "parameters": {"q": "```"}}, '
+                       '{"tool_name": "b", "parameters": {}}]\n```', None, [("a", {"q": "```"}), ("b", {})]),
+    ("command_r_plus", 'Action:\n```json\n[{"tool_name": "a", "parameters": {}}]', None, [("a", {})]),
+    ("command_r_plus", "Action: none needed", "Action: none needed", []),
 ])
 def test_parse(fmt: str, text: str, content: str | None, calls: list) -> None:
     assert calls_of(text, fmt) == (content, calls)
@@ -178,7 +191,8 @@ FRAGMENTS = ["<tool_call>", "</tool_call>", "<tool", "[TOOL_CALLS]", "<|python_t
              "<arg_key>a</arg_key>", "<arg_value>", "</arg_value>", "<|tool_call_start|>", "<|tool_call_end|>",
              "f(", "a=1", "b='x'", ")", "<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>",
              "<|tool_calls_section_begin|>", "[TOOL_CALLS]f[ARGS]", '"id": "123456789"', "12", "true",
-             '"arguments": "{}"', '{"name": "g", ', "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "```json\n"]
+             '"arguments": "{}"', '{"name": "g", ', "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "```json\n",
+             ">>>f\n", ">>>all\n", "Action:\n```json\n", "```", '"tool_name": "f"']
 
 
 def stream(text: str, fmt: str, cuts: list[int]) -> list[dict]:
@@ -339,6 +353,10 @@ def render(fmt: str, name: str, args: dict) -> str:
             + "}<tool_call|>",
         "harmony": lambda: (f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
                             f"{json.dumps(args)}<|call|>"),
+        "muse_glimmer": lambda: (f' to={name}<|message|><atem:function_calls>\n<atem:invoke name="{name}">\n'
+                                 + "".join(f'<atem:parameter name="{k}">{_text(v)}</atem:parameter>\n'
+                                           for k, v in args.items())
+                                 + "</atem:invoke>\n</atem:function_calls>"),
         "deepseek": lambda: (f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{json.dumps(args)}"
                              "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
         "gigachat3": lambda: ("<|message_sep|>\n\nfunction call<|role_sep|>\n"
@@ -347,6 +365,8 @@ def render(fmt: str, name: str, args: dict) -> str:
         "firefunction_v2": lambda: " functools" + json.dumps([{"name": name, "arguments": args}]),
         "apertus": lambda: f"<|tools_prefix|>[{json.dumps({name: args})}]<|tools_suffix|>",
         "command_r7b": lambda: f'<|START_ACTION|>[{json.dumps({"tool_name": name, "parameters": args})}]<|END_ACTION|>',
+        "command_r_plus": lambda: f'Action:\n```json\n[{json.dumps({"tool_name": name, "parameters": args})}]\n```',
+        "functionary_v3_2": lambda: f">>>{name}\n{json.dumps(args)}",
     }
     if fmt in tagged:
         return tagged[fmt]()
@@ -357,23 +377,63 @@ def render(fmt: str, name: str, args: dict) -> str:
             "nemotron_v2": f"<TOOLCALL>[{call}]</TOOLCALL>", "apriel": f"<tool_calls>[{call}]</tool_calls>"}[fmt]
 
 
+def generated(fmt: str, text: str) -> str:
+    """What the model writes of a reply: the opening of its first message is the prompt's
+    (Functionary v3.2's `>>>`), so a forced call's grammar starts after it."""
+    return text.removeprefix(FORMATS[fmt].reply_opening)
+
+
 def parse(text: str, fmt: str, tools=None):
-    """(content, calls) as a chat completion reads them (harmony has its own reader)."""
-    if fmt == "harmony":
-        message = parse_reply(text, ReplyReader(tool_format=fmt, harmony=True))
+    """(content, calls) as a chat completion reads them (harmony and muse_glimmer have their own readers)."""
+    if fmt in ("harmony", "muse_glimmer"):
+        message = parse_reply(text, ReplyReader(tool_format=fmt, tools=tools, family=fmt))
         return message["content"] or None, message.get("tool_calls", [])
     return parse_tool_calls(text, fmt, tools=tools)
 
 
-TEXT_VALUES = {"qwen3_coder", "seed_oss", "minimax_m2", "minimax_m3", "glm", "minicpm5", "kimi_k3"}  # a string is bare text
+TEXT_VALUES = {"qwen3_coder", "seed_oss", "minimax_m2", "minimax_m3", "glm", "minicpm5", "kimi_k3",
+               "muse_glimmer"}  # a string is bare text
 FORCED = sorted(f for f in FORMATS if FORMATS[f].grammar.json is not None)
+
+
+def test_functionary_v3_2_reads_its_messages_on_from_the_prompts_opening() -> None:
+    """Functionary v3.2's prompt ends with the first message's `>>>`: the reply names its recipient,
+    `all` (the answer, whose recipient line is not content) or a function (a call); a continued answer
+    is written after `>>>all\n`, as llama.cpp writes it."""
+    from llama.api.chat_completion import ChatSetup, reply_reader
+    from llama.api.chat_prompt import chat_prompt
+    from llama.chat import ChatTemplate
+
+    setup = ChatSetup.for_template(ChatTemplate((TEMPLATES / "meetkai-functionary-medium-v3.2.jinja").read_text(),
+                                                lenient=True))
+    user = [{"role": "user", "content": "Hi"}]
+    prompt = chat_prompt(setup, user, tools=TOOLS)
+    assert prompt.text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n>>>")
+    message = parse_reply('all\nLet me look.>>>get_time\n{"city": "Oslo"}', reply_reader(setup, prompt, TOOLS, "auto",
+                                                                                         "auto"))
+    assert message["content"] == "Let me look."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == [
+        ("get_time", {"city": "Oslo"})]
+    plain = chat_prompt(setup, user)
+    assert parse_reply("all\nHello!", reply_reader(setup, plain, None, "none", "auto"))["content"] == "Hello!"
+    continued = chat_prompt(setup, user + [{"role": "assistant", "content": "Hello, "}], add_generation_prompt=False)
+    assert continued.text.endswith(">>>all\nHello, ")
+    assert parse_reply("world!", reply_reader(setup, continued, None, "none", "auto"))["content"] == "Hello, world!"
+
+
+def answered(fmt: str, call: str) -> str:
+    """"Sure." and then `call`, as the family writes an answer before a call (generic: no answer)."""
+    if fmt == "generic":
+        return call
+    if fmt == "muse_glimmer":   # the answer's own message, ended by <|eom|>, then the call's
+        return " to=user<|message|>Sure.<|eom|><|start|>assistant" + call
+    return "Sure. " + call
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_every_format_reads_its_own_calls(fmt: str) -> None:
     for name, args in (("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})):
-        content, calls = parse("Sure. " + render(fmt, name, args) if fmt != "generic" else
-                               render(fmt, name, args), fmt, tools=TOOLS)
+        content, calls = parse(answered(fmt, render(fmt, name, args)), fmt, tools=TOOLS)
         assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [(name, args)]
         assert content in (None, "Sure.")
 
@@ -396,18 +456,18 @@ def test_grammar_forces_a_valid_call(tokenizer, fmt: str) -> None:
     if fmt not in TEXT_VALUES:   # where a string parameter is bare text, "5" is a city
         bad.append(render(fmt, "get_weather", {"city": 5}))   # wrong type
     for text in good:
-        assert accepts(tokenizer, grammar, text), text
+        assert accepts(tokenizer, grammar, generated(fmt, text)), text
         content, calls = parse(text, fmt)  # what the grammar lets through parses back as the call
         assert content is None and len(calls) == 1
     for text in bad:
-        assert not accepts(tokenizer, grammar, text), text
+        assert not accepts(tokenizer, grammar, generated(fmt, text)), text
 
 
 @pytest.mark.parametrize("fmt", FORCED)
 def test_grammar_for_a_named_tool(tokenizer, fmt: str) -> None:
     grammar = tool_call_grammar(TOOLS, {"type": "function", "function": {"name": "get_time"}}, fmt)
-    assert accepts(tokenizer, grammar, render(fmt, "get_time", {}))
-    assert not accepts(tokenizer, grammar, render(fmt, "get_weather", {"city": "Paris"}))
+    assert accepts(tokenizer, grammar, generated(fmt, render(fmt, "get_time", {})))
+    assert not accepts(tokenizer, grammar, generated(fmt, render(fmt, "get_weather", {"city": "Paris"})))
 
 
 def test_grammar_mistral_allows_its_call_id(tokenizer) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ggmlpy.gguf import GGUFFile, GGUFWriter
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.testing.models_archs import write_tiny_model
 from llama.quantize import MIXES
@@ -35,6 +36,15 @@ FILES: dict[str, tuple[str, dict[str, Any]]] = {
     # a quantised input (requantizing, COPY)
     "llama-q8_0": ("llama", {"n_embd": 256, "n_ff": 256, "n_layer": 2, "weight_type": "Q8_0"}),
 }
+
+# name -> (file of FILES, parts, reversed): that model split as gguf-split splits it, written
+# as NAME-0000i-of-0000N.gguf. Reversed, its tensors are in reverse order, so the files' order
+# (which --keep-split quantizes in) is not the loader's and the per-layer counters of the
+# mixes run the other way.
+SPLIT_FILES: dict[str, tuple[str, int, bool]] = {"llama-256-rev": ("llama-256", 3, True),
+                                                 "llama-256-split": ("llama-256", 3, False)}
+SPLIT = "llama-256-rev-00001-of-00003"   # first parts, the files llama-quantize is given
+SPLIT_IN_ORDER = "llama-256-split-00001-of-00003"
 
 ALIASES = {"Q3_K", "Q4_K", "Q5_K"}   # the same ftype as Q3_K_M, Q4_K_M, Q5_K_M
 MIX_NAMES = [m.name for m in MIXES if m.name not in ALIASES]
@@ -78,6 +88,18 @@ CASES: list[tuple[str, list[str], str]] = [
     ("llama-256", ["--imatrix", IMATRIX], "IQ2_XXS"),   # a matrix without attn_output: refused
     *[("llama-256", ["--imatrix", IMATRIX_DENSE], mix) for mix in LOW_BIT_MIXES],
     *[("qwen3moe-256", ["--imatrix", IMATRIX], mix) for mix in ("Q4_K_M", "IQ2_XXS", "IQ1_M")],
+    # --prune-layers: the per-layer rules count the kept layers against the input's block_count
+    ("llama-256", ["--prune-layers", "1"], "Q4_K_M"),
+    ("llama-256", ["--prune-layers", "0,2"], "Q4_K_M"),
+    ("llama-256", ["--prune-layers", "6,3,6"], "Q3_K_M"),   # sorted, the duplicate dropped
+    ("llama-256", ["--prune-layers", "0,2", "--imatrix", IMATRIX], "Q4_K_M"),   # matrix of the input's layers
+    ("mixtral-256", ["--prune-layers", "0"], "Q4_K_M"),   # experts: the layer read from the new name
+    # a split input: one file without --keep-split, the same three files with it
+    (SPLIT, [], "Q4_K_M"),
+    (SPLIT, ["--keep-split"], "Q4_K_M"),
+    (SPLIT, ["--keep-split", "--prune-layers", "5,6,7"], "Q4_K_M"),   # the first file keeps no tensor
+    (SPLIT_IN_ORDER, ["--keep-split", "--prune-layers", "5,6,7"], "Q8_0"),   # nor the last: two files
+    ("llama-256", ["--keep-split"], "Q8_0"),   # not split: one file, OUT-00001-of-00001.gguf
 ]
 
 
@@ -91,6 +113,19 @@ def write_file(name: str, folder: Path) -> Path:
     settings = dict(settings)
     settings["weight_type"] = GGMLType[settings["weight_type"]]
     return write_tiny_model(arch, folder / f"{name}.gguf", **settings)
+
+
+def write_split_file(name: str, folder: Path) -> list[Path]:
+    """Write split input `name` of SPLIT_FILES into folder: its parts, in order."""
+    source, parts, reverse = SPLIT_FILES[name]
+    with GGUFFile(write_file(source, folder)) as f:
+        w = GGUFWriter(version=f.version)
+        for key, fl in f.fields.items():
+            w.add_key_value(key, fl.value, fl.type, fl.element_type)
+        tensors = list(f.tensors.values())
+        for t in reversed(tensors) if reverse else tensors:
+            w.add_tensor(t.name, t.data, type=t.type, ne=t.ne)
+        return w.write_split(folder / name, parts)
 
 
 def write_imatrix(folder: Path, dense: bool = False) -> Path:
@@ -120,3 +155,13 @@ def write_imatrix(folder: Path, dense: bool = False) -> Path:
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def written(folder: Path) -> dict[str, str]:
+    """Every file in folder (the outputs of one case) by name, with its sha256."""
+    return {p.name: sha256(p) for p in sorted(folder.iterdir())}
+
+
+def expected_outputs(vector: dict[str, Any]) -> dict[str, str]:
+    """A case's files by name (OUT is out.gguf): one file's sha256, or each of several."""
+    return vector["outputs"] if "outputs" in vector else {"out.gguf": vector["sha256"]}

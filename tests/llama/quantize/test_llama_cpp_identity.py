@@ -1,18 +1,22 @@
 """`ggmlpy quantize` writes llama-quantize's bytes: every case of cases.py run through the CLI
 and compared, by sha256, with what the llama.cpp of llama-cpp-python 0.3.36 wrote
-(data/llama_quantize.json, made by tests/tools/quantize_vectors.py). Where llama-quantize
-refused, ggmlpy must refuse for the same reason.
+(data/llama_quantize.json, made by tests/tools/quantize_vectors.py): the same files, by name
+(--keep-split writes several), with the same bytes. Where llama-quantize refused, ggmlpy must
+refuse for the same reason.
 """
 from __future__ import annotations
 
 import json
-import os
+import shutil
 from pathlib import Path
 
 import pytest
 
 from ggmlpy.cli import main
-from tests.llama.quantize.cases import CASES, DATA, FILES, case_id, sha256, write_file, write_imatrix
+from tests.llama.quantize.cases import (
+    CASES, DATA, FILES, SPLIT_FILES, case_id, expected_outputs, sha256, write_file, write_imatrix, write_split_file,
+    written,
+)
 
 VECTORS = json.loads(DATA.read_text())
 # llama-quantize's error -> what ggmlpy's error says
@@ -33,6 +37,9 @@ def inputs(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("quantize")
     for name in FILES:
         assert sha256(write_file(name, folder)) == VECTORS["files"][name], f"{name} is not the file llama.cpp saw"
+    for name in SPLIT_FILES:
+        for part in write_split_file(name, folder):
+            assert sha256(part) == VECTORS["files"][part.stem], f"{part.name} is not the file llama.cpp saw"
     assert sha256(write_imatrix(folder)) == VECTORS["imatrix"]
     assert sha256(write_imatrix(folder, dense=True)) == VECTORS["imatrix_dense"]
     return folder
@@ -48,18 +55,18 @@ def test_same_bytes_as_llama_quantize(inputs, monkeypatch, capsys, file, options
     monkeypatch.chdir(inputs)   # the imatrix path is recorded as given, relative here as there
     key = case_id(file, options, mix)
     expected = VECTORS["cases"][key]
-    out = inputs / f"out-{abs(hash(key))}.gguf"
-    rc = main(["quantize", "--no-progress", *options, f"{file}.gguf", str(out), mix, "2"])
+    out = inputs / f"out-{abs(hash(key))}"   # a folder of its own: only this case's files (temporaries too)
+    out.mkdir()
+    rc = main(["quantize", "--no-progress", *options, f"{file}.gguf", str(out / "out.gguf"), mix, "2"])
     err = capsys.readouterr().err
     if "error" in expected:
         assert rc == 1, f"llama-quantize refused ({expected['error']}), ggmlpy did not"
         assert SAME_REASON[expected["error"]] in err
-        assert not out.exists()
+        assert written(out) == {}
     else:
         assert rc == 0, err
-        assert sha256(out) == expected["sha256"]
-        out.unlink()
-    assert not [p for p in os.listdir(inputs) if p.endswith(".tmp")]   # no temporary left behind
+        assert written(out) == expected_outputs(expected)
+    shutil.rmtree(out)
 
 
 def test_worker_processes_write_the_same_bytes(inputs, monkeypatch, tmp_path):

@@ -70,6 +70,11 @@ def test_continue_final_message(llama31):
     body = {"max_tokens": 8, "messages": BOOK + [{"role": "assistant", "content": "Whill"}]}
     r = post(llama31, "/chat/completions", {**body, "add_generation_prompt": False, "continue_final_message": True})
     assert r.status_code == 200 and r.json()["__verbose"]["prompt"].endswith(LLAMA31_TAIL + "Whill")
+    named = post(llama31, "/chat/completions", {**body, "add_generation_prompt": False,
+                                                "continue_final_message": "content"})
+    assert named.status_code == 200 and named.json()["__verbose"]["prompt"].endswith(LLAMA31_TAIL + "Whill")
+    bad = post(llama31, "/chat/completions", {**body, "add_generation_prompt": False, "continue_final_message": "x"})
+    assert bad.status_code == 400 and "continue_final_message 'x'" in bad.json()["error"]["message"]
     both = post(llama31, "/chat/completions", {**body, "add_generation_prompt": True, "continue_final_message": True})
     assert both.status_code == 400
     two = post(llama31, "/chat/completions", {"messages": BOOK + [{"role": "assistant", "content": "a"}] * 2})

@@ -1,9 +1,9 @@
 """The official `openai` client against a real `ggmlpy serve` reads `reasoning_content` and
-`tool_calls` for a Qwen3.5-style template (thinking, XML calls) and a gpt-oss harmony
-template, and the markup stays out of an answer's content. SmolLM2 cannot write those
-syntaxes on its own, so each reply is scripted: the request's `grammar` (llama-server's
-field) admits exactly one text, which the model then writes token by token through the
-whole server."""
+`tool_calls` for a Qwen3.5-style template (thinking, XML calls), a gpt-oss harmony template
+and a Muse Glimmer template (messages to itself, ATEM calls), and the markup stays out of an
+answer's content. SmolLM2 cannot write those syntaxes on its own, so each reply is scripted:
+the request's `grammar` (llama-server's field) admits exactly one text, which the model then
+writes token by token through the whole server."""
 from __future__ import annotations
 
 import json
@@ -24,6 +24,13 @@ HARMONY_REPLY = ("<|channel|>analysis<|message|>Paris is in France.<|end|><|star
 QWEN_ANSWER = "The user greets.\n</think>\n\nHello there!"
 HARMONY_ANSWER = ("<|channel|>analysis<|message|>The user greets.<|end|><|start|>assistant<|channel|>final"
                   "<|message|>Hello there!")
+MUSE_REPLY = (" to=self<|message|>Paris is in France.<|eom|><|start|>assistant to=get_weather<|message|>"
+              '<atem:function_calls>\n<atem:invoke name="get_weather">\n<atem:parameter name="city">Paris'
+              "</atem:parameter>\n</atem:invoke>\n</atem:function_calls>")
+MUSE_ANSWER = " to=self<|message|>The user greets.<|eom|><|start|>assistant to=user<|message|>Hello there!"
+# template -> (a reply with reasoning and a call, a reply with reasoning and an answer)
+REPLIES = {"Qwen3.5-4B": (QWEN_REPLY, QWEN_ANSWER), "openai-gpt-oss-120b": (HARMONY_REPLY, HARMONY_ANSWER),
+           "muse-glimmer": (MUSE_REPLY, MUSE_ANSWER)}
 
 
 def _exactly(text: str) -> str:
@@ -35,7 +42,7 @@ def _template(name: str) -> str:
     return (TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
 
 
-@pytest.fixture(scope="module", params=["Qwen3.5-4B", "openai-gpt-oss-120b"])
+@pytest.fixture(scope="module", params=sorted(REPLIES))
 def served(request, smollm2_path):
     with running(smollm2_path, parallel=1, ctx_size=2048, chat_template=_template(request.param)) as s:
         yield request.param, s
@@ -56,7 +63,7 @@ def _ask(client, reply: str, stream: bool, tools=WEATHER):
 def test_reasoning_and_a_tool_call_read_by_the_openai_client(served):
     name, server = served
     client = _client(server)
-    reply = QWEN_REPLY if name.startswith("Qwen") else HARMONY_REPLY
+    reply = REPLIES[name][0]
     choice = _ask(client, reply, stream=False).choices[0]
     message = choice.message
     assert message.reasoning_content == "Paris is in France."
@@ -81,6 +88,6 @@ def test_reasoning_and_a_tool_call_read_by_the_openai_client(served):
 
 def test_an_answer_keeps_the_markup_out_of_the_content(served):
     name, server = served
-    reply = HARMONY_ANSWER if name.startswith("openai") else QWEN_ANSWER
+    reply = REPLIES[name][1]
     message = _ask(_client(server), reply, stream=False, tools=None).choices[0].message
     assert message.reasoning_content == "The user greets." and message.content == "Hello there!"
