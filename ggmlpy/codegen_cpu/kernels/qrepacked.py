@@ -105,7 +105,7 @@ class RepackedMatmul:
         self.act_base, self.act_stride = act_base, fmt.row_bytes(k)
         self.n_tok, self.d_stride = n_tok, d_stride
         self.minimums = wtype not in repack.KQUANTS and repack.minimums(wtype)
-        self.codes = CODE_BOOKS.get(wtype)   # a code-book type's nibbles are looked up
+        self.codes = _code_book(wtype)   # a code-book type's nibbles are looked up
         self.residual = residual   # added to each result as it is stored (laid out as dst)
         self.dst = dst if dst is not None else kb.arg("dst")   # where token 0's results go
         # token -> (its activation row, its result row) where tokens are not evenly spaced
@@ -360,7 +360,7 @@ class RepackedMatmul:
             moved = (b.lshr(qh, splat_const(I16, 2 * e, 32)) if high
                      else b.shl(qh, splat_const(I16, 4 - 2 * e, 32)))
             q = b.or_(q, b.and_(b.bitcast(moved, vec(I8, 64)), splat_const(I8, 0x30, 64)))
-        if self.codes is not None:   # IQ4_XS: codes to their unsigned values
+        if self.codes is not None:   # IQ4_XS, IQ3_S: codes to their unsigned values
             q = lookup(kb, q, self.codes)
         return q
 
@@ -391,3 +391,12 @@ class RepackedMatmul:
         """The 4 activation bytes at ap + at, broadcast to every lane (<64 x i8>)."""
         b = self.kb.b
         return b.bitcast(splat(b, b.load(self.kb.byte_ptr(ap, i64(at)), typ=I32, align=4), 16), vec(I8, 64))
+
+
+def _code_book(t: GGMLType) -> tuple[int, ...] | None:
+    """The unsigned byte each 4-bit code of a repacked t decodes to: the code-book types'
+    own (qcodes.CODE_BOOKS), or the value a repacked code stands for plus the stored offset
+    (IQ3_S, repack_superblocks.CODE_VALUES); None where the nibbles are the values."""
+    if t in superblocks.CODE_VALUES:
+        return tuple(v + superblocks.K_OFFSET[t] for v in superblocks.CODE_VALUES[t])
+    return CODE_BOOKS.get(t)

@@ -37,7 +37,8 @@ MXFP4_CODES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 # ggml-common.h's kvalues_iq4nl, written out here independently of ggmlpy/quants/iq_grids.py
 IQ4NL_CODES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 SHAPES = [(64, 16, 1), (64, 32, 2), (96, 16, 3), (96, 32, 5), (576, 48, 7), (1536, 32, 13), (160, 16, 48), (576, 64, 300)]
-KTYPES = (G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K, G.IQ4_XS)
+KTYPES = (G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K, G.IQ4_XS, G.IQ3_S)
+BIT_MOVED = tuple(t for t in KTYPES if t not in superblocks.CODE_VALUES)   # repacked by repack_bits' tables
 KSHAPES = [(256, 16, 1), (256, 32, 4), (512, 16, 3), (512, 32, 7), (1024, 48, 40), (2048, 16, 13), (768, 64, 300)]
 
 
@@ -155,6 +156,37 @@ def test_kquant_layout_reads_back_exactly(t, k, m):
     assert packed.nbytes == repack.repacked_nbytes(t, k, m)
     expected = dequantize(np.ascontiguousarray(raw), t, (k, m)).reshape(m, k)
     np.testing.assert_array_equal(_unpack_kquant(packed, t, k, m), expected)
+
+
+@pytest.mark.parametrize("t", [G.IQ4_XS, G.IQ3_S], ids=lambda t: t.name)
+@pytest.mark.parametrize("k,m", [(256, 16), (768, 32)])
+def test_code_layout_reads_back_exactly(t, k, m):
+    """IQ4_XS and IQ3_S repacked as codes: value 64j + 32h + 4c + i of row r is nibble h of
+    byte 4r + i of chunk j's vector c, standing for its code's value (IQ3_S: CODE_VALUES,
+    IQ4_XS: kvalues_iq4nl), times its sub-block's i8 scale and the row's d: ggml's values."""
+    from ggmlpy.quants.iq_grids import KVALUES_IQ4NL
+
+    case = OpCase((SrcSpec(t, (k, m, 1, 1)),))
+    raw = make_inputs(case, np.random.default_rng(7))["src0"]
+    packed = repack.repack(raw, t, k, m)
+    values = superblocks.CODE_VALUES.get(t, tuple(int(v) for v in KVALUES_IQ4NL))
+    sb, n_steps = repack.STEP_BYTES[t], k // 256
+    out = np.zeros((m, k), np.float32)
+    for g in range(m // 16):
+        for s in range(n_steps):
+            step = packed[(g * n_steps + s) * sb:(g * n_steps + s + 1) * sb]
+            for r in range(16):
+                d = _f16(step[superblocks.K_D[t] + 2 * r:][:2])[0]
+                for v in range(256):
+                    j, within = divmod(v, 64)
+                    half, pos = divmod(within, 32)
+                    c, i = divmod(pos, 4)
+                    byte = int(step[superblocks.k_values_offset(t, j, c) + 4 * r + i])
+                    code = (byte & 15) if half == 0 else (byte >> 4)
+                    sc = np.float32(step[superblocks.k_scale_offset(t, v // 32) + r].view(np.int8))
+                    out[16 * g + r, 256 * s + v] = np.float32(d * sc) * np.float32(values[code])
+    expected = dequantize(np.ascontiguousarray(raw), t, (k, m)).reshape(m, k)
+    np.testing.assert_array_equal(out, expected)
 
 
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
@@ -450,10 +482,10 @@ def test_native_repack_equals_numpy(t, k):
     raw = np.random.default_rng(k).integers(0, 256, m * (k // per) * type_size(t), dtype=np.uint8)
     table = repack.native_table(t, k)
     assert (table is None) == (t in KTYPES)
-    assert (repack.kquant_table(t, k) is None) == (t not in KTYPES)
+    assert (repack.kquant_table(t, k) is None) == (t not in BIT_MOVED)
     want = repack.repack(raw, t, k, m, native=False)
     np.testing.assert_array_equal(repack.repack(raw, t, k, m), want)
-    if t in KTYPES:
+    if t in BIT_MOVED:
         bits = repack.kquant_table(t, k)
         with pytest.raises(ValueError, match="whole groups"):
             repack_bits.apply(bits, raw[:-1], np.empty(3 * bits.out_bytes, np.uint8))
@@ -488,7 +520,7 @@ def test_kquant_native_repack_on_extreme_bytes(t):
         np.testing.assert_array_equal(repack.repack(raw, t, k, m), repack.repack(raw, t, k, m, native=False))
 
 
-@pytest.mark.parametrize("t", KTYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", BIT_MOVED, ids=lambda t: t.name)
 def test_kquant_step_table_widens_like_its_bits(t):
     """A step's table widened to K term by term is the table of the widened bit sources
     (the fallback where a term spans two blocks): the same bytes on any rows."""
