@@ -26,6 +26,7 @@ from llama.chat.call_formats import answer_markers, tool_format
 from llama.chat.named_formats import FormatTemplate
 from llama.api.chat_prompt import ChatPrompt, chat_prompt, normalize_messages
 from llama.chat.reasoning import INLINE, Reasoning, ThinkingTags, check_format, thinking_tags
+from llama.chat.thinking_forms import ThinkingForms, thinking_forms
 from llama.chat.reply import ReplyReader, parse_reply
 from llama.chat.tool_calls import detect_tool_format, reasoning_stops, tool_call_grammar
 from llama.model import Model
@@ -46,6 +47,7 @@ class ChatSetup:
         self._template: ChatTemplate | FormatTemplate | None = None
         self._object_arguments: bool | None = None
         self._parallel_calls: bool | None = None
+        self._thinking_forms: ThinkingForms | None = None
 
     @classmethod
     def for_template(cls, template: ChatTemplate | FormatTemplate) -> "ChatSetup":
@@ -92,6 +94,25 @@ class ChatSetup:
     def thinking(self) -> ThinkingTags | None:
         """The template's thinking markers (None: the model does not think)."""
         return thinking_tags(self.template.source)
+
+    @property
+    def thinking_forms(self) -> ThinkingForms | None:
+        """The thinking markers as the template writes them around a reasoning, whitespace and
+        all, which a continued message is written with (llama/chat/thinking_forms.py); None for
+        a model that does not think. Learnt once, from probe renders of a Jinja template."""
+        tags = self.thinking
+        if tags is None:
+            return None
+        if self._thinking_forms is None:
+            template = self.template
+            if isinstance(template, ChatTemplate):
+                def render(messages: list, add_generation_prompt: bool, enable_thinking: bool) -> str:
+                    return self.render(messages, add_generation_prompt=add_generation_prompt,
+                                       enable_thinking=enable_thinking)
+                self._thinking_forms = thinking_forms(render, tags, template.source)
+            else:
+                self._thinking_forms = ThinkingForms(tags.start, tags.end)
+        return self._thinking_forms
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True,
                tools: list[dict] | None = None, **kwargs: Any) -> str:

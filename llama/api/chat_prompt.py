@@ -5,10 +5,12 @@ continued rather than answered (`final_continuation`, `continue_prompt`)."""
 from __future__ import annotations
 
 from datetime import datetime
+from os.path import commonprefix
 from typing import TYPE_CHECKING, NamedTuple
 
 from llama.chat.call_formats import tool_format
-from llama.chat.reasoning import ThinkingTags, before_lead, opens_thinking
+from llama.chat.reasoning import ThinkingTags, opens_thinking
+from llama.chat.thinking_forms import ThinkingForms
 from llama.chat.tool_calls import generic_tools_instruction
 
 if TYPE_CHECKING:
@@ -45,11 +47,14 @@ def chat_prompt(setup: "ChatSetup", messages: list, *, tools: list | None = None
                         tools=tools or None, **variables)
     if continuation is None:
         return ChatPrompt(text, opens_thinking(text, tags))
+    # as llama.cpp splits it: the prompt without a generation prompt, then what adding one adds
+    before = setup.render(msgs, add_generation_prompt=False, tools=tools or None, **variables)
+    generation = text[len(commonprefix([before, text])):]
     spec = tool_format(setup.tool_format)
-    if spec.answer_opening and text.endswith(spec.reply_opening):   # the continued answer's recipient line
-        text += spec.answer_opening
-    continued, in_reasoning = continue_prompt(text, continuation, tags, mode)
-    return ChatPrompt(continued, in_reasoning, continued[len(_cut_open_marker(text, tags)):])
+    if spec.answer_opening and generation.endswith(spec.reply_opening):   # the continued answer's recipient line
+        generation += spec.answer_opening
+    kept, written, in_reasoning = continue_prompt(generation, continuation, setup.thinking_forms, mode)
+    return ChatPrompt(before + kept + written, in_reasoning, written)
 
 
 def normalize_messages(messages: list[dict]) -> list[dict]:
@@ -122,35 +127,35 @@ def final_continuation(messages: list, add_generation_prompt: bool,
     return last
 
 
-def continue_prompt(prompt: str, message: dict, tags: ThinkingTags | None,
-                    mode: str = "auto") -> tuple[str, bool]:
-    """The prompt rendered with a generation prompt, continued by `message`, and whether it
-    ends inside the reasoning. As llama.cpp: for a thinking model the generation prompt's
-    own opening marker gives way to the message's reasoning between the markers, left open
-    when the reply continues the reasoning (`mode` "reasoning_content", or "auto" and the
-    message has reasoning and no content; its content is then left out); the content's text
-    parts are joined by a blank line."""
+def continue_prompt(generation: str, message: dict, forms: ThinkingForms | None,
+                    mode: str = "auto") -> tuple[str, str, bool]:
+    """How the generation prompt is continued by `message`, as llama.cpp writes it: (the part of
+    the generation prompt kept, the message as written after it, whether that ends inside the
+    reasoning). For a thinking model the generation prompt is cut where the start marker (`forms`,
+    with its whitespace) is in it, and the message's reasoning follows the start marker, left open
+    when the reply continues the reasoning (`mode` "reasoning_content", or "auto" and the message
+    has reasoning and no content; its content is then left out), else closed by the end marker
+    and followed by the content, whose text parts are joined by a blank line. A model that does
+    not think continues the content only."""
     content = message.get("content") or ""
     if isinstance(content, list):
         content = "\n\n".join(str(p.get("text", "")) for p in content
                                if isinstance(p, dict) and p.get("type") == "text")
-    if tags is None:
-        return prompt + content, False
     thought = message.get("reasoning_content") or ""
-    prompt = _cut_open_marker(prompt, tags)
     in_reasoning = mode == "reasoning_content" or (mode == "auto" and bool(thought) and not content)
+    answer = "" if in_reasoning else content
+    if forms is None:
+        return generation, answer, False
+    if forms.opening is not None:
+        kept = forms.opening
+    else:
+        cut = generation.find(forms.start)
+        kept = generation[:cut] if cut >= 0 else generation
+    if forms.closes_empty and not thought:
+        return kept, forms.end + answer, False
     if in_reasoning:
-        return prompt + tags.start + thought, True
-    return prompt + tags.start + thought + tags.end + content, False
-
-
-def _cut_open_marker(prompt: str, tags: ThinkingTags | None) -> str:
-    """The prompt without the opening thinking marker its generation prompt ends with (and the
-    reasoning's lead the template writes after it)."""
-    if tags is None:
-        return prompt
-    cut = prompt.rfind(tags.start)
-    return prompt[:cut] if cut >= 0 and not before_lead(prompt[cut + len(tags.start):], tags).strip() else prompt
+        return kept, forms.start + thought, True
+    return kept, forms.start + thought + forms.end + content, False
 
 
 def template_variables(tags: ThinkingTags | None, reasoning: str = "auto", reasoning_effort: str | None = None,

@@ -76,8 +76,8 @@ class GrammarShape:
     the block (an array's next item, or between the ``section`` markers, which then wrap the
     calls while ``before``/``after`` are each call's); None: the family writes one call.
     ``{index}`` in a marker is the call's number (Kimi's ids). ``between``: the marker before each call or block
-    after the first (Functionary v3.2's ``>>>``, which the prompt writes before the first), else an optional
-    newline."""
+    after the first (Functionary v3.2's ``>>>``, which the prompt writes before the first; Muse Glimmer's
+    ``<|eom|><|start|>assistant``, a message's end and the next one's opening), else an optional newline."""
 
     json: Optional[Literal["object", "array", "tool_calls", "named", "tagged", "gemma"]]
     before: tuple[str, ...] = ()
@@ -227,10 +227,12 @@ FORMATS: Mapping[str, ToolFormat] = MappingProxyType({f.name: f for f in (
                grammar=GrammarShape("named",
                                     ("<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>",),
                                     ("<|call|>",))),
-    # read by muse_glimmer.py; a forced call is a message to any recipient (llama.cpp's), its ATEM markup
+    # read by muse_glimmer.py; a forced call is a message to any recipient (llama.cpp's), its ATEM markup; with
+    # parallel calls more messages follow, each after the one before has ended and the next has opened
     ToolFormat("muse_glimmer", blocks=(),
                grammar=GrammarShape("tagged", (" to={attrs}<|message|><atem:function_calls>\n",),
-                                    ("</atem:function_calls>",), syntax=ATEM)),
+                                    ("</atem:function_calls>",), syntax=ATEM, repeat="block",
+                                    between="<|eom|><|start|>assistant")),
     ToolFormat("generic", blocks=(Block(r'\A\s*\{\s*"response"\s*:\s*"', "string"),
                                   Block(r"\A\s*\{", "json", read.read_generic, json_at_open=True,
                                         stream=generic_calls)),

@@ -3,8 +3,9 @@ family's syntax as call_formats.py describes it, and the generic format's instru
 
 One call, or with ``parallel_tool_calls`` one or more, as llama.cpp's grammars allow them: the
 shape's ``repeat`` says whether another call repeats the whole block (Hermes' ``<tool_call>``,
-Qwen3-Coder's) or goes inside it (an array's next item, Kimi's and DeepSeek's sections, DSML's
-and MiniMax's invokes); a family that writes one call (Llama 3.x, GigaChat, gpt-oss) gets one.
+Qwen3-Coder's, Muse Glimmer's call message, after ``<|eom|><|start|>assistant``) or goes inside
+it (an array's next item, Kimi's and DeepSeek's sections, DSML's and MiniMax's invokes); a family
+that writes one call (Llama 3.x, GigaChat, gpt-oss) gets one.
 """
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def tool_call_grammar(tools: list[dict], tool_choice: Any, fmt: str,
         return gemma_grammar(chosen, repeat)
     if shape.json == "tagged":
         assert shape.syntax is not None
-        return shape.syntax.grammar(chosen, "".join(shape.before), "".join(shape.after), repeat)
+        return shape.syntax.grammar(chosen, "".join(shape.before), "".join(shape.after), repeat, shape.between)
     tokens = special_tokens or {}
 
     def marker(s: str) -> str:

@@ -23,11 +23,10 @@ import regex
 
 from llama.chat.call_readers import _args_text
 from llama.chat.json_stream import JsonReader, Path, Sink
+from llama.chat.text_scan import WS, held, skip_ws
 
 if TYPE_CHECKING:
     from llama.chat.call_formats import ToolFormat
-
-_WS = " \t\n\r"
 
 
 @dataclass
@@ -48,22 +47,6 @@ class CallStream(Protocol):
 
 
 StreamFactory = Callable[["ToolFormat", Mapping[str, Any], dict], CallStream]
-
-
-def skip_ws(text: str, i: int, limit: int) -> int:
-    while i < limit and text[i] in _WS:
-        i += 1
-    return i
-
-
-def held(text: str, lo: int, limit: int, marker: str) -> int:
-    """How much of the end of ``text[lo:limit]`` could be the start of ``marker`` (held back)."""
-    i = text.find(marker[0], max(lo, limit - len(marker) + 1), limit)
-    while i >= 0:
-        if marker.startswith(text[i:limit]):
-            return limit - i
-        i = text.find(marker[0], i + 1, limit)
-    return 0
 
 
 def json_value(text: str) -> tuple[bool, Any]:
@@ -378,7 +361,7 @@ class CallListStream:
         self._reader.advance(text, self._args_at, stop, whole)
         if self._reader.error or (whole and not self._reader.done):
             return self._fail()
-        if whole and text[self._reader.end:stop].strip(_WS):
+        if whole and text[self._reader.end:stop].strip(WS):
             return self._fail()
         return True
 

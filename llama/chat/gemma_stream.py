@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 import regex
 
 from llama.chat.call_readers import gemma_value
-from llama.chat.call_streams import CallStream, StreamedCall, held, skip_ws
+from llama.chat.call_streams import CallStream, StreamedCall
+from llama.chat.text_scan import held, skip_ws
 
 if TYPE_CHECKING:
     from llama.chat.call_formats import ToolFormat

@@ -21,9 +21,9 @@ import json
 
 import regex
 
-from llama.chat.call_streams import skip_ws
 from llama.chat.json_stream import JsonReader
 from llama.chat.message_stream import MessageParse, MessageStream, held, trimmed
+from llama.chat.text_scan import skip_ws
 
 _START = "<|start|>"
 _MESSAGE = "<|message|>"

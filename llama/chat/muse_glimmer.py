@@ -34,10 +34,10 @@ import regex
 
 from llama.chat.call_formats import ATEM
 from llama.chat.call_grammar import parameter_schemas
-from llama.chat.call_streams import held as held_at, skip_ws
 from llama.chat.json_fence import JsonFence
 from llama.chat.message_stream import MessageParse, MessageStream, held
 from llama.chat.tagged_stream import TaggedCalls
+from llama.chat.text_scan import held as held_at, skip_ws
 
 if TYPE_CHECKING:
     from llama.chat.reply import ReplyReader

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 import regex
 
 from llama.chat.call_readers import _literal
-from llama.chat.call_streams import CallStream, JsonCalls, StreamedCall, skip_ws
+from llama.chat.call_streams import CallStream, JsonCalls, StreamedCall
+from llama.chat.text_scan import skip_ws
 
 if TYPE_CHECKING:
     from llama.chat.call_formats import ToolFormat

@@ -29,8 +29,8 @@ its template's `to_xml`): an object's members by their keys, an array's items as
 
     NS<point>NS<x>1NS</x>NS<y>2NS</y>NS</point>    NS<tags>NS<item>aNS</item>NS<item>bNS</item>NS</tags>
 
-`NestedTags` reads such a value by its schema, as llama.cpp's MiniMax M3 parser does, and the
-grammar writes it so.
+nested_tags.py reads such a value by its schema, as llama.cpp's MiniMax M3 parser does (and
+streams it as it grows), and the grammar writes it so.
 """
 from __future__ import annotations
 
@@ -41,7 +41,9 @@ from typing import Any, Mapping, Optional
 
 import regex
 
-_JSON_TYPES = {"object", "array", "number", "integer", "boolean", "null"}
+from llama.chat.nested_tags import ITEM, member_order, nested_reader, nested_shape
+from llama.chat.tag_values import typed_value, value_types
+
 _FIELDS = {"name": r"(?P<name>[^<>\"\n]+)", "key": r"(?P<key>[^<>\"\n]+)", "string": r"(?P<string>true|false)",
            "attrs": r"(?:[^<>]*)"}
 
@@ -78,7 +80,7 @@ class TagSyntax:
     closing tag that are not part of it (Qwen3-Coder's layout). `cdata`: a value that may be
     a string may be a CDATA section, its inner text the value (MiniCPM 5's, so that it can
     hold its closing tag). `nested`: an object or array value is written as argument tags
-    inside the argument's, an array's items as `item` (MiniMax M3's, see `NestedTags`)."""
+    inside the argument's, an array's items as `item` (MiniMax M3's, see nested_tags.py)."""
     call_open: str
     call_close: str
     param_open: str
@@ -125,13 +127,13 @@ class TagSyntax:
                 schema = {"type": "string"} if flag == "true" else properties.get(key)
                 inner = p.groupdict().get("cdata")
                 if self.nested and nested_shape(schema) is not None:
-                    start, close = p.start("value"), self.tag(p.group("key"), True)
-                    try:
-                        nested = read_nested(self, body, start, schema, close, start, len(body))
-                    except NeedMore:   # the call ends inside it
+                    out: list[str] = []
+                    nested = nested_reader(self, schema, self.tag(p.group("key"), True), p.start("value"), out)
+                    done = nested.advance(body, len(body))
+                    if done is None or (done is False and out):   # the call ends inside it, or it is malformed
                         return None
-                    if nested is not None:   # else the text up to its closing tag, as a flat value
-                        args[key], at = nested
+                    if done:   # else nothing of it was nested tags: the text up to its closing tag, as a flat value
+                        args[key], at = json.loads("".join(out)), nested.end
                         continue
                 if inner is not None and "string" in value_types(schema):
                     args[key] = inner
@@ -145,13 +147,15 @@ class TagSyntax:
             pos = m.end()
         return calls or None
 
-    def grammar(self, functions: list[dict], before: str, after: str, repeat: Optional[str] = None) -> str:
+    def grammar(self, functions: list[dict], before: str, after: str, repeat: Optional[str] = None,
+                between: str = "") -> str:
         """A llguidance Lark grammar for one call to one of `functions` (OpenAI function
         objects) between the block markers `before` and `after`: the required
         parameters in the schema's order, then any optional ones, each value a JSON value of
         its schema or, for a string, text (one of an `enum`'s); with `nested`, an object or
-        array value as nested tags, as `NestedTags` reads it. `repeat` (parallel calls):
-        "call", more calls inside the block; "block", more blocks."""
+        array value as nested tags, as nested_tags.py reads it. `repeat` (parallel calls):
+        "call", more calls inside the block; "block", more blocks; each after `between`
+        (Muse Glimmer's next message opening), else an optional newline."""
         nl = "\\n" if self.newlines else ""
         gap = "" if self.newlines else ' "\\n"?'   # a free newline between tags, where the layout has none fixed
         rules, choices = [], []
@@ -173,16 +177,17 @@ class TagSyntax:
             tail = _lark(self.call_close + ("\n" if nl else "")) + gap if self.call_close else ""
             rules.append(f"f{i}: {head} {body} {tail}".rstrip())
             choices.append(f"f{i}")
-        calls = 'call ("\\n"? call)*' if repeat == "call" else "call"
+        sep = _lark(between) if between else '"\\n"?'
+        calls = f"call ({sep} call)*" if repeat == "call" else "call"
         block = " ".join(p for p in (_lark(before) + gap if before else "", calls, _lark(after) if after else "") if p)
-        top = ['start: block ("\\n"? block)*', f"block: {block}"] if repeat == "block" else [f"start: {block}"]
+        top = [f"start: block ({sep} block)*", f"block: {block}"] if repeat == "block" else [f"start: {block}"]
         return "\n".join(top + ["call: " + " | ".join(choices)] + rules) + "\n"
 
     def _value_rule(self, rule: str, schema: Any, closing: str, close: str, gap: str, rules: list[str]) -> str:
         """The grammar of a value and its closing tag (`closing` as text, `close` as grammar),
         its further rules (named from `rule`) added to `rules`: text up to the closing tag for
         a string (a lazy lexeme), one of an `enum`'s strings, a JSON value of its schema, or
-        with `nested` an object's member tags or an array's items (`NestedTags`' order)."""
+        with `nested` an object's member tags or an array's items (nested_tags.py's order)."""
         shape = nested_shape(schema) if self.nested else None
         if shape is None:
             kinds = value_types(schema)
@@ -213,127 +218,6 @@ class TagSyntax:
         rules.append(f"{rule}: {_lark(self.tag(key))} {value}{gap}")
 
 
-ITEM = "item"   # the key of an array's item tags (`TagSyntax.nested`)
-_SPACE = " \t\n\r\v\f"
-
-
-class NeedMore(Exception):
-    """The text so far ends before it shows how a nested value is read (`NestedTags`)."""
-
-
-def read_nested(syntax: TagSyntax, text: str, pos: int, schema: Any, close: str, search: int,
-                limit: int) -> Optional[tuple[Any, int]]:
-    """The value at `pos` written as nested tags (`NestedTags`) and where it ends, or None: not
-    written so. It is read up to each of its closing tags `close` in `text[search:limit]` in
-    turn, until one decides it, so that what is read depends only on the text up to there, not
-    on how much came after it; none deciding it (the value goes on past `limit`) raises `NeedMore`."""
-    end = text.find(close, search, limit)
-    while end >= 0:
-        try:
-            return NestedTags(syntax, text, end + len(close)).read(pos, schema, close)
-        except NeedMore:   # an inner closing tag
-            end = text.find(close, end + 1, limit)
-    raise NeedMore
-
-
-class NestedTags:
-    """Reads a value written as nested tags (`TagSyntax.nested`) by its schema, as llama.cpp's
-    MiniMax M3 parser reads it (`nested_shape`): an object's members, the required ones in
-    the schema's order, then any optional ones in any order; an array's `item`s; a choice's
-    first alternative that reads; whitespace between the tags. Anything else is a leaf, its
-    text up to its closing tag: kept as text where the schema allows a string, else JSON of
-    a type it allows (`typed_value`) or not this value. `text[:limit]` is the text so far: a
-    value it does not decide (one cut off) raises `NeedMore`."""
-
-    def __init__(self, syntax: TagSyntax, text: str, limit: int) -> None:
-        self._syntax = syntax
-        self._text = text
-        self._limit = limit
-
-    def read(self, pos: int, schema: Any, close: str) -> Optional[tuple[Any, int]]:
-        """(the value at `pos`, where its closing tag `close` ends), or None: not written so."""
-        shape = nested_shape(schema)
-        if shape is None:
-            end = self._find(pos, close)
-            value = typed_value(self._text[pos:end], schema)
-            if isinstance(value, str) and "string" not in value_types(schema):
-                return None   # not JSON of its type
-            return value, end + len(close)
-        kind, part = shape
-        if kind == "choice":
-            for alternative in part:
-                read = self.read(pos, alternative, close)
-                if read is not None:
-                    return read
-            return None
-        if kind == "array":
-            read = self._items(pos, part)
-        else:
-            read = self._members(pos, part)
-        if read is None:
-            return None
-        value, pos = read
-        end = self._literal(self._space(pos), close)
-        return None if end is None else (value, end)
-
-    def _items(self, pos: int, schema: Any) -> tuple[list, int]:
-        """An array's items from `pos`: (the items, where the last one ends)."""
-        items = []
-        while True:
-            at = self._literal(self._space(pos), self._syntax.tag(ITEM))
-            read = None if at is None else self.read(at, schema, self._syntax.tag(ITEM, True))
-            if read is None:
-                return items, pos
-            items.append(read[0])
-            pos = read[1]
-
-    def _members(self, pos: int, schema: dict) -> Optional[tuple[dict, int]]:
-        """An object's members from `pos`: (the object, where its last member ends), or None
-        when a required member is missing or out of the schema's order."""
-        properties, required, optional = member_order(schema)
-        value: dict[str, Any] = {}
-        for key in required:
-            read = self._member(self._space(pos), key, properties[key])
-            if read is None:
-                return None
-            value[key], pos = read
-        while optional:
-            at = self._space(pos)
-            for key in optional:
-                read = self._member(at, key, properties[key])
-                if read is not None:
-                    value[key], pos = read
-                    break
-            else:
-                return value, pos
-        return value, pos
-
-    def _member(self, pos: int, key: str, schema: Any) -> Optional[tuple[Any, int]]:
-        at = self._literal(pos, self._syntax.tag(key))
-        return None if at is None else self.read(at, schema, self._syntax.tag(key, True))
-
-    def _space(self, pos: int) -> int:
-        while pos < self._limit and self._text[pos] in _SPACE:
-            pos += 1
-        return pos
-
-    def _literal(self, pos: int, literal: str) -> Optional[int]:
-        """Where `literal` at `pos` ends, or None when the text there is something else."""
-        seen = self._text[pos:min(self._limit, pos + len(literal))]
-        if not literal.startswith(seen):
-            return None
-        if len(seen) < len(literal):
-            raise NeedMore
-        return pos + len(literal)
-
-    def _find(self, pos: int, literal: str) -> int:
-        """Where the first `literal` from `pos` starts."""
-        end = self._text.find(literal, pos, self._limit)
-        if end < 0:
-            raise NeedMore
-        return end
-
-
 def _lark(text: str) -> str:
     """A literal of the grammar; `{attrs}` in a tag becomes any further attributes."""
     parts = text.split("{attrs}")
@@ -346,85 +230,9 @@ def parameter_order(function: dict) -> tuple[dict, list[str], list[str]]:
     return member_order(function.get("parameters") or {})
 
 
-def member_order(schema: dict) -> tuple[dict, list[str], list[str]]:
-    """An object schema's member schemas by name, the required names in the schema's order,
-    then the optional ones (in which order a call's arguments are written)."""
-    properties = schema.get("properties") or {}
-    required = [k for k in schema.get("required", []) if k in properties]
-    return properties, required, [k for k in properties if k not in required]
-
-
 def _member_rules(required: list[str], optional: list[str]) -> str:
     """The grammar of an object's member rules: the required ones in order, then any optional ones."""
     return " ".join(required + (["(" + " | ".join(optional) + ")*"] if optional else []))
-
-
-def value_types(schema: Any) -> set[str]:
-    """The JSON types a parameter's schema allows (every type when it says none)."""
-    if not isinstance(schema, dict):
-        return _JSON_TYPES | {"string"}
-    kinds = schema.get("type")
-    if isinstance(kinds, str):
-        return {kinds}
-    if isinstance(kinds, list):
-        return {k for k in kinds if isinstance(k, str)}
-    for key in ("anyOf", "oneOf"):
-        if isinstance(schema.get(key), list):
-            return set().union(*(value_types(s) for s in schema[key]))
-    if "enum" in schema and all(isinstance(v, str) for v in schema["enum"]):
-        return {"string"}
-    if "const" in schema:
-        return {"string"} if isinstance(schema["const"], str) else set(_JSON_TYPES)
-    return _JSON_TYPES | {"string"}
-
-
-def nested_shape(schema: Any) -> Optional[tuple[str, Any]]:
-    """How a value of `schema` is written as nested tags (`TagSyntax.nested`), as llama.cpp's
-    MiniMax M3 parser takes it: ("object", the schema) for an object with properties, a tag
-    per member; ("array", the items' schema), an `item` tag each; ("choice", the alternatives)
-    for a union with such an alternative. None: a leaf, text up to its closing tag, as is
-    any value of a schema that allows a string (a union with a string is text)."""
-    if not isinstance(schema, dict) or "string" in value_types(schema):
-        return None
-    choices = schema.get("oneOf", schema.get("anyOf"))
-    if not isinstance(choices, list) and isinstance(schema.get("type"), list):
-        choices = [{**schema, "type": t} for t in schema["type"]]
-    if isinstance(choices, list):
-        return ("choice", choices) if any(nested_shape(c) for c in choices) else None
-    if schema.get("type") == "object" and isinstance(schema.get("properties"), dict) and schema["properties"]:
-        return "object", schema
-    items = schema.get("items", schema.get("prefixItems"))
-    if schema.get("type") == "array" and not isinstance(items, list):
-        return "array", items
-    return None
-
-
-def typed_value(text: str, schema: Any) -> Any:
-    """A parameter's text as the value its schema asks for."""
-    kinds = value_types(schema)
-    if kinds == {"string"}:
-        return text
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return text
-    kind = _kind(value)
-    if kind == "number" and "number" not in kinds and "integer" in kinds and float(value).is_integer():
-        return int(value)
-    if kind != "string" and (kind in kinds or (kind == "integer" and "number" in kinds)):
-        return value
-    return text
-
-
-def _kind(value: Any) -> str:
-    """The JSON type of a parsed value ("string" for a quoted text, which stays as written)."""
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    return {dict: "object", list: "array", str: "string"}.get(type(value), "null")
 
 
 QWEN3_CODER = TagSyntax("<function={name}>", "</function>", "<parameter={key}>", "</parameter>", newlines=True)

@@ -3,8 +3,9 @@ is given out with ``{`` once its opening tag and the first argument's tag (or it
 have come, then each argument as ``"key": `` and its value. A string parameter's text is sent
 as it comes (escaped as JSON, the text that could still be its closing tag held back, and
 Qwen3-Coder's layout newlines left out); a value of another type once its closing tag shows
-it whole, as is one written as nested tags (MiniMax M3's objects and arrays, `NestedTags`).
-What is sent adds up to `TagSyntax.read`'s arguments text.
+it whole. One written as nested tags (MiniMax M3's objects and arrays) is sent as it grows,
+as nested_tags.py writes it; where it turns out malformed after some of it was sent, the call
+ends there. What is sent adds up to `TagSyntax.read`'s arguments text.
 """
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import regex
 
-from llama.chat.call_streams import CallStream, StreamedCall, held, skip_ws
-from llama.chat.tagged_calls import (CDATA_CLOSE, CDATA_OPEN, NeedMore, TagSyntax, _pattern, nested_shape, read_nested,
-                                     typed_value, value_types)
+from llama.chat.call_streams import CallStream, StreamedCall
+from llama.chat.nested_tags import NestedReader, nested_reader, nested_shape
+from llama.chat.tag_values import typed_value, value_types
+from llama.chat.tagged_calls import CDATA_CLOSE, CDATA_OPEN, TagSyntax, _pattern
+from llama.chat.text_scan import held, skip_ws
 
 if TYPE_CHECKING:
     from llama.chat.call_formats import ToolFormat
@@ -51,6 +54,8 @@ class TaggedCalls:
         self._schema: Any = None
         self._lead = False     # whether the layout newline after the opening tag has been looked for
         self._cdata = False    # whether the value may still turn out to be a CDATA section
+        self._nested_reader: Optional[NestedReader] = None   # nested: its reader, sending into the call's arguments
+        self._sent_at = 0      # nested: how many pieces of the arguments were out before it
 
     def advance(self, text: str, start: int, limit: int, final: bool) -> None:
         i = start if self._pos is None else self._pos
@@ -122,7 +127,11 @@ class TaggedCalls:
         self._lead = not self._syntax.newlines
         self._cdata = self._syntax.cdata and self._mode != "json" and "string" in value_types(self._schema)
         head = (", " if self._count else "") + json.dumps(key, ensure_ascii=False) + ": "
-        self._given().args.append(head + ('"' if self._mode == "string" else ""))
+        args = self._given().args
+        args.append(head + ('"' if self._mode == "string" else ""))
+        self._sent_at = len(args)
+        self._nested_reader = (nested_reader(self._syntax, self._schema, self._close, m.end(), args)
+                               if self._mode == "nested" else None)
         self._count += 1
         self._state = "value"
 
@@ -164,19 +173,20 @@ class TaggedCalls:
         return end + len(self._close), True
 
     def _nested(self, text: str, limit: int) -> tuple[int, bool]:
-        """A value that may be written as nested tags: given out whole once one of its closing
-        tags ends it, or, where it is not written so, read as a flat value. One cut off stays
-        open, as a flat value does."""
-        try:
-            read = read_nested(self._syntax, text, self._start, self._schema, self._close, self._search, limit)
-        except NeedMore:
-            self._search = max(self._search, limit - len(self._close) + 1)
+        """A value that may be written as nested tags: sent as it grows (nested_tags.py), or,
+        where it shows it is not written so before any of it was sent, read as a flat value. One
+        cut off stays open, as a flat value does."""
+        assert self._nested_reader is not None
+        done = self._nested_reader.advance(text, limit)
+        if done:
+            return self._nested_reader.end, True
+        if done is None:
             return self._start, False
-        if read is None:   # the text up to its first closing tag, typed (as `TagSyntax.read` takes it)
-            self._mode, self._search = "typed", self._start
-            return self._value(text, limit)
-        self._given().args.append(json.dumps(read[0], ensure_ascii=False))
-        return read[1], True
+        if len(self._given().args) > self._sent_at:   # malformed past what was sent: the call ends here
+            self.error = True
+            return self._start, False
+        self._mode, self._search = "typed", self._start   # the text up to its first closing tag, typed
+        return self._value(text, limit)
 
     def _stream(self, text: str, stop: int, whole: bool, args: list) -> None:
         """Send a string value's text up to ``stop``, less a layout newline at either end."""

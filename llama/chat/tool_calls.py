@@ -19,7 +19,8 @@ from typing import Optional
 
 from llama.chat.call_formats import FORMATS, Block, detect_tool_format, tool_format
 from llama.chat.call_grammar import generic_tools_instruction, parameter_schemas, tool_call_grammar
-from llama.chat.call_streams import CallStream, held, skip_ws
+from llama.chat.call_streams import CallStream
+from llama.chat.text_scan import held, skip_ws
 
 __all__ = ["FORMATS", "ToolCallStream", "assemble_deltas", "detect_tool_format", "generic_tools_instruction",
            "parse_tool_calls", "reasoning_stops", "tool_call_grammar", "tool_call_id"]

@@ -4,12 +4,14 @@ grow, adding up to the arguments the parse of the whole reply gives; and `parall
 in the readers (one call) and in the forced-call grammars (one, or one or more)."""
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from llama.chat.json_stream import JsonReader
+from llama.chat.reply import ReplyReader, parse_reply
 from llama.chat.tool_calls import FORMATS, ToolCallStream, assemble_deltas, parse_tool_calls, tool_call_grammar
 from tests.llama.chat.test_tool_calls import MM, TOOLS, accepts, generated, render, tokenizer  # noqa: F401 (fixture)
 
@@ -162,8 +164,8 @@ def _two_calls(fmt: str) -> str:
     (n1, a1), (n2, a2) = TWO
     one, two = render(fmt, n1, a1), render(fmt, n2, a2)
     shape = FORMATS[fmt].grammar
-    if shape.repeat == "block" or fmt == "minicpm5":
-        return one + ("\n" if shape.repeat == "block" and shape.json != "named" else "") + two
+    if shape.repeat == "block" or fmt == "minicpm5":   # Muse Glimmer's next message after <|eom|><|start|>assistant
+        return one + ("" if shape.json == "named" else shape.between or "\n" if shape.repeat == "block" else "") + two
     if fmt == "kimi_k2":
         return one.replace("<|tool_calls_section_end|>", "") + two.replace("<|tool_calls_section_begin|>", "")[
             :-len("<|tool_calls_section_end|>")].replace(":0<", ":1<") + "<|tool_calls_section_end|>"
@@ -198,10 +200,17 @@ def test_parallel_tool_calls_in_the_forced_grammars(tokenizer, fmt: str) -> None
     assert not accepts(tokenizer, single, generated(fmt, two)), two
     assert accepts(tokenizer, several, generated(fmt, two)), two
     assert not accepts(tokenizer, several, generated(fmt, two) + " and more")
-    calls = parse_tool_calls(two, fmt, tools=TOOLS)[1]
+    calls = _calls(two, fmt)
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == TWO
-    first = parse_tool_calls(two, fmt, tools=TOOLS, parallel=False)[1]
-    assert [c["function"]["name"] for c in first] == ["get_weather"]
+    assert [c["function"]["name"] for c in _calls(two, fmt, parallel=False)] == ["get_weather"]
+
+
+def _calls(text: str, fmt: str, parallel: bool = True) -> list[dict]:
+    """The calls of a reply (Muse Glimmer's replies are messages, read by their own reader)."""
+    if fmt == "muse_glimmer":
+        reader = ReplyReader(tool_format=fmt, tools=TOOLS, family=fmt, parallel=parallel)
+        return parse_reply(text, reader).get("tool_calls", [])
+    return parse_tool_calls(text, fmt, tools=TOOLS, parallel=parallel)[1]
 
 
 def test_a_named_function_with_parallel_calls(tokenizer) -> None:  # noqa: F811
@@ -235,23 +244,67 @@ def test_minimax_m3_keeps_its_closing_tag_apart_from_an_argument_tag() -> None:
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris", "days": 3}
 
 
-def test_minimax_m3_streams_a_nested_argument_whole() -> None:
-    """An object or array argument written as nested tags is given out once its closing tag ends it
-    (an inner tag of the same name does not), wherever the reply is cut; the pieces add up to the
-    parse of the whole reply."""
+def _m3_arguments(text: str, tools: list[dict]) -> str:
+    """The arguments a MiniMax M3 stream has sent of the reply so far (one call)."""
+    deltas = ToolCallStream("minimax_m3", 3, tools).feed(text)
+    return "".join(tc["function"]["arguments"] for d in deltas for tc in d.get("tool_calls", ()))
+
+
+def test_minimax_m3_streams_a_nested_argument_as_it_grows() -> None:
+    """An object or array argument written as nested tags streams as llama-server streams it, its
+    JSON so far only growing: ``{`` and a key once the member's tag is whole, a string as far as
+    it has come, another leaf once its closing tag shows it whole (an inner tag of the same name
+    does not end the value); a union that takes no string once an alternative has read. Wherever
+    the reply is cut, the deltas add up to the parse of the whole reply."""
     from tests.llama.chat.test_tagged_calls import NESTED, SHAPES, to_xml
     tools = [{"type": "function", "function": SHAPES}]
-    args = {**NESTED, "entries": [{"id": 1, "entries": [True]}]}
+    args = {**NESTED, "point": {"x": 1.5, "y": -2, "label": 'a long "label" <b>'},
+            "entries": [{"id": 1, "entries": [True]}]}
     text = f'Sure.{MM}<tool_call>\n{MM}<invoke name="shapes">{to_xml(args)}{MM}</invoke>\n{MM}</tool_call>'
     pieces, calls = _arguments_deltas("minimax_m3", text, tools)
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [("shapes", args)]
-    assert "".join(p["function"]["arguments"] for p in pieces) == calls[0]["function"]["arguments"]
-    assert json.dumps(args["entries"]) in [p["function"]["arguments"] for p in pieces]
-    whole = parse_tool_calls(text, "minimax_m3", 3, tools)
-    for cut in range(len(text) + 1):
+    whole = calls[0]["function"]["arguments"]
+    sent = [whole[:n] for n in itertools.accumulate(len(p["function"]["arguments"]) for p in pieces)]
+    assert sent[-1] == whole
+    point = whole.index('"point": ') + len('"point": ')
+    inside = [s for s in sent if point < len(s) < point + len(json.dumps(args["point"]))]
+    assert len(inside) > 10   # the label a character at a time, and each member
+    assert _m3_arguments(text[:text.index("long")], tools) == '{"point": {"x": 1.5, "y": -2, "label": "a '
+    assert _m3_arguments(text[:text.index("1.5") + 2], tools) == '{"point": {"x": '   # not yet whole
+    entries = text.index(f"{MM}<entries>")
+    assert _m3_arguments(text[:text.index(f"{MM}</entries>") + len(f"{MM}</entries>")], tools).endswith(
+        ', "entries": [{"id": 1, "entries": [true]')   # the item's own entries ended there, not the argument
+    assert _m3_arguments(text[:entries + len(f"{MM}<entries>")], tools).endswith(', "entries": ')
+    assert _m3_arguments(text[:entries + len(f"{MM}<entries>{MM}<item>")], tools).endswith(', "entries": [')
+    assert json.dumps(args["limit"]) in [p["function"]["arguments"] for p in pieces]   # a union: whole
+    parsed = parse_tool_calls(text, "minimax_m3", 3, tools)
+    so_far = ""
+    for cut in range(len(text) + 1):   # what is sent only grows, and the rest adds up to the parse
         stream = ToolCallStream("minimax_m3", 3, tools)
-        assert assemble_deltas(stream.feed(text[:cut]) + stream.feed(text[cut:]) + stream.finish()) == whole
-    inner = text.index(f"{MM}</entries>") + len(f"{MM}</entries>")   # the item's own entries end there
-    so_far = [tc for d in ToolCallStream("minimax_m3", 3, tools).feed(text[:inner])
-              for tc in d.get("tool_calls", ())]
-    assert "".join(tc["function"]["arguments"] for tc in so_far).endswith(', "entries": ')
+        head = stream.feed(text[:cut])
+        now = "".join(tc["function"]["arguments"] for d in head for tc in d.get("tool_calls", ()))
+        assert now.startswith(so_far) and whole.startswith(now)
+        so_far = now
+        assert assemble_deltas(head + stream.feed(text[cut:]) + stream.finish()) == parsed
+
+
+def test_minimax_m3_reads_a_nested_argument_not_written_as_its_tags() -> None:
+    """One that shows it is not written as its schema's tags before any of it was sent is read as
+    a flat value (its text, or JSON of its type); one malformed past what was sent ends the call
+    there, as llama.cpp's parse fails there."""
+    from tests.llama.chat.test_tagged_calls import SHAPES, to_xml
+    tools = [{"type": "function", "function": SHAPES}]
+
+    def call(xml: str) -> str:
+        return f'{MM}<tool_call>\n{MM}<invoke name="shapes">{xml}{MM}</invoke>\n{MM}</tool_call>'
+
+    flat = call(to_xml({"point": {"y": 2, "x": 1}}) + f'{MM}<tags>{{"a": 1}}{MM}</tags>')
+    calls = parse_tool_calls(flat, "minimax_m3", 3, tools)[1]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"point": to_xml({"y": 2, "x": 1}), "tags": '{"a": 1}'}
+    malformed = call(to_xml({"point": {"x": 1, "y": 2, "z": 3}, "tags": ["a"]}))
+    calls = parse_tool_calls(malformed, "minimax_m3", 3, tools)[1]
+    assert calls[0]["function"]["arguments"] == '{"point": {"x": 1, "y": 2'
+    for cut in range(len(malformed) + 1):
+        stream = ToolCallStream("minimax_m3", 3, tools)
+        assert assemble_deltas(stream.feed(malformed[:cut]) + stream.feed(malformed[cut:]) + stream.finish())[1] \
+            == calls

@@ -7,7 +7,8 @@ llama.cpp parses out of it. ggmlpy renders the prompt with the same template, re
 output as a chat completion reads it (`reply_reader`, `ReplyStream`), and must give the same
 content, reasoning_content and tool calls (content and reasoning compared trimmed, arguments
 as JSON values, ids where llama.cpp's parse has one, all as llama.cpp's test compares them).
-Streamed one character at a time, the same output must add up to the same message.
+Streamed one character at a time, the same output must add up to the same message. The prompt
+must end with llama.cpp's generation prompt for the request (a continued message's included).
 
 Cases ggmlpy does not pass yet are listed in parser_cases/known_failures.json with the
 reason; they run as strict xfails, so one that starts passing must be taken off the list.
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from llama.api.chat_completion import ChatSetup, reply_reader
-from llama.api.chat_prompt import chat_prompt
+from llama.api.chat_prompt import ChatPrompt, chat_prompt
 from llama.chat import ChatTemplate
 from llama.chat.reply import assemble_message, parse_reply
 
@@ -53,16 +54,20 @@ def _setup(template: str) -> ChatSetup:
     return ChatSetup.for_template(ChatTemplate(source, name=template, lenient=True))
 
 
+def _prompt(case: dict) -> ChatPrompt:
+    """The prompt a chat completion would render for this case's request."""
+    return chat_prompt(_setup(case["template"]), case["messages"], tools=case["tools"] or None,
+                       reasoning="on" if case["enable_thinking"] else "off",
+                       add_generation_prompt=case["add_generation_prompt"],
+                       continue_final_message=CONTINUATION[case["continue_final_message"]])
+
+
 def _read(case: dict):
     """The reply reader a chat completion would use for this case's request."""
-    setup = _setup(case["template"])
     tools = case["tools"] or None
     choice = case["tool_choice"] if tools else "none"
-    prompt = chat_prompt(setup, case["messages"], tools=tools, reasoning="on" if case["enable_thinking"] else "off",
-                         add_generation_prompt=case["add_generation_prompt"],
-                         continue_final_message=CONTINUATION[case["continue_final_message"]])
-    return reply_reader(setup, prompt, tools, choice, case["reasoning_format"], case["parallel_tool_calls"],
-                        json_answer=bool(case["json_schema"]))
+    return reply_reader(_setup(case["template"]), _prompt(case), tools, choice, case["reasoning_format"],
+                        case["parallel_tool_calls"], json_answer=bool(case["json_schema"]))
 
 
 def _args(text: str):
@@ -106,6 +111,13 @@ def test_llama_cpp_parser_case(case: dict) -> None:
     expected, whole, streamed = _outcome(case)
     assert whole == expected
     assert streamed == whole
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_the_prompt_ends_with_llama_cpps_generation_prompt(case: dict) -> None:
+    """The prompt ends as llama.cpp's does: its generation prompt, which for a continued message
+    holds the message written with the template's thinking markers, whitespace and all."""
+    assert _prompt(case).text.endswith(case["generation_prompt"])
 
 
 def format_counts() -> dict[str, tuple[int, int, int]]:

@@ -25,6 +25,7 @@ TAGS = thinking_tags(SOURCE)
 NEXT = "<|eom|><|start|>assistant"   # one message ended, the next one's opening
 PARIS = render("muse_glimmer", "get_weather", {"city": "Paris", "days": 3})
 OSLO = render("muse_glimmer", "get_weather", {"city": "Oslo"})
+TIME = render("muse_glimmer", "get_time", {})
 
 
 def reader(split: bool = True, calls: bool = True, parallel: bool = True, json_answer: bool = False,
@@ -133,15 +134,44 @@ def test_a_call_streams_its_arguments_and_without_parallel_calls_ends_the_reply(
     assert stream.finish() == []
 
 
-def test_a_forced_call_is_one_message_to_a_function(tokenizer) -> None:
-    """As llama.cpp's grammar writes it, to any recipient; one call, also with parallel calls."""
-    grammar = tool_call_grammar(TOOLS, "required", "muse_glimmer")
-    assert tool_call_grammar(TOOLS, "required", "muse_glimmer", parallel=True) == grammar
-    assert accepts(tokenizer, grammar, PARIS)
-    assert accepts(tokenizer, grammar, PARIS.replace(" to=get_weather", " to=weather.get_weather"))
-    assert not accepts(tokenizer, grammar, " to=user<|message|>Hi")
-    assert not accepts(tokenizer, grammar, PARIS + NEXT + OSLO)
+def test_a_forced_call_is_a_message_to_a_function_and_more_follow_with_parallel_calls(tokenizer) -> None:
+    """As llama.cpp's grammar writes it, to any recipient: one call, or with parallel calls more,
+    each in the next message (llama.cpp's ``tool_choice ("<|eom|>" "<|start|>assistant" tool_choice)*``)."""
+    single = tool_call_grammar(TOOLS, "required", "muse_glimmer")
+    several = tool_call_grammar(TOOLS, "required", "muse_glimmer", parallel=True)
+    two = PARIS + NEXT + TIME
+    for grammar in (single, several):
+        assert accepts(tokenizer, grammar, PARIS)
+        assert accepts(tokenizer, grammar, PARIS.replace(" to=get_weather", " to=weather.get_weather"))
+        assert not accepts(tokenizer, grammar, " to=user<|message|>Hi")
+    assert not accepts(tokenizer, single, two)
+    assert accepts(tokenizer, several, two) and accepts(tokenizer, several, two + NEXT + OSLO)
+    # the next call only in the next message: not in the same one, nor after the turn's end
+    assert not accepts(tokenizer, several, PARIS + "\n" + TIME)
+    assert not accepts(tokenizer, several, PARIS + "<|eot|><|start|>assistant" + TIME)
+    assert not accepts(tokenizer, several, two + NEXT)
+    named = tool_call_grammar(TOOLS, {"type": "function", "function": {"name": "get_weather"}}, "muse_glimmer",
+                              parallel=True)
+    assert accepts(tokenizer, named, PARIS + NEXT + OSLO) and not accepts(tokenizer, named, two)
     assert read(PARIS, reader()) == ("", "", [("get_weather", {"city": "Paris", "days": 3})])
+
+
+@pytest.mark.parametrize("lead", ["", " to=self<|message|>Two calls.<|eom|><|start|>assistant"])
+def test_parallel_calls_are_read_whole_and_streamed(lead: str) -> None:
+    """The replies the parallel grammar lets the model write: a call per message, each read, whole
+    and streamed cut anywhere, each call under its own index; without parallel calls, the first."""
+    text = lead + PARIS + NEXT + TIME + NEXT + OSLO
+    calls = [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {}), ("get_weather", {"city": "Oslo"})]
+    r = reader()
+    whole = parse_reply(text, r)
+    assert read(text, r) == ("", "Two calls." if lead else "", calls)
+    assert len({c["id"] for c in whole["tool_calls"]}) == 3
+    message, deltas = _streamed(text, r, list(range(len(text))))
+    assert message == whole
+    assert [tc["index"] for d in deltas for tc in d.get("tool_calls", ()) if "id" in tc] == [0, 1, 2]
+    for cut in range(len(text) + 1):
+        assert _streamed(text, r, [cut])[0] == whole
+    assert read(text, reader(parallel=False)) == ("", "Two calls." if lead else "", calls[:1])
 
 
 def test_a_continued_message_is_written_and_read_as_llama_cpp_does() -> None:

@@ -104,6 +104,6 @@ def test_apriel_reads_the_reasoning_lead_its_prompt_wrote():
     assert raw == "<|begin_assistant|>\nHere are my reasoning steps:\n" + reply
     continued = chat_prompt(setup, user + [{"role": "assistant", "content": "", "reasoning_content": "I'm"}],
                             add_generation_prompt=False)
-    assert continued.opened and continued.text.endswith("\n<|begin_assistant|>I'm")
+    assert continued.opened and continued.text.endswith("\n<|begin_assistant|>\nI'm")   # llama.cpp's prompt
     message = parse_reply(" sure[BEGIN FINAL RESPONSE]Yes", reply_reader(setup, continued, None, "none", "auto"))
     assert (message["reasoning_content"], message["content"]) == ("I'm sure", "Yes")

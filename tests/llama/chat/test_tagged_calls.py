@@ -164,9 +164,10 @@ def test_minimax_m3_reads_nested_arguments(args):
 
 
 def test_minimax_m3_reads_the_text_of_what_is_not_nested_tags():
-    """A union with a string is text, nested tags and all (as llama.cpp reads it); a value not
-    written as its schema's tags (required members out of order, a leaf not of its type, JSON)
-    is read as a flat value is: JSON of its type, else the text up to its closing tag."""
+    """A union with a string is text, nested tags and all (as llama.cpp reads it); a value that
+    shows it is not written as its schema's tags before any of it reads (required members out of
+    order, a union's leaf not of its type, JSON) is read as a flat value is: JSON of its type,
+    else the text up to its closing tag."""
     def read(args_xml: str) -> dict:
         return json.loads(MINIMAX_M3.read(f'{NS}<invoke name="shapes">{args_xml}{NS}</invoke>', M3_SCHEMAS)[0][1])
 
@@ -175,6 +176,9 @@ def test_minimax_m3_reads_the_text_of_what_is_not_nested_tags():
     assert read(to_xml({"limit": {"max": "many"}})) == {"limit": f"{NS}<max>many{NS}</max>"}
     assert read(f'{NS}<point>{{"x": 1, "y": 2}}{NS}</point>{NS}<tags>oops{NS}</tags>') == {
         "point": {"x": 1, "y": 2}, "tags": "oops"}
+    # one that began as its tags and then is not (streamed so far, then malformed): not a call
+    assert MINIMAX_M3.read(m3_call({"point": {"x": "one", "y": 2}}), M3_SCHEMAS) is None
+    assert MINIMAX_M3.read(m3_call({"point": {"x": 1, "y": 2, "z": 3}}), M3_SCHEMAS) is None
     # a value that no closing tag of it ends (the call cut off inside it): not a call
     cut = f"{NS}<entries>{NS}<item>{NS}<id>1{NS}</id>{NS}<entries>{NS}<item>true{NS}</item>{NS}</entries>"
     assert MINIMAX_M3.read(f'{NS}<invoke name="shapes">{cut}{NS}</invoke>', M3_SCHEMAS) is None

@@ -241,7 +241,8 @@ def test_idle_sleep_and_wake(smollm2_path):
     """--sleep-idle-seconds: the model unloads when idle; /health, /props and /metrics answer
     without waking it (the metrics as they were, their throughput reported once); a request
     that needs the model wakes it and is answered."""
-    with running(smollm2_path, ctx_size=512, metrics=True, sleep_idle_seconds=0.5) as s:
+    # 2 s idle: long enough that a loaded machine still asks /props before it sleeps again
+    with running(smollm2_path, ctx_size=512, metrics=True, sleep_idle_seconds=2.0) as s:
         assert post(s, "/completion", {"prompt": "Hello", "n_predict": 4}).status_code == 200
         deadline = time.monotonic() + 20
         while not httpx.get(s.url + "/props").json()["is_sleeping"]:
