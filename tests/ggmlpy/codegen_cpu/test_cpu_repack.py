@@ -113,7 +113,10 @@ def _unpack_kquant(packed: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarra
                     nib = (byte & 15) if half == 0 else (byte >> 4)
                     if t == G.Q5_K:   # fifth bit: vector `half`, byte i, bit c
                         nib |= ((int(step[superblocks.k_high_offset(t, j, half) + 4 * r + i]) >> c) & 1) << 4
-                    if t in (G.Q4_K, G.Q5_K):
+                    if t in (G.IQ4_XS, G.IQ3_S):   # codes: IQ4_XS's kvalues_iq4nl, IQ3_S's CODE_VALUES
+                        sc = np.float32(step[superblocks.k_scale_offset(t, v // 32) + r].view(np.int8))
+                        value = np.float32(d * sc) * np.float32(_code_values(t)[nib])
+                    elif t in (G.Q4_K, G.Q5_K):
                         sub = 2 * j + half
                         sc = np.float32(step[superblocks.k_scale_offset(t, sub) + r])
                         mn = np.float32(step[superblocks.k_min_offset(t, sub) + r])
@@ -126,6 +129,12 @@ def _unpack_kquant(packed: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarra
                         value = np.float32(q - 32) * np.float32(d * sc)
                     out[16 * g + r, 256 * s + v] = value
     return out
+
+
+def _code_values(t: GGMLType) -> tuple[int, ...]:
+    from ggmlpy.quants.iq_grids import KVALUES_IQ4NL
+
+    return superblocks.CODE_VALUES.get(t, tuple(int(v) for v in KVALUES_IQ4NL))
 
 
 def _crumb_value(step: np.ndarray, t: GGMLType, r: int, d: np.float32, j: int, w: int) -> np.float32:
@@ -147,7 +156,8 @@ def _crumb_value(step: np.ndarray, t: GGMLType, r: int, d: np.float32, j: int, w
 
 @pytest.mark.parametrize("t,k,m", [(G.Q4_K, 256, 16), (G.Q4_K, 512, 32), (G.Q6_K, 256, 16), (G.Q6_K, 512, 16),
                                    (G.Q2_K, 256, 16), (G.Q2_K, 512, 32), (G.Q3_K, 256, 16), (G.Q3_K, 512, 32),
-                                   (G.Q5_K, 256, 16), (G.Q5_K, 512, 32)],
+                                   (G.Q5_K, 256, 16), (G.Q5_K, 512, 32), (G.IQ4_XS, 256, 16), (G.IQ4_XS, 768, 32),
+                                   (G.IQ3_S, 256, 16), (G.IQ3_S, 768, 32)],
                          ids=str)
 def test_kquant_layout_reads_back_exactly(t, k, m):
     case = OpCase((SrcSpec(t, (k, m, 1, 1)),))
@@ -156,37 +166,6 @@ def test_kquant_layout_reads_back_exactly(t, k, m):
     assert packed.nbytes == repack.repacked_nbytes(t, k, m)
     expected = dequantize(np.ascontiguousarray(raw), t, (k, m)).reshape(m, k)
     np.testing.assert_array_equal(_unpack_kquant(packed, t, k, m), expected)
-
-
-@pytest.mark.parametrize("t", [G.IQ4_XS, G.IQ3_S], ids=lambda t: t.name)
-@pytest.mark.parametrize("k,m", [(256, 16), (768, 32)])
-def test_code_layout_reads_back_exactly(t, k, m):
-    """IQ4_XS and IQ3_S repacked as codes: value 64j + 32h + 4c + i of row r is nibble h of
-    byte 4r + i of chunk j's vector c, standing for its code's value (IQ3_S: CODE_VALUES,
-    IQ4_XS: kvalues_iq4nl), times its sub-block's i8 scale and the row's d: ggml's values."""
-    from ggmlpy.quants.iq_grids import KVALUES_IQ4NL
-
-    case = OpCase((SrcSpec(t, (k, m, 1, 1)),))
-    raw = make_inputs(case, np.random.default_rng(7))["src0"]
-    packed = repack.repack(raw, t, k, m)
-    values = superblocks.CODE_VALUES.get(t, tuple(int(v) for v in KVALUES_IQ4NL))
-    sb, n_steps = repack.STEP_BYTES[t], k // 256
-    out = np.zeros((m, k), np.float32)
-    for g in range(m // 16):
-        for s in range(n_steps):
-            step = packed[(g * n_steps + s) * sb:(g * n_steps + s + 1) * sb]
-            for r in range(16):
-                d = _f16(step[superblocks.K_D[t] + 2 * r:][:2])[0]
-                for v in range(256):
-                    j, within = divmod(v, 64)
-                    half, pos = divmod(within, 32)
-                    c, i = divmod(pos, 4)
-                    byte = int(step[superblocks.k_values_offset(t, j, c) + 4 * r + i])
-                    code = (byte & 15) if half == 0 else (byte >> 4)
-                    sc = np.float32(step[superblocks.k_scale_offset(t, v // 32) + r].view(np.int8))
-                    out[16 * g + r, 256 * s + v] = np.float32(d * sc) * np.float32(values[code])
-    expected = dequantize(np.ascontiguousarray(raw), t, (k, m)).reshape(m, k)
-    np.testing.assert_array_equal(out, expected)
 
 
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
