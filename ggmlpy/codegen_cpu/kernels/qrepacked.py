@@ -76,13 +76,19 @@ SHARED_REGIONS = (GGMLType.Q5_K, GGMLType.Q6_K)
 
 # Chunks of groups per token block a product is cut into for the threads to claim: enough
 # that a slowed thread's share moves to the other, few enough that each chunk streams a long
-# contiguous run (the 1.5B model's FFN: 35 groups, 500 KiB a chunk).
+# contiguous run (the 1.5B model's FFN: 35 groups, 500 KiB a chunk). A chunk holds at most
+# MAX_CHUNK_BYTES of weights: a large vocabulary's output matrix in 16 chunks of 29 MB left
+# one thread waiting 0.1-0.4 ms for the other (gpt-oss-20b's shapes, a 7.9 ms product); with
+# 4 MiB chunks 30 µs, and the decode step 1-3% shorter in four alternated runs of
+# `bench/profile_decode.py -n 64` (1 MiB chunks streamed slower: 9.0 ms).
 CHUNKS = 16
+MAX_CHUNK_BYTES = 4 << 20
 
 
-def chunk_groups(n_groups: int) -> int:
-    """Groups per chunk: n_groups / CHUNKS rounded up, at least one."""
-    return max(1, -(-n_groups // CHUNKS))
+def chunk_groups(n_groups: int, group_bytes: int) -> int:
+    """Groups per chunk: n_groups / CHUNKS rounded up, no more than MAX_CHUNK_BYTES of them
+    (`group_bytes` each), at least one."""
+    return max(1, min(-(-n_groups // CHUNKS), MAX_CHUNK_BYTES // group_bytes))
 
 
 class RepackedMatmul:
@@ -119,7 +125,7 @@ class RepackedMatmul:
         tile's arithmetic is the same whichever thread takes it."""
         kb, b = self.kb, self.kb.b
         block = max(TOKENS, L2_BUDGET // self.act_stride // TOKENS * TOKENS)
-        per_chunk = chunk_groups(self.n_groups)
+        per_chunk = chunk_groups(self.n_groups, self.n_steps * self.step_bytes)
         n_group_chunks = -(-self.n_groups // per_chunk)
         n_blocks = b.sdiv(b.add(self.n_tok, i64(block - 1)), i64(block))
         with kb.claimed_chunks(b.mul(n_blocks, i64(n_group_chunks))) as chunk:
