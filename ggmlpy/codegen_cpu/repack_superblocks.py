@@ -67,6 +67,9 @@ K_OFFSET = {GGMLType.Q3_K: 4, GGMLType.Q6_K: 32, GGMLType.IQ4_XS: 128, GGMLType.
 # code k + 8 * sign for +-(2k + 1)); IQ4_XS's codes are its kvalues_iq4nl indices (qcodes.py)
 CODE_VALUES = {GGMLType.IQ3_S: tuple((2 * (c % 8) + 1) * (-1 if c >= 8 else 1) for c in range(16))}
 _IQ3S_HALVES = np.ascontiguousarray(IQ3S_VALUES >> 1).view(np.uint32)[:, 0]   # per grid row, its 4 values' k
+# per sign byte (ggml's `signs`: bit j minus for value j), its 8 values' code bit 3 (8 for minus)
+_SIGN_CODE_BITS = np.ascontiguousarray(
+    (((np.arange(256)[:, None] >> np.arange(8)) & 1) << 3).astype(np.uint8)).view(np.uint64)[:, 0]
 # A chunk's stored vectors as natural indices (low 0.., high n_lo.., scales n_lo + n_hi):
 # what the first sub-block reads, its scales, then the rest (Q6_K: low 0-3 and their high
 # bits 0-1, the scales, low 4-7 and high 2-3; Q3_K and Q5_K: the second high-bit vector
@@ -218,8 +221,7 @@ def _repack_iq3_s_groups(blk: np.ndarray, lanes: Callable, per_row: Callable) ->
     high = np.unpackbits(b["qh"].reshape(n, -1), axis=1, bitorder="little").astype(np.uint16)
     # (2k + 1) >> 1 of each value; mode "clip" (indices are 9 bits) skips numpy's bounds checks: 8x faster
     k = np.take(_IQ3S_HALVES, b["qs"].reshape(n, -1) | (high << 8), mode="clip").view(np.uint8)
-    minus = np.unpackbits(b["signs"].reshape(n, -1), axis=1, bitorder="little")        # value i: bit i
-    codes = k | (minus << 3)
+    codes = k | np.take(_SIGN_CODE_BITS, b["signs"].reshape(n, -1), mode="clip").view(np.uint8)
     sc = b["scales"].reshape(n, -1)
     scales = (1 + 2 * np.stack([sc & 15, sc >> 4], axis=2).reshape(n, 8)).astype(np.uint8)
     return _code_step(codes.reshape(g, GROUP, s, 256), scales.reshape(g, GROUP, s, 8),
