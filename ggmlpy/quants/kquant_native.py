@@ -1,8 +1,9 @@
 """ggml's K-quant scale searches (make_qkx2_quants, make_qx_quants, make_q3_quants) as native code.
 
 The searches dominate quantising to a K-quant: each sub-block tries 16 to 37 candidate
-scales over its 16 or 32 values, or sweeps them five times (make_q3_quants). kquant_search.py states them in numpy, one vector operation
-per element position over all sub-blocks, which runs at 8-15 M weights a second. Here the
+scales over its 16 or 32 values, or sweeps them five times (make_q3_quants). kquant_search.py
+states them in numpy, one vector operation per element position over all sub-blocks, which
+runs at 8-15 M weights a second. Here the
 same steps are emitted as LLVM IR over 16 sub-blocks at a time, one per vector lane, so each
 lane performs exactly the float32 operations of the numpy version (and of ggml's C loop) in
 the same order: no reassociation, no fused multiply-add, ordered comparisons, decisions as
@@ -20,11 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from ggmlpy.quants.rounding import F32
+from ggmlpy.quants.kquant_search import GROUP_MAX_EPS
+from ggmlpy.quants.rounding import F32, NEAREST_INT_MAGIC
 
 LANES = 16
-_MAGIC = 12582912.0   # nearest_int's 1.5 * 2**23
-_GROUP_MAX_EPS = 1e-15
 
 _SEARCH = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                            ctypes.c_void_p, ctypes.c_int64)
@@ -127,7 +127,7 @@ class _Emitter:
 
     def nearest_int(self, v):
         """ggml's nearest_int: the mantissa bits of v + 1.5*2^23, less 2^22."""
-        bits = self.b.bitcast(self.add(v, self.f(_MAGIC)), self.vi)
+        bits = self.b.bitcast(self.add(v, self.f(NEAREST_INT_MAGIC)), self.vi)
         return self.b.sub(self.b.and_(bits, self.i(0x007FFFFF)), self.i(0x00400000))
 
     def clamp(self, v, lo: int, hi: int):
@@ -265,7 +265,7 @@ def _emit_qx(e: _Emitter, nmax: int, weighted: bool) -> None:
         return {"scale": scale, "best": e.sel(better, e.mul(scale, sumlx), s["best"])}
 
     end = e.steps(18, {"scale": scale, "best": best}, step)
-    zero = e.cmp("<", amax, e.f(_GROUP_MAX_EPS))
+    zero = e.cmp("<", amax, e.f(GROUP_MAX_EPS))
     for i in range(k):
         e.store_level(i, e.b.select(zero, e.i(0), e.load_level(i)))
     e.store_out(e.out_a, e.sel(zero, e.f(0.0), end["scale"]))
@@ -302,7 +302,7 @@ def _emit_q3(e: _Emitter, nmax: int) -> None:
                                          e.mul(e.mul(sumlx, sumlx), sl2_new))))
             levels[i] = b.select(accept, new, levels[i])
             sumlx, suml2 = e.sel(accept, slx_new, sumlx), e.sel(accept, sl2_new, suml2)
-    zero = e.cmp("<", amax, e.f(_GROUP_MAX_EPS))
+    zero = e.cmp("<", amax, e.f(GROUP_MAX_EPS))
     for i, level in enumerate(levels):
         e.store_level(i, b.select(zero, e.i(0), b.add(level, e.i(nmax))))
     scale = e.sel(e.cmp(">", suml2, e.f(0.0)), e.div(sumlx, suml2), e.f(0.0))
@@ -344,39 +344,34 @@ def _ungrouped(levels: np.ndarray, n: int) -> np.ndarray:
     return np.ascontiguousarray(levels.transpose(1, 0, 2).reshape(k, groups * LANES)[:, :n])
 
 
+def _run(kind: str, x: np.ndarray, w: np.ndarray | None, *params: Any
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The compiled search `kind` over the sub-blocks (columns) of x, weighted by w (None: the
+    search weighs by x itself): (out_a, out_b, levels), each cut back to x's sub-blocks."""
+    k, n = x.shape
+    xg = _grouped(x)
+    wg = xg if w is None else _grouped(w)
+    groups = len(xg)
+    out_a, out_b = np.empty(groups * LANES, F32), np.empty(groups * LANES, F32)
+    levels = np.empty((groups, k, LANES), np.uint8)
+    _, fn = _search(kind, k, *params)
+    fn(xg.ctypes.data, wg.ctypes.data, out_a.ctypes.data, out_b.ctypes.data, levels.ctypes.data, groups)
+    return out_a[:n], out_b[:n], _ungrouped(levels, n)
+
+
 def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float,
                      nstep: int, use_mad: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """kquant_search.make_qkx2_quants_ref, natively: (scale, the_min, levels)."""
-    k, n = x.shape
-    xg, wg = _grouped(x), _grouped(w)
-    groups = len(xg)
-    scale, the_min = np.empty(groups * LANES, F32), np.empty(groups * LANES, F32)
-    levels = np.empty((groups, k, LANES), np.uint8)
-    _, fn = _search("qkx2", k, nmax, float(F32(rmin)), float(F32(rdelta)), nstep, bool(use_mad))
-    fn(xg.ctypes.data, wg.ctypes.data, scale.ctypes.data, the_min.ctypes.data, levels.ctypes.data, groups)
-    return scale[:n], the_min[:n], _ungrouped(levels, n)
+    return _run("qkx2", x, w, nmax, float(F32(rmin)), float(F32(rdelta)), nstep, bool(use_mad))
 
 
 def make_qx_quants(x: np.ndarray, nmax: int, w: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """kquant_search.make_qx_quants_ref, natively: (scale, levels + nmax)."""
-    k, n = x.shape
-    xg = _grouped(x)
-    wg = _grouped(w) if w is not None else xg
-    groups = len(xg)
-    scale, unused = np.empty(groups * LANES, F32), np.empty(groups * LANES, F32)
-    levels = np.empty((groups, k, LANES), np.uint8)
-    _, fn = _search("qx", k, nmax, w is not None)
-    fn(xg.ctypes.data, wg.ctypes.data, scale.ctypes.data, unused.ctypes.data, levels.ctypes.data, groups)
-    return scale[:n], _ungrouped(levels, n)
+    scale, _, levels = _run("qx", x, w, nmax, w is not None)
+    return scale, levels
 
 
 def make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     """kquant_search.make_q3_quants_ref, natively: (scale, levels + nmax)."""
-    k, n = x.shape
-    xg = _grouped(x)
-    groups = len(xg)
-    scale, unused = np.empty(groups * LANES, F32), np.empty(groups * LANES, F32)
-    levels = np.empty((groups, k, LANES), np.uint8)
-    _, fn = _search("q3", k, nmax)
-    fn(xg.ctypes.data, xg.ctypes.data, scale.ctypes.data, unused.ctypes.data, levels.ctypes.data, groups)
-    return scale[:n], _ungrouped(levels, n)
+    scale, _, levels = _run("q3", x, None, nmax)
+    return scale, levels

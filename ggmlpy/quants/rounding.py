@@ -11,7 +11,7 @@ import numpy as np
 
 F32 = np.float32
 
-_MAGIC = F32(12582912.0)  # 1.5 * 2**23: adding it leaves round-to-nearest-even in the mantissa
+NEAREST_INT_MAGIC = F32(12582912.0)  # 1.5 * 2**23: adding it leaves round-to-nearest-even in the mantissa
 
 
 def nearest_int(v: np.ndarray) -> np.ndarray:
@@ -21,7 +21,7 @@ def nearest_int(v: np.ndarray) -> np.ndarray:
     searches can produce and then clamp) it returns the same garbage the C code does, so the
     clamped results stay identical.
     """
-    bits = (np.asarray(v, dtype=F32) + _MAGIC).view(np.int32)
+    bits = (np.asarray(v, dtype=F32) + NEAREST_INT_MAGIC).view(np.int32)
     return (bits & 0x007FFFFF) - 0x00400000
 
 

@@ -34,8 +34,8 @@ def chat_prompt(setup: "ChatSetup", messages: list, *, tools: list | None = None
     """The prompt of a chat request. `generic_tools`: the template has no tool syntax ggmlpy
     reads, so the tools are described in a first system message (`generic_tools_instruction`).
     `continue_final_message`: as llama-server's, true, "content" or "reasoning_content"."""
+    mode = continuation_mode(continue_final_message)   # refuses an unknown mode first
     continuation = final_continuation(messages, add_generation_prompt, continue_final_message)
-    mode = continuation_mode(continue_final_message)
     if continuation is not None:
         messages = messages[:-1]
     msgs = normalize_messages(messages)
@@ -111,7 +111,6 @@ def final_continuation(messages: list, add_generation_prompt: bool,
     if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
         return None
     last = messages[-1]
-    continuation_mode(continue_final_message)   # refuses an unknown mode
     explicit = continue_final_message is not None and continue_final_message is not False
     if explicit and add_generation_prompt:
         raise ValueError("Cannot set both add_generation_prompt and continue_final_message to true.")
