@@ -19,6 +19,7 @@ from typing import Any
 from ggmlpy.cli.cache_args import add_cache_type_args
 from ggmlpy.cli.lora_args import add_lora_args
 from ggmlpy.cli.placement_args import add_placement_args, placement_kwargs
+from ggmlpy.cli.speculative_args import add_speculative_args
 
 
 def _on_off(value: str) -> str:
@@ -97,6 +98,7 @@ def register(subparsers: Any) -> None:
       help="no chat page at / (default: served, public, its API calls carrying --api-key's key)")
     a("--sleep-idle-seconds", type=float, default=-1,
       help="unload the model after this many seconds without a request (-1: never; default)")
+    add_speculative_args(p)
     a("--max-queue", type=int, default=64, help="requests that may wait for a slot (ggmlpy)")
     a("--body-limit", type=int, default=8 << 20, help="largest request body in bytes (ggmlpy)")
     a("--cors-origins", default=None,
@@ -217,7 +219,11 @@ def config_from_args(args: argparse.Namespace):
         cors_methods=args.cors_methods, cors_headers=args.cors_headers,
         lora=args.lora, lora_init_without_apply=args.lora_init_without_apply, verbose=args.verbose,
         sleep_idle_seconds=args.sleep_idle_seconds, vertex=VertexRoutes.from_env(os.environ),
-        tools=tools, tools_runtime=args.tools_runtime, mcp_servers=mcp, ui_mcp_proxy=args.ui_mcp_proxy)
+        tools=tools, tools_runtime=args.tools_runtime, mcp_servers=mcp, ui_mcp_proxy=args.ui_mcp_proxy,
+        spec_type=[t.strip() for t in (args.spec_type or "").split(",") if t.strip()],
+        model_draft=args.model_draft, spec_draft_n_max=args.spec_draft_n_max,
+        spec_draft_n_min=args.spec_draft_n_min, spec_draft_p_min=args.spec_draft_p_min,
+        spec_ngram_size_n=args.spec_ngram_simple_size_n, spec_ngram_size_m=args.spec_ngram_simple_size_m)
 
 
 def run(args: argparse.Namespace) -> int:

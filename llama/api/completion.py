@@ -17,6 +17,7 @@ from llama.api.logprobs import CharOffsets, TokenLogprob, completion_logprobs, t
 from llama.api.sequence import SamplingParams, Sequence, Step
 from llama.api.grammar_args import make_grammar_sampler
 from llama.sampling.dry import DEFAULT_BREAKERS
+from llama.speculative.accept import accept, draft_budget
 
 if TYPE_CHECKING:
     from llama.api.llama import Llama
@@ -98,19 +99,32 @@ def run_sequence(llm: "Llama", seq: Sequence, *, logits_all_prompt: bool = False
     llm.scores = logits
     t1 = time.perf_counter()
     n_ctx = llm.n_ctx()
-    while not seq.finished:
-        if llm._generation != generation:
-            raise RuntimeError("another call on this Llama started; this stream cannot continue")
-        step = seq.step(logits)
-        yield step
+    rows, draft = logits[None], []
+    while True:
+        steps, n_kept = accept(seq, rows, draft)
+        if n_kept < len(draft):
+            engine.forget(0, engine.n_past(0) - (len(draft) - n_kept))
+        llm.scores = rows[len(steps) - 1]
+        seq.n_drafted += len(draft)
+        seq.n_draft_accepted += len(steps) - 1
+        for step in steps:
+            if llm._generation != generation:
+                raise RuntimeError("another call on this Llama started; this stream cannot continue")
+            yield step
         if seq.finished:
             break
         if engine.n_past(0) >= n_ctx:
             yield seq.stop_for_context()
             break
+        token = steps[-1].token
+        n_max = draft_budget(n_ctx, n_past=engine.n_past(0), n_ctx=n_ctx,
+                             n_remaining=seq.max_tokens - len(seq.tokens))
+        draft = llm.drafter.draft(0, seq.prompt + seq.tokens, n_max) if llm.drafter and n_max else []
         llm.scores = None
-        logits = engine.decode_step([(0, step.token)])[0]
-        llm.scores = logits
+        if draft:
+            rows = engine.decode_draft(0, [token] + draft)
+        else:
+            rows = engine.decode_step([(0, token)])
     if use_cache:
         state_cache.store(llm)
     if llm.verbose:

@@ -145,33 +145,46 @@ class Engine:
             self.cached[seq_id].append(token)
         return ctx.get_logits()
 
-    def decode_mixed(self, items: list[tuple[int, list[int], bool]]) -> list[np.ndarray | None]:
+    def decode_mixed(self, items: list[tuple[int, list[int], int]]) -> list[np.ndarray | None]:
         """One decode for several sequences (the server's step): each (seq_id, tokens,
-        want_logits) appends its tokens to that sequence, a prompt chunk or one generated
-        token. Returns, per item, the logits row of its last token, or None if not wanted.
-        Nothing is recorded for any item when the decode fails."""
-        if len(items) == 1 and len(items[0][1]) == 1 and items[0][2]:
+        n_out) appends its tokens to that sequence: a prompt chunk, one generated token, or
+        one with a speculative draft after it. Returns, per item, None for n_out 0, the
+        logits row of its last token ([n_vocab]) for n_out 1 (or True), and the rows of its
+        last n_out tokens ([n_out, n_vocab]) for more. Nothing is recorded for any item when
+        the decode fails."""
+        if len(items) == 1 and len(items[0][1]) == 1 and int(items[0][2]) == 1:
             return list(self.decode_step([(items[0][0], items[0][1][0])]))  # the one-token fast path
         ctx = self.ctx
         tokens, seq_ids, pos, flags = [], [], [], []
-        for seq_id, toks, want in items:
+        for seq_id, toks, n_out in items:
+            n_out = int(n_out)
+            if not 0 <= n_out <= len(toks):
+                raise ValueError(f"{n_out} logits rows asked of {len(toks)} tokens")
             start = len(self.cached[seq_id])
             tokens += toks
             seq_ids += [[seq_id]] * len(toks)
             pos += range(start, start + len(toks))
-            flags += [False] * (len(toks) - 1) + [bool(want)]
+            flags += [False] * (len(toks) - n_out) + [True] * n_out
         if len(tokens) > ctx.n_batch:
             raise ValueError(f"a step of {len(tokens)} tokens exceeds n_batch ({ctx.n_batch})")
         rc = ctx.decode(Batch(tokens=tokens, pos=pos, seq_ids=seq_ids, logits=flags))
         if rc != 0:
             raise DecodeError(rc, "batch")
+        logits = ctx.get_logits() if any(flags) else None
         rows: list[np.ndarray | None] = []
-        end = 0
-        for seq_id, toks, want in items:
-            end += len(toks)
+        first = 0   # the item's first output row
+        for seq_id, toks, n_out in items:
+            n_out = int(n_out)
             self.cached[seq_id] += toks
-            rows.append(ctx.get_logits_ith(end - 1) if want else None)
+            rows.append(None if n_out == 0 else logits[first] if n_out == 1 else logits[first:first + n_out])
+            first += n_out
         return rows
+
+    def decode_draft(self, seq_id: int, tokens: list[int]) -> np.ndarray:
+        """Decode the pending token and a speculative draft after it for `seq_id`, with the
+        logits of every one ([len(tokens), n_vocab]); the caller then drops the rejected
+        draft tokens with `forget`."""
+        return self.decode_mixed([(seq_id, tokens, len(tokens))])[0]
 
     def warmup(self) -> None:
         """One decode of one token, then an empty cache (llama.cpp's warm-up run): the

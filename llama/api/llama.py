@@ -40,6 +40,7 @@ from llama.model import Model
 from llama.placement import with_cpu_moe
 from llama.sampling.dry import Breakers, VocabText, model_breakers, vocab_text
 from llama.sampling.pick import LLAMA_DEFAULT_SEED
+from llama.speculative import Drafter, as_drafter, check_context
 
 log = logging.getLogger("llama.api")
 
@@ -52,7 +53,7 @@ _UNSUPPORTED_DEFAULTS: dict[str, Any] = {
     "rope_scaling_type": -1, "yarn_ext_factor": -1.0,
     "yarn_attn_factor": 1.0, "yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0,
     "yarn_orig_ctx": 0, "offload_kqv": True, "op_offload": None,
-    "no_perf": False, "last_n_tokens_size": 64, "chat_handler": None, "draft_model": None,
+    "no_perf": False, "last_n_tokens_size": 64, "chat_handler": None,
     "tokenizer": None, "spm_infill": False, "clip_model_path": None,
     "embd_normalize": None, "mul_mat_q": True, "attention_type": -1,
 }
@@ -112,7 +113,7 @@ class Llama:
                  n_seq_max: int = 1, backend: str | None = None, verbose: bool = True,
                  type_k: int | str | None = None, type_v: int | str | None = None,
                  swa_full: bool | None = None, lora_path: str | None = None,
-                 lora_scale: float = 1.0, **kwargs: Any):
+                 lora_scale: float = 1.0, draft_model: Any = None, **kwargs: Any):
         # the constructor's arguments, which are what a pickled Llama carries (__getstate__)
         self._init_args = {**{k: v for k, v in locals().items() if k not in ("self", "kwargs")}, **kwargs}
         for name, value in kwargs.items():
@@ -144,6 +145,8 @@ class Llama:
         self._chat = chat_api.ChatSetup(self._model, chat_format=chat_format,
                                         chat_template=chat_template)
         self._ctx: Context | None = None
+        self.draft_model: Any = None
+        self.drafter: Drafter | None = None   # speculative decoding (llama/speculative)
         self.engine: Engine | None = None
         self.scores: np.ndarray | None = None  # the last decode's logits (llama-cpp-python's _scores[-1])
         self.cache: state_cache.LlamaRAMCache | None = None   # set_cache's
@@ -179,6 +182,9 @@ class Llama:
                 self._ctx.reserve_lora_graphs()
         self.lora_path, self.lora_scale = lora_path, lora_scale
         self.engine = Engine(self._ctx)
+        if draft_model is not None:
+            check_context(self._ctx)
+            self.draft_model, self.drafter = draft_model, as_drafter(draft_model)
         with progress.stage("warming up"):
             self.engine.warmup()  # as llama.cpp's common init: weights repacked now, not on the first call
         if verbose:

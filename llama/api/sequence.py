@@ -122,6 +122,8 @@ class Sequence:
         self._released_lp = 0
         self.finish_reason: str | None = None
         self.prompt_logits: np.ndarray | None = None  # every prompt row, when asked (echo logprobs)
+        self.n_drafted = 0          # speculative draft tokens decoded, and those accepted
+        self.n_draft_accepted = 0   # (llama-server's timings.draft_n, draft_n_accepted)
         # llama-server's t_max_predict_ms: past this long since the first token, the next
         # token holding a newline ends the sequence ("length"); 0 = no limit
         self.t_max_predict_ms = 0.0

@@ -69,6 +69,14 @@ class ServerConfig:
     mcp_servers: dict | None = None
     ui_mcp_proxy: bool = False
     vertex: Any = None            # gcp.VertexRoutes: Vertex AI's routes (AIP_MODE=PREDICTION), or None
+    # speculative decoding (llama/speculative): llama-server's --spec-type list and its options
+    spec_type: list[str] = field(default_factory=list)   # none, ngram-simple, draft-simple
+    model_draft: str | None = None    # -md: the draft model (draft-simple)
+    spec_draft_n_max: int = 3
+    spec_draft_n_min: int = 0
+    spec_draft_p_min: float = 0.0
+    spec_ngram_size_n: int = 12       # --spec-ngram-simple-size-n / -m
+    spec_ngram_size_m: int = 48
     sleep_idle_seconds: float = -1   # --sleep-idle-seconds: unload the model after this long idle (-1: never)
     verbose: bool = False         # --verbose: debug logs, and answers carry `__verbose` unless asked not to
 

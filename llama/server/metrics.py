@@ -44,8 +44,12 @@ def samples(sched: Scheduler) -> list[Sample]:
         ("gauge", "requests_processing", "Number of requests processing.", sum(1 for s in sched.pool.slots if s.busy)),
         ("gauge", "requests_deferred", "Number of requests deferred.", sched.n_pending),
     ]
-    for name in ("num_draft_tokens", "num_accepted_tokens", "num_drafts"):   # no speculative decoding
-        out.append(("counter", f"spec_decode_{name}", f"Speculative decoding: {name.replace('_', ' ')}.", 0))
+    out += [("counter", "spec_decode_num_draft_tokens", "Speculative: Total draft tokens decoded.",
+             st.n_draft_tokens),
+            ("counter", "spec_decode_num_accepted_tokens", "Speculative: Total draft tokens accepted.",
+             st.n_draft_accepted),
+            ("counter", "spec_decode_num_drafts", "Speculative: Total speculative decoding verification steps.",
+             st.n_drafts)]
     return out
 
 

@@ -286,7 +286,7 @@ def register(app: FastAPI, state: ServerState) -> None:
         for slot in sched.pool.slots:
             task = slot.task
             out.append({"id": slot.id, "id_task": task.id if task else -1, "n_ctx": slot.n_ctx,
-                        "speculative": False, "is_processing": slot.busy,
+                        "speculative": sched.drafter is not None, "is_processing": slot.busy,
                         "n_past": sched.engine.n_past(slot.id),
                         "n_prompt_tokens": len(task.seq.prompt) if task else 0,
                         "n_decoded": len(task.seq.tokens) if task else 0,

@@ -27,6 +27,7 @@ from llama.api.engine import DecodeError, Engine
 from llama.api.sequence import Sequence
 from llama.server.errors import APIError
 from llama.server.slots import Slot, SlotPool
+from llama.speculative import Drafter, accept, draft_budget
 
 log = logging.getLogger("llama.server")
 
@@ -77,6 +78,9 @@ class Stats:
     n_requests: int = 0
     n_failed: int = 0
     t_sampling: float = 0.0       # the slots' sampling after each decode (ggmlpy)
+    n_drafts: int = 0             # speculative drafts checked, their tokens, and those accepted
+    n_draft_tokens: int = 0
+    n_draft_accepted: int = 0
     # llama-server's throughput buckets: tokens decoded and their time since the last scrape
     bucket_prompt: tuple[int, float] = (0, 0.0)
     bucket_predicted: tuple[int, float] = (0, 0.0)
@@ -94,8 +98,10 @@ class QueueFull(Exception):
 
 class Scheduler:
     def __init__(self, engine: Engine, n_slots: int, *, max_queue: int = 64,
-                 context_shift: bool = False, kv_unified: bool = False, stats: Stats | None = None):
+                 context_shift: bool = False, kv_unified: bool = False, stats: Stats | None = None,
+                 drafter: Drafter | None = None):
         self.engine = engine
+        self.drafter = drafter        # speculative decoding's guesses (None: off)
         self.context_shift = context_shift
         self.pool = SlotPool(engine, n_slots, kv_unified=kv_unified)
         self.max_queue = max_queue
@@ -215,7 +221,9 @@ class Scheduler:
                 slot.n_prompt_done += len(toks)
                 self.engine.after_prompt_chunk(slot.id, len(slot.task.seq.prompt))
                 self._progress(slot)
-            if row is not None:
+            if slot.draft:
+                self._advance_draft(slot, row)
+            elif row is not None:
                 self._advance(slot, row)
         self.stats.t_sampling += time.perf_counter() - t1
 
@@ -282,15 +290,19 @@ class Scheduler:
         except (ValueError, RuntimeError, OSError) as e:
             self._emit(task.sink, "error", APIError(400, str(e)))
 
-    def _batch(self) -> tuple[list[tuple[int, list[int], bool]], list[Slot]]:
-        """Generated tokens first (one per slot, never starved), then prompt chunks."""
+    def _batch(self) -> tuple[list[tuple[int, list[int], int]], list[Slot]]:
+        """Generated tokens first (one per slot, never starved) with their drafts, then
+        prompt chunks."""
         budget = self.engine.ctx.n_batch
         items, slots = [], []
-        for slot in self.pool.slots:
-            if slot.generating:
-                items.append((slot.id, [slot.next_token], True))
-                slots.append(slot)
-                budget -= 1
+        generating = [s for s in self.pool.slots if s.generating]
+        spare = budget - len(generating)
+        for slot in generating:
+            slot.draft = self._draft(slot, spare)
+            spare -= len(slot.draft)
+            items.append((slot.id, [slot.next_token] + slot.draft, 1 + len(slot.draft)))
+            slots.append(slot)
+            budget -= 1 + len(slot.draft)
         for slot in sorted((s for s in self.pool.slots if s.busy and not s.generating),
                            key=lambda s: s.task.id):
             if budget <= 0:
@@ -299,10 +311,22 @@ class Scheduler:
             end = min(slot.n_prompt_done + budget, self.engine.next_stop(slot.id, len(prompt)))
             chunk = prompt[slot.n_prompt_done:end]
             last = slot.n_prompt_done + len(chunk) == len(prompt)
-            items.append((slot.id, chunk, last))
+            items.append((slot.id, chunk, int(last)))
             slots.append(slot)
             budget -= len(chunk)
         return items, slots
+
+    def _draft(self, slot: Slot, spare: int) -> list[int]:
+        """The slot's speculative draft: what the drafter guesses after its tokens, as many
+        as fit its context, its max_tokens and the batch (llama-server's get_n_draft_max)."""
+        if self.drafter is None:
+            return []
+        seq = slot.task.seq
+        n_max = min(spare, draft_budget(spare, n_past=self.engine.n_past(slot.id), n_ctx=slot.n_ctx,
+                                        n_remaining=seq.max_tokens - len(seq.tokens)))
+        if n_max <= 0:
+            return []
+        return self.drafter.draft(slot.id, seq.prompt + seq.tokens, n_max)
 
     def _account(self, items, slots: list[Slot], dt: float) -> None:
         st = self.stats
@@ -318,16 +342,46 @@ class Scheduler:
             st.bucket_predicted = (st.bucket_predicted[0] + n_gen, st.bucket_predicted[1] + dt * n_gen / n)
 
     def _advance(self, slot: Slot, row) -> None:
+        self._first_token(slot)
+        try:
+            step = slot.task.seq.step(row)
+        except Exception as e:  # a grammar or sampler failure ends this task only
+            self._fail(slot, APIError(500, f"sampling failed: {e}"))
+            return
+        self._took(slot, step)
+
+    def _advance_draft(self, slot: Slot, rows) -> None:
+        """The rows of [next_token, *draft]: sampled while they agree with the draft, the
+        rejected draft tokens dropped from the cache, then each step reported as one."""
+        task, draft = slot.task, slot.draft
+        slot.draft = []
+        self._first_token(slot)
+        try:
+            steps, n_kept = accept(task.seq, rows, draft)
+        except Exception as e:
+            self._fail(slot, APIError(500, f"sampling failed: {e}"))
+            return
+        self.engine.forget(slot.id, self.engine.n_past(slot.id) - (len(draft) - n_kept))
+        st = self.stats
+        st.n_drafts += 1
+        st.n_draft_tokens += len(draft)
+        st.n_draft_accepted += len(steps) - 1
+        task.seq.n_drafted += len(draft)
+        task.seq.n_draft_accepted += len(steps) - 1
+        for step in steps[:-1]:
+            self._emit(task.sink, "step", step)
+        self._took(slot, steps[-1])
+
+    def _first_token(self, slot: Slot) -> None:
         task = slot.task
         if not task.t_first:
             task.t_first = time.perf_counter()
             self.stats.n_prompt_tokens += len(task.seq.prompt) - task.n_cached
             self.stats.n_prompt_cached += task.n_cached
-        try:
-            step = task.seq.step(row)
-        except Exception as e:  # a grammar or sampler failure ends this task only
-            self._fail(slot, APIError(500, f"sampling failed: {e}"))
-            return
+
+    def _took(self, slot: Slot, step) -> None:
+        """A step's token was sampled: report it, then end the task or decode it next."""
+        task = slot.task
         self._emit(task.sink, "step", step)
         if task.seq.finished:
             self._finish(slot)

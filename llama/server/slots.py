@@ -36,6 +36,7 @@ class Slot:
     n_shared_in: int = 0          # prompt tokens taken from another slot's cells
     lora: tuple[float, ...] = ()  # the LoRA scales its cached cells were computed with
     params: dict = field(default_factory=dict)
+    draft: list[int] = field(default_factory=list)   # the speculative draft decoded after next_token
 
     @property
     def busy(self) -> bool:
@@ -132,7 +133,7 @@ class SlotPool:
 
     def release(self, slot: Slot) -> None:
         """The task is over; the slot keeps its cache for the next prompt to reuse."""
-        slot.task, slot.next_token = None, None
+        slot.task, slot.next_token, slot.draft = None, None, []
 
     def erase(self, slot: Slot) -> int:
         n = self.engine.n_past(slot.id)

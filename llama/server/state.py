@@ -16,6 +16,7 @@ from llama.sampling.dry import DEFAULT_BREAKERS
 from llama.server.config import ServerConfig
 from llama.server.errors import APIError
 from llama.server.scheduler import Scheduler, Stats
+from llama.server.speculation import make_drafter
 
 log = logging.getLogger("llama.server")
 
@@ -60,7 +61,8 @@ class ServerState:
             self.scheduler = Scheduler(self.llm.engine, self.config.parallel, stats=self.stats,
                                        max_queue=self.config.max_queue,
                                        context_shift=self.config.context_shift,
-                                       kv_unified=self.config.kv_unified)
+                                       kv_unified=self.config.kv_unified,
+                                       drafter=make_drafter(self.config, self.llm))
             if self.config.context_shift and not self.llm.ctx.memory.can_shift:
                 log.warning("--context-shift: this model's cache cannot shift (an iSWA cache of two "
                             "sizes, as llama.cpp); generations end at their slot's context")

@@ -109,9 +109,9 @@ def test_llama_server_spellings_and_the_flags_ggmlpy_lacks():
                          (["--cache-ram", "256"], "--cache-ram 256: ggmlpy supports only --cache-ram 0")):
         with pytest.raises(FlagError, match=needle):
             check(argv)
-    proc = subprocess.run([sys.executable, "-m", "ggmlpy", "serve", "-m", "m.gguf", "--model_draft", "d.gguf"],
+    proc = subprocess.run([sys.executable, "-m", "ggmlpy", "serve", "-m", "m.gguf", "--spec_synth_len", "2"],
                           capture_output=True, text=True)
-    assert proc.returncode == 2 and "--model-draft is not supported" in proc.stderr and "usage" not in proc.stderr
+    assert proc.returncode == 2 and "--spec-synth-len is not supported" in proc.stderr and "usage" not in proc.stderr
     args = build_parser().parse_args(["serve", "-m", "m", "--alias", "tinyllama-2,fim,code", "--tags", "chat,fim,small",
                                       "--no-ui", "--verbose"])
     cfg = config_from_args(args)

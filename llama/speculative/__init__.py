@@ -1,0 +1,17 @@
+"""Speculative decoding: a cheap guess of the next tokens, checked by one decode of them all.
+
+A *drafter* proposes the tokens it expects after a sequence's history (`drafters.py`:
+llama-cpp-python's prompt lookup, llama.cpp's `ngram-simple`, any callable; `draft_model.py`:
+a smaller model of the same vocabulary, llama.cpp's `draft-simple`). The caller decodes the
+pending token and the draft in one batch, with logits for every position, and `accept`
+samples those rows in turn with the sequence's own sampler chain while the samples agree
+with the draft. Every token is therefore the one the sequence would have sampled without a
+draft (the same sampler, grammar and seed, fed the same logits up to the batch's rounding);
+a draft only decides how many of them one decode yields.
+"""
+from llama.speculative.accept import accept, check_context, draft_budget
+from llama.speculative.drafters import (CallableDrafter, Drafter, FirstOf, LlamaDraftModel,
+                                        LlamaPromptLookupDecoding, NgramSimple, as_drafter)
+
+__all__ = ["accept", "check_context", "draft_budget", "Drafter", "CallableDrafter", "FirstOf", "LlamaDraftModel",
+           "LlamaPromptLookupDecoding", "NgramSimple", "as_drafter"]
