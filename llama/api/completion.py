@@ -99,11 +99,12 @@ def run_sequence(llm: "Llama", seq: Sequence, *, logits_all_prompt: bool = False
     llm.scores = logits
     t1 = time.perf_counter()
     n_ctx = llm.n_ctx()
-    rows, draft = logits[None], []
+    rows, decoded = logits[None], []   # the last decode's rows and, with a draft, its tokens
     while True:
+        draft = decoded[1:]
         steps, n_kept = accept(seq, rows, draft)
-        if n_kept < len(draft):
-            engine.forget(0, engine.n_past(0) - (len(draft) - n_kept))
+        if draft:
+            engine.settle_draft(0, decoded, n_kept)
         llm.scores = rows[len(steps) - 1]
         seq.n_drafted += len(draft)
         seq.n_draft_accepted += len(steps) - 1
@@ -116,15 +117,16 @@ def run_sequence(llm: "Llama", seq: Sequence, *, logits_all_prompt: bool = False
         if engine.n_past(0) >= n_ctx:
             yield seq.stop_for_context()
             break
-        token = steps[-1].token
+        decoded = [steps[-1].token]
         n_max = draft_budget(n_ctx, n_past=engine.n_past(0), n_ctx=n_ctx,
                              n_remaining=seq.max_tokens - len(seq.tokens))
-        draft = llm.drafter.draft(0, seq.prompt + seq.tokens, n_max) if llm.drafter and n_max else []
+        if llm.drafter and n_max:
+            decoded += llm.drafter.draft(0, seq.prompt + seq.tokens, n_max)
         llm.scores = None
-        if draft:
-            rows = engine.decode_draft(0, [token] + draft)
+        if len(decoded) > 1:
+            rows = engine.decode_draft(0, decoded)
         else:
-            rows = engine.decode_step([(0, token)])
+            rows = engine.decode_step([(0, decoded[0])])
     if use_cache:
         state_cache.store(llm)
     if llm.verbose:

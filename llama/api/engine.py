@@ -53,6 +53,9 @@ class Engine:
         self.checkpoints = Checkpoints(ctx.n_seq_max, n_ctx_checkpoints if ctx.recurrent else 0)
         self.n_prompt_decoded = 0
         self.n_swa = ctx.model.hparams.n_swa if ctx.kv_layout.kv_size_swa else 0
+        # speculative drafts being checked: per sequence, its length before and the state
+        # to go back to (recurrent memories)
+        self._drafts: dict[int, tuple[int, object]] = {}
 
     def reusable_prefix(self, seq_id: int, tokens: list[int], *, keep_last: bool = True) -> int:
         """How many leading tokens of `tokens` can stay in the cache for this sequence (a
@@ -182,9 +185,37 @@ class Engine:
 
     def decode_draft(self, seq_id: int, tokens: list[int]) -> np.ndarray:
         """Decode the pending token and a speculative draft after it for `seq_id`, with the
-        logits of every one ([len(tokens), n_vocab]); the caller then drops the rejected
-        draft tokens with `forget`."""
+        logits of every one ([len(tokens), n_vocab]); `settle_draft` then drops what the
+        check rejected."""
+        self.start_draft(seq_id)
         return self.decode_mixed([(seq_id, tokens, len(tokens))])[0]
+
+    def start_draft(self, seq_id: int) -> None:
+        """Before a decode that carries a speculative draft for `seq_id`: where the memory
+        cannot drop tokens (recurrent states), keep the sequence's state to go back to
+        (llama-server's checkpoint before a draft)."""
+        state = self.ctx.memory.seq_state(seq_id) if self.ctx.recurrent else None
+        self._drafts[seq_id] = (len(self.cached[seq_id]), state)
+
+    def settle_draft(self, seq_id: int, tokens: list[int], n_kept: int) -> None:
+        """After the check of `tokens` ([pending, *draft], decoded by the last decode): keep
+        the pending token and the first n_kept draft tokens, drop the rest. A recurrent
+        state goes back to before the draft and decodes the kept tokens again."""
+        start, state = self._drafts.pop(seq_id)
+        keep = start + 1 + n_kept
+        if keep >= start + len(tokens):
+            return
+        if state is None:
+            self.forget(seq_id, keep)
+            return
+        self.ctx.memory.restore_seq_state(seq_id, state)
+        self.cached[seq_id] = self.cached[seq_id][:start]
+        again = tokens[:1 + n_kept]
+        rc = self.ctx.decode(Batch(tokens=again, pos=list(range(start, keep)), seq_ids=[[seq_id]] * len(again),
+                                   logits=[False] * len(again)))
+        if rc != 0:
+            raise DecodeError(rc, "replay of the accepted draft")
+        self.cached[seq_id] += again
 
     def warmup(self) -> None:
         """One decode of one token, then an empty cache (llama.cpp's warm-up run): the

@@ -40,7 +40,7 @@ from llama.model import Model
 from llama.placement import with_cpu_moe
 from llama.sampling.dry import Breakers, VocabText, model_breakers, vocab_text
 from llama.sampling.pick import LLAMA_DEFAULT_SEED
-from llama.speculative import Drafter, as_drafter, check_context
+from llama.speculative import Drafter, as_drafter
 
 log = logging.getLogger("llama.api")
 
@@ -183,7 +183,6 @@ class Llama:
         self.lora_path, self.lora_scale = lora_path, lora_scale
         self.engine = Engine(self._ctx)
         if draft_model is not None:
-            check_context(self._ctx)
             self.draft_model, self.drafter = draft_model, as_drafter(draft_model)
         with progress.stage("warming up"):
             self.engine.warmup()  # as llama.cpp's common init: weights repacked now, not on the first call

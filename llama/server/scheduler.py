@@ -300,6 +300,8 @@ class Scheduler:
         for slot in generating:
             slot.draft = self._draft(slot, spare)
             spare -= len(slot.draft)
+            if slot.draft:
+                self.engine.start_draft(slot.id)
             items.append((slot.id, [slot.next_token] + slot.draft, 1 + len(slot.draft)))
             slots.append(slot)
             budget -= 1 + len(slot.draft)
@@ -318,7 +320,10 @@ class Scheduler:
 
     def _draft(self, slot: Slot, spare: int) -> list[int]:
         """The slot's speculative draft: what the drafter guesses after its tokens, as many
-        as fit its context, its max_tokens and the batch (llama-server's get_n_draft_max)."""
+        as fit its context, its max_tokens and the batch (llama-server's get_n_draft_max).
+        Its tokens are those of the slot's cache and the pending one: the prompt and the
+        generated tokens, or after a context shift what the shift kept (llama-server's
+        slot.prompt.tokens; the whole history no longer fits a draft model's context)."""
         if self.drafter is None:
             return []
         seq = slot.task.seq
@@ -326,7 +331,7 @@ class Scheduler:
                                         n_remaining=seq.max_tokens - len(seq.tokens)))
         if n_max <= 0:
             return []
-        return self.drafter.draft(slot.id, seq.prompt + seq.tokens, n_max)
+        return self.drafter.draft(slot.id, self.engine.cached[slot.id] + [slot.next_token], n_max)
 
     def _account(self, items, slots: list[Slot], dt: float) -> None:
         st = self.stats
@@ -361,7 +366,11 @@ class Scheduler:
         except Exception as e:
             self._fail(slot, APIError(500, f"sampling failed: {e}"))
             return
-        self.engine.forget(slot.id, self.engine.n_past(slot.id) - (len(draft) - n_kept))
+        try:
+            self.engine.settle_draft(slot.id, [slot.next_token, *draft], n_kept)
+        except DecodeError as e:   # a recurrent state's replay of the kept tokens
+            self._fail(slot, APIError(500, str(e)))
+            return
         st = self.stats
         st.n_drafts += 1
         st.n_draft_tokens += len(draft)

@@ -10,7 +10,7 @@ model, leaves speculation off).
 from __future__ import annotations
 
 from llama.server.config import ServerConfig
-from llama.speculative import Drafter, FirstOf, NgramSimple, check_context
+from llama.speculative import Drafter, FirstOf, NgramSimple
 from llama.speculative.draft_model import DraftModel
 
 TYPES = ("none", "ngram-simple", "draft-simple")
@@ -40,7 +40,6 @@ def make_drafter(config: ServerConfig, llm) -> Drafter | None:
     types = spec_types(config.spec_type, config.model_draft)
     if not types:
         return None
-    check_context(llm.ctx)
     drafters: list[Drafter] = []
     for kind in types:
         if kind == "ngram-simple":

@@ -14,8 +14,9 @@ SYSTEM_FINGERPRINT = f"b{ggmlpy.__version__}-ggmlpy"
 
 def timings(task: Task) -> dict:
     """The prompt from the task's start in a slot to its first token, the generation from
-    there on (and what speculative decoding drafted, when it did). The first token comes from the prompt's last batch, so the generation's rates
-    are over one step fewer than its tokens (0 with one token), as llama-server counts."""
+    there on (and what speculative decoding drafted, when it did). The first token comes
+    from the prompt's last batch, so the generation's rates are over one step fewer than
+    its tokens (0 with one token), as llama-server counts."""
     seq = task.seq
     prompt_ms = (task.t_first - task.t_start) * 1000 if task.t_first else 0.0
     predicted_ms = (time.perf_counter() - task.t_first) * 1000 if task.t_first else 0.0

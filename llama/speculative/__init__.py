@@ -7,11 +7,14 @@ pending token and the draft in one batch, with logits for every position, and `a
 samples those rows in turn with the sequence's own sampler chain while the samples agree
 with the draft. Every token is therefore the one the sequence would have sampled without a
 draft (the same sampler, grammar and seed, fed the same logits up to the batch's rounding);
-a draft only decides how many of them one decode yields.
+a draft only decides how many of them one decode yields. The rejected guesses leave the
+cache (`Engine.settle_draft`); a recurrent state, which cannot drop tokens, goes back to
+the copy taken before the draft and decodes the kept tokens again, as llama-server does
+with its checkpoints.
 """
-from llama.speculative.accept import accept, check_context, draft_budget
+from llama.speculative.accept import accept, draft_budget
 from llama.speculative.drafters import (CallableDrafter, Drafter, FirstOf, LlamaDraftModel,
                                         LlamaPromptLookupDecoding, NgramSimple, as_drafter)
 
-__all__ = ["accept", "check_context", "draft_budget", "Drafter", "CallableDrafter", "FirstOf", "LlamaDraftModel",
+__all__ = ["accept", "draft_budget", "Drafter", "CallableDrafter", "FirstOf", "LlamaDraftModel",
            "LlamaPromptLookupDecoding", "NgramSimple", "as_drafter"]

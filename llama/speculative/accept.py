@@ -6,7 +6,6 @@ from typing import Sequence as Seq
 import numpy as np
 
 from llama.api.sequence import Sequence, Step
-from llama.context import Context
 
 
 def accept(seq: Sequence, rows: np.ndarray, draft: Seq[int]) -> tuple[list[Step], int]:
@@ -34,11 +33,3 @@ def draft_budget(n_max: int, *, n_past: int, n_ctx: int, n_remaining: int) -> in
     draft plus the token sampled after it must not pass the sequence's max_tokens."""
     return max(0, min(n_max, n_ctx - n_past - 2, n_remaining - 1))
 
-
-def check_context(ctx: Context) -> None:
-    """Speculative decoding drops the rejected draft tokens from the cache; a model whose
-    recurrent states cannot lose tokens is refused by name (llama.cpp replays from a
-    state checkpoint instead; ggmlpy does not)."""
-    if ctx.recurrent:
-        raise ValueError(f"speculative decoding needs a memory that can drop tokens: "
-                         f"{ctx.model.arch.name}'s recurrent states cannot")

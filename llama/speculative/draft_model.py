@@ -24,11 +24,16 @@ MAX_VOCAB_DIFFERENCE = 128
 
 
 class DraftModel(Drafter):
-    def __init__(self, ctx: Context, *, n_max: int = 3, n_min: int = 0, p_min: float = 0.0):
+    def __init__(self, ctx: Context, *, n_max: int = 3, n_min: int = 0, p_min: float = 0.0,
+                 n_vocab: int | None = None):
+        """`n_vocab`: the target's vocabulary size; a draft model with more tokens (up to 128
+        more pass the vocabulary check) picks among the target's only, as a token the target
+        lacks would fail its decode (None: all of the draft's)."""
         if n_max < 0 or n_min < 0 or not 0.0 <= p_min <= 1.0:
             raise ValueError(f"draft n_max and n_min must be >= 0 and p_min in [0, 1], "
                              f"got {n_max}, {n_min}, {p_min}")
         self.ctx = ctx
+        self.n_vocab = n_vocab
         self.engine = Engine(ctx)
         self.n_max, self.n_min, self.p_min = n_max, n_min, p_min
 
@@ -41,7 +46,7 @@ class DraftModel(Drafter):
         check_compatible(target.vocab, model.vocab, path)
         ctx = Context(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=n_threads,
                       n_threads_batch=n_threads)
-        drafter = cls(ctx, **options)
+        drafter = cls(ctx, n_vocab=target.vocab.n_vocab, **options)
         drafter.engine.warmup()
         return drafter
 
@@ -52,7 +57,7 @@ class DraftModel(Drafter):
         logits = self.engine.prefill(seq_id, list(history))
         out: list[int] = []
         while True:
-            token, p = best_of_top_k(logits)
+            token, p = best_of_top_k(logits[:self.n_vocab])
             if p < self.p_min:
                 break
             out.append(token)
