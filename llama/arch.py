@@ -31,6 +31,9 @@ class Architecture:
     load_hparams: Callable[["MetadataReader", "HParams"], None]
     tensors: Callable[["HParams", "TensorTable"], None]
     build: Callable[["LlmGraph"], "Tensor"]  # returns the logits tensor [n_vocab, n_outputs]
+    # a drafter that runs only beside a target model (Gemma 4's assistant), never in a
+    # context of its own; its build refuses, naming what runs it
+    drafter: bool = False
 
 
 ARCHS: dict[str, Architecture] = {}

@@ -149,7 +149,7 @@ class Context:
         # built graphs by params: switching between prompt and decode graphs rebuilds nothing
         self._built: dict[GraphParams, tuple[BuiltGraph, CompiledGraph]] = {}
         self._input_bufs = InputBuffers()
-        self._params: dict[tuple[bool, bool], GraphParams] = {}
+        self._params: dict[tuple, GraphParams] = {}
         self._out_view: tuple | None = None  # (buffer, tensor, env, rows) of the last logits
         self._reusable: tuple | None = None  # (graph, params) that passed the reuse check
         self._weights = model.weight_arrays()
@@ -165,6 +165,9 @@ class Context:
         self._logits: np.ndarray | None = np.zeros((0, self._row_width), np.float32)
         self._n_outputs = 0
         self._output_ids = np.zeros(0, np.int64)
+        # llama.cpp's embeddings_nextn: the output rows' final normed hidden states too
+        self.embeddings_nextn = False
+        self._nextn: np.ndarray | None = None
         self._reserve()
 
     def _make_memory(self, type_k, type_v) -> KVCache | KVCacheISWA | HybridMemory:
@@ -233,7 +236,8 @@ class Context:
         for n_tokens in (self.n_ubatch, 1):
             layout = ("tokens" if n_tokens == 1 else "seq") if self.recurrent else ""
             params = GraphParams("single" if n_tokens == 1 else "multi", False, self.n_ctx,
-                                 embeddings=self.embeddings, loras=loras, rs_layout=layout)
+                                 embeddings=self.embeddings, loras=loras, rs_layout=layout,
+                                 nextn=self.embeddings_nextn)
             if params not in self._built:
                 built = self.build_graph(params)
                 self._built[params] = (built, self._compile(built))
@@ -304,6 +308,8 @@ class Context:
         self._output_ids = output_ids
         self._n_outputs = n_outputs
         self._logits = None if in_order else np.zeros((n_outputs, self._row_width), np.float32)
+        n_embd = self.model.hparams.n_embd
+        self._nextn = np.zeros((n_outputs, n_embd), np.float32) if self.embeddings_nextn else None
 
         self._apply_k_shift()
         for ub, slot in zip(ubatches, slots):
@@ -312,7 +318,7 @@ class Context:
             state = self.memory.checkpoint(slot)
             try:
                 self.memory.apply_ubatch(slot, ub)
-                logits = self._process_ubatch(ub, slot)
+                logits, hidden = self._process_ubatch(ub, slot)
                 self.memory.commit_ubatch(slot)
             except Exception:
                 self.memory.restore(state)  # the failed ubatch leaves no trace in the cache
@@ -322,6 +328,8 @@ class Context:
                 self._logits = np.array(logits, dtype=np.float32)  # a copy: the graph's memory is reused
             else:
                 self._logits[self._output_ids[ub.idxs[ub.output]]] = logits
+            if hidden is not None:
+                self._nextn[self._output_ids[ub.idxs[ub.output]]] = hidden
         if self.embeddings and self.pooling_type != PoolingType.NONE:
             pos, seq_ids = batch_layout(ubatches, len(output_ids))
             self._embd_seq = pool(self._logits, pos, seq_ids, self.pooling_type, self.model.hparams.causal_attn)
@@ -332,6 +340,7 @@ class Context:
         self._output_ids = _NO_OUTPUTS
         self._n_outputs = 0
         self._logits = None
+        self._nextn = None
         self._embd_seq = {}
 
     def _split(self, batch: Batch) -> tuple[list[UBatch], np.ndarray] | int:
@@ -359,7 +368,7 @@ class Context:
             return DECODE_INVALID_BATCH
         return ubatches, ab.output
 
-    def _process_ubatch(self, ub: UBatch, slot) -> np.ndarray:
+    def _process_ubatch(self, ub: UBatch, slot) -> tuple[np.ndarray, np.ndarray | None]:
         params = self._params_for(ub)
         built, compiled = self._graph_for(params)
         threads = self.n_threads if ub.n_tokens == 1 else self.n_threads_batch
@@ -373,16 +382,19 @@ class Context:
         store = TensorStore(ChainMap(inputs, self.memory.bindings(), self._weights))
         compiled.run(store, env)
         self.n_compute += 1
-        return self._output_rows(store, compiled.graph.outputs[0], env)
+        hidden = None
+        if params.nextn:
+            hidden = store.array(compiled.graph.outputs[1], env).reshape(-1, self.model.hparams.n_embd)
+        return self._output_rows(store, compiled.graph.outputs[0], env), hidden
 
     def _params_for(self, ub: UBatch) -> GraphParams:
         """GraphParams.for_ubatch, one object per value (the reuse check compares them)."""
         loras = self.lora_scales.active(ub)
-        key = (is_single(ub), ub.embd is not None, loras, self.recurrent and rs_layout(ub))
+        key = (is_single(ub), ub.embd is not None, loras, self.recurrent and rs_layout(ub), self.embeddings_nextn)
         params = self._params.get(key)
         if params is None:
             params = self._params[key] = GraphParams.for_ubatch(ub, self.n_ctx, self.embeddings, loras,
-                                                                recurrent=self.recurrent)
+                                                                recurrent=self.recurrent, nextn=self.embeddings_nextn)
         return params
 
     # LoRA adapters (llama.cpp's llama_set_adapter_lora and friends) ---------------------------
@@ -450,6 +462,27 @@ class Context:
         if self._logits is None:  # the decode stopped before its only ubatch computed
             self._logits = np.zeros((self._n_outputs, self._row_width), np.float32)
         return self._logits
+
+    def set_embeddings_nextn(self, value: bool) -> None:
+        """llama.cpp's llama_set_embeddings_nextn (its masked form): every decode then also
+        keeps its output rows' final normed hidden states (`get_embeddings_nextn`), which a
+        multi-token-prediction drafter continues from. The graphs with that second output
+        are compiled now."""
+        if self.embeddings:
+            raise ValueError("an embeddings context has no logits to draft beside")
+        self.embeddings_nextn = bool(value)
+        t0 = time.perf_counter()
+        self._reserve_graphs()
+        self.compile_ms += (time.perf_counter() - t0) * 1000
+
+    def get_embeddings_nextn(self) -> np.ndarray:
+        """[n_outputs, n_embd]: the last decode's output rows' final normed hidden states,
+        in batch order (set_embeddings_nextn(True) first)."""
+        if not self.embeddings_nextn:
+            raise RuntimeError("the context keeps no hidden states: set_embeddings_nextn(True) first")
+        if self._nextn is None:
+            return np.zeros((self._n_outputs, self.model.hparams.n_embd), np.float32)
+        return self._nextn
 
     def get_logits_ith(self, i: int) -> np.ndarray:
         """Logits of batch position i (which must have been flagged), or of the i-th output

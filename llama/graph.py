@@ -437,7 +437,13 @@ class LlmGraph:
                 raise ValueError(f"{self.hp.arch}: the graph names no 'result_norm' tensor, "
                                  "so it has no embeddings output")
             out = self.t_embd
-        graph = self.b.build([out, *self.side_effects], first=self.first)
+        extra = []
+        if self.params.nextn and not self.params.embeddings:
+            if self.t_embd is None:
+                raise ValueError(f"{self.hp.arch}: the graph names no 'result_norm' tensor, "
+                                 "so it has no hidden states for a drafter")
+            extra.append(self.t_embd)
+        graph = self.b.build([out, *extra, *self.side_effects], first=self.first)
         graph.hints["tokens"] = self.params.tokens_class
         return BuiltGraph(graph, out, self.inputs, self.params)
 

@@ -32,12 +32,16 @@ class GraphParams:
     # models with recurrent layers: how the ubatch's tokens form sequences there, "seq" (one
     # sequence of n_tokens) or "tokens" (n_tokens sequences of one token); "" otherwise
     rs_layout: str = ""
+    # t_embd (the final normed hidden states) is a second output beside the logits: what a
+    # multi-token-prediction drafter continues from (llama.cpp's embeddings_nextn)
+    nextn: bool = False
 
     @staticmethod
     def for_ubatch(ub: "UBatch", kv_size: int, embeddings: bool = False,
-                   loras: tuple[int, ...] = (), recurrent: bool = False) -> "GraphParams":
+                   loras: tuple[int, ...] = (), recurrent: bool = False, nextn: bool = False) -> "GraphParams":
         return GraphParams("single" if is_single(ub) else "multi", ub.embd is not None, kv_size,
-                           embeddings=embeddings, loras=loras, rs_layout=rs_layout(ub) if recurrent else "")
+                           embeddings=embeddings, loras=loras, rs_layout=rs_layout(ub) if recurrent else "",
+                           nextn=nextn)
 
 
 def rs_layout(ub: "UBatch") -> str:

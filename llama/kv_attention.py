@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ggmlpy.ir import N_KV, N_TOKENS, GGMLType, GraphBuilder, Tensor
-from ggmlpy.ir.symbolic import N_KV_SWA
+from ggmlpy.ir.symbolic import N_KV_SWA, Dim
 from ggmlpy.ir.types import is_quantized, row_size
 from llama.graph_inputs import GraphInput, InputBuffers, fill_input
 from llama.kv_types import hadamard
@@ -104,6 +104,31 @@ def build_kv_attn(g: "LlmGraph", inp: "AttnInput", q_cur: Tensor, k_cur: Tensor 
         k_all, v_all = g.kv_stored[src]
     else:
         k_all, v_all = _store_kv(g, k_cur, v_cur, k_idxs, rot_k, rot_v, il)
+    mask = inp.mask_swa if (inp.mask_swa is not None and hp.is_swa(il)) else inp.mask
+    return attend_cache(g, q_cur, k_all, v_all, CacheHeads(hk, hv, n_head_kv, hp.n_head[il], n_kv), mask,
+                        kq_scale, il, softcap=softcap, sinks=sinks, rot_v=rot_v)
+
+
+@dataclass(frozen=True)
+class CacheHeads:
+    """How a layer's query heads read a cache layer: head sizes, K/V heads, query heads
+    and the symbol of the cells attended (n_kv, or n_kv_swa for the separate SWA cache)."""
+
+    hk: int
+    hv: int
+    n_head_kv: int
+    n_head: int
+    n_kv: Dim
+
+
+def attend_cache(g: "LlmGraph", q_cur: Tensor, k_all: Tensor, v_all: Tensor, heads: CacheHeads, mask: Tensor,
+                 kq_scale: float, il: int, softcap: float = 0.0, sinks: "WeightRef | None" = None,
+                 rot_v: Tensor | None = None) -> Tensor:
+    """softmax(K^T Q * scale + mask) V over the cells of the cache layers k_all and v_all:
+    the heads' outputs [hv * n_head, n_tokens]. q_cur is already rotated where the cache
+    is (rotation_leaves); the output is rotated back with rot_v."""
+    b, kv = g.b, g.kv
+    hk, hv, n_head_kv, n_kv = heads.hk, heads.hv, heads.n_head_kv, heads.n_kv
     k = b.view(k_all, (hk, n_head_kv, n_kv), (row_size(kv.type_k, hk), k_all.nb[1]))
     v = b.view(v_all, (hv, n_head_kv, n_kv), (row_size(kv.type_v, hv), v_all.nb[1]))
     q = b.permute(q_cur, 0, 2, 1, 3)                           # [hk, n_tokens, n_head]
@@ -112,14 +137,13 @@ def build_kv_attn(g: "LlmGraph", inp: "AttnInput", q_cur: Tensor, k_cur: Tensor 
     if softcap:
         kq = b.scale(b.tanh(b.scale(kq, kq_scale / softcap)), softcap)
         kq_scale = 1.0
-    mask = inp.mask_swa if (inp.mask_swa is not None and hp.is_swa(il)) else inp.mask
     kq = g.cb(b.soft_max_ext(kq, mask, kq_scale, 0.0, sinks=g.w(sinks)), "kq_soft_max", il)
     if is_quantized(kv.type_v):   # V's rows, one per key, weighted: [hv, n_tokens, n_head]
         kqv = b.out_prod(b.permute(v, 0, 2, 1, 3), b.transpose(kq))
     else:
         kqv = b.mul_mat(b.permute(v, 1, 2, 0, 3), kq)          # [hv, n_tokens, n_head]
     cur = b.permute(kqv, 0, 2, 1, 3)                           # [hv, n_head, n_tokens]
-    cur = b.cont(cur, hv * hp.n_head[il], N_TOKENS)
+    cur = b.cont(cur, hv * heads.n_head, N_TOKENS)
     if rot_v is not None:
         cur = rotate(b, cur, rot_v)
     return g.cb(cur, "kqv_out", il)

@@ -56,6 +56,9 @@ class Engine:
         # speculative drafts being checked: per sequence, its length before and the state
         # to go back to (recurrent memories)
         self._drafts: dict[int, tuple[int, object]] = {}
+        # per sequence, the hidden states of its last decoded outputs and the position of
+        # the first (contexts that keep them: Context.set_embeddings_nextn)
+        self._hidden: dict[int, tuple[int, np.ndarray]] = {}
 
     def reusable_prefix(self, seq_id: int, tokens: list[int], *, keep_last: bool = True) -> int:
         """How many leading tokens of `tokens` can stay in the cache for this sequence (a
@@ -95,6 +98,7 @@ class Engine:
             self.after_prompt_chunk(seq_id, len(tokens))
             if logits_all:
                 rows.append(np.array(ctx.get_logits()))
+            self._keep_hidden(seq_id, end - (len(chunk) if logits_all else 1))
         if logits_all:
             return np.concatenate(rows)
         return ctx.get_logits_ith(-1)
@@ -144,7 +148,8 @@ class Engine:
         rc = ctx.decode(batch)
         if rc != 0:
             raise DecodeError(rc, "generation")
-        for seq_id, token in items:
+        for row, (seq_id, token) in enumerate(items):
+            self._keep_hidden(seq_id, len(self.cached[seq_id]), row, 1)
             self.cached[seq_id].append(token)
         return ctx.get_logits()
 
@@ -178,10 +183,28 @@ class Engine:
         first = 0   # the item's first output row
         for seq_id, toks, n_out in items:
             n_out = int(n_out)
+            if n_out:
+                self._keep_hidden(seq_id, len(self.cached[seq_id]) + len(toks) - n_out, first, n_out)
             self.cached[seq_id] += toks
             rows.append(None if n_out == 0 else logits[first] if n_out == 1 else logits[first:first + n_out])
             first += n_out
         return rows
+
+    def _keep_hidden(self, seq_id: int, pos: int, first: int = 0, n: int | None = None) -> None:
+        """Keep the last decode's output rows [first, first + n) of hidden states (all by
+        default) as those of seq_id from position pos on, where the context computes them."""
+        if self.ctx.embeddings_nextn:
+            rows = self.ctx.get_embeddings_nextn()
+            self._hidden[seq_id] = (pos, np.array(rows[first:first + n if n is not None else len(rows)]))
+
+    def hidden_state(self, seq_id: int, pos: int) -> np.ndarray | None:
+        """The final normed hidden state of seq_id's token at `pos` from its last decode
+        (what a multi-token-prediction drafter continues from), or None where it was not
+        an output of that decode or the context keeps none."""
+        kept = self._hidden.get(seq_id)
+        if kept is None or not kept[0] <= pos < kept[0] + len(kept[1]):
+            return None
+        return kept[1][pos - kept[0]]
 
     def decode_draft(self, seq_id: int, tokens: list[int]) -> np.ndarray:
         """Decode the pending token and a speculative draft after it for `seq_id`, with the

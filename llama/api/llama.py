@@ -183,7 +183,7 @@ class Llama:
         self.lora_path, self.lora_scale = lora_path, lora_scale
         self.engine = Engine(self._ctx)
         if draft_model is not None:
-            self.draft_model, self.drafter = draft_model, as_drafter(draft_model)
+            self.draft_model, self.drafter = draft_model, as_drafter(draft_model, self.engine)
         with progress.stage("warming up"):
             self.engine.warmup()  # as llama.cpp's common init: weights repacked now, not on the first call
         if verbose:

@@ -1,11 +1,12 @@
 """Checking a draft: sample the rows of [pending, *draft] in turn while they agree."""
 from __future__ import annotations
 
-from typing import Sequence as Seq
+from typing import TYPE_CHECKING, Sequence as Seq
 
 import numpy as np
 
-from llama.api.sequence import Sequence, Step
+if TYPE_CHECKING:   # llama.api imports this module
+    from llama.api.sequence import Sequence, Step
 
 
 def accept(seq: Sequence, rows: np.ndarray, draft: Seq[int]) -> tuple[list[Step], int]:

@@ -16,7 +16,7 @@ import numpy as np
 from llama.api.engine import Engine
 from llama.context import Context
 from llama.model import Model
-from llama.speculative.drafters import Drafter
+from llama.speculative.drafters import Drafter, TargetDraft
 from llama.vocab.vocab import Vocab
 
 TOP_K = 10               # llama.cpp's draft sampler: top-k 10, then the best of those
@@ -65,6 +65,19 @@ class DraftModel(Drafter):
                 break
             logits = self.engine.decode_step([(seq_id, token)])[0]
         return out if len(out) >= self.n_min else []
+
+
+class DraftFile(TargetDraft):
+    """`Llama(draft_model=DraftFile(path, n_max=...))`: a draft model (draft-simple) with a
+    context like the target's (its size, sequences and threads)."""
+
+    def __init__(self, path: str, *, n_max: int = 3, n_min: int = 0, p_min: float = 0.0):
+        self.path, self.options = str(path), dict(n_max=n_max, n_min=n_min, p_min=p_min)
+
+    def bind(self, target: Engine) -> DraftModel:
+        ctx = target.ctx
+        return DraftModel.load(self.path, ctx.model, n_ctx=ctx.n_ctx, n_seq_max=ctx.n_seq_max,
+                               n_threads=ctx.n_threads, **self.options)
 
 
 def best_of_top_k(logits: np.ndarray, k: int = TOP_K) -> tuple[int, float]:

@@ -8,9 +8,12 @@ apart; the history is always complete, so a drafter may also ignore it.
 from __future__ import annotations
 
 import abc
-from typing import Callable, Sequence as Seq
+from typing import TYPE_CHECKING, Callable, Sequence as Seq
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from llama.api.engine import Engine
 
 
 class Drafter(abc.ABC):
@@ -119,12 +122,27 @@ class FirstOf(Drafter):
         return []
 
 
-def as_drafter(draft_model: object) -> Drafter:
-    """`Llama(draft_model=...)`: a Drafter as it is, a callable (llama-cpp-python's
-    LlamaDraftModel, or any function of the ids) wrapped; anything else is refused."""
+class TargetDraft(abc.ABC):
+    """A drafter to be made for the target it drafts for (a draft model file whose context
+    matches the target's, Gemma 4's assistant reading the target's cache): what
+    `Llama(draft_model=...)` takes where the target does not exist yet."""
+
+    @abc.abstractmethod
+    def bind(self, target: "Engine") -> Drafter:
+        """The drafter for the sequences of `target`."""
+
+
+def as_drafter(draft_model: object, target: "Engine | None" = None) -> Drafter:
+    """`Llama(draft_model=...)`: a Drafter as it is, a TargetDraft made for `target`, a
+    callable (llama-cpp-python's LlamaDraftModel, or any function of the ids) wrapped;
+    anything else is refused."""
     if isinstance(draft_model, Drafter):
         return draft_model
+    if isinstance(draft_model, TargetDraft):
+        if target is None:
+            raise ValueError(f"{type(draft_model).__name__} is made for a target: give its engine")
+        return draft_model.bind(target)
     if callable(draft_model):
         return CallableDrafter(draft_model)  # type: ignore[arg-type]
-    raise TypeError(f"draft_model must be a callable of the token ids (llama-cpp-python's LlamaDraftModel) "
-                    f"or a drafter with draft(seq_id, history, n_max), got {type(draft_model).__name__}")
+    raise TypeError(f"draft_model must be a callable of the token ids (llama-cpp-python's LlamaDraftModel), "
+                    f"a Drafter or a TargetDraft, got {type(draft_model).__name__}")

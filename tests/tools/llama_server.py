@@ -9,18 +9,21 @@ import socket
 import subprocess
 import time
 from contextlib import contextmanager, suppress
-from typing import Any, Callable, Iterator
+from typing import IO, Any, Callable, Iterator
 
 Call = Callable[..., tuple[int, Any]]
 
 
 @contextmanager
-def llama_server(server: str, args: list[str], timeout: float = 120.0) -> Iterator[Call]:
+def llama_server(server: str, args: list[str], timeout: float = 120.0,
+                 stderr: IO[bytes] | None = None) -> Iterator[Call]:
+    """`stderr`: a file for the server's log (None: discarded)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([server, *args, "--host", "127.0.0.1", "--port", str(port), "--no-webui"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL if stderr is None else stderr)
 
     def call(method: str, path: str, body: Any = None) -> tuple[int, Any]:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)

@@ -233,13 +233,19 @@ def test_metrics_and_slots_count_the_drafts(plain, drafted):
 
 def test_spec_types():
     """--spec-type: llama.cpp's order of preference, `none` turning it off, -md implying
-    draft-simple; its types ggmlpy lacks and unknown ones refused by name."""
+    draft-simple (draft-mtp for a gemma4-assistant); its types ggmlpy lacks and unknown ones
+    refused by name."""
     assert spec_types([], None) == []
     assert spec_types([], "d.gguf") == ["draft-simple"]
     assert spec_types(["draft-simple", "ngram-simple"], "d.gguf") == ["ngram-simple", "draft-simple"]
     assert spec_types(["ngram-simple", "none"], None) == []
-    with pytest.raises(ValueError, match="--spec-type draft-mtp: ggmlpy implements none, ngram-simple, draft-simple"):
-        spec_types(["draft-mtp"], None)
+    assert spec_types([], "a.gguf", "gemma4-assistant") == ["draft-mtp"]
+    assert spec_types(["draft-mtp", "ngram-simple"], "a.gguf") == ["ngram-simple", "draft-mtp"]
+    with pytest.raises(ValueError, match="--spec-type draft-eagle3: ggmlpy implements none, ngram-simple, "
+                                         "draft-simple, draft-mtp"):
+        spec_types(["draft-eagle3"], None)
+    with pytest.raises(ValueError, match="draft-simple and draft-mtp use the one draft model"):
+        spec_types(["draft-mtp", "draft-simple"], "a.gguf")
     with pytest.raises(ValueError, match="unknown speculative type: bogus"):
         spec_types(["bogus"], None)
     with pytest.raises(ValueError, match=r"draft-simple needs a draft model \(-md FILE\)"):
@@ -248,7 +254,8 @@ def test_spec_types():
 
 def test_load_errors(tiny):
     """A server whose speculative options cannot work says why on /health."""
-    assert "--spec-type draft-mtp" in load_error(tiny.target, spec_type=["draft-mtp"])
+    assert "--spec-type draft-eagle3: ggmlpy implements" in load_error(tiny.target, spec_type=["draft-eagle3"])
+    assert "draft-mtp needs a draft model" in load_error(tiny.target, spec_type=["draft-mtp"])
     assert "draft-simple needs a draft model" in load_error(tiny.target, spec_type=["draft-simple"])
     message = load_error(tiny.target, model_draft=str(tiny.foreign))
     assert "vocabulary does not match" in message and f"{N_VOCAB + 192} tokens, the target's {N_VOCAB}" in message
