@@ -42,7 +42,9 @@ from llama.moe import Gating, build_moe_ffn
 from llama.weights import Need, TensorLoadError, TensorTable
 
 
-def load_hparams(r: MetadataReader, hp: HParams) -> None:
+def load_attention_layout(r: MetadataReader, hp: HParams) -> None:
+    """What Gemma 4 and its assistant share: the per-layer window pattern, the window layers'
+    RoPE base, rope_freqs on the global layers only, NeoX RoPE and attention scale 1."""
     hp.rope_type = ROPE_TYPE_NEOX
     pattern = r.get("attention.sliding_window_pattern", required=True)
     if len(pattern) != hp.n_layer:
@@ -54,6 +56,10 @@ def load_hparams(r: MetadataReader, hp: HParams) -> None:
     hp.rope_freq_base_swa = float(r.get("rope.freq_base_swa", hp.rope_freq_base_swa))
     hp.rope_freqs_swa = False
     hp.f_attention_scale = 1.0
+
+
+def load_hparams(r: MetadataReader, hp: HParams) -> None:
+    load_attention_layout(r, hp)
     hp.f_final_logit_softcapping = float(r.get("final_logit_softcapping", 0.0))
     hp.n_embd_per_layer = r.int("embedding_length_per_layer_input", required=True)
     for suffix in ("attention.key_length_swa", "attention.value_length_swa"):

@@ -18,13 +18,12 @@ import math
 from typing import TYPE_CHECKING
 
 from ggmlpy.ir import N_KV, N_TOKENS, GGMLType, Tensor
-from ggmlpy.ir.ops.rope import ROPE_TYPE_NEOX
 from ggmlpy.ir.symbolic import N_KV_SWA
 from llama.arch import Architecture, register
 from llama.graph import FfnOp, LlmGraph, NormType
 from llama.hparams import HParams, HParamsError, MetadataReader, require_rms_eps
 from llama.kv_attention import CacheHeads, attend_cache
-from llama.kv_cells import SWAType
+from llama.models.gemma4 import load_attention_layout
 from llama.weights import TensorTable, WeightRef
 
 if TYPE_CHECKING:
@@ -34,17 +33,7 @@ TARGET_EMBD = "target:token_embd.weight"   # the target's embedding, as the step
 
 
 def load_hparams(r: MetadataReader, hp: HParams) -> None:
-    hp.rope_type = ROPE_TYPE_NEOX
-    pattern = r.get("attention.sliding_window_pattern", required=True)
-    if len(pattern) != hp.n_layer:
-        raise HParamsError(f"{r.key('attention.sliding_window_pattern')} has {len(pattern)} entries "
-                           f"for {hp.n_layer} layers")
-    hp.swa_layers = [bool(x) for x in pattern]
-    hp.extra["swa_type"] = int(SWAType.STANDARD)
-    hp.n_swa = r.int("attention.sliding_window", required=True)
-    hp.rope_freq_base_swa = float(r.get("rope.freq_base_swa", hp.rope_freq_base_swa))
-    hp.rope_freqs_swa = False
-    hp.f_attention_scale = 1.0
+    load_attention_layout(r, hp)
     require_rms_eps(r, hp)
     hp.extra["n_embd_backbone"] = r.int("embedding_length_out", required=True)
     if hp.extra["n_embd_backbone"] == hp.n_embd:
