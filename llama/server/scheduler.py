@@ -323,15 +323,20 @@ class Scheduler:
         as fit its context, its max_tokens and the batch (llama-server's get_n_draft_max).
         Its tokens are those of the slot's cache and the pending one: the prompt and the
         generated tokens, or after a context shift what the shift kept (llama-server's
-        slot.prompt.tokens; the whole history no longer fits a draft model's context)."""
+        slot.prompt.tokens; the whole history no longer fits a draft model's context). A
+        drafter that fails costs the slot its draft, not its request."""
         if self.drafter is None:
             return []
         seq = slot.task.seq
-        n_max = min(spare, draft_budget(spare, n_past=self.engine.n_past(slot.id), n_ctx=slot.n_ctx,
-                                        n_remaining=seq.max_tokens - len(seq.tokens)))
+        n_max = draft_budget(spare, n_past=self.engine.n_past(slot.id), n_ctx=slot.n_ctx,
+                             n_remaining=seq.max_tokens - len(seq.tokens))
         if n_max <= 0:
             return []
-        return self.drafter.draft(slot.id, self.engine.cached[slot.id] + [slot.next_token], n_max)
+        try:
+            return self.drafter.draft(slot.id, self.engine.cached[slot.id] + [slot.next_token], n_max)
+        except Exception:   # a draft model's decode that failed, say: go on without a guess
+            log.exception("drafting for slot %d failed", slot.id)
+            return []
 
     def _account(self, items, slots: list[Slot], dt: float) -> None:
         st = self.stats
