@@ -191,10 +191,23 @@ def test_a_dropped_stream_frees_its_slot_on_the_replica(cluster):
 def test_one_replica_killed_the_other_keeps_serving(oai, cluster):
     victim = oai.completions.with_raw_response.create(
         model="smol", prompt="Hello", max_tokens=2).headers["x-ggmlpy-replica"]
-    ray.kill(ray.get_actor(f"SERVE_REPLICA::{APP}#{ENGINE}#{victim}", namespace="serve"),
-             no_restart=True)
+    name = f"SERVE_REPLICA::{APP}#{ENGINE}#{victim}"
+    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+    _wait_dead(name)   # ray.kill returns before the actor is gone: loaded, it still answered
     served = _serving_again(oai, within_s=45)
     assert victim not in served
+
+
+def _wait_dead(name: str, within_s: float = 30) -> None:
+    """Until the named actor has left Ray's registry (its death processed)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace="serve")
+        except ValueError:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{name} still registered {within_s} s after ray.kill")
 
 
 def test_a_replica_dying_mid_stream_ends_the_stream_with_an_error_event(oai, cluster):
