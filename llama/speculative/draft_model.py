@@ -9,7 +9,8 @@ draft shorter than `n_min` is not used.
 """
 from __future__ import annotations
 
-from typing import Sequence as Seq
+from dataclasses import dataclass
+from typing import Callable, Sequence as Seq
 
 import numpy as np
 
@@ -23,19 +24,48 @@ TOP_K = 10               # llama.cpp's draft sampler: top-k 10, then the best of
 MAX_VOCAB_DIFFERENCE = 128
 
 
+@dataclass(frozen=True)
+class DraftLimits:
+    """llama.cpp's limits of a model's draft (`--spec-draft-n-max/-n-min/-p-min`), which
+    draft-simple and draft-mtp share."""
+
+    n_max: int = 3
+    n_min: int = 0
+    p_min: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.n_max < 0 or self.n_min < 0 or not 0.0 <= self.p_min <= 1.0:
+            raise ValueError(f"draft n_max and n_min must be >= 0 and p_min in [0, 1], "
+                             f"got {self.n_max}, {self.n_min}, {self.p_min}")
+
+    def greedy(self, n_max: int, logits: np.ndarray, advance: Callable[[int, int], np.ndarray | None],
+               n_vocab: int | None = None) -> list[int]:
+        """Up to min(n_max, self.n_max) tokens, each the best of the top 10 of `logits`
+        (among the first n_vocab) while its share is at least p_min; `advance(token,
+        n_drafted)` gives the logits after it (None: no room for more). A draft shorter than
+        n_min is dropped."""
+        n_max = min(n_max, self.n_max)
+        out: list[int] = []
+        while logits is not None and len(out) < n_max:
+            token, p = best_of_top_k(logits[:n_vocab])
+            if p < self.p_min:
+                break
+            out.append(token)
+            if len(out) < n_max:
+                logits = advance(token, len(out))
+        return out if len(out) >= self.n_min else []
+
+
 class DraftModel(Drafter):
     def __init__(self, ctx: Context, *, n_max: int = 3, n_min: int = 0, p_min: float = 0.0,
                  n_vocab: int | None = None):
         """`n_vocab`: the target's vocabulary size; a draft model with more tokens (up to 128
         more pass the vocabulary check) picks among the target's only, as a token the target
         lacks would fail its decode (None: all of the draft's)."""
-        if n_max < 0 or n_min < 0 or not 0.0 <= p_min <= 1.0:
-            raise ValueError(f"draft n_max and n_min must be >= 0 and p_min in [0, 1], "
-                             f"got {n_max}, {n_min}, {p_min}")
+        self.limits = DraftLimits(n_max, n_min, p_min)
         self.ctx = ctx
         self.n_vocab = n_vocab
         self.engine = Engine(ctx)
-        self.n_max, self.n_min, self.p_min = n_max, n_min, p_min
 
     @classmethod
     def load(cls, path: str, target: Model, *, n_ctx: int, n_seq_max: int, n_threads: int,
@@ -51,20 +81,14 @@ class DraftModel(Drafter):
         return drafter
 
     def draft(self, seq_id: int, history: Seq[int], n_max: int) -> list[int]:
-        n_max = min(n_max, self.n_max)
-        if n_max <= 0 or len(history) >= self.ctx.n_ctx:
+        if min(n_max, self.limits.n_max) <= 0 or len(history) >= self.ctx.n_ctx:
             return []
-        logits = self.engine.prefill(seq_id, list(history))
-        out: list[int] = []
-        while True:
-            token, p = best_of_top_k(logits[:self.n_vocab])
-            if p < self.p_min:
-                break
-            out.append(token)
-            if len(out) >= n_max or len(history) + len(out) >= self.ctx.n_ctx:
-                break
-            logits = self.engine.decode_step([(seq_id, token)])[0]
-        return out if len(out) >= self.n_min else []
+
+        def advance(token: int, n_drafted: int) -> np.ndarray | None:
+            if len(history) + n_drafted >= self.ctx.n_ctx:
+                return None
+            return self.engine.decode_step([(seq_id, token)])[0]
+        return self.limits.greedy(n_max, self.engine.prefill(seq_id, list(history)), advance, self.n_vocab)
 
 
 class DraftFile(TargetDraft):

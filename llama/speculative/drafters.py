@@ -30,7 +30,7 @@ class LlamaDraftModel(abc.ABC):
 
     @abc.abstractmethod
     def __call__(self, input_ids: np.ndarray, /, **kwargs) -> np.ndarray:
-        raise NotImplementedError
+        """The ids the model expects after input_ids (possibly none)."""
 
 
 class LlamaPromptLookupDecoding(LlamaDraftModel):

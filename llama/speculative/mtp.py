@@ -33,7 +33,7 @@ from llama.kv_cache_iswa import KVCacheISWA
 from llama.kv_cells import SWAType
 from llama.model import Model
 from llama.models.gemma4_assistant import TARGET_EMBD, build_step
-from llama.speculative.draft_model import best_of_top_k, check_compatible
+from llama.speculative.draft_model import DraftLimits, check_compatible
 from llama.speculative.drafters import Drafter, TargetDraft
 
 TARGETS = ("gemma4",)   # the architectures an assistant drafts for
@@ -42,13 +42,10 @@ TARGETS = ("gemma4",)   # the architectures an assistant drafts for
 class MtpDrafter(Drafter):
     def __init__(self, target: Engine, assistant: Model, *, n_max: int = 3, n_min: int = 0, p_min: float = 0.0,
                  backend: str | None = None):
-        if n_max < 0 or n_min < 0 or not 0.0 <= p_min <= 1.0:
-            raise ValueError(f"draft n_max and n_min must be >= 0 and p_min in [0, 1], "
-                             f"got {n_max}, {n_min}, {p_min}")
+        self.limits = DraftLimits(n_max, n_min, p_min)
         ctx = target.ctx
         check_pair(ctx.model, assistant, ctx.kv_layout)
         self.target, self.model = target, assistant
-        self.n_max, self.n_min, self.p_min = n_max, n_min, p_min
         self.backends = host_backends(backend, ctx.backend_options)
         for be in self.backends:
             be.set_limits({"n_tokens": 1, "n_kv": ctx.n_ctx, "n_outputs": 1,
@@ -71,20 +68,16 @@ class MtpDrafter(Drafter):
         return cls(target, Model.load(path), **options)
 
     def draft(self, seq_id: int, history: Seq[int], n_max: int) -> list[int]:
-        n_max = min(n_max, self.n_max)
         pos = len(history) - 1                 # the pending token's position
         h = self.target.hidden_state(seq_id, pos - 1)
-        if n_max <= 0 or h is None or self.target.n_past(seq_id) != pos:
+        if min(n_max, self.limits.n_max) <= 0 or h is None or self.target.n_past(seq_id) != pos:
             return []
-        out: list[int] = []
-        token = int(history[-1])
-        while len(out) < n_max:
-            logits, h = self.step(seq_id, token, h, pos)
-            token, p = best_of_top_k(logits[:self.target.ctx.n_vocab])
-            if p < self.p_min:
-                break
-            out.append(token)
-        return out if len(out) >= self.n_min else []
+
+        def advance(token: int, n_drafted: int) -> np.ndarray:
+            nonlocal h
+            logits, h = self.step(seq_id, token, h, pos)   # every step at the pending token's position
+            return logits
+        return self.limits.greedy(n_max, advance(int(history[-1]), 0), advance, self.target.ctx.n_vocab)
 
     def step(self, seq_id: int, token: int, h: np.ndarray, pos: int) -> tuple[np.ndarray, np.ndarray]:
         """One assistant step: the logits after `token` at `pos` and the hidden state to go
