@@ -412,16 +412,19 @@ class LlmGraph:
 
     def build_attn(self, inp: "AttnInput", wo: WeightRef | None, wo_b: WeightRef | None, q_cur: Tensor,
                    k_cur: Tensor | None, v_cur: Tensor | None, kq_scale: float, il: int,
-                   softcap: float = 0.0, sinks: WeightRef | None = None) -> Tensor:
+                   softcap: float = 0.0, sinks: WeightRef | None = None,
+                   v_mla: WeightRef | None = None) -> Tensor:
         """Store K and V for this ubatch in the cache, attend over the n_kv cells read back
         (llama/kv_attention.py, whatever the cache's type); with `sinks` (gpt-oss), one more
         logit per head joins each softmax. Without `wo` the heads' outputs are returned
         unprojected [head_v * n_head, n_tokens] (Qwen3.5 gates them first).
 
         q_cur [head_dim, n_head, n_tokens]; k_cur, v_cur [head_dim, n_head_kv, n_tokens], or
-        None in a layer that reads an earlier layer's cache (hp.kv_layer).
+        None in a layer that reads an earlier layer's cache (hp.kv_layer). With MLA
+        (hp.is_mla) only K is cached; `v_mla` decompresses the heads' outputs.
         """
-        cur = build_kv_attn(self, inp, q_cur, k_cur, v_cur, kq_scale, il, softcap=softcap, sinks=sinks)
+        cur = build_kv_attn(self, inp, q_cur, k_cur, v_cur, kq_scale, il, softcap=softcap, sinks=sinks,
+                            v_mla=v_mla)
         if wo is None:
             return cur
         return self.cb(self.build_lora_mm(wo, cur, wo_b), "attn_out", il)

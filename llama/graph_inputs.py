@@ -166,6 +166,23 @@ class InpPos(GraphInput):
         return {"inp_pos": fill_input(bufs, "inp_pos", np.int32, pos.reshape(-1))}
 
 
+@dataclass
+class InpAttnTemp(GraphInput):
+    """The attention temperature of each token's queries (Llama 4, Mistral Large 3; llama.cpp's
+    llm_graph_input_attn_temp): log(floor((pos + offset) / floor_scale) + 1) * scale + 1,
+    which grows with the position so that long contexts keep their attention sharp."""
+
+    floor_scale: int
+    scale: float
+    offset: float = 0.0
+    names = ("inp_attn_scale",)
+
+    def set_input(self, ub, state, bufs=None):
+        steps = np.floor((ub.pos.astype(np.float32) + np.float32(self.offset)) / np.float32(self.floor_scale))
+        values = np.log(steps.astype(np.float64) + 1.0) * np.float32(self.scale) + 1.0
+        return {"inp_attn_scale": fill_input(bufs, "inp_attn_scale", np.float32, values.reshape(-1, 1, 1))}
+
+
 class InpRS(GraphInput):
     """The rows of the recurrent states each of the ubatch's sequences reads and writes."""
 

@@ -37,6 +37,7 @@ class HParams:
     rope_scaling_type: str = "none"
     rope_attn_factor: float = 1.0   # rope.scaling.attn_factor
     rope_yarn_log_mul: float = 0.0  # rope.scaling.yarn_log_multiplier (DeepSeek's mscale_all_dim)
+    rope_yarn_mscale: float = 1.0   # YaRN's mscale (DeepSeek V2 sets it to mscale_all_dim)
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
     n_ctx_orig_yarn: int = 0
@@ -55,6 +56,8 @@ class HParams:
     n_expert_used: int = 0          # experts each token runs
     n_ff_exp: int = 0               # an expert's feed-forward width
     expert_weights_scale: float = 0.0  # times the selected experts' weights (0: not applied)
+    n_expert_groups: int = 0        # DeepSeek V3's grouped routing: expert groups (<= 1: none)
+    n_group_used: int = 0           # the groups a token's experts come from
     # recurrent layers (gated delta-net, Mamba): the `ssm.*` keys, which layers they are
     ssm_d_conv: int = 0
     ssm_d_inner: int = 0
@@ -73,6 +76,14 @@ class HParams:
     n_layer_kv_from_start: int = -1
     n_embd_per_layer: int = 0       # per-layer embedding inputs' width (Gemma 4; 0: none)
     rope_freqs_swa: bool = True     # the sliding-window layers rotate with rope_freqs too (not Gemma 4's)
+    # multi-head latent attention (DeepSeek V2/V3): the compressed K/V's and Q's ranks and the
+    # heads' sizes once decompressed (key_length_mla, value_length_mla; 0: not MLA, K and V
+    # cached per head). With both MLA sizes the cache holds one compressed row per token
+    # whose first value_length values are V too (llama.cpp's K-only cache)
+    n_lora_q: int = 0
+    n_lora_kv: int = 0
+    n_embd_head_k_mla: int = 0
+    n_embd_head_v_mla: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def head_k(self, il: int) -> int:
@@ -91,6 +102,21 @@ class HParams:
 
     def n_embd_v_gqa(self, il: int) -> int:
         return self.head_v(il) * self.n_head_kv[il]
+
+    @property
+    def is_mla(self) -> bool:
+        """Whether attention is MLA with its absorbed form: V is read from K's cache."""
+        return bool(self.n_embd_head_k_mla and self.n_embd_head_v_mla)
+
+    def n_embd_v_cache(self, il: int) -> int:
+        """Layer il's V cache row: none where V is read from K's cache (MLA)."""
+        return 0 if self.is_mla else self.n_embd_v_gqa(il)
+
+    def rope_k_offset(self, il: int) -> int:
+        """Where the rotated dims of a cached key head start: after the unrotated ones in
+        MLA's keys (compressed or decompressed, K = [nope | rope]), else at 0 (llama.cpp's
+        K-shift view)."""
+        return self.head_k(il) - self.rot(il) if self.n_lora_kv else 0
 
     def uses_rope_freqs(self, il: int) -> bool:
         """Whether layer il rotates with the file's frequency factors (rope_freqs.weight),
@@ -145,8 +171,8 @@ class HParams:
 
             def mscale(scale: float, m: float) -> float:
                 return 1.0 if scale <= 1.0 else 0.1 * m * math.log(scale) + 1.0
-            attn_factor = (mscale(factor, 1.0) / mscale(factor, self.rope_yarn_log_mul) if self.rope_yarn_log_mul
-                           else mscale(factor, 1.0))
+            attn_factor = (mscale(factor, self.rope_yarn_mscale) / mscale(factor, self.rope_yarn_log_mul)
+                           if self.rope_yarn_log_mul else mscale(factor, 1.0))
             attn_factor /= 1.0 + 0.1 * math.log(factor)
         return dict(n_dims=self.rot(il), mode=self.rope_type, n_ctx_orig=self.n_ctx_orig_yarn,
                     freq_base=self.rope_freq_base_swa if swa else self.rope_freq_base, freq_scale=freq_scale,
@@ -242,6 +268,13 @@ def load_experts(r: MetadataReader, hp: HParams) -> None:
     if hp.n_expert_used > hp.n_expert:
         raise HParamsError(f"{r.key('expert_used_count')} {hp.n_expert_used} exceeds "
                            f"{r.key('expert_count')} {hp.n_expert}")
+    hp.n_expert_groups = r.int("expert_group_count", 0)
+    hp.n_group_used = r.int("expert_group_used_count", 0)
+    if hp.n_expert_groups > 1 and (hp.n_expert % hp.n_expert_groups or not 0 < hp.n_group_used < hp.n_expert_groups
+                                   or hp.n_group_used * (hp.n_expert // hp.n_expert_groups) < hp.n_expert_used):
+        raise HParamsError(f"{r.key('expert_group_count')} {hp.n_expert_groups} and "
+                           f"{r.key('expert_group_used_count')} {hp.n_group_used} do not group "
+                           f"{hp.n_expert} experts of which {hp.n_expert_used} are used")
 
 
 def load_common(md: Mapping[str, Any], arch: str) -> HParams:

@@ -55,7 +55,10 @@ def build_k_shift(model: "Model", kv: KVLayout) -> BuiltGraph:
         hk, n_head_kv = hp.head_k(il), hp.n_head_kv[il]
         size = kv.size_of(hp, il)
         cache_k = b.cache(f"cache_k_l{il}", kv.type_k, (hp.n_embd_k_gqa(il), size))
-        k = b.view(cache_k, (hk, n_head_kv, size), (row_size(kv.type_k, hk), cache_k.nb[1]))
+        # the rotated dims of each head: from rope_k_offset on (MLA keys end with them)
+        offset = hp.rope_k_offset(il)
+        k = b.view(cache_k, (hk - offset, n_head_kv, size), (row_size(kv.type_k, hk), cache_k.nb[1]),
+                   row_size(kv.type_k, offset))
         delta = shift_swa if kv.separate_swa(hp, il) else shift
         # a quantised K: decoded, its Hadamard rotation undone, RoPE, rotated and quantised again
         cur = b.cont(k) if is_quantized(kv.type_k) else k

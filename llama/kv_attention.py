@@ -82,14 +82,15 @@ def rotate(b: GraphBuilder, t: Tensor, rot: Tensor) -> Tensor:
 
 def build_kv_attn(g: "LlmGraph", inp: "AttnInput", q_cur: Tensor, k_cur: Tensor | None, v_cur: Tensor | None,
                   kq_scale: float, il: int, softcap: float = 0.0,
-                  sinks: "WeightRef | None" = None) -> Tensor:
+                  sinks: "WeightRef | None" = None, v_mla: "WeightRef | None" = None) -> Tensor:
     """The heads' outputs [head_v * n_head, n_tokens] (`kqv_out`) of layer il: LlmGraph.build_attn
     without the output projection. q_cur [head_dim, n_head, n_tokens]; k_cur, v_cur
     [head_dim, n_head_kv, n_tokens], or None in a layer without a cache of its own, which
     attends over the cache layer hp.kv_layer(il) stored earlier in this graph (Gemma 4's
     shared KV layers). The cached views depend on the set_rows results, so the store always
     precedes the read. A layer of the separate SWA cache (iSWA) uses that cache's size,
-    indices and n_kv."""
+    indices and n_kv. With MLA (hp.is_mla) only K is cached and V is the first head_v values
+    of its rows; `v_mla` then decompresses each head's output (llama.cpp's v_mla)."""
     b, hp, kv = g.b, g.hp, g.kv
     hk, hv, n_head_kv = hp.head_k(il), hp.head_v(il), hp.n_head_kv[il]
     src = hp.kv_layer(il)
@@ -106,7 +107,7 @@ def build_kv_attn(g: "LlmGraph", inp: "AttnInput", q_cur: Tensor, k_cur: Tensor 
         k_all, v_all = _store_kv(g, k_cur, v_cur, k_idxs, rot_k, rot_v, il)
     mask = inp.mask_swa if (inp.mask_swa is not None and hp.is_swa(il)) else inp.mask
     return attend_cache(g, q_cur, k_all, v_all, CacheHeads(hk, hv, n_head_kv, hp.n_head[il], n_kv), mask,
-                        kq_scale, il, softcap=softcap, sinks=sinks, rot_v=rot_v)
+                        kq_scale, il, softcap=softcap, sinks=sinks, rot_v=rot_v, v_mla=v_mla)
 
 
 @dataclass(frozen=True)
@@ -123,10 +124,11 @@ class CacheHeads:
 
 def attend_cache(g: "LlmGraph", q_cur: Tensor, k_all: Tensor, v_all: Tensor, heads: CacheHeads, mask: Tensor,
                  kq_scale: float, il: int, softcap: float = 0.0, sinks: "WeightRef | None" = None,
-                 rot_v: Tensor | None = None) -> Tensor:
+                 rot_v: Tensor | None = None, v_mla: "WeightRef | None" = None) -> Tensor:
     """softmax(K^T Q * scale + mask) V over the cells of the cache layers k_all and v_all:
-    the heads' outputs [hv * n_head, n_tokens]. q_cur is already rotated where the cache
-    is (rotation_leaves); the output is rotated back with rot_v."""
+    the heads' outputs [hv * n_head, n_tokens] (with `v_mla` [hv, hv_mla, n_head], each
+    head's output times its matrix: [hv_mla * n_head, n_tokens]). q_cur is already rotated
+    where the cache is (rotation_leaves); the output is rotated back with rot_v."""
     b, kv = g.b, g.kv
     hk, hv, n_head_kv, n_kv = heads.hk, heads.hv, heads.n_head_kv, heads.n_kv
     k = b.view(k_all, (hk, n_head_kv, n_kv), (row_size(kv.type_k, hk), k_all.nb[1]))
@@ -142,8 +144,10 @@ def attend_cache(g: "LlmGraph", q_cur: Tensor, k_all: Tensor, v_all: Tensor, hea
         kqv = b.out_prod(b.permute(v, 0, 2, 1, 3), b.transpose(kq))
     else:
         kqv = b.mul_mat(b.permute(v, 1, 2, 0, 3), kq)          # [hv, n_tokens, n_head]
+    if v_mla is not None:
+        kqv = g.cb(b.mul_mat(g.w(v_mla), kqv), "kqv_mla", il)  # [hv_mla, n_tokens, n_head]
     cur = b.permute(kqv, 0, 2, 1, 3)                           # [hv, n_head, n_tokens]
-    cur = b.cont(cur, hv * heads.n_head, N_TOKENS)
+    cur = b.cont(cur, kqv.ne[0] * heads.n_head, N_TOKENS)
     if rot_v is not None:
         cur = rotate(b, cur, rot_v)
     return g.cb(cur, "kqv_out", il)
@@ -152,7 +156,8 @@ def attend_cache(g: "LlmGraph", q_cur: Tensor, k_all: Tensor, v_all: Tensor, hea
 def _store_kv(g: "LlmGraph", k_cur: Tensor, v_cur: Tensor, k_idxs: Tensor, rot_k: Tensor | None,
               rot_v: Tensor | None, il: int) -> tuple[Tensor, Tensor]:
     """Write this ubatch's K and V rows into layer il's cache; the results (the whole caches
-    after the write) are what the attention reads, here and in layers that share them."""
+    after the write) are what the attention reads, here and in layers that share them. With
+    MLA only K is written, and read as V too."""
     b, hp, kv = g.b, g.hp, g.kv
     if rot_k is not None:
         k_cur = rotate(b, k_cur, rot_k)
@@ -160,6 +165,11 @@ def _store_kv(g: "LlmGraph", k_cur: Tensor, v_cur: Tensor, k_idxs: Tensor, rot_k
         v_cur = rotate(b, v_cur, rot_v)
     size = kv.size_of(hp, il)
     cache_k = b.cache(f"cache_k_l{il}", kv.type_k, (hp.n_embd_k_gqa(il), size))
+    if hp.is_mla:
+        k_rows = b.reshape(k_cur, hp.n_embd_k_gqa(il), N_TOKENS)
+        k_stored = g.cb(b.set_rows(cache_k, k_rows, k_idxs), "k_stored", il)
+        g.kv_stored[il] = (k_stored, k_stored)
+        return k_stored, k_stored
     cache_v = b.cache(f"cache_v_l{il}", kv.type_v, (hp.n_embd_v_gqa(il), size))
     k_rows = b.reshape(k_cur, hp.n_embd_k_gqa(il), N_TOKENS)
     v_rows = b.reshape(v_cur, hp.n_embd_v_gqa(il), N_TOKENS)

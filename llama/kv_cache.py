@@ -64,7 +64,8 @@ class KVCache:
         self.cells = KVCells(kv_size, n_seq_max, n_pad=n_pad, swa_type=swa_type, n_swa=n_swa,
                              seq_block=seq_block)
         self.k = {il: kv_buffer(kv_size, hp.n_embd_k_gqa(il), type_k) for il in self.layers}
-        self.v = {il: kv_buffer(kv_size, hp.n_embd_v_gqa(il), type_v) for il in self.layers}
+        # MLA reads V from K's rows: its V buffers are empty (kept, so every layer has both)
+        self.v = {il: kv_buffer(kv_size, hp.n_embd_v_cache(il), type_v) for il in self.layers}
         self._bindings = {f"cache_k_l{il}": k for il, k in self.k.items()}
         self._bindings.update({f"cache_v_l{il}": v for il, v in self.v.items()})
 

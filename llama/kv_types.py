@@ -54,6 +54,9 @@ def check_kv_types(hp: "HParams", type_k: str, type_v: str, flash_attn: bool | N
     """Refuse what llama_init_from_model refuses; returns flash_attn as it then is (a
     quantised V cache turns "auto", None, into True)."""
     tk, tv = GGMLType(KV_TYPES[kv_type(type_k, "K cache type")]), GGMLType(KV_TYPES[kv_type(type_v, "V cache type")])
+    if hp.is_mla and tk != tv:   # V is read from K's rows
+        raise ValueError(f"model does not support different K ({KV_TYPE_NAMES[tk]}) and V ({KV_TYPE_NAMES[tv]}) "
+                         f"cache types: its attention (MLA) reads V from the K cache")
     if is_quantized(tv) and flash_attn is not True:
         if flash_attn is False:
             raise ValueError("quantized V cache requires flash_attn to be enabled")
@@ -76,7 +79,11 @@ def rotation_sizes(hp: "HParams", type_k: GGMLType, type_v: GGMLType) -> tuple[i
     """(K's, V's) Hadamard size, 0 for none (llama_kv_cache's attn_rot_k/v and
     build_input_k_rot/v_rot). As llama.cpp, none where the cache's layers differ in head
     size (n_embd_head_k_all = -1; llama.cpp's iSWA cache of Gemma 4 rotates each half with
-    its own size, which one rotation for the layout cannot: ggmlpy then rotates neither)."""
+    its own size, which one rotation for the layout cannot: ggmlpy then rotates neither). MLA's
+    K-only cache is not rotated: llama.cpp's attention input for it (llm_graph_input_attn_k)
+    applies none, and its V, read from K's rows, could not be rotated back."""
+    if hp.is_mla:
+        return 0, 0
     heads_k, heads_v = _heads(hp, hp.head_k), _heads(hp, hp.head_v)
     head_k = heads_k.pop() if len(heads_k) == 1 else 0
     head_v = heads_v.pop() if len(heads_v) == 1 else 0

@@ -57,6 +57,24 @@ def build_moe_block(g: "LlmGraph", layer: "SimpleNamespace", x: Tensor, act: Ffn
     return g.cb(g.b.add(cur, x), "l_out", il)
 
 
+def mask_unused_groups(g: "LlmGraph", selection: Tensor, il: int) -> Tensor:
+    """DeepSeek V3's grouped routing (llama.cpp's n_expert_groups): the experts form
+    hp.n_expert_groups equal groups, each scored by the sum of its two best experts; the
+    experts outside the n_group_used best groups get -inf, so the top-k picks none of them.
+    llama.cpp fills with ggml_fill; x * 0 - inf is the same for the finite scores."""
+    b, hp = g.b, g.hp
+    n_groups = hp.n_expert_groups
+    n_tokens = selection.ne[1]
+    groups = b.reshape(selection, hp.n_expert // n_groups, n_groups, n_tokens)   # [per group, groups, tokens]
+    best2 = b.argsort_top_k(groups, 2)                                            # [2, groups, tokens]
+    best2 = b.get_rows(b.reshape(groups, 1, groups.ne[0], n_groups, n_tokens), best2)
+    scores = b.reshape(b.sum_rows(b.reshape(best2, 2, n_groups, n_tokens)), n_groups, n_tokens)
+    chosen = g.cb(b.argsort_top_k(scores, hp.n_group_used), "ffn_moe_group_topk", il)  # [used, tokens]
+    kept = b.get_rows(groups, chosen)                                             # [per group, used, tokens]
+    masked = b.set_rows(b.scale_bias(groups, 0.0, float("-inf")), kept, chosen)
+    return g.cb(b.reshape(masked, hp.n_expert, n_tokens), "ffn_moe_probs_masked", il)
+
+
 def build_moe_ffn(g: "LlmGraph", cur: Tensor, layer: "SimpleNamespace", act: FfnOp, norm_w: bool, il: int,
                   gating: Gating = Gating.SOFTMAX, logits: Tensor | None = None) -> Tensor:
     """The block's output [n_embd, n_tokens] for its input cur [n_embd, n_tokens], from the
@@ -77,6 +95,8 @@ def build_moe_ffn(g: "LlmGraph", cur: Tensor, layer: "SimpleNamespace", act: Ffn
     selection = probs
     if layer.ffn_exp_probs_b is not None:   # biases the choice, not the weights
         selection = g.cb(b.add(probs, g.w(layer.ffn_exp_probs_b)), "ffn_moe_probs_biased", il)
+    if hp.n_expert_groups > 1:
+        selection = mask_unused_groups(g, selection, il)
     selected = b.argsort_top_k(selection, n_used)                                 # [n_used, n_tokens]
     g.cb(selected.src[0], "ffn_moe_argsort", il)
     selected = g.cb(selected, "ffn_moe_topk", il)

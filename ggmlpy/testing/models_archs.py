@@ -21,6 +21,7 @@ from ggmlpy.gguf.writer import GGUFWriter, GGUFValueType
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.quants import quantize
 from ggmlpy.testing.models import add_random_matrix, add_tiny_bpe_vocab
+from ggmlpy.testing.models_deepseek2 import DEEPSEEK2_MLA, deepseek2_layer
 from ggmlpy.testing.models_gemma4 import GEMMA4_DENSE, gemma4_globals, gemma4_layer
 
 
@@ -108,6 +109,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                       n_ff_shexp=64, shexp_gate=True,
                       extra_keys={k: v for k, v in SSM_KEYS.items() if k != "rope.dimension_sections"}),
     "gemma4": GEMMA4_DENSE,
+    "deepseek2": DEEPSEEK2_MLA,
 }
 
 
@@ -382,6 +384,7 @@ LAYER_WRITERS: dict[str, Callable[[_Tiny, str], None]] = {
     "qwen35moe": _qwen35_layer,
     "qwen3next": _qwen35_layer,
     "gemma4": gemma4_layer,
+    "deepseek2": deepseek2_layer,
 }
 # tensors outside the layers besides the embeddings, per architecture
 GLOBAL_WRITERS: dict[str, Callable[[_Tiny], None]] = {"gemma4": gemma4_globals}

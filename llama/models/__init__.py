@@ -18,3 +18,4 @@ from llama.models import qwen35moe  # noqa: F401
 from llama.models import qwen3next  # noqa: F401
 from llama.models import gemma4  # noqa: F401
 from llama.models import gemma4_assistant  # noqa: F401
+from llama.models import deepseek2  # noqa: F401

@@ -22,6 +22,7 @@ import numpy as np
 
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.testing.models_archs import write_tiny_model
+from ggmlpy.testing.models_deepseek2 import DEEPSEEK2_LEGACY, DEEPSEEK2_TEMP, DEEPSEEK2_V3
 from ggmlpy.testing.models_gemma4 import GEMMA4_MOE
 
 # name -> (architecture, tiny-model settings)
@@ -84,6 +85,14 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "gemma4-moe-q4_0": ("gemma4", {**GEMMA4_MOE, "weight_type": GGMLType.Q4_0}),
     # Q, K and V as the rows of one attn_qkv.weight (V on the global layers too)
     "gemma4-qkv-q8_0": ("gemma4", {"fused_qkv": True, "weight_type": GGMLType.Q8_0}),
+    # DeepSeek V2/V3: MLA absorbed (attn_k_b/attn_v_b, K-only cache) and as older files store it
+    # (attn_kv_b), grouped routing with YaRN, Mistral Large 3's attention temperature
+    "deepseek2-mla-f32": ("deepseek2", {}),
+    "deepseek2-mla-q8_0": ("deepseek2", {"weight_type": GGMLType.Q8_0}),
+    "deepseek2-lite-f32": ("deepseek2", DEEPSEEK2_LEGACY),
+    "deepseek2-lite-q4_0": ("deepseek2", {**DEEPSEEK2_LEGACY, "weight_type": GGMLType.Q4_0}),
+    "deepseek2-v3-groups-yarn-f32": ("deepseek2", DEEPSEEK2_V3),
+    "deepseek2-temperature-f32": ("deepseek2", DEEPSEEK2_TEMP),
 }
 PROMPT = [5, 17, 200, 33, 41, 9, 8, 7, 100]
 N_GREEDY = 8

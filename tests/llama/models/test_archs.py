@@ -22,6 +22,7 @@ import llama
 from ggmlpy.testing.ops import normalized_error
 from ggmlpy.sched.registry import available_backends
 from ggmlpy.testing.models_archs import DEFAULTS, write_tiny_model
+from ggmlpy.testing.models_deepseek2 import DEEPSEEK2_LEGACY
 from ggmlpy.testing.models_gemma4 import GEMMA4_MOE
 from llama.arch import ARCHS, get_arch
 from llama.hparams import HParamsError
@@ -40,6 +41,7 @@ VARIANTS.update({
     "phi3-split-qkv": ("phi3", {"fused_qkv": False}),
     "qwen3next-ssm-in": ("qwen3next", {"legacy_ssm_in": True}),
     "gemma4-moe": ("gemma4", GEMMA4_MOE),   # 26B-A4B's shape: experts beside the dense FFN
+    "deepseek2-lite": ("deepseek2", DEEPSEEK2_LEGACY),   # attn_kv_b instead of the absorbed MLA tensors
 })
 TOKENS = [5, 17, 200, 33, 41, 9, 8, 7, 100, 101, 102, 103]  # windows are 4 positions
 N_PROMPT = 7          # then the remaining tokens one at a time
@@ -88,6 +90,9 @@ CONTROLS = [
     ("gemma4", "per-layer embedding inputs", dict(forward_kw={"use_per_layer": False})),
     ("gemma4", "proportional RoPE on the global layers", dict(forward_kw={"use_factors": False})),
     ("gemma4", "sliding window", dict(sliding_window=0)),
+    ("deepseek2", "RoPE on adjacent pairs of the rope dims", dict(rope_style="half")),
+    ("deepseek2", "the shared expert", dict(forward_kw={"use_shared_expert": False})),
+    ("deepseek2-lite", "RoPE on adjacent pairs of the rope dims", dict(rope_style="half")),
 ]
 
 

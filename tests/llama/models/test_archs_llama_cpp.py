@@ -38,8 +38,10 @@ MAX_MEAN_LOGSOFTMAX_DIFF_REF_HYBRID = 0.05
 # Files the reference backend is not compared on: in qwen3next-q8_0 the unrounded activations
 # flip a close choice of experts (0.22 at one position, 0.057 in all) and, fed back through the
 # recurrent state, the eighth greedy token. The CPU backend, which rounds as llama.cpp does,
-# matches it there as everywhere.
-REF_NOT_COMPARED = {"qwen3next-q8_0"}
+# matches it there as everywhere. In deepseek2-mla-q8_0 the unrounded activations (0.012-0.022
+# per position, as the absorbed query passes through two more quantised products) flip a
+# close choice of experts at one position (0.35 there, 0.053 in all).
+REF_NOT_COMPARED = {"qwen3next-q8_0", "deepseek2-mla-q8_0"}
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

@@ -22,6 +22,10 @@ from tests.tools.kv_quant_vectors import FILES, N_GREEDY, VARIANTS, write_file
 DATA = json.loads((Path(__file__).parent / "data" / "llama_cpp_kv_quant.json").read_text())
 MAX_MEAN_LOGSOFTMAX_DIFF = 0.01
 MAX_MEAN_LOGSOFTMAX_DIFF_CPU = 0.002   # measured: 0 to 0.001 (Q5_1, Q8_1's f16 sum term)
+# The reference backend on an MLA cache: llama.cpp's flash attention rounds the queries to 8
+# bits against the quantised K, numpy does not, and MLA's absorbed queries (in the compressed
+# space, one K row for all heads) carry it into every head (q4_0: 0.0145; q8_0: 0.003)
+MAX_MEAN_LOGSOFTMAX_DIFF_REF_MLA = 0.02
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -55,7 +59,8 @@ def test_logits_and_greedy_tokens_match_llama_cpp(models, name, backend):
     assert ctx.decode(llama.Batch.from_tokens(prompt, logits_all=True)) == 0
     ours = np.array([ctx.get_logits_ith(i) for i in range(len(prompt))], dtype=np.float64)
     diff = np.abs(log_softmax(ours) - log_softmax(np.array(ref["logits"], dtype=np.float64)))
-    bar = MAX_MEAN_LOGSOFTMAX_DIFF_CPU if backend == "cpu" else MAX_MEAN_LOGSOFTMAX_DIFF
+    bar = (MAX_MEAN_LOGSOFTMAX_DIFF_CPU if backend == "cpu" else
+           MAX_MEAN_LOGSOFTMAX_DIFF_REF_MLA if ref["file"] == "mla" else MAX_MEAN_LOGSOFTMAX_DIFF)
     assert diff.mean() <= bar, f"mean |Δ log-softmax| {diff.mean():.4f} (per position {diff.mean(axis=1)})"
     greedy, logits = [], ours[-1]
     for _ in range(N_GREEDY):

@@ -13,7 +13,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tests.llama.models.oracles import gemma, gemma4, glm4moe, gpt_oss, granite, llama, olmoe, phi3, qwen, qwen35
+from tests.llama.models.oracles import (
+    deepseek2, gemma, gemma4, glm4moe, gpt_oss, granite, llama, olmoe, phi3, qwen, qwen35,
+)
 from tests.llama.models.oracles.common import Config, GGUFContents, read_gguf
 
 # arch -> (config from the file, forward pass)
@@ -37,6 +39,7 @@ ORACLES: dict[str, tuple[Callable[[GGUFContents], Config], Callable[..., np.ndar
     "qwen35": (qwen35.config, qwen35.forward),
     "qwen35moe": (qwen35.config, qwen35.forward),
     "qwen3next": (qwen35.config, qwen35.forward),
+    "deepseek2": (deepseek2.config, deepseek2.forward),
 }
 
 
