@@ -299,8 +299,8 @@ def probe_node(name: str, ttype: GGMLType, ne: Sequence[int]) -> Tensor | None:
     if full[2] > 1 and "_exps." in name:   # a mixture of experts' stacked experts
         return b.mul_mat_id(w, b.input("probe_x", GGMLType.F32, (ne[0], 1, n_batch)),
                             b.input("probe_ids", GGMLType.I32, (1, n_batch)))
-    if len(ne) >= 2 and ne[1] > 1:
-        return b.mul_mat(w, b.input("probe_x", GGMLType.F32, (ne[0], n_batch)))
+    if len(ne) >= 2 and ne[1] > 1:   # per-head stacks (MLA's attn_k_b/attn_v_b): batched over heads
+        return b.mul_mat(w, b.input("probe_x", GGMLType.F32, (ne[0], n_batch, full[2], full[3])))
     if name.endswith("norm.weight"):
         return b.mul(b.input("probe_x", GGMLType.F32, (ne[0], n_batch)), w)
     if name.endswith(".bias"):
