@@ -23,6 +23,10 @@ splits the weight rows over the threads and goes by the number of tokens:
   rows and the activations are broadcast (kernels/qgemm.py), about three times fewer
   instructions per multiply-add than the tiles.
 Tokens go in blocks whose quantised activations fit in L2.
+
+A stack of quantised matrices [K, M, H] (MLA's per-head attn_k_b / attn_v_b) against x [K, N,
+H'] (H' a multiple of H, x's rows contiguous, as ggml broadcasts) takes the direct path head
+by head (HeadTiler): x's N rows of head h against matrix h * H / H'.
 """
 from __future__ import annotations
 
@@ -54,19 +58,31 @@ def _quant_weights(node: Tensor) -> bool:
             and isinstance(a.ne[0], int) and a.ne[0] % KINDS[a.type].fmt.block == 0)
 
 
+def _quant_heads(node: Tensor) -> bool:
+    """A contiguous stack of quantised matrices `a` [K, M, H, H3] against x's rows, broadcast
+    over dims 2 and 3 (HeadTiler)."""
+    a, x = node.src[:2]
+    if node.op != "mul_mat" or a.type not in QUANT or (a.ne[2] == 1 and a.ne[3] == 1):
+        return False
+    return (a.is_contiguous and all(isinstance(n, int) for n in a.ne) and a.ne[0] % KINDS[a.type].fmt.block == 0
+            and x.nb[0] == 4 and node.is_contiguous and isinstance(x.ne[2], int) and isinstance(x.ne[3], int)
+            and x.ne[2] % a.ne[2] == 0 and x.ne[3] % a.ne[3] == 0)
+
+
 def _float_path(node: Tensor) -> bool:
     """matmul_float.py computes it: float `a`, or a quantised one the weight paths do not take
     (a quantised KV cache's K, permuted over heads) in one of its forms."""
     if node.op != "mul_mat":   # the fused products (mul_mat_add ...) are of weights
         return False
-    return node.src[0].type in FLOAT or (not _quant_weights(node) and float_form(node) is not None)
+    return node.src[0].type in FLOAT or (not _quant_weights(node) and not _quant_heads(node)
+                                         and float_form(node) is not None)
 
 
 def _supported(node: Tensor) -> bool:
     a, b = node.src
     if b.type != GGMLType.F32 or node.type != GGMLType.F32:
         return False
-    return _float_path(node) or _quant_weights(node)
+    return _float_path(node) or _quant_weights(node) or _quant_heads(node)
 
 
 def _scratch(node: Tensor, env: dict) -> int:
@@ -75,7 +91,7 @@ def _scratch(node: Tensor, env: dict) -> int:
     if a.type in FLOAT or _float_path(node):
         return 0
     kind = KINDS[a.type]
-    if repack.is_repacked(a):
+    if repack.is_repacked(a) or _quant_heads(node):
         return activation_bytes(a, b, env)
     area = qgemm.MAX_THREADS * qgemm.area_bytes(kind, a.ne[0]) if qgemm.supports(kind) else 0
     return activation_bytes(a, b, env) + area
@@ -157,6 +173,8 @@ def _quant_mul_mat(kb: KernelBuilder, node: Tensor, residual: bool = False) -> N
     if repack.is_repacked(a):  # weights in the CPU backend's own layout (repack.py)
         RepackedMatmul(kb, a.type, kind.fmt, a.ne[0], a.ne[1], base, n_rows(kb, x), kb.dim(node.nb[1]),
                        residual=kb.arg("src2") if residual else None).emit()
+    elif _quant_heads(node):
+        HeadTiler(kb, node, kind, base).emit()
     else:
         Tiler(kb, node, kind, base).emit()
 
@@ -296,3 +314,36 @@ class Tiler:
                 new = kind.finish(kb, [b.load(v) for v in vars_], isum[r][t], row, tok)
                 for var, value in zip(vars_, new):
                     b.store(value, var)
+
+
+class HeadTiler(Tiler):
+    """The direct path over a stack of matrices: x's activation rows r = i1 + N (i2 + H' i3)
+    (quantised in that order) go with matrix (i2 / (H' / H), i3 / (H3' / H3)), head by head,
+    so that no tile mixes two heads' tokens; the result's row r is row r of dst."""
+
+    def __init__(self, kb: KernelBuilder, node: Tensor, kind: QKind, base: ir.Value):
+        super().__init__(kb, node, kind, base)
+        a, x = node.src[:2]
+        self.a, self.x = a, x
+        self.n_per = kb.dim(x.ne[1])
+
+    def weights(self, tok: ir.Value) -> ir.Value:
+        b, a, x = self.kb.b, self.a, self.x
+        head = b.sdiv(tok, self.n_per)
+        i2, i3 = b.srem(head, i64(x.ne[2])), b.sdiv(head, i64(x.ne[2]))
+        at = b.add(b.mul(b.sdiv(i2, i64(x.ne[2] // a.ne[2])), i64(a.nb[2])),
+                   b.mul(b.sdiv(i3, i64(x.ne[3] // a.ne[3])), i64(a.nb[3])))
+        return self.kb.byte_ptr(self.kb.arg("src0"), at)
+
+    def emit(self) -> None:
+        kb, b = self.kb, self.kb.b
+        start, end = kb.thread_range(kb.dim(self.a.ne[1]))
+        few = b.icmp_signed("<", self.n_per, i64(self.kind.tile[1]))
+        with kb.loop(i64(0), b.sdiv(self.n_tok, self.n_per), "head") as head:
+            t0 = b.mul(head, self.n_per)
+            t1 = b.add(t0, self.n_per)
+            with b.if_else(few) as (decode, prefill):
+                with decode:
+                    self._rows(start, end, self.kind.single_rows, 1, t0, t1)
+                with prefill:
+                    self._direct(start, end, t0, t1)

@@ -53,6 +53,15 @@ def _cases() -> list[OpCase]:
     cases.append(OpCase((SrcSpec(F32, (16, 5, 2, 1)), SrcSpec(F32, (16, 3, 6, 1))), label="gqa broadcast"))
     cases.append(OpCase((SrcSpec(F32, (16, 5, 3, 1), permute=(0, 2, 1, 3)), SrcSpec(F32, (16, 4, 5, 1))),
                         label="noncontiguous a"))
+    # stacks of quantised matrices, one per head (MLA's attn_k_b / attn_v_b): x's heads of one
+    # token and of several, broadcast over twice the heads, and read through a permutation
+    for t in (GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q6_K):
+        k = max(block_size(t), 64)
+        for n in (1, 7):
+            cases.append(OpCase((SrcSpec(t, (k, 9, 4, 1)), SrcSpec(F32, (k, n, 4, 1))), label=f"{t.name} heads n={n}"))
+        cases.append(OpCase((SrcSpec(t, (k, 9, 2, 1)), SrcSpec(F32, (k, 3, 4, 1))), label=f"{t.name} heads broadcast"))
+        cases.append(OpCase((SrcSpec(t, (k, 9, 4, 1)), SrcSpec(F32, (k, 4, 5, 1), permute=(0, 2, 1, 3))),
+                            label=f"{t.name} heads permuted x"))
     return cases
 
 
