@@ -118,3 +118,33 @@ def write_tiny_llama(path: str | Path, *, n_layer: int = 2, n_embd: int = 64, n_
     return w.write(path)
 
 
+
+
+def write_pair_vocab(path: str | Path, pre: str, texts: list[str]) -> Path:
+    """A vocabulary-only llama file whose BPE merges every adjacent pair of byte symbols in
+    `texts` (first pairs first), under pre-tokenizer `pre`: since BPE merges only inside a
+    pre-token, the tokens of a text show where the pre-tokenizer cut it (a test of `pre`
+    against another implementation on the same file)."""
+    symbols = _byte_symbols()
+    merges: list[str] = []
+    for text in texts:
+        chars = [symbols[b] for b in text.encode("utf-8")]
+        for a, b in zip(chars, chars[1:]):
+            if f"{a} {b}" not in merges:
+                merges.append(f"{a} {b}")
+    tokens = ["<|endoftext|>"] + symbols + [m.replace(" ", "") for m in merges]
+    w = GGUFWriter("llama")
+    w.add_string("general.name", f"pair-vocab-{pre}")
+    for key, value in (("context_length", 512), ("embedding_length", 64), ("block_count", 1),
+                       ("feed_forward_length", 96), ("attention.head_count", 4), ("vocab_size", len(tokens))):
+        w.add_uint32(f"llama.{key}", value)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_string("tokenizer.ggml.pre", pre)
+    w.add_array("tokenizer.ggml.tokens", tokens)
+    w.add_array("tokenizer.ggml.token_type", np.array([3] + [1] * (len(tokens) - 1), np.int32))
+    w.add_array("tokenizer.ggml.merges", merges)
+    w.add_uint32("tokenizer.ggml.bos_token_id", 0)
+    w.add_uint32("tokenizer.ggml.eos_token_id", 0)
+    w.add_bool("tokenizer.ggml.add_bos_token", False)
+    return w.write(path)

@@ -5,7 +5,7 @@ a list of regexes one after the other; each one re-splits every piece the previo
 and the text between matches stays a piece of its own. How a regex is run decides its exact
 behaviour, and llama.cpp has three ways, which this module reproduces:
 
-* "unicode": the GPT-2 and LLaMA-3 regexes have hand-written matchers in llama.cpp whose
+* "unicode": the GPT-2, LLaMA-3 and Kimi K2 regexes have hand-written matchers in llama.cpp whose
   character classes come from tables generated with Python's `regex` module (`\\s`, `\\p{L}`,
   `\\p{N}`). Running the same regex with `regex` on the original text gives the same pieces
   (tests/llama/vocab/test_vocab_bpe.py checks this against a transcription of those matchers); only
@@ -96,6 +96,13 @@ _PORO = " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"
 # runs of non-newlines and runs of newlines: SPM-style BPE cuts text only here
 LINES = "[^\\n]+|[\\n]+"
 
+# Kimi K2: llama.cpp's hand-written matcher (unicode_regex_split_custom_kimi_k2) rather than
+# the tiktoken pattern it stands for: runs of Han characters (its unicode_cpt_is_han ranges),
+# then any non-Han letters as one run whatever their case, with a contraction
+_HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002a6df\U0002a700-\U0002ebef\U0002f800-\U0002fa1f"
+KIMI_K2 = ("[" + _HAN + r"]+|[^\r\n\p{L}\p{N}]?[\p{L}--[" + _HAN + "]]+" + _CONTRACTIONS
+           + r"?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
 DEFAULT_SET = ["[\\p{P}\\$\\+<=>\\^~\\|]+", GPT2, "\\p{N}+", "[0-9][0-9][0-9]"]
 
 # regex set name -> the regexes, in the order llama.cpp applies them
@@ -129,6 +136,7 @@ REGEX_SETS: dict[str, list[str]] = {
     "laguna": [LINES, QWEN2],
     "lines": [LINES],
     "minicpm5": ["\\p{N}{1,3}", MINICPM5],
+    "kimi-k2": [KIMI_K2],
 }
 
 
@@ -194,6 +202,7 @@ def _specs() -> dict[str, PreSpec]:
     add("exaone-moe", PreSpec("exaone-moe"))
     add("laguna", PreSpec("laguna", clean_spaces=False))
     add("minicpm5", PreSpec("minicpm5", ignore_merges=True))
+    add("kimi-k2", PreSpec("kimi-k2", clean_spaces=False))
     add("gemma4 granite-embed-multi-311m", PreSpec("lines", spm_style=True, gemma4=True))
     add("sarvam-moe", PreSpec("lines", clean_spaces=False, spm_style=True))
     return table
@@ -201,7 +210,7 @@ def _specs() -> dict[str, PreSpec]:
 
 PRE_SPECS = _specs()
 # known to llama.cpp but needing code beyond a regex set (custom matchers, no byte encoding)
-UNSUPPORTED_PRE = {"kimi-k2", "afmoe", "whitespace", "youtu"}
+UNSUPPORTED_PRE = {"afmoe", "whitespace", "youtu"}
 
 
 def pre_spec(name: str | None) -> PreSpec:
@@ -284,6 +293,11 @@ def collapse_regex(expr: str) -> str:
     return "".join(out)
 
 
+# the regexes run as "unicode" (llama.cpp's hand-written matchers), with their flags (Kimi K2's
+# set difference needs the regex module's VERSION1 syntax)
+UNICODE_FLAGS = {GPT2: 0, LLAMA3: 0, LLAMA3_ORIGINAL: 0, KIMI_K2: regex.V1}
+
+
 @dataclass(frozen=True)
 class _Rule:
     mode: str  # "unicode", "collapsed" or "wide"
@@ -293,8 +307,8 @@ class _Rule:
 
 def _compile(expr: str) -> _Rule:
     """Pick llama.cpp's way of running `expr` (see the module docstring) and compile it."""
-    if expr in (GPT2, LLAMA3, LLAMA3_ORIGINAL):
-        mode, flags = "unicode", 0
+    if expr in UNICODE_FLAGS:
+        mode, flags = "unicode", UNICODE_FLAGS[expr]
     else:
         if expr.endswith("$") and not expr.endswith("\\$"):
             expr = expr[:-1] + "\\Z"  # std::regex's '$' is the end of the input only
