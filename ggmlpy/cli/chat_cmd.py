@@ -3,7 +3,8 @@
 Each line typed is a user message; the reply streams to stdout and joins the history, so
 the next turn re-reads nothing already in the KV cache (the Llama prompt cache). `/exit`
 (or end of input) leaves; `/reset` starts a new conversation. Works with piped input too,
-which is how it is tested.
+which is how it is tested. llama-cli's speculative decoding flags (`--spec-type`, `-md`, the
+draft's limits) draft as `ggmlpy serve` does; the replies are the same tokens.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 from ggmlpy.cli.cache_args import add_cache_args, cache_kwargs
 from ggmlpy.cli.placement_args import add_placement_args, placement_kwargs
 from ggmlpy.cli.run_cmd import add_model_arg
+from ggmlpy.cli.speculative_args import add_speculative_args, spec_type_names
 
 PROMPT = "> "
 
@@ -40,6 +42,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--backend", default=None, help="compute backend by name")
     add_cache_args(p)
     add_placement_args(p)
+    add_speculative_args(p.add_argument_group("speculative decoding (llama-cli's)"))
     p.set_defaults(func=run)
 
 
@@ -47,15 +50,20 @@ def run(args: argparse.Namespace) -> int:
     from llama.api.llama import Llama
     from llama.chat import ChatTemplateError
     from llama.chat.builtin import BUILTIN_FORMATS, builtin_source
+    from llama.speculative.kinds import SpecDraft
 
     template = args.chat_template_file.read_text(encoding="utf-8") if args.chat_template_file else None
     chat_format = args.chat_format
     if template is None and chat_format in BUILTIN_FORMATS:   # llama.cpp's names, as llama-cli's
         template, chat_format = builtin_source(chat_format), None
     where = placement_kwargs(args)
+    draft = SpecDraft.from_options(
+        spec_type_names(args), args.model_draft,
+        n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min, p_min=args.spec_draft_p_min,
+        ngram_size_n=args.spec_ngram_simple_size_n, ngram_size_m=args.spec_ngram_simple_size_m)
     llm = Llama(args.model, n_ctx=args.n_ctx, n_threads=args.threads, backend=args.backend,
                 chat_format=chat_format, chat_template=template, verbose=False,
-                seed=args.seed, **cache_kwargs(args), **where)
+                seed=args.seed, draft_model=draft, **cache_kwargs(args), **where)
     interactive = sys.stdin.isatty()
     history: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     n_system = len(history)

@@ -19,7 +19,7 @@ from typing import Any
 from ggmlpy.cli.cache_args import add_cache_type_args
 from ggmlpy.cli.lora_args import add_lora_args
 from ggmlpy.cli.placement_args import add_placement_args, placement_kwargs
-from ggmlpy.cli.speculative_args import add_speculative_args
+from ggmlpy.cli.speculative_args import add_speculative_args, spec_type_names
 
 
 def _on_off(value: str) -> str:
@@ -220,7 +220,7 @@ def config_from_args(args: argparse.Namespace):
         lora=args.lora, lora_init_without_apply=args.lora_init_without_apply, verbose=args.verbose,
         sleep_idle_seconds=args.sleep_idle_seconds, vertex=VertexRoutes.from_env(os.environ),
         tools=tools, tools_runtime=args.tools_runtime, mcp_servers=mcp, ui_mcp_proxy=args.ui_mcp_proxy,
-        spec_type=[t.strip() for t in (args.spec_type or "").split(",") if t.strip()],
+        spec_type=spec_type_names(args),
         model_draft=args.model_draft, spec_draft_n_max=args.spec_draft_n_max,
         spec_draft_n_min=args.spec_draft_n_min, spec_draft_p_min=args.spec_draft_p_min,
         spec_ngram_size_n=args.spec_ngram_simple_size_n, spec_ngram_size_m=args.spec_ngram_simple_size_m)

@@ -15,8 +15,8 @@ def _at_least_zero(value: str) -> int:
 def add_speculative_args(g: Any) -> None:
     """--spec-type, -md and the draft's limits on the parser or group g."""
     g.add_argument("--spec-type", default=None, metavar="TYPES",
-                   help="comma-separated kinds of speculative decoding: none, ngram-simple, draft-simple "
-                   "(default: none, or draft-simple with -md)")
+                   help="comma-separated kinds of speculative decoding: none, ngram-simple, draft-simple, "
+                   "draft-mtp (default: none; with -md, draft-mtp for a gemma4-assistant, else draft-simple)")
     g.add_argument("-md", "--model-draft", "--spec-draft-model", dest="model_draft", default=None, metavar="FILE",
                    help="draft model for speculative decoding, of the same vocabulary")
     g.add_argument("--spec-draft-n-max", type=_at_least_zero, default=3, metavar="N",
@@ -29,3 +29,8 @@ def add_speculative_args(g: Any) -> None:
                    help="ngram-simple: tokens looked up in the history (default 12)")
     g.add_argument("--spec-ngram-simple-size-m", type=int, default=48, metavar="M",
                    help="ngram-simple: most tokens drafted after a match (default 48)")
+
+
+def spec_type_names(args: Any) -> list[str]:
+    """--spec-type's comma-separated kinds, as a list."""
+    return [t.strip() for t in (args.spec_type or "").split(",") if t.strip()]

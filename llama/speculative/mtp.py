@@ -63,10 +63,6 @@ class MtpDrafter(Drafter):
         self.weights = ChainMap({TARGET_EMBD: target_weights[ctx.model.w.tok_embd.name]}, assistant.weight_arrays())
         ctx.set_embeddings_nextn(True)
 
-    @classmethod
-    def load(cls, path: str, target: Engine, **options) -> "MtpDrafter":
-        return cls(target, Model.load(path), **options)
-
     def draft(self, seq_id: int, history: Seq[int], n_max: int) -> list[int]:
         pos = len(history) - 1                 # the pending token's position
         h = self.target.hidden_state(seq_id, pos - 1)

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from llama.server import ServerConfig
-from llama.server.speculation import spec_types
+from llama.speculative.kinds import spec_types
 from tests.llama.server.conftest import RunningServer, free_port, running
 
 SEED = 1
