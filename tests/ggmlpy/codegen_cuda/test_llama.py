@@ -124,17 +124,20 @@ def test_smollm2_partial_offload_within_golden_bars(gpu_driver, smollm2_path, go
 
 @pytest.mark.parametrize("arch, counts", [("gemma3", [("n_kv", "n_kv_swa")]), ("gemma2", [()]),
                                           ("qwen2", [("n_kv",)]), ("gemma4", [("n_kv", "n_kv_swa")]),
-                                          ("deepseek2", [("n_kv",)])])
+                                          ("deepseek2", [("n_kv",)]), ("deepseek2-v3", [("n_kv",)])])
 def test_tiny_architectures_on_cuda_match_reference(device_backends, tmp_path, arch, counts):
     """Other block shapes on the device: Gemma 3's sliding-window cache (two cache lengths,
     both read on the device), Gemma 2's attention soft-capping (the attention chain does not
     fuse, so lengths stay launch parameters: a graph per length), Qwen 2's biases, Gemma 4's
     per-layer head sizes, shared caches and per-layer inputs (their table looked up on the
     host), DeepSeek's MLA (products over per-head weight stacks, the K-only cache read as V)
-    and its sigmoid router with a selection bias and a shared expert."""
+    and its sigmoid router with a selection bias and a shared expert, with V3's grouped routing
+    (a set_rows into the scores) and YaRN."""
     from ggmlpy.testing.models_archs import write_tiny_model
+    from ggmlpy.testing.models_deepseek2 import DEEPSEEK2_V3
 
-    path = write_tiny_model(arch, tmp_path / f"{arch}.gguf")
+    arch, settings = ("deepseek2", DEEPSEEK2_V3) if arch == "deepseek2-v3" else (arch, {})
+    path = write_tiny_model(arch, tmp_path / f"{arch}.gguf", **settings)
     ref, _ = _logits(llama.Model.load(path), False)
     ours, decode = _logits(llama.Model.load(path, devices=["cuda:0"], n_gpu_layers=99), True)
     for r, o in zip(ref, ours):
