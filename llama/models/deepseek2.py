@@ -150,25 +150,25 @@ def build_query(g: LlmGraph, layer: SimpleNamespace, cur: Tensor, il: int) -> Te
         q = g.build_lora_mm(layer.wq_b, q)
     else:
         q = g.build_lora_mm(layer.wq, cur)
-    return g.cb(b.reshape(q, head_k_full(hp), hp.n_head[il], N_TOKENS), "q", il)
+    return g.cb(b.reshape(q, head_k_full(hp), hp.n_head[il], cur.ne[1]), "q", il)
 
 
 def build_attention(g: LlmGraph, layer: SimpleNamespace, cur: Tensor, pos: Tensor, attn,
                     temp: Tensor | None, il: int) -> Tensor:
     """The layer's attention output [n_embd, n_tokens] (kqv_out through attn_output)."""
     b, hp = g.b, g.hp
-    n_head, n_rot, kv_rank = hp.n_head[il], hp.n_rot, hp.n_lora_kv
+    n_head, n_rot, kv_rank, n_tokens = hp.n_head[il], hp.n_rot, hp.n_lora_kv, cur.ne[1]
     nope = head_k_full(hp) - n_rot
     rope = hp.rope_args(il)
     q = build_query(g, layer, cur, il)
-    q_nope = b.view(q, (nope, n_head, N_TOKENS), (q.nb[1], q.nb[2]), 0)
-    q_pe = b.view(q, (n_rot, n_head, N_TOKENS), (q.nb[1], q.nb[2]), q.nb[0] * nope)
+    q_nope = b.view(q, (nope, n_head, n_tokens), (q.nb[1], q.nb[2]), 0)
+    q_pe = b.view(q, (n_rot, n_head, n_tokens), (q.nb[1], q.nb[2]), q.nb[0] * nope)
     q_pe = g.cb(b.rope_ext(q_pe, pos, None, **rope), "q_pe", il)
 
     kv_cmpr_pe = g.cb(g.build_lora_mm(layer.wkv_a_mqa, cur), "kv_cmpr_pe", il)   # [kv_rank + n_rot, n_tokens]
     row = kv_cmpr_pe.nb[1]
-    kv_cmpr = b.view(kv_cmpr_pe, (kv_rank, N_TOKENS), (row,), 0)
-    k_pe = b.view(kv_cmpr_pe, (n_rot, 1, N_TOKENS), (row, row), kv_cmpr_pe.nb[0] * kv_rank)
+    kv_cmpr = b.view(kv_cmpr_pe, (kv_rank, n_tokens), (row,), 0)
+    k_pe = b.view(kv_cmpr_pe, (n_rot, 1, n_tokens), (row, row), kv_cmpr_pe.nb[0] * kv_rank)
     k_pe = g.cb(b.rope_ext(k_pe, pos, None, **rope), "k_pe", il)
     kv_cmpr = g.cb(g.build_norm(kv_cmpr, layer.attn_kv_a_norm, None, NormType.RMS, il), "kv_cmpr", il)
 
@@ -176,15 +176,15 @@ def build_attention(g: LlmGraph, layer: SimpleNamespace, cur: Tensor, pos: Tenso
         # each head's nope query in the compressed space: [kv_rank, n_tokens, n_head]
         absorbed = g.cb(b.mul_mat(g.w(layer.wk_b), b.permute(q_nope, 0, 2, 1, 3)), "q_nope_absorbed", il)
         q_cur = g.cb(b.concat(b.permute(absorbed, 0, 2, 1, 3), q_pe, 0), "Qcur", il)
-        v_cur = b.reshape(kv_cmpr, kv_rank, 1, N_TOKENS)   # what K's first kv_rank values hold
+        v_cur = b.reshape(kv_cmpr, kv_rank, 1, n_tokens)   # what K's first kv_rank values hold
         k_cur = g.cb(b.concat(v_cur, k_pe, 0), "Kcur", il)
         v_mla = layer.wv_b
     else:
         hv = head_v_full(hp)
         kv = g.cb(g.build_lora_mm(layer.wkv_b, kv_cmpr), "kv", il)             # [n_head * (nope + hv), n_tokens]
         head_row = kv.nb[0] * (nope + hv)
-        k_nope = b.view(kv, (nope, n_head, N_TOKENS), (head_row, head_row * n_head), 0)
-        v_cur = g.cb(b.cont(b.view(kv, (hv, n_head, N_TOKENS), (head_row, head_row * n_head), kv.nb[0] * nope)),
+        k_nope = b.view(kv, (nope, n_head, n_tokens), (head_row, head_row * n_head), 0)
+        v_cur = g.cb(b.cont(b.view(kv, (hv, n_head, n_tokens), (head_row, head_row * n_head), kv.nb[0] * nope)),
                      "Vcur", il)
         q_cur = g.cb(b.concat(q_nope, q_pe, 0), "Qcur", il)
         # the rope part, the same for every head: k_pe broadcast over zeros of the heads' shape
