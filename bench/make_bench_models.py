@@ -51,6 +51,22 @@ class Shapes:
 SYNTHETIC = {"7b": Shapes(28, 3584, 18944, 28, 4, tied=False), "0.5b": Shapes(24, 896, 4864, 14, 2, tied=True)}
 
 
+@dataclass
+class RandomF16:
+    """Random weights for the synthetic files (speed does not depend on the values):
+    matrices [n_out, n_in] (a stack of them with `stack`) scaled by 1 / sqrt(n_in) so that
+    activations stay O(1), as F16; norm weights 1 + noise, as F32."""
+
+    rng: np.random.Generator
+
+    def matrix(self, n_in: int, n_out: int, stack: int = 0) -> np.ndarray:
+        shape = (stack, n_out, n_in) if stack else (n_out, n_in)
+        return (self.rng.standard_normal(shape, dtype=np.float32) / np.sqrt(n_in)).astype(np.float16)
+
+    def vector(self, n: int) -> np.ndarray:
+        return (1.0 + 0.1 * self.rng.standard_normal(n)).astype(np.float32)
+
+
 def synthetic_f16(path: Path, shapes: Shapes, seed: int = 0) -> Path:
     """The F16 file: the 1.5B file's metadata (tokenizer, rope, norms) with other shapes."""
     rng = np.random.default_rng(seed)
@@ -67,11 +83,8 @@ def synthetic_f16(path: Path, shapes: Shapes, seed: int = 0) -> Path:
                 w.add_key_value(key, value, field.type, field.element_type)
         n_vocab = len(src.get("tokenizer.ggml.tokens"))
 
-    def matrix(n_in: int, n_out: int) -> np.ndarray:
-        return (rng.standard_normal((n_out, n_in), dtype=np.float32) / np.sqrt(n_in)).astype(np.float16)
-
-    def vector(n: int) -> np.ndarray:
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    weights = RandomF16(rng)
+    matrix, vector = weights.matrix, weights.vector
 
     kv = shapes.n_head_kv * (n_embd // shapes.n_head)
     shared = {"embd": matrix(n_embd, n_vocab), "q": matrix(n_embd, n_embd), "kv": matrix(n_embd, kv),
@@ -102,6 +115,24 @@ def quantized_once(binary: str, dst: Path, write_f16) -> Path:
         quantize(binary, f16, dst, "Q4_K_M")
         f16.unlink()
     return dst
+
+
+def layered_file_main(doc: str, name: str, default_layers: int, write_f16, layers_help: str = "") -> int:
+    """The command line of a script that writes one synthetic file of N layers as F16 and
+    quantises it to Q4_K_M with llama-quantize: write_f16(path, n_layer) writes the F16
+    file; prints {name: path} as JSON."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--llama-quantize", required=True, help="path of llama.cpp's llama-quantize")
+    ap.add_argument("--layers", type=int, default=default_layers,
+                    help=layers_help or f"layers (default {default_layers})")
+    ap.add_argument("--out", default=str(Path.home() / ".cache" / "ggmlpy" / "bench-models"))
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dst = quantized_once(a.llama_quantize, out / f"synthetic-{name}-{a.layers}l-q4_k_m.gguf",
+                         lambda path: write_f16(path, a.layers))
+    print(json.dumps({name: str(dst)}, indent=1))
+    return 0
 
 
 def quantize(binary: str, src: Path, dst: Path, ftype: str, requantize: bool = False) -> Path:

@@ -19,14 +19,12 @@ measures it next to llama-bench.
 """
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 
 from ggmlpy.gguf import GGUFWriter
-from make_bench_models import quantized_once
+from make_bench_models import RandomF16, layered_file_main
 from make_moe_file import _tokenizer
 
 ARCH = "deepseek2"
@@ -56,12 +54,8 @@ def synthetic_f16(path: Path, n_layer: int, seed: int = 0) -> Path:
         w.add_float32(f"{ARCH}.{key}", value)
     w.add_string(f"{ARCH}.rope.scaling.type", "yarn")
 
-    def matrix(n_in: int, n_out: int, stack: int = 0) -> np.ndarray:
-        shape = (stack, n_out, n_in) if stack else (n_out, n_in)
-        return (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(n_in)).astype(np.float16)
-
-    def vector(n: int) -> np.ndarray:
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    weights = RandomF16(rng)
+    matrix, vector = weights.matrix, weights.vector
 
     shared = {"embd": matrix(N_EMBD, n_vocab), "q": matrix(N_EMBD, N_HEAD * (NOPE + ROPE)),
               "kv_a": matrix(N_EMBD, KV_RANK + ROPE), "k_b": matrix(NOPE, KV_RANK, N_HEAD),
@@ -93,17 +87,7 @@ def synthetic_f16(path: Path, n_layer: int, seed: int = 0) -> Path:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--llama-quantize", required=True, help="path of llama.cpp's llama-quantize")
-    ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--out", default=str(Path.home() / ".cache" / "ggmlpy" / "bench-models"))
-    a = ap.parse_args()
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    dst = quantized_once(a.llama_quantize, out / f"synthetic-deepseek2-lite-{a.layers}l-q4_k_m.gguf",
-                         lambda path: synthetic_f16(path, a.layers))
-    print(json.dumps({"deepseek2": str(dst)}, indent=1))
-    return 0
+    return layered_file_main(__doc__, "deepseek2-lite", 6, synthetic_f16)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,6 @@ measures it next to llama-bench (`--depth 8192` for decode after an 8,192-token 
 """
 from __future__ import annotations
 
-import argparse
-import json
 import lzma
 import tempfile
 from pathlib import Path
@@ -27,7 +25,7 @@ import numpy as np
 
 from ggmlpy.gguf import GGUFFile, GGUFWriter
 from ggmlpy.gguf.writer import GGUFValueType
-from make_bench_models import quantized_once
+from make_bench_models import layered_file_main
 
 ARCH = "qwen35"
 N_EMBD, N_FF = 2560, 9216
@@ -108,17 +106,7 @@ def _tokenizer(w: GGUFWriter) -> int:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--llama-quantize", required=True, help="path of llama.cpp's llama-quantize")
-    ap.add_argument("--layers", type=int, default=8, help="layers, every fourth attention (default 8)")
-    ap.add_argument("--out", default=str(Path.home() / ".cache" / "ggmlpy" / "bench-models"))
-    a = ap.parse_args()
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    dst = quantized_once(a.llama_quantize, out / f"synthetic-qwen35-{a.layers}l-q4_k_m.gguf",
-                         lambda path: synthetic_f16(path, a.layers))
-    print(json.dumps({"qwen35": str(dst)}, indent=1))
-    return 0
+    return layered_file_main(__doc__, "qwen35", 8, synthetic_f16, "layers, every fourth attention (default 8)")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from ggmlpy.gguf import GGUFFile, GGUFWriter
 from ggmlpy.hub import resolve_model
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.quants import quantize as quantize_rows
-from make_bench_models import quantized_once
+from make_bench_models import RandomF16, quantized_once
 
 ARCH = "qwen3moe"
 N_EMBD, N_HEAD, N_HEAD_KV, HEAD = 2048, 32, 4, 128
@@ -57,12 +57,8 @@ def synthetic_f16(path: Path, n_layer: int, seed: int = 0) -> Path:
     w.add_float32(f"{ARCH}.rope.freq_base", rope_base)
     w.add_float32(f"{ARCH}.attention.layer_norm_rms_epsilon", 1e-6)
 
-    def matrix(n_in: int, n_out: int, stack: int = 0) -> np.ndarray:
-        shape = (stack, n_out, n_in) if stack else (n_out, n_in)
-        return (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(n_in)).astype(np.float16)
-
-    def vector(n: int) -> np.ndarray:
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    weights = RandomF16(rng)
+    matrix, vector = weights.matrix, weights.vector
 
     shared = {"embd": matrix(N_EMBD, n_vocab), "q": matrix(N_EMBD, N_HEAD * HEAD),
               "kv": matrix(N_EMBD, N_HEAD_KV * HEAD), "o": matrix(N_HEAD * HEAD, N_EMBD),

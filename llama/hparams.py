@@ -256,6 +256,17 @@ def require_rms_eps(r: MetadataReader, hp: HParams) -> None:
         raise HParamsError(f"required key {r.key('attention.layer_norm_rms_epsilon')} is missing")
 
 
+def load_nextn(r: MetadataReader, hp: HParams) -> None:
+    """The file's last `nextn_predict_layers` blocks are a multi-token-prediction head, not
+    part of the model's graph (llama_hparams::n_layer() = block_count - n_layer_nextn):
+    hp.n_layer counts the others, hp.extra["n_layer_all"] all of them."""
+    n_nextn = r.int("nextn_predict_layers", 0)
+    if not 0 <= n_nextn < hp.n_layer:
+        raise HParamsError(f"{r.key('nextn_predict_layers')} {n_nextn} is not below block_count {hp.n_layer}")
+    hp.extra["n_layer_all"] = hp.n_layer
+    hp.n_layer -= n_nextn
+
+
 def load_experts(r: MetadataReader, hp: HParams) -> None:
     """The mixture-of-experts keys, checked as llama.cpp's load_hparams checks them."""
     hp.n_expert = r.int("expert_count", 0)

@@ -84,6 +84,11 @@ class TensorTable:
         multi-token-prediction layer), not refused as unknown."""
         self.ignored.append(prefix)
 
+    def ignore_nextn(self, hp: HParams) -> None:
+        """The blocks of a multi-token-prediction head (hparams.load_nextn) are left unused."""
+        for il in range(hp.n_layer, hp.extra.get("n_layer_all", hp.n_layer)):
+            self.ignore(f"blk.{il}.")
+
     def add(self, attr: str, name: str, ne: tuple[int, ...], optional: bool = False) -> None:
         self.globals.append(_Spec(attr, name, tuple(ne), Need.OPTIONAL if optional else Need.REQUIRED))
 
@@ -125,6 +130,13 @@ class TensorTable:
         self.add_layer(il, "ffn_gate", "ffn_gate.weight", (n_embd, n_ff))
         self.add_layer(il, "ffn_up", "ffn_up.weight", (n_embd, n_ff))
         self.add_layer(il, "ffn_down", "ffn_down.weight", (n_ff, n_embd))
+
+    def add_shared_experts(self, il: int, n_embd: int, n_ff_shexp: int) -> None:
+        """The shared experts beside a mixture of experts, one GLU block every token runs
+        (ffn_{gate,up,down}_shexp)."""
+        self.add_layer(il, "ffn_gate_shexp", "ffn_gate_shexp.weight", (n_embd, n_ff_shexp))
+        self.add_layer(il, "ffn_up_shexp", "ffn_up_shexp.weight", (n_embd, n_ff_shexp))
+        self.add_layer(il, "ffn_down_shexp", "ffn_down_shexp.weight", (n_ff_shexp, n_embd))
 
     def add_moe_ffn(self, il: int, n_embd: int, n_ff_exp: int, n_expert: int, gate: Need = Need.REQUIRED,
                     biases: Need = Need.UNUSED, probs_bias: Need = Need.UNUSED, gate_up: Need = Need.UNUSED,

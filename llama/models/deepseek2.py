@@ -32,7 +32,7 @@ from ggmlpy.ir import N_TOKENS, GGMLType, Tensor
 from llama.arch import Architecture, register
 from llama.graph import FfnOp, LlmGraph, NormType
 from llama.graph_inputs import InpAttnTemp
-from llama.hparams import HParams, HParamsError, MetadataReader, load_experts, require_rms_eps
+from llama.hparams import HParams, HParamsError, MetadataReader, load_experts, load_nextn, require_rms_eps
 from llama.models.decoder_tensors import add_embd_output
 from llama.moe import Gating, build_moe_ffn
 from llama.weights import Need, TensorTable
@@ -42,11 +42,7 @@ GLM47_LITE_VOCAB = 154880   # GLM-4.7-Flash's files carry no gating function: si
 
 def load_hparams(r: MetadataReader, hp: HParams) -> None:
     require_rms_eps(r, hp)
-    n_nextn = r.int("nextn_predict_layers", 0)
-    if not 0 <= n_nextn < hp.n_layer:
-        raise HParamsError(f"{r.key('nextn_predict_layers')} {n_nextn} is not below block_count {hp.n_layer}")
-    hp.extra["n_layer_all"] = hp.n_layer
-    hp.n_layer -= n_nextn
+    load_nextn(r, hp)
     hp.extra["n_layer_dense_lead"] = r.int("leading_dense_block_count", 0)
     hp.n_lora_q = r.int("attention.q_lora_rank", 0)
     hp.n_lora_kv = r.int("attention.kv_lora_rank", required=True)
@@ -124,11 +120,8 @@ def tensors(hp: HParams, t: TensorTable) -> None:
             t.add_gated_ffn(il, n_embd, hp.n_ff[il])
             continue
         t.add_moe_ffn(il, n_embd, hp.n_ff_exp, hp.n_expert, probs_bias=Need.OPTIONAL, gate_up=Need.OPTIONAL)
-        t.add_layer(il, "ffn_gate_shexp", "ffn_gate_shexp.weight", (n_embd, n_ff_shexp))
-        t.add_layer(il, "ffn_up_shexp", "ffn_up_shexp.weight", (n_embd, n_ff_shexp))
-        t.add_layer(il, "ffn_down_shexp", "ffn_down_shexp.weight", (n_ff_shexp, n_embd))
-    for il in range(hp.n_layer, hp.extra["n_layer_all"]):
-        t.ignore(f"blk.{il}.")
+        t.add_shared_experts(il, n_embd, n_ff_shexp)
+    t.ignore_nextn(hp)
 
 
 def kq_scale(hp: HParams) -> float:

@@ -17,7 +17,7 @@ from ggmlpy.ir import Tensor
 from ggmlpy.ir.ops.rope import ROPE_TYPE_NEOX
 from llama.arch import Architecture, register
 from llama.graph import FfnOp, LlmGraph, NormType
-from llama.hparams import HParams, HParamsError, MetadataReader, load_experts, require_rms_eps
+from llama.hparams import HParams, HParamsError, MetadataReader, load_experts, load_nextn, require_rms_eps
 from llama.models.decoder_tensors import add_embd_output
 from llama.moe import Gating, build_moe_ffn
 from llama.weights import Need, TensorTable
@@ -29,11 +29,7 @@ def load_hparams(r: MetadataReader, hp: HParams) -> None:
     sections = r.get("rope.dimension_sections", None)
     if sections is not None and len(sections) > 1 and sections[0] > 0 and sections[1] > 0:
         raise HParamsError(f"{r.key('rope.dimension_sections')}: multi-section RoPE (GLM-4.5V) is not supported")
-    n_nextn = r.int("nextn_predict_layers", 0)
-    if not 0 <= n_nextn < hp.n_layer:
-        raise HParamsError(f"{r.key('nextn_predict_layers')} {n_nextn} is not below block_count {hp.n_layer}")
-    hp.extra["n_layer_all"] = hp.n_layer
-    hp.n_layer -= n_nextn
+    load_nextn(r, hp)
     load_experts(r, hp)
     if not hp.n_ff_exp:
         hp.n_ff_exp = hp.n_ff[0] // hp.n_expert_used
@@ -63,11 +59,8 @@ def tensors(hp: HParams, t: TensorTable) -> None:
             continue
         t.add_moe_ffn(il, n_embd, n_ff_exp, hp.n_expert, probs_bias=Need.REQUIRED)
         if n_ff_shexp:
-            t.add_layer(il, "ffn_gate_shexp", "ffn_gate_shexp.weight", (n_embd, n_ff_shexp))
-            t.add_layer(il, "ffn_up_shexp", "ffn_up_shexp.weight", (n_embd, n_ff_shexp))
-            t.add_layer(il, "ffn_down_shexp", "ffn_down_shexp.weight", (n_ff_shexp, n_embd))
-    for il in range(hp.n_layer, hp.extra["n_layer_all"]):
-        t.ignore(f"blk.{il}.")
+            t.add_shared_experts(il, n_embd, n_ff_shexp)
+    t.ignore_nextn(hp)
 
 
 def build(g: LlmGraph) -> Tensor:

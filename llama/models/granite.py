@@ -58,9 +58,7 @@ def tensors(hp: HParams, t: TensorTable) -> None:
             continue
         t.add_moe_ffn(il, n_embd, hp.n_ff_exp, hp.n_expert, gate=Need.OPTIONAL)
         if n_ff_shexp:
-            t.add_layer(il, "ffn_gate_shexp", "ffn_gate_shexp.weight", (n_embd, n_ff_shexp))
-            t.add_layer(il, "ffn_up_shexp", "ffn_up_shexp.weight", (n_embd, n_ff_shexp))
-            t.add_layer(il, "ffn_down_shexp", "ffn_down_shexp.weight", (n_ff_shexp, n_embd))
+            t.add_shared_experts(il, n_embd, n_ff_shexp)
 
 
 def build(g: LlmGraph) -> Tensor:

@@ -38,9 +38,7 @@ def tensors(hp: HParams, t: TensorTable) -> None:
         t.add_layer(il, "ffn_norm", "ffn_norm.weight", (hp.n_embd,))
         t.add_moe_ffn(il, hp.n_embd, hp.n_ff_exp, hp.n_expert)
         t.add_layer(il, "ffn_gate_inp_shexp", "ffn_gate_inp_shexp.weight", (hp.n_embd,))
-        t.add_layer(il, "ffn_gate_shexp", "ffn_gate_shexp.weight", (hp.n_embd, n_ff_shexp))
-        t.add_layer(il, "ffn_up_shexp", "ffn_up_shexp.weight", (hp.n_embd, n_ff_shexp))
-        t.add_layer(il, "ffn_down_shexp", "ffn_down_shexp.weight", (n_ff_shexp, hp.n_embd))
+        t.add_shared_experts(il, hp.n_embd, n_ff_shexp)
 
 
 def build(g: LlmGraph) -> Tensor:

@@ -36,9 +36,7 @@ def add_shared_expert_moe(t: TensorTable, hp: HParams) -> None:
     for il in range(hp.n_layer):
         t.add_moe_ffn(il, n_embd, hp.n_ff_exp, hp.n_expert)
         t.add_layer(il, "ffn_gate_inp_shexp", "ffn_gate_inp_shexp.weight", (n_embd,))
-        t.add_layer(il, "ffn_gate_shexp", "ffn_gate_shexp.weight", (n_embd, n_ff_shexp))
-        t.add_layer(il, "ffn_up_shexp", "ffn_up_shexp.weight", (n_embd, n_ff_shexp))
-        t.add_layer(il, "ffn_down_shexp", "ffn_down_shexp.weight", (n_ff_shexp, n_embd))
+        t.add_shared_experts(il, n_embd, n_ff_shexp)
 
 
 def build_shared_expert_moe(g: LlmGraph, layer, cur: Tensor, il: int) -> Tensor:
