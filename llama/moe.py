@@ -23,6 +23,7 @@ import numpy as np
 
 from ggmlpy.ir import Tensor
 from llama.graph import FfnOp, NormType, ffn_activation
+from llama.hparams import HParamsError, MetadataReader
 from llama.weights import TensorLoadError
 
 if TYPE_CHECKING:
@@ -46,6 +47,17 @@ class Gating(Enum):
     SIGMOID = 2
     SOFTMAX_WEIGHT = 3   # pick by the raw logits, softmax over the picked (gpt-oss)
     SQRT_SOFTPLUS = 4    # sqrt(softplus(logits))
+
+
+def read_gating(r: MetadataReader, default: Gating) -> Gating:
+    """The file's `expert_gating_func` (0 or absent: `default`), refused by name when it is
+    none of llama.cpp's."""
+    value = r.int("expert_gating_func", 0) or default.value
+    try:
+        return Gating(value)
+    except ValueError:
+        raise HParamsError(f"{r.key('expert_gating_func')} {value} is not a gating function "
+                           f"(1 softmax, 2 sigmoid, 3 softmax over the chosen, 4 sqrt-softplus)") from None
 
 
 def build_moe_block(g: "LlmGraph", layer: "SimpleNamespace", x: Tensor, act: FfnOp, norm_w: bool, il: int,

@@ -34,7 +34,7 @@ from llama.graph import FfnOp, LlmGraph, NormType
 from llama.graph_inputs import InpAttnTemp
 from llama.hparams import HParams, HParamsError, MetadataReader, load_experts, load_nextn, require_rms_eps
 from llama.models.decoder_tensors import add_embd_output
-from llama.moe import Gating, build_moe_ffn
+from llama.moe import Gating, build_moe_ffn, read_gating
 from llama.weights import Need, TensorTable
 
 GLM47_LITE_VOCAB = 154880   # GLM-4.7-Flash's files carry no gating function: sigmoid
@@ -64,15 +64,9 @@ def load_hparams(r: MetadataReader, hp: HParams) -> None:
     hp.n_ff_exp = n_ff_exp[0]
     hp.extra["n_expert_shared"] = r.int("expert_shared_count", required=True)
     hp.extra["expert_weights_norm"] = bool(r.get("expert_weights_norm", False))
-    gating = r.int("expert_gating_func", 0)
-    if not gating:   # DeepSeek V2 files have none
-        glm47_lite = hp.extra["n_layer_all"] in (47, 48) and hp.n_vocab == GLM47_LITE_VOCAB
-        gating = (Gating.SIGMOID if glm47_lite else Gating.SOFTMAX).value
-    try:
-        hp.extra["gating"] = Gating(gating)
-    except ValueError:
-        raise HParamsError(f"{r.key('expert_gating_func')} {gating} is not a gating function "
-                           f"(1 softmax, 2 sigmoid, 3 softmax over the chosen, 4 sqrt-softplus)") from None
+    # DeepSeek V2 files have no gating function: softmax, except GLM-4.7-Flash's
+    glm47_lite = hp.extra["n_layer_all"] in (47, 48) and hp.n_vocab == GLM47_LITE_VOCAB
+    hp.extra["gating"] = read_gating(r, Gating.SIGMOID if glm47_lite else Gating.SOFTMAX)
     if r.has("rope.scaling.yarn_log_multiplier"):   # the converter stores 0.1 x mscale_all_dim
         hp.rope_yarn_log_mul = float(r.get("rope.scaling.yarn_log_multiplier")) / 0.1
         if hp.rope_yarn_log_mul != 1.0:

@@ -19,7 +19,7 @@ from llama.arch import Architecture, register
 from llama.graph import FfnOp, LlmGraph, NormType
 from llama.hparams import HParams, HParamsError, MetadataReader, load_experts, load_nextn, require_rms_eps
 from llama.models.decoder_tensors import add_embd_output
-from llama.moe import Gating, build_moe_ffn
+from llama.moe import Gating, build_moe_ffn, read_gating
 from llama.weights import Need, TensorTable
 
 
@@ -38,12 +38,7 @@ def load_hparams(r: MetadataReader, hp: HParams) -> None:
     hp.extra["n_expert_shared"] = r.int("expert_shared_count")
     hp.extra["n_layer_dense_lead"] = r.int("leading_dense_block_count", 0)
     hp.extra["expert_weights_norm"] = bool(r.get("expert_weights_norm", False))
-    gating = r.int("expert_gating_func", 0) or Gating.SIGMOID.value
-    try:
-        hp.extra["gating"] = Gating(gating)
-    except ValueError:
-        raise HParamsError(f"{r.key('expert_gating_func')} {gating} is not a gating function "
-                           f"(1 softmax, 2 sigmoid, 3 softmax over the chosen, 4 sqrt-softplus)") from None
+    hp.extra["gating"] = read_gating(r, Gating.SIGMOID)
 
 
 def tensors(hp: HParams, t: TensorTable) -> None:
