@@ -20,13 +20,14 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from llama.server import cors_proxy, gcp, rerank, routes_llama, routes_openai, webui
+from llama.server import cors_proxy, gcp, rerank, routes_llama, routes_openai, stream_sessions, webui
 from llama.server.config import ServerConfig
 from llama.server.cors import ALLOW_ORIGIN, allowed_origin, preflight_headers
 from llama.server.errors import APIError, feature_disabled
 from llama.server.metrics import samples
 from llama.server.sleep import IdleSleeper
 from llama.server.state import ServerState
+from llama.server.stream_sessions import StreamSessions
 from llama.server.tools import routes as tool_routes
 from llama.server.tools.toolbox import Toolbox
 
@@ -65,10 +66,12 @@ def create_app(config: ServerConfig, *, load_in_background: bool = True) -> Fast
                   openapi_url=None)
     app.state.server = state
     app.state.toolbox = toolbox
+    app.state.streams = StreamSessions()
     install_guards(app, config)
     routes_openai.register(app, state)
     routes_llama.register(app, state)
     rerank.register(app, state)
+    stream_sessions.register(app, app.state.streams, config.body_limit)
     if config.ui_mcp_proxy:
         cors_proxy.register(app)
     else:

@@ -41,6 +41,7 @@ async def read_body(request: Request, limit: int, *, array: bool = False) -> Any
 
 
 PING = ":\n\n"   # an SSE comment: llama-server's keep-alive, skipped by clients
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 Progress = Callable[[Task, dict], dict]   # a task and its prompt_progress -> the chunk
 
 
@@ -75,10 +76,11 @@ async def serve(request: Request, scheduler, seq, *, response: Callable[[Task], 
             async for _ in events(ev):
                 pass
         return JSONResponse(response(task))
-    return StreamingResponse(_stream(scheduler, task, ev, chunks(task), done_marker, ping_every,
-                                     progress),
-                             media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    body = _stream(scheduler, task, ev, chunks(task), done_marker, ping_every, progress)
+    conversation = request.headers.get("x-conversation-id")
+    if conversation:   # a resumable stream (llama/server/stream_sessions.py): it outlives the client
+        body = request.app.state.streams.start(conversation, body).read_from(0)
+    return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 async def _stream(scheduler, task: Task, ev: Events, chunks, done_marker: bool,
@@ -159,8 +161,7 @@ async def serve_choices(request: Request, scheduler, jobs: list, *, stream: bool
         return JSONResponse(merge_choices([job.response() for job in jobs], per_prompt))
     return StreamingResponse(_stream_choices(scheduler, tasks, evs, [job.chunks() for job in jobs],
                                              ping_every, progress, per_prompt),
-                             media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                             media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 def merge_choices(answers: list[dict], per_prompt: int) -> dict:
