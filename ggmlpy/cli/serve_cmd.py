@@ -59,6 +59,7 @@ def register(subparsers: Any) -> None:
     a("--metrics", action="store_true", help="enable the Prometheus /metrics endpoint")
     a("--slots", dest="slots", action="store_true", default=True, help="enable /slots (default)")
     a("--no-slots", dest="slots", action="store_false", help="disable /slots")
+    a("--props", action="store_true", help="enable POST /props (llama-server's: it changes no property yet)")
     a("--jinja", dest="jinja", action="store_true", default=True,
       help="use the jinja chat template (default; ggmlpy's templates are all jinja)")
     a("--no-jinja", dest="jinja", action="store_false")
@@ -206,7 +207,8 @@ def config_from_args(args: argparse.Namespace):
         alias=args.alias, tags=args.tags, n_predict=args.n_predict, seed=args.seed, temp=args.temp,
         embedding=args.embedding or args.reranking, reranking=args.reranking,
         pooling="rank" if args.reranking else args.pooling, metrics=args.metrics, slots=args.slots,
-        jinja=args.jinja, chat_template=template, chat_template_kwargs=kwargs, reasoning=args.reasoning,
+        props=args.props, jinja=args.jinja, chat_template=template, chat_template_kwargs=kwargs,
+        reasoning=args.reasoning,
         reasoning_format=args.reasoning_format, reasoning_budget=args.reasoning_budget,
         reasoning_budget_message=args.reasoning_budget_message, context_shift=args.context_shift,
         cache_reuse=args.cache_reuse, ctx_checkpoints=args.ctx_checkpoints, spm_infill=args.spm_infill,

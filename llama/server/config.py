@@ -31,6 +31,7 @@ class ServerConfig:
     pooling: str | None = None
     metrics: bool = False
     slots: bool = True
+    props: bool = False           # --props: POST /props answers (it changes nothing, as llama-server's)
     jinja: bool = True
     chat_template: str | None = None   # a built-in format name or a jinja source
     chat_template_kwargs: dict = field(default_factory=dict)   # --chat-template-kwargs: template variables

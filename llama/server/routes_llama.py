@@ -275,6 +275,14 @@ def register(app: FastAPI, state: ServerState) -> None:
                 "modalities": {"vision": False, "audio": False},
                 "build_info": "ggmlpy", "is_sleeping": state.sleeping}
 
+    @app.post("/props")
+    async def change_props():
+        """llama-server's: with --props it answers success and changes nothing."""
+        if not cfg.props:
+            raise APIError(501, "This server does not support changing global properties. Start it with "
+                           "`--props`", type="not_supported_error")
+        return {"success": True}
+
     @app.get("/slots")
     async def slots():
         _, sched = state.ready()

@@ -17,14 +17,15 @@ def test_llama_server_flags_map_to_the_config(tmp_path):
         "-ngl", "3", "--api-key", "k1", "--api-key-file", str(keys), "--alias", "a", "-n", "64",
         "--seed", "7", "--temp", "0.5", "--no-slots", "--metrics", "-fa", "off", "-ctk", "f32",
         "-ctv", "bf16", "--swa-full", "-kvu", "--embeddings", "--pooling", "mean",
-        "--context-shift", "--sse-ping-interval", "5", "--cache-reuse", "256"])
+        "--context-shift", "--sse-ping-interval", "5", "--cache-reuse", "256", "--props"])
     cfg = config_from_args(args)
     assert (cfg.parallel, cfg.ctx_size, cfg.threads, cfg.batch_size, cfg.ubatch_size) == (4, 8192, 2, 256, 128)
     assert cfg.api_keys == ["k1", "k2", "k3"] and cfg.model_name == "a"
     assert (cfg.n_predict, cfg.seed, cfg.temp, cfg.slots, cfg.metrics) == (64, 7, 0.5, False, True)
     assert (cfg.flash_attn, cfg.cache_type_k, cfg.cache_type_v, cfg.swa_full) == ("off", "f32", "bf16", True)
     assert cfg.embedding and cfg.pooling == "mean" and cfg.host == "127.0.0.1" and cfg.port == 8080
-    assert cfg.context_shift and cfg.sse_ping_interval == 5 and cfg.cache_reuse == 256
+    assert cfg.context_shift and cfg.sse_ping_interval == 5 and cfg.cache_reuse == 256 and cfg.props
+    assert not config_from_args(build_parser().parse_args(["serve", "-m", "m.gguf"])).props
 
 
 def test_offload_flags_reach_the_model_placement(tmp_path):

@@ -417,6 +417,8 @@ def test_tokenize_detokenize_apply_template_props(server):
         assert c.post("/detokenize", json={"tokens": [10 ** 9]}).status_code == 400
         prompt = c.post("/apply-template", json={"messages": MSGS}).json()["prompt"]
         assert "Name three colors." in prompt
+        refused = c.post("/props", json={})   # llama-server's answer without --props
+        assert refused.status_code == 501 and "--props" in refused.json()["error"]["message"]
         props = c.get("/props").json()
         assert props["total_slots"] == 4 and props["default_generation_settings"]["n_ctx"] == 512
         caps = props["chat_template_caps"]   # llama-server's keys; SmolLM2's template has no tools

@@ -187,3 +187,12 @@ def test_several_listening_addresses(smollm2_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_post_props_with_the_flag(smollm2_path):
+    """llama-server's POST /props with --props: success, and no property changes."""
+    with running(smollm2_path, ctx_size=512, props=True) as s, s.client() as c:
+        before = c.get("/props").json()
+        r = c.post("/props", json={"default_generation_settings": {"n_ctx": 7}})
+        assert r.status_code == 200 and r.json() == {"success": True}
+        assert c.get("/props").json() == before
