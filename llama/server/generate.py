@@ -107,16 +107,23 @@ async def _stream(scheduler, task: Task, ev: Events, chunks, done_marker: bool,
         scheduler.cancel(task)  # a client gone mid-stream frees its slot next step
 
 
-async def serve_all(request: Request, scheduler, seqs: list, responses: list[Callable[[Task], dict]],
-                    slot: SlotOptions, shift: tuple[int, int] = (0, 0)) -> Response:
+async def serve_all(request: Request, scheduler, seqs: list, builders: list[Callable[[Task], Any]],
+                    slot: SlotOptions, shift: tuple[int, int] = (0, 0), stream: bool = False,
+                    ping_every: float | None = None) -> Response:
     """Several prompts of one llama-server /completion request, each a task of its own (the
-    first taking `id_slot`): the array of their answers, in order, once all are done."""
+    first taking `id_slot`): `builders[k](task)` makes prompt k's answer (its `response()`,
+    or its stream's chunks). The array of the answers, in order, once all are done; or
+    streamed, each chunk with its prompt's `index`, as they come."""
     evs = [Events() for _ in seqs]
     tasks = [_task(seq, ev, slot, slot.id_slot if i == 0 else -1, shift, False)
              for i, (seq, ev) in enumerate(zip(seqs, evs))]
     _submit_all(scheduler, tasks)
+    answers = [make(task) for make, task in zip(builders, tasks)]
+    if stream:
+        return StreamingResponse(_stream_indexed(scheduler, tasks, evs, answers, ping_every),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
     await _finish_all(request, scheduler, tasks, evs)
-    return JSONResponse([response(task) for response, task in zip(responses, tasks)])
+    return JSONResponse([answer.response() for answer in answers])
 
 
 def _submit_all(scheduler, tasks: list[Task]) -> None:
@@ -180,14 +187,13 @@ def _summed_usage(usages: list[dict], per_prompt: int) -> dict:
             "total_tokens": prompt + completion}
 
 
-async def _stream_choices(scheduler, tasks: list[Task], evs: list[Events], builders: list,
-                          ping_every: float | None = None, progress: Progress | None = None,
-                          per_prompt: int = 1) -> AsyncIterator[str]:
-    """The choices' chunks as they come (each under the first choice's id, with its own
-    index), one usage chunk at the end when asked for, then [DONE]."""
+async def _merged(evs: list[Events], ping_every: float | None = None
+                  ) -> AsyncIterator[tuple[int, str, Any]]:
+    """The events of several tasks as they come, (task index, kind, payload), until every
+    one is done; only the first task's stream pings, and an error raises."""
     merged: asyncio.Queue = asyncio.Queue()
 
-    async def pump(i: int, ev: Events) -> None:   # only the first choice's stream pings
+    async def pump(i: int, ev: Events) -> None:
         try:
             async for kind, payload in events(ev, ping_every if i == 0 else None):
                 await merged.put((i, kind, payload))
@@ -195,6 +201,47 @@ async def _stream_choices(scheduler, tasks: list[Task], evs: list[Events], build
             await merged.put((i, "error", e))
 
     pumps = [asyncio.create_task(pump(i, ev)) for i, ev in enumerate(evs)]
+    try:
+        remaining = len(evs)
+        while remaining:
+            i, kind, payload = await merged.get()
+            if kind == "error":
+                raise payload
+            remaining -= kind == "done"
+            yield i, kind, payload
+    finally:
+        for p in pumps:
+            p.cancel()
+
+
+async def _stream_indexed(scheduler, tasks: list[Task], evs: list[Events], builders: list,
+                          ping_every: float | None = None) -> AsyncIterator[str]:
+    """llama-server's chunks of several prompts as they come, each with its prompt's index."""
+    def chunk_of(i: int, chunk: dict) -> str:
+        return sse({**chunk, "index": i})
+
+    try:
+        for i, builder in enumerate(builders):
+            for c in builder.start():
+                yield chunk_of(i, c)
+        async for i, kind, payload in _merged(evs, ping_every):
+            if kind == "ping":
+                yield PING
+            elif kind in ("step", "done"):
+                for c in builders[i].end() if kind == "done" else builders[i].feed(payload):
+                    yield chunk_of(i, c)
+    except APIError as e:  # the status is sent already: the error goes as an event
+        yield sse(e.body())
+    finally:
+        for task in tasks:
+            scheduler.cancel(task)
+
+
+async def _stream_choices(scheduler, tasks: list[Task], evs: list[Events], builders: list,
+                          ping_every: float | None = None, progress: Progress | None = None,
+                          per_prompt: int = 1) -> AsyncIterator[str]:
+    """The choices' chunks as they come (each under the first choice's id, with its own
+    index), one usage chunk at the end when asked for, then [DONE]."""
     first: dict | None = None
     usages: list[dict] = []
 
@@ -209,19 +256,13 @@ async def _stream_choices(scheduler, tasks: list[Task], evs: list[Events], build
         for i, builder in enumerate(builders):
             for c in builder.start():
                 yield chunk_of(i, c)
-        remaining = len(tasks)
-        while remaining:
-            i, kind, payload = await merged.get()
+        async for i, kind, payload in _merged(evs, ping_every):
             if kind == "ping":
                 yield PING
                 continue
-            if kind == "error":
-                raise payload
             if kind == "progress":
                 yield chunk_of(i, progress(tasks[i], payload))
                 continue
-            if kind == "done":
-                remaining -= 1
             for c in builders[i].end() if kind == "done" else builders[i].feed(payload):
                 if c.get("usage") and not c.get("choices"):   # the stream's usage chunk
                     usages.append({"index": i, "chunk": c})
@@ -235,7 +276,5 @@ async def _stream_choices(scheduler, tasks: list[Task], evs: list[Events], build
     except APIError as e:  # the status is sent already: the error goes as an event
         yield sse(e.body())
     finally:
-        for p in pumps:
-            p.cancel()
         for task in tasks:
             scheduler.cancel(task)

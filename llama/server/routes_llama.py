@@ -184,10 +184,9 @@ def register(app: FastAPI, state: ServerState) -> None:
                            slot=slot_options, done_marker=False)
 
     async def complete_several(request: Request, bodies: list[dict], slot_options):
-        """llama-server's /completion with several prompts: an array of answers, in order."""
+        """llama-server's /completion with several prompts: an array of answers, in order, or
+        (streamed) every answer's chunks with its prompt's index."""
         llm, sched = state.ready()
-        if fields.field(bodies[0], "stream", (bool,), False):
-            raise bad_request("streaming several prompts in one /completion request is not supported")
         options = fields.response_options(bodies[0])
         settings = fields.generation_settings(bodies[0], cfg, state.lora_scales, state.vocab)
         jobs = [prepare(prepare_completion, llm, fields.completion_kwargs(b, cfg, state.vocab), state) for b in bodies]
@@ -195,10 +194,12 @@ def register(app: FastAPI, state: ServerState) -> None:
         def answer(job):
             prompt_text = (llm.model.detokenize(job.seq.prompt, unparse_special=True)
                            if isinstance(job.seq.prompt, list) else job.prompt_text)
-            return lambda task: LlamaCompletion(job, task, cfg.model_name, options, settings, prompt_text).response()
+            return lambda task: LlamaCompletion(job, task, cfg.model_name, options, settings, prompt_text)
 
         return await serve_all(request, sched, [j.seq for j in jobs], [answer(j) for j in jobs], slot_options,
-                               shift=fields.shift_options(bodies[0]))
+                               shift=fields.shift_options(bodies[0]),
+                               stream=fields.field(bodies[0], "stream", (bool,), False),
+                               ping_every=fields.ping_interval(bodies[0], cfg))
 
     @app.post("/tokenize")
     async def tokenize(request: Request):

@@ -534,3 +534,19 @@ def test_completion_prompts_in_every_llama_server_form(server):
     assert mixed["content"] == one["content"]
     assert split["tokens_evaluated"] >= len(tokens) - 1 and isinstance(split["content"], str)
     assert media.status_code == 400 and "multimodal" in media.json()["error"]["message"].lower()
+
+
+def test_several_prompts_streamed_with_their_index(server):
+    """llama-server's /completion with several prompts and `stream`: each prompt's chunks come
+    with its index, as they are made, and join into the same texts as the array's answers."""
+    body = {"n_predict": 8, "temperature": 0, "prompt": ["The capital of France is", "Once upon a time"]}
+    with server.client() as c:
+        whole = c.post("/completion", json=body).json()
+        with c.stream("POST", "/completion", json=dict(body, stream=True)) as r:
+            assert r.status_code == 200
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    texts, stops = {0: "", 1: ""}, {0: 0, 1: 0}
+    for chunk in chunks:
+        texts[chunk["index"]] += chunk["content"]
+        stops[chunk["index"]] += chunk["stop"]
+    assert texts == {0: whole[0]["content"], 1: whole[1]["content"]} and stops == {0: 1, 1: 1}
