@@ -214,67 +214,69 @@ async def _merged(evs: list[Events], ping_every: float | None = None
             p.cancel()
 
 
-async def _stream_indexed(scheduler, tasks: list[Task], evs: list[Events], builders: list,
-                          ping_every: float | None = None) -> AsyncIterator[str]:
-    """llama-server's chunks of several prompts as they come, each with its prompt's index."""
-    def chunk_of(i: int, chunk: dict) -> str:
-        return sse({**chunk, "index": i})
+async def _stream_tasks(scheduler, tasks: list[Task], evs: list[Events], builders: list,
+                        chunk_of: Callable[[int, dict], str | None], ping_every: float | None = None,
+                        progress: Progress | None = None, tail: Callable[[], list[str]] = list
+                        ) -> AsyncIterator[str]:
+    """Several tasks' streams as one: each builder's chunks as its task's events come, made
+    text by `chunk_of(task index, chunk)` (None: held back), then `tail()`'s."""
+    def texts(i: int, chunks) -> list[str]:
+        return [t for t in (chunk_of(i, c) for c in chunks) if t is not None]
 
     try:
         for i, builder in enumerate(builders):
-            for c in builder.start():
-                yield chunk_of(i, c)
-        async for i, kind, payload in _merged(evs, ping_every):
-            if kind == "ping":
-                yield PING
-            elif kind in ("step", "done"):
-                for c in builders[i].end() if kind == "done" else builders[i].feed(payload):
-                    yield chunk_of(i, c)
-    except APIError as e:  # the status is sent already: the error goes as an event
-        yield sse(e.body())
-    finally:
-        for task in tasks:
-            scheduler.cancel(task)
-
-
-async def _stream_choices(scheduler, tasks: list[Task], evs: list[Events], builders: list,
-                          ping_every: float | None = None, progress: Progress | None = None,
-                          per_prompt: int = 1) -> AsyncIterator[str]:
-    """The choices' chunks as they come (each under the first choice's id, with its own
-    index), one usage chunk at the end when asked for, then [DONE]."""
-    first: dict | None = None
-    usages: list[dict] = []
-
-    def chunk_of(i: int, chunk: dict) -> str:
-        nonlocal first
-        first = first or chunk
-        for c in chunk.get("choices", []):
-            c["index"] = i
-        return sse({**chunk, "id": first["id"], "created": first["created"]})
-
-    try:
-        for i, builder in enumerate(builders):
-            for c in builder.start():
-                yield chunk_of(i, c)
+            for text in texts(i, builder.start()):
+                yield text
         async for i, kind, payload in _merged(evs, ping_every):
             if kind == "ping":
                 yield PING
                 continue
             if kind == "progress":
-                yield chunk_of(i, progress(tasks[i], payload))
-                continue
-            for c in builders[i].end() if kind == "done" else builders[i].feed(payload):
-                if c.get("usage") and not c.get("choices"):   # the stream's usage chunk
-                    usages.append({"index": i, "chunk": c})
-                else:
-                    yield chunk_of(i, c)
-        if usages:
-            usages.sort(key=lambda u: u["index"])
-            yield chunk_of(0, {**usages[0]["chunk"], "usage": _summed_usage([u["chunk"]["usage"] for u in usages],
-                                                                          per_prompt)})
-        yield "data: [DONE]\n\n"
+                chunks = [progress(tasks[i], payload)] if progress is not None else []
+            else:
+                chunks = builders[i].end() if kind == "done" else builders[i].feed(payload)
+            for text in texts(i, chunks):
+                yield text
+        for text in tail():
+            yield text
     except APIError as e:  # the status is sent already: the error goes as an event
         yield sse(e.body())
     finally:
         for task in tasks:
             scheduler.cancel(task)
+
+
+def _stream_indexed(scheduler, tasks: list[Task], evs: list[Events], builders: list,
+                    ping_every: float | None = None) -> AsyncIterator[str]:
+    """llama-server's chunks of several prompts as they come, each with its prompt's index."""
+    return _stream_tasks(scheduler, tasks, evs, builders, lambda i, c: sse({**c, "index": i}), ping_every)
+
+
+def _stream_choices(scheduler, tasks: list[Task], evs: list[Events], builders: list,
+                    ping_every: float | None = None, progress: Progress | None = None,
+                    per_prompt: int = 1) -> AsyncIterator[str]:
+    """The choices' chunks as they come (each under the first choice's id, with its own
+    index), one usage chunk at the end when asked for, then [DONE]."""
+    first: dict | None = None
+    usages: list[dict] = []
+
+    def stamped(chunk: dict) -> str:   # every chunk under the first one's id and time
+        nonlocal first
+        first = first or chunk
+        return sse({**chunk, "id": first["id"], "created": first["created"]})
+
+    def chunk_of(i: int, chunk: dict) -> str | None:
+        if chunk.get("usage") and not chunk.get("choices"):   # the stream's usage chunk, at the end
+            usages.append({"index": i, "chunk": chunk})
+            return None
+        for c in chunk.get("choices", []):
+            c["index"] = i
+        return stamped(chunk)
+
+    def tail() -> list[str]:
+        usages.sort(key=lambda u: u["index"])
+        summed = [stamped({**usages[0]["chunk"], "usage": _summed_usage([u["chunk"]["usage"] for u in usages],
+                                                                       per_prompt)})] if usages else []
+        return summed + ["data: [DONE]\n\n"]
+
+    return _stream_tasks(scheduler, tasks, evs, builders, chunk_of, ping_every, progress, tail)
