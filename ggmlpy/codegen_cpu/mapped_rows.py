@@ -6,8 +6,9 @@ Read through the map, one row faults in the whole 64 KiB window around it whenev
 is in the page cache (the kernel's fault-around; MADV_RANDOM stops readahead from disk, not
 that): 512 random tokens mapped 28 MiB of a 125 MiB Q4_K table, and a context's resident
 memory grew with every new token it saw. Here a row costs the page or two it lands on,
-handed back (MADV_DONTNEED) after the run. pread copies the row from the page cache: a few
-microseconds a row, once per run.
+handed back (MADV_DONTNEED) after the run; the copy is kept out of transparent huge pages,
+which would make a row cost 2 MiB and survive the hand-back. pread copies the row from the
+page cache: a few microseconds a row, once per run.
 """
 from __future__ import annotations
 
@@ -78,6 +79,7 @@ class MappedRowLookups:
             fd = open_for_reads(fmap)
             shadow = mmap.mmap(-1, max(data.nbytes, 1),
                                flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE)
+            shadow.madvise(mmap.MADV_NOHUGEPAGE)   # where THP is always on, a row would fault in 2 MiB
             table = tables[root_id] = _Table(fd, file_offset(data, fmap), row_bytes, data.nbytes // row_bytes,
                                              shadow, [node.src[1] for node in uses])
             weakref.finalize(table, os.close, fd)
