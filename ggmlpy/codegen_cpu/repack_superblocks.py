@@ -7,6 +7,13 @@ values is d * (1 + 2s) * (+-(2k + 1)) with k in 0..7 (its grid's entries are odd
 so code k + 8 * (sign) with the scale 1 + 2s holds it exactly (`CODE_VALUES`). The codes are
 decoded by one byte-table lookup per vector, where the GGUF layout needs a grid row load per
 4 values: products stream the 27% larger layout at the 4-bit types' rate.
+
+IQ2_XS and IQ2_S are repacked as Q3_K is, as 3-bit codes with an i8 scale per 16 values:
+their grids' entries are 8, 25 and 43 (ggml's iq2xs_grid, iq2s_grid), so each value is
+(d / 8) * (1 + 2s) * +-g, code l + 4 * sign for level l of the three, scale 1 + 2s
+(`CODE_VALUES`, `K_FACTOR`). The layout is 57% (IQ2_XS) or 41% (IQ2_S) larger than the
+file's (116 bytes a super-block for 74 or 82); the grid kernels spent 40 instructions per 64
+values on row loads and shuffles, the codes take one table lookup.
 """
 from __future__ import annotations
 
@@ -16,7 +23,7 @@ import numpy as np
 
 from ggmlpy.ir.types import GGMLType, type_size
 from ggmlpy.quants import block_dtype
-from ggmlpy.quants.iq_grids import IQ3S_VALUES
+from ggmlpy.quants.iq_grids import IQ2S_VALUES, IQ2XS_VALUES, IQ3S_VALUES, KSIGNS_IQ2XS
 
 GROUP = 16   # rows per group: one per dot lane
 
@@ -53,19 +60,43 @@ GROUP = 16   # rows per group: one per dot lane
 # chunks. Then d[16] f16 (Q2_K, Q4_K, Q5_K: then dmin[16] f16; the others 32 bytes of
 # padding).
 K_VECTORS = {GGMLType.Q2_K: (4, 0), GGMLType.Q3_K: (4, 2), GGMLType.Q4_K: (8, 0), GGMLType.Q5_K: (8, 2),
-             GGMLType.Q6_K: (8, 4), GGMLType.IQ4_XS: (8, 0), GGMLType.IQ3_S: (8, 0)}
+             GGMLType.Q6_K: (8, 4), GGMLType.IQ4_XS: (8, 0), GGMLType.IQ3_S: (8, 0), GGMLType.IQ2_XS: (4, 2),
+             GGMLType.IQ2_S: (4, 2)}
 K_CHUNK = {t: 64 * (lo + hi) for t, (lo, hi) in K_VECTORS.items()}   # value bytes per chunk of 64 values
 # the types whose chunks carry their own sub-blocks' scales (one vector after the values):
-# every K-quant; IQ4_XS keeps its 128 bytes of scales after the four chunks
-K_CHUNK_SCALES = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+# every K-quant and the IQ2 types; IQ4_XS keeps its 128 bytes of scales after the four chunks
+IQ2 = (GGMLType.IQ2_XS, GGMLType.IQ2_S)   # repacked as codes in Q3_K's layout
+K_CHUNK_SCALES = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K) + IQ2
 K_STRIDE = {t: chunk + (64 if t in K_CHUNK_SCALES else 0) for t, chunk in K_CHUNK.items()}   # bytes a chunk
 K_D = {t: 4 * K_STRIDE[t] + (0 if t in K_CHUNK_SCALES else 128) for t in K_CHUNK}   # d[16] f16 after the scales
 # stored q + offset, i8 scales; else u8 scales and minimums (IQ4_XS: its codes decode to
 # kvalues + 128, kernels/qcodes.py)
-K_OFFSET = {GGMLType.Q3_K: 4, GGMLType.Q6_K: 32, GGMLType.IQ4_XS: 128, GGMLType.IQ3_S: 15}
+K_OFFSET = {GGMLType.Q3_K: 4, GGMLType.Q6_K: 32, GGMLType.IQ4_XS: 128, GGMLType.IQ3_S: 15,
+            **{t: 43 for t in IQ2}}
 # the value each 4-bit code stands for, of a type whose repacked codes are not its own (IQ3_S:
-# code k + 8 * sign for +-(2k + 1)); IQ4_XS's codes are its kvalues_iq4nl indices (qcodes.py)
-CODE_VALUES = {GGMLType.IQ3_S: tuple((2 * (c % 8) + 1) * (-1 if c >= 8 else 1) for c in range(16))}
+# code k + 8 * sign for +-(2k + 1); IQ2_XS, IQ2_S: code l + 4 * sign for +-(8, 25, 43)[l], codes 3
+# and 7 unused); IQ4_XS's codes are its kvalues_iq4nl indices (qcodes.py)
+_IQ2_LEVELS = (8, 25, 43, 0)
+CODE_VALUES = {GGMLType.IQ3_S: tuple((2 * (c % 8) + 1) * (-1 if c >= 8 else 1) for c in range(16)),
+               **{t: tuple(_IQ2_LEVELS[c % 4] * (-1 if c & 4 else 1) * (c < 8) for c in range(16)) for t in IQ2}}
+# d's factor where a type's scale is a fraction of its f16 d (IQ2: d * (0.5 + s) / 4 = d / 8 * (1 + 2s))
+K_FACTOR = {t: 0.125 for t in IQ2}
+
+
+def _levels(grid: np.ndarray) -> np.ndarray:
+    """Per row of an IQ2 grid, its 8 values' levels (0, 1, 2 for 8, 25, 43) as a u64."""
+    return np.ascontiguousarray(np.searchsorted(np.array(_IQ2_LEVELS[:3]), grid).astype(np.uint8)).view(np.uint64)[:, 0]
+
+
+def _sign_code_bits(signs: np.ndarray, bit: int) -> np.ndarray:
+    """Per sign byte (ggml's: bit j minus for value j), its 8 values' code bit `bit` as a u64."""
+    return np.ascontiguousarray((((signs[:, None].astype(np.int64) >> np.arange(8)) & 1) << bit)
+                                .astype(np.uint8)).view(np.uint64)[:, 0]
+
+
+_IQ2XS_LEVELS, _IQ2S_LEVELS = _levels(IQ2XS_VALUES), _levels(IQ2S_VALUES)
+_IQ2XS_SIGN_BITS = _sign_code_bits(KSIGNS_IQ2XS, 2)   # per 7-bit field (ksigns adds the parity bit)
+_IQ2S_SIGN_BITS = _sign_code_bits(np.arange(256), 2)  # per full sign byte
 _IQ3S_HALVES = np.ascontiguousarray(IQ3S_VALUES >> 1).view(np.uint32)[:, 0]   # per grid row, its 4 values' k
 # per sign byte (ggml's `signs`: bit j minus for value j), its 8 values' code bit 3 (8 for minus)
 _SIGN_CODE_BITS = np.ascontiguousarray(
@@ -77,7 +108,7 @@ _SIGN_CODE_BITS = np.ascontiguousarray(
 K_CHUNK_ORDER = {GGMLType.Q2_K: (0, 1, 2, 3, 4), GGMLType.Q3_K: (0, 1, 2, 3, 4, 6, 5),
                  GGMLType.Q4_K: tuple(range(9)), GGMLType.Q5_K: (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 9),
                  GGMLType.Q6_K: (0, 1, 2, 3, 8, 9, 12, 4, 5, 6, 7, 10, 11), GGMLType.IQ4_XS: tuple(range(8)),
-                 GGMLType.IQ3_S: tuple(range(8))}
+                 GGMLType.IQ3_S: tuple(range(8)), **{t: (0, 1, 2, 3, 4, 6, 5) for t in IQ2}}
 _SLOT = {t: {v: i for i, v in enumerate(order)} for t, order in K_CHUNK_ORDER.items()}
 
 
@@ -139,6 +170,8 @@ def repack_superblock_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarra
 
     if t in (GGMLType.Q2_K, GGMLType.Q3_K):
         return _repack_crumb_groups(blk, t, lanes, per_row)
+    if t in IQ2:
+        return _repack_iq2_groups(blk, t, lanes, per_row)
     if t == GGMLType.IQ4_XS:
         return _repack_iq4_xs_groups(blk, lanes, per_row)
     if t == GGMLType.IQ3_S:
@@ -233,34 +266,80 @@ def _repack_crumb_groups(blk: np.ndarray, t: GGMLType, lanes: Callable, per_row:
     g, s = blk.shape[0], blk.shape[2]
     at = block_dtype(t).fields["qs"][1]
     qs = blk[..., at:at + 64].reshape(g, GROUP, s, 2, 1, 32)   # half n, -, l
-    crumbs = (qs >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3        # [g, r, s, n, s', l]
+    crumbs = ((qs >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3).reshape(g, GROUP, s, 256)
+    if t == GGMLType.Q2_K:
+        d = moved(blk[..., 80:84].reshape(g, GROUP, s, 2, 2), np.uint16, (0, 2, 3, 1)).reshape(g, s, -1)
+        return _crumb_step(t, crumbs, None, per_row(blk[..., 0:16]), d, lanes)
+    hm = blk[..., 0:32]                                          # value 32b + l: bit b of byte l
+    third = ((hm[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1).reshape(g, GROUP, s, 256)
+    return _crumb_step(t, crumbs, third, per_row(_q3_scales(blk[..., 96:108]).view(np.uint8)),
+                       _padded_d(blk[..., 108:110]), lanes)
+
+
+def _repack_iq2_groups(blk: np.ndarray, t: GGMLType, lanes: Callable, per_row: Callable) -> np.ndarray:
+    """IQ2_XS or IQ2_S blocks [g, r, s, block bytes] -> [g, s, STEP_BYTES]: value i's code, its
+    level in the low two bits and its sign in bit 2, the 16 scales 1 + 2 * (nibble b % 2 of
+    scales[b / 2]), laid out as Q3_K's. IQ2_XS: word i / 8 of qs holds the grid row (bits 0-8)
+    and the sign field (9-15); IQ2_S: byte i / 8 of qs the row's low 8 bits, bits 2 (i / 8 % 4)
+    of qh[i / 32] its top two, byte 32 + i / 8 of qs the signs."""
+    g, s = blk.shape[0], blk.shape[2]
+    b = np.ascontiguousarray(blk).reshape(-1, type_size(t)).view(block_dtype(t))[:, 0]
+    n = len(b)
+    # mode "clip" (the indices are in range by their bits) skips numpy's bounds checks
+    if t == GGMLType.IQ2_XS:
+        qs = b["qs"].reshape(n, -1)
+        codes = np.take(_IQ2XS_LEVELS, qs & 511, mode="clip") | np.take(_IQ2XS_SIGN_BITS, qs >> 9, mode="clip")
+    else:
+        qs = b["qs"].reshape(n, 64)
+        top = (b["qh"].reshape(n, 8, 1) >> (2 * np.arange(4, dtype=np.uint8))) & 3       # [n, 8, 4]
+        rows = qs[:, :32].astype(np.uint16) | (top.reshape(n, 32).astype(np.uint16) << 8)
+        codes = np.take(_IQ2S_LEVELS, rows, mode="clip") | np.take(_IQ2S_SIGN_BITS, qs[:, 32:], mode="clip")
+    codes = codes.view(np.uint8).reshape(g, GROUP, s, 256)
+    sc = b["scales"].reshape(n, -1)
+    scales = (1 + 2 * np.stack([sc & 15, sc >> 4], axis=2).reshape(n, 16)).astype(np.uint8)
+    return _crumb_step(t, codes & 3, codes >> 2, per_row(scales.reshape(g, GROUP, s, 16)),
+                       _padded_d(blk[..., 0:2]), lanes)
+
+
+def _padded_d(d: np.ndarray) -> np.ndarray:
+    """[g, r, s, 2] f16 bytes -> [g, s, 64]: the 16 rows' d, then 32 bytes of padding."""
+    g, s = d.shape[0], d.shape[2]
+    return np.concatenate([moved(d.reshape(g, GROUP, s, 1, 2), np.uint16, (0, 2, 3, 1)).reshape(g, s, -1),
+                           np.zeros((g, s, 32), np.uint8)], axis=2)
+
+
+def _crumb_step(t: GGMLType, crumbs: np.ndarray, third: np.ndarray | None, scales: np.ndarray, d: np.ndarray,
+                lanes: Callable) -> np.ndarray:
+    """The steps of a type laid out as Q2_K or Q3_K from its values in order ([g, r, s, 256]: the
+    low two bits, and the third bits or None), its sub-blocks' scales ([g, s, 16 * 16], sub-block
+    i's 16 rows at byte 16i) and the bytes after the chunks ([g, s, 64])."""
+    g, s = crumbs.shape[0], crumbs.shape[2]
     q = crumbs.reshape(g, GROUP, s, 4, 4, 4, 4)                             # chunk j, e, c, i
     packed = q[..., 0, :, :] | (q[..., 1, :, :] << 2) | (q[..., 2, :, :] << 4) | (q[..., 3, :, :] << 6)
     chunks = [lanes(packed.reshape(g, GROUP, s, 16, 4)).reshape(g, s, 4, 4 * 64)]
-    if t == GGMLType.Q2_K:
-        scales = per_row(blk[..., 0:16])
-        d = moved(blk[..., 80:84].reshape(g, GROUP, s, 2, 2), np.uint16, (0, 2, 3, 1)).reshape(g, s, -1)
-    else:
-        hm = blk[..., 0:32].reshape(g, GROUP, s, 1, 1, 32)
-        bits = (hm >> np.arange(8, dtype=np.uint8)[:, None]).reshape(g, GROUP, s, 2, 4, 32) & 1  # n, s', l
-        hb = bits.reshape(g, GROUP, s, 4, 2, 8, 4)                          # chunk j, h, b, i
-        hbytes = sum(hb[..., b, :] << b for b in range(8)).astype(np.uint8)   # [g, r, s, j, h, i]
-        chunks.append(lanes(hbytes.reshape(g, GROUP, s, 8, 4)).reshape(g, s, 4, 2 * 64))
-        scales = per_row(_q3_scales(blk[..., 96:108]).view(np.uint8))
-        d = np.concatenate([moved(blk[..., 108:110].reshape(g, GROUP, s, 1, 2), np.uint16, (0, 2, 3, 1))
-                            .reshape(g, s, -1), np.zeros((g, s, 32), np.uint8)], axis=2)
+    if third is not None:
+        chunks.append(_bit_vectors(third, lanes))
     values = _stored_chunks(t, chunks + [scales.reshape(g, s, 4, 64)])   # 4 sub-blocks a chunk
     return np.concatenate([values, d], axis=2)
 
 
+def _bit_vectors(bits: np.ndarray, lanes: Callable) -> np.ndarray:
+    """One bit per value, in order ([g, r, s, 256]) -> [g, s, 4, 2 * 64]: chunk j's vector h,
+    lane r, byte i, bit b = value 64j + 32h + 4b + i (Q3_K's third bits, Q5_K's fifth)."""
+    g, s = bits.shape[0], bits.shape[2]
+    # the 4 bytes of b (values 4b..4b + 3) as one word shifted by b: each byte's 0 or 1 moves
+    # to bit b of its own byte (no carry), in any byte order
+    words = np.ascontiguousarray(bits).reshape(g, GROUP, s, 4, 2, 8, 4).view(np.uint32)[..., 0]   # j, h, b
+    hbytes = np.bitwise_or.reduce(words << np.arange(8, dtype=np.uint32), axis=-1).view(np.uint8)
+    return lanes(hbytes.reshape(g, GROUP, s, 8, 4)).reshape(g, s, 4, 2 * 64)
+
+
 def _fifth_bit_vectors(qh: np.ndarray, lanes: Callable) -> np.ndarray:
     """Q5_K's qh[32] per block ([g, r, s, 32]; value 64j + 32h + l has bit 2j + h of byte l)
-    -> [g, s, 4, 2 * 64]: chunk j's vector h, lane r, byte i, bit b = value 64j + 32h + 4b + i."""
+    as _bit_vectors."""
     g, s = qh.shape[0], qh.shape[2]
-    bits = (qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1    # [g, r, s, 2j + h, l]
-    hb = bits.reshape(g, GROUP, s, 4, 2, 8, 4)                                # j, h, b, i
-    hbytes = sum(hb[..., b, :] << b for b in range(8)).astype(np.uint8)       # [g, r, s, j, h, i]
-    return lanes(hbytes.reshape(g, GROUP, s, 8, 4)).reshape(g, s, 4, 2 * 64)
+    return _bit_vectors(((qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1).reshape(g, GROUP, s, 256),
+                        lanes)
 
 
 def _q3_scales(packed: np.ndarray) -> np.ndarray:

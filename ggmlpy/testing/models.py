@@ -14,6 +14,7 @@ import numpy as np
 from ggmlpy.gguf.writer import GGUFWriter
 from ggmlpy.ir.types import GGMLType
 from ggmlpy.quants import quantize
+from ggmlpy.quants.quant import REQUIRES_IMATRIX
 
 
 def _byte_symbols() -> list[str]:
@@ -43,8 +44,9 @@ def add_random_matrix(add: Callable[..., None], rng: np.random.Generator, name: 
         add(name, data)
     elif weight_type == GGMLType.F16:
         add(name, data.astype(np.float16))
-    else:
-        add(name, quantize(data, weight_type), type=weight_type, ne=(n_in, n_out))
+    else:   # the types ggml writes only with an importance matrix: a uniform one
+        imatrix = np.ones(n_in, np.float32) if weight_type in REQUIRES_IMATRIX else None
+        add(name, quantize(data, weight_type, imatrix), type=weight_type, ne=(n_in, n_out))
 
 
 def add_tiny_bpe_vocab(w: GGUFWriter, n_vocab: int, fim: bool = False) -> None:

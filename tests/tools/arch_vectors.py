@@ -75,6 +75,12 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "llama-iq3_s": ("llama", {"weight_type": GGMLType.IQ3_S, "n_embd": 256, "n_ff": 512}),
     "llama-iq3_xxs": ("llama", {"weight_type": GGMLType.IQ3_XXS, "n_embd": 256, "n_ff": 512}),
     "llama-iq2_s": ("llama", {"weight_type": GGMLType.IQ2_S, "n_embd": 256, "n_ff": 512}),
+    # and those it quantises only with one (a uniform matrix: add_random_matrix)
+    "llama-iq2_xs": ("llama", {"weight_type": GGMLType.IQ2_XS, "n_embd": 256, "n_ff": 512}),
+    # (seed 3: seeds 0 and 1 have greedy paths with two logits 0.001-0.005 apart, which rounding
+    # may order either way)
+    "llama-iq2_xxs": ("llama", {"weight_type": GGMLType.IQ2_XXS, "n_embd": 256, "n_ff": 512, "seed": 3}),
+    "llama-iq1_s": ("llama", {"weight_type": GGMLType.IQ1_S, "n_embd": 256, "n_ff": 512}),
     "llama-tq2_0": ("llama", {"weight_type": GGMLType.TQ2_0, "n_embd": 256, "n_ff": 512}),
     "llama-tq1_0": ("llama", {"weight_type": GGMLType.TQ1_0, "n_embd": 256, "n_ff": 512}),
     # Gemma 4: per-layer embeddings, per-layer head sizes and KV heads, shared KV layers (E2B's

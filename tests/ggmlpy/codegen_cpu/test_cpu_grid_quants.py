@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ggmlpy.codegen_cpu import repack_superblocks as superblocks
 from ggmlpy.codegen_cpu.backend import CpuBackend
 from ggmlpy.codegen_cpu.kernels import qvec
 from ggmlpy.codegen_cpu.kernels.qdot import KINDS
@@ -185,6 +186,28 @@ def test_mul_mat_on_every_index(flavour, t, n):
     x = np.random.default_rng(n).standard_normal((1, 1, n, K)).astype(np.float32)
     inputs = {"src0": data.reshape(1, 1, rows, -1), "src1": x}
     ours, _ = run_case("mul_mat", case, CpuBackend(n_threads=2), inputs=inputs)
+    expected, _ = run_case("mul_mat", case, RefBackend(), inputs=inputs)
+    weights = dequantize(data, t, (K, rows))
+    assert normalized_error(ours, expected) <= GGML_BAR
+    assert normalized_error(ours[0, 0], _kernel_model(t, data, weights, x[0, 0])) <= EXACT_BAR
+
+
+@pytest.mark.parametrize("t", sorted(superblocks.CODE_VALUES), ids=lambda t: t.name)
+@pytest.mark.parametrize("flavour", _flavours(), indirect=True)
+@pytest.mark.parametrize("n", [1, 5, 40])
+def test_weights_repacked_as_codes_on_every_index(flavour, t, n):
+    """A model's IQ3_S, IQ2_XS and IQ2_S weights are repacked as codes (repack_superblocks):
+    the same blocks as model weights, each grid index and sign pattern through the codes'
+    table lookup, meet both oracles on every flavour."""
+    data = _blocks(t).reshape(-1, K // 256 * type_size(t))
+    rows = len(data)
+    assert rows % 16 == 0   # whole groups: the weight is repacked
+    case = OpCase((SrcSpec(t, (K, rows, 1, 1), weight=True), SrcSpec(G.F32, (K, n, 1, 1))))
+    x = np.random.default_rng(n).standard_normal((1, 1, n, K)).astype(np.float32)
+    inputs = {"src0": data.reshape(1, 1, rows, -1), "src1": x}
+    backend = CpuBackend(n_threads=2)
+    ours, _ = run_case("mul_mat", case, backend, inputs=inputs)
+    assert backend.weight_layouts.arrays   # read from the repacked copy
     expected, _ = run_case("mul_mat", case, RefBackend(), inputs=inputs)
     weights = dequantize(data, t, (K, rows))
     assert normalized_error(ours, expected) <= GGML_BAR

@@ -36,8 +36,9 @@ TYPES = (G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0, G.MXFP4, G.IQ4_NL)
 MXFP4_CODES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 # ggml-common.h's kvalues_iq4nl, written out here independently of ggmlpy/quants/iq_grids.py
 IQ4NL_CODES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+IQ2_LEVELS = (8, 25, 43)   # the values of ggml's iq2xs_grid and iq2s_grid entries
 SHAPES = [(64, 16, 1), (64, 32, 2), (96, 16, 3), (96, 32, 5), (576, 48, 7), (1536, 32, 13), (160, 16, 48), (576, 64, 300)]
-KTYPES = (G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K, G.IQ4_XS, G.IQ3_S)
+KTYPES = (G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K, G.IQ4_XS, G.IQ3_S, G.IQ2_XS, G.IQ2_S)
 BIT_MOVED = tuple(t for t in KTYPES if t not in superblocks.CODE_VALUES)   # repacked by repack_bits' tables
 KSHAPES = [(256, 16, 1), (256, 32, 4), (512, 16, 3), (512, 32, 7), (1024, 48, 40), (2048, 16, 13), (768, 64, 300)]
 
@@ -104,7 +105,7 @@ def _unpack_kquant(packed: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarra
                 d = _f16(step[superblocks.K_D[t] + 2 * r:][:2])[0]
                 for v in range(256):
                     j, within = divmod(v, 64)
-                    if t in (G.Q2_K, G.Q3_K):
+                    if t in (G.Q2_K, G.Q3_K, G.IQ2_XS, G.IQ2_S):
                         out[16 * g + r, 256 * s + v] = _crumb_value(step, t, r, d, j, within)
                         continue
                     half, pos = divmod(within, 32)
@@ -138,9 +139,10 @@ def _code_values(t: GGMLType) -> tuple[int, ...]:
 
 
 def _crumb_value(step: np.ndarray, t: GGMLType, r: int, d: np.float32, j: int, w: int) -> np.float32:
-    """Value 64j + w of row r in a Q2_K or Q3_K step: two bits from low-bit vector (w % 16) // 4,
-    bits 2 (w // 16); Q3_K's third bit from vector w // 32, bit (w % 32) // 4, a clear bit
-    meaning minus 4; its sub-block's scale (and Q2_K's minimum) at byte 16 * sub + r."""
+    """Value 64j + w of row r in a Q2_K, Q3_K, IQ2_XS or IQ2_S step: two bits from low-bit vector
+    (w % 16) // 4, bits 2 (w // 16); Q3_K's and IQ2's third bit from vector w // 32, bit
+    (w % 32) // 4 (Q3_K: a clear bit meaning minus 4); its sub-block's scale (and Q2_K's
+    minimum) at byte 16 * sub + r."""
     e, rest = divmod(w, 16)
     c, i = divmod(rest, 4)
     q = (int(step[superblocks.k_values_offset(t, j, c) + 4 * r + i]) >> (2 * e)) & 3
@@ -151,13 +153,17 @@ def _crumb_value(step: np.ndarray, t: GGMLType, r: int, d: np.float32, j: int, w
         return np.float32(d * np.float32(scale_byte & 15)) * np.float32(q) - np.float32(dmin * np.float32(scale_byte >> 4))
     h, within = divmod(w, 32)
     high = (int(step[superblocks.k_high_offset(t, j, h) + 4 * r + within % 4]) >> (within // 4)) & 1
+    if t in (G.IQ2_XS, G.IQ2_S):   # the two bits pick 8, 25 or 43 (iq2xs_grid's levels), the third bit a minus sign
+        return np.float32(np.float32(d / 8) * np.float32(scale_byte.view(np.int8))) * np.float32(
+            IQ2_LEVELS[q] * (-1 if high else 1))
     return np.float32(d * np.float32(scale_byte.view(np.int8))) * np.float32(q - (0 if high else 4))
 
 
 @pytest.mark.parametrize("t,k,m", [(G.Q4_K, 256, 16), (G.Q4_K, 512, 32), (G.Q6_K, 256, 16), (G.Q6_K, 512, 16),
                                    (G.Q2_K, 256, 16), (G.Q2_K, 512, 32), (G.Q3_K, 256, 16), (G.Q3_K, 512, 32),
                                    (G.Q5_K, 256, 16), (G.Q5_K, 512, 32), (G.IQ4_XS, 256, 16), (G.IQ4_XS, 768, 32),
-                                   (G.IQ3_S, 256, 16), (G.IQ3_S, 768, 32)],
+                                   (G.IQ3_S, 256, 16), (G.IQ3_S, 768, 32), (G.IQ2_XS, 256, 16), (G.IQ2_XS, 768, 32),
+                                   (G.IQ2_S, 256, 16), (G.IQ2_S, 768, 32)],
                          ids=str)
 def test_kquant_layout_reads_back_exactly(t, k, m):
     case = OpCase((SrcSpec(t, (k, m, 1, 1)),))
