@@ -123,7 +123,7 @@ class LlmGraph:
             return None
         t = self._leaves.get(ref.name)
         if t is None:
-            t = self.b.weight(ref.name, ref.type, ref.ne)
+            t = self.b.weight(ref.name, ref.type, ref.ne, file_layout=not self.model.repack)
             self._leaves[ref.name] = t
         return t
 

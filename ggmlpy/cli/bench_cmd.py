@@ -5,7 +5,7 @@ import argparse
 import json
 
 from ggmlpy.cli.cache_args import add_cache_args, cache_kwargs
-from ggmlpy.cli.placement_args import add_placement_args, placement_kwargs
+from ggmlpy.cli.placement_args import add_placement_args, load_kwargs
 from ggmlpy.hub import DEFAULT_MODEL
 
 
@@ -45,6 +45,6 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("threads, reps, n-prompt and n-gen must be positive, depth at least 0")
     result = run_bench(args.model, threads=args.threads, backend=args.backend, n_prompt=args.n_prompt,
                        n_gen=args.n_gen, reps=args.reps, start_times=not args.no_start_times, batched=args.batched,
-                       depth=args.depth, kv=cache_kwargs(args), **placement_kwargs(args))
+                       depth=args.depth, kv=cache_kwargs(args), **load_kwargs(args))
     print(json.dumps(result))
     return 0

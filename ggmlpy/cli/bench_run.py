@@ -49,16 +49,16 @@ def _tokens(model: llama.Model, n: int, seed: int = 0) -> list[int]:
 def run_bench(model_name: str, *, threads: int = 2, backend: str | None = None, n_prompt: int = 512,
               n_gen: int = 128, reps: int = 3, start_times: bool = True, devices: list[str] | None = None,
               n_gpu_layers: int = 0, tensor_split: list[float] | None = None,
-              override_tensor: list[str] | None = None, batched: tuple[int, ...] = (1, 2, 4, 8),
-              depth: int = 0, kv: dict[str, Any] | None = None) -> dict:
-    """`devices`, `n_gpu_layers`, `tensor_split`, `override_tensor`: offloading, as
-    llama.Model.load takes them (llama-bench's -ngl, -ts and -ot). `batched`: the sequence
+              override_tensor: list[str] | None = None, repack: bool = True,
+              batched: tuple[int, ...] = (1, 2, 4, 8), depth: int = 0, kv: dict[str, Any] | None = None) -> dict:
+    """`devices`, `n_gpu_layers`, `tensor_split`, `override_tensor`, `repack`: offloading and
+    weight layouts, as llama.Model.load takes them (llama-bench's -ngl, -ts, -ot and --repack). `batched`: the sequence
     counts of `tg128_batched` (empty: skipped). `depth` > 0 adds tg at that depth
     (`tg128_d{depth}_tok_s`, llama-bench's -d). `kv`: the KV cache's Context keywords
     (type_k, type_v, flash_attn: llama-bench's -ctk, -ctv, -fa) for every context measured."""
     kv = dict(kv or {})
     where = {"devices": devices, "n_gpu_layers": n_gpu_layers, "tensor_split": tensor_split,
-             "override_tensor": override_tensor}
+             "override_tensor": override_tensor, "repack": repack}
     t0 = time.perf_counter()
     model = llama.Model.load(model_name, **where)
     load_s = time.perf_counter() - t0
@@ -99,7 +99,7 @@ def run_bench(model_name: str, *, threads: int = 2, backend: str | None = None, 
                 overhead.append((tg_s - native) / n_gen * 1e6)
     result = {
         "model": model.path.name, "backend": ctx.backend_name, "threads": threads,
-        "devices": list(devices or []), "ngl": n_gpu_layers,
+        "devices": list(devices or []), "ngl": n_gpu_layers, "repack": repack,
         "type_k": str(ctx.type_k), "type_v": str(ctx.type_v),
         f"pp{n_prompt}_tok_s": round(statistics.median(pp), 2),
         f"tg{n_gen}_tok_s": round(statistics.median(tg), 2),

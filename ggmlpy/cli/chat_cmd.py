@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ggmlpy.cli.cache_args import add_cache_args, cache_kwargs
-from ggmlpy.cli.placement_args import add_placement_args, placement_kwargs
+from ggmlpy.cli.placement_args import add_placement_args, load_kwargs
 from ggmlpy.cli.run_cmd import add_model_arg
 from ggmlpy.cli.speculative_args import add_speculative_args, spec_type_names
 
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     chat_format = args.chat_format
     if template is None and chat_format in BUILTIN_FORMATS:   # llama.cpp's names, as llama-cli's
         template, chat_format = builtin_source(chat_format), None
-    where = placement_kwargs(args)
+    where = load_kwargs(args)
     draft = SpecDraft.from_options(
         spec_type_names(args), args.model_draft,
         n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min, p_min=args.spec_draft_p_min,

@@ -111,7 +111,7 @@ def render(graph: Graph, fmt: str, title: str, sched: Schedule | None = None) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    model = Model.load(args.model)
+    model = Model.load(args.model, repack=args.repack)
     graph, n_ctx = build_ubatch_graph(model, args.ubatch, args.n_ctx)
     kind = "single" if args.ubatch == 1 else "multi"
     title = f"{model.path.name}: ubatch {args.ubatch} ({kind}), n_ctx {n_ctx}"

@@ -1,5 +1,6 @@
 """The offload options shared by `ggmlpy run`, `chat`, `bench`, `graph`, `viz` and `serve`:
-llama.cpp's -ngl, --device, --tensor-split, --override-tensor, --cpu-moe and --n-cpu-moe.
+llama.cpp's -ngl, --device, --tensor-split, --override-tensor, --cpu-moe, --n-cpu-moe and
+--repack / --no-repack.
 
 As with llama-cli and llama-bench, `-ngl N` alone offloads to the GPU when there is one: the
 devices default to every CUDA device found. Without one, -ngl is ignored with a warning (as
@@ -36,6 +37,10 @@ def add_placement_args(p: argparse.ArgumentParser, title: str = "offloading") ->
                    help="keep every mixture-of-experts layer's expert weights on the CPU")
     g.add_argument("-ncmoe", "--n-cpu-moe", dest="n_cpu_moe", type=non_negative, default=0, metavar="N",
                    help="keep the expert weights of the first N layers on the CPU")
+    g.add_argument("--repack", dest="repack", action="store_true", default=True,
+                   help="keep weights in the CPU backend's own layouts (default)")
+    g.add_argument("-nr", "--no-repack", dest="repack", action="store_false",
+                   help="read every weight as the file stores it: resident once, slower products")
     return g
 
 
@@ -87,6 +92,11 @@ def placement_kwargs(args: argparse.Namespace) -> dict[str, Any]:
                          args.cpu_moe, args.n_cpu_moe)
     return {"devices": devices or None, "n_gpu_layers": ngl, "tensor_split": args.tensor_split,
             "override_tensor": items or None}
+
+
+def load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """placement_kwargs and `repack` (--repack / -nr): what llama.Model.load takes from these options."""
+    return {**placement_kwargs(args), "repack": args.repack}
 
 
 def default_devices() -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any
 
 from ggmlpy.cli.cache_args import add_cache_args, cache_kwargs
 from ggmlpy.cli.lora_args import add_lora_args
-from ggmlpy.cli.placement_args import add_placement_args, placement_kwargs
+from ggmlpy.cli.placement_args import add_placement_args, load_kwargs
 from ggmlpy.hub import DEFAULT_MODEL, KNOWN_MODELS
 from llama.context import Context
 from llama.generate import Generation, GenerationError, stream
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     if args.n_predict < -1:
         raise ValueError(f"-n must be >= 0, or -1 for no limit, got {args.n_predict}")
-    where = placement_kwargs(args)
+    where = load_kwargs(args)
     model = Model.load(args.model, **where)
     sampler = make_sampler(n_vocab=model.n_vocab, temp=args.temp, top_k=args.top_k,
                            top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,

@@ -18,7 +18,7 @@ from typing import Any
 
 from ggmlpy.cli.cache_args import add_cache_type_args
 from ggmlpy.cli.lora_args import add_lora_args
-from ggmlpy.cli.placement_args import add_placement_args, placement_kwargs
+from ggmlpy.cli.placement_args import add_placement_args, load_kwargs
 from ggmlpy.cli.speculative_args import add_speculative_args, spec_type_names
 
 
@@ -189,7 +189,7 @@ def config_from_args(args: argparse.Namespace):
         raise ValueError(f"--parallel must be at least 1, got {args.parallel}")
     if args.reasoning_budget < -1:
         raise ValueError(f"--reasoning-budget must be -1 (unlimited) or a number of tokens, got {args.reasoning_budget}")
-    where = placement_kwargs(args)
+    where = load_kwargs(args)
     template = args.chat_template
     if args.chat_template_file is not None:
         template = args.chat_template_file.read_text(encoding="utf-8")
@@ -203,7 +203,8 @@ def config_from_args(args: argparse.Namespace):
         model=args.model, host=args.host, port=args.port, ctx_size=args.ctx_size,
         parallel=args.parallel, threads=args.threads, batch_size=args.batch_size,
         ubatch_size=args.ubatch_size, n_gpu_layers=where["n_gpu_layers"], devices=where["devices"],
-        tensor_split=where["tensor_split"], override_tensor=where["override_tensor"], api_keys=keys,
+        tensor_split=where["tensor_split"], override_tensor=where["override_tensor"], repack=where["repack"],
+        api_keys=keys,
         alias=args.alias, tags=args.tags, n_predict=args.n_predict, seed=args.seed, temp=args.temp,
         embedding=args.embedding or args.reranking, reranking=args.reranking,
         pooling="rank" if args.reranking else args.pooling, metrics=args.metrics, slots=args.slots,

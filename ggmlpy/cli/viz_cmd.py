@@ -109,7 +109,7 @@ def _static(args: argparse.Namespace, n_tokens: int):
     from ggmlpy.viz.snapshot import take_snapshot
     from llama.model import Model
 
-    model = Model.load(args.model)
+    model = Model.load(args.model, repack=args.repack)
     where = placement_kwargs(args)
     graph, n_ctx = build_graph(model, n_tokens, args.n_ctx)
     placement, backends = place(model, **where)
@@ -127,7 +127,7 @@ def _profiled(args: argparse.Namespace, n_tokens: int):
     from llama.model import Model
 
     where = placement_kwargs(args)
-    model = Model.load(args.model, **where)
+    model = Model.load(args.model, repack=args.repack, **where)
     ctx = Context(model, n_ctx=args.n_ctx, n_batch=max(n_tokens, 16), n_ubatch=max(n_tokens, 16),
                   n_threads=args.threads, backend_options=dataclasses.replace(Options.from_env(), profile=True))
     if n_tokens > 1 and n_tokens != ctx.n_ubatch:

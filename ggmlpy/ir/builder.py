@@ -35,8 +35,9 @@ class GraphBuilder:
         """A graph input, set by the runtime for every ubatch (ggml_set_input)."""
         return self.new_tensor(ttype, ne, name, Flag.INPUT)
 
-    def weight(self, name: str, ttype: GGMLType, ne: Sequence[Dim]) -> Tensor:
-        return self.new_tensor(ttype, ne, name, Flag.WEIGHT)
+    def weight(self, name: str, ttype: GGMLType, ne: Sequence[Dim], file_layout: bool = False) -> Tensor:
+        """A model weight, bound by name; `file_layout`: read as the file stores it (Flag.FILE_LAYOUT)."""
+        return self.new_tensor(ttype, ne, name, Flag.WEIGHT | Flag.FILE_LAYOUT if file_layout else Flag.WEIGHT)
 
     def cache(self, name: str, ttype: GGMLType, ne: Sequence[Dim]) -> Tensor:
         """Persistent state (a KV cache layer), bound by name to the context's buffer."""

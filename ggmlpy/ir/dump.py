@@ -27,7 +27,7 @@ from ggmlpy.ir.tensor import Flag, Tensor
 if TYPE_CHECKING:
     import networkx
 
-FLAG_LETTERS = ((Flag.WEIGHT, "W"), (Flag.INPUT, "I"), (Flag.CACHE, "C"), (Flag.OUTPUT, "O"))
+FLAG_LETTERS = ((Flag.WEIGHT, "W"), (Flag.INPUT, "I"), (Flag.CACHE, "C"), (Flag.OUTPUT, "O"), (Flag.FILE_LAYOUT, "F"))
 
 # fill colours per tensor kind in DOT dumps
 KIND_COLOURS = {

@@ -19,6 +19,9 @@ class Flag(enum.Flag):
     OUTPUT = enum.auto()  # read back after compute (logits); its memory is never reused
     WEIGHT = enum.auto()  # model parameter, bound by name to the model's data
     CACHE = enum.auto()   # persistent state owned by the context (KV cache), bound by name
+    # a weight read in its file's layout: no backend keeps a copy of its own layout (llama.cpp's
+    # --no-repack), so the weights are resident once, as the file has them
+    FILE_LAYOUT = enum.auto()
 
 
 # leaves whose data is bound by name (TensorStore), and the plain int: a test without enum code

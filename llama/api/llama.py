@@ -102,7 +102,7 @@ class Llama:
     def __init__(self, model_path: str, *, n_gpu_layers: int = 0,
                  tensor_split: list[float] | None = None, devices: list[str] | None = None,
                  override_tensor: list[str] | None = None, cpu_moe: bool = False, n_cpu_moe: int = 0,
-                 vocab_only: bool = False, use_mmap: bool = True, use_mlock: bool = False,
+                 vocab_only: bool = False, use_mmap: bool = True, use_mlock: bool = False, repack: bool = True,
                  kv_overrides: dict[str, bool | int | float | str] | None = None,
                  check_tensors: bool = False, seed: int = LLAMA_DEFAULT_SEED, n_ctx: int = 512,
                  n_batch: int = 512, n_ubatch: int = 512, n_threads: int | None = None,
@@ -127,9 +127,9 @@ class Llama:
         self._rng = random.Random(None if seed in (None, -1, LLAMA_DEFAULT_SEED) else seed)
         progress = LoadProgress(enabled=verbose)
         load_options = _changed({"use_mmap": use_mmap, "use_mlock": use_mlock,
-                                 "kv_overrides": kv_overrides, "check_tensors": check_tensors},
+                                 "kv_overrides": kv_overrides, "check_tensors": check_tensors, "repack": repack},
                                 {"use_mmap": True, "use_mlock": False, "kv_overrides": None,
-                                 "check_tensors": False})
+                                 "check_tensors": False, "repack": True})
         self._model = Model.load(model_path, n_gpu_layers=n_gpu_layers, vocab_only=vocab_only,
                                  devices=devices, tensor_split=tensor_split,
                                  override_tensor=with_cpu_moe(override_tensor, cpu_moe, n_cpu_moe),

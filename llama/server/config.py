@@ -20,6 +20,7 @@ class ServerConfig:
     devices: list[str] | None = None          # -dev: offload devices (default with -ngl: every GPU)
     tensor_split: list[float] | None = None   # -ts
     override_tensor: list[str] | None = None  # -ot PATTERN=DEVICE items
+    repack: bool = True                       # --repack / -nr: weights in the CPU backend's layouts
     api_keys: list[str] = field(default_factory=list)
     alias: str | None = None      # --alias: the model's names, comma-separated (the first in order is its id)
     tags: str | None = None       # --tags: comma-separated, listed by /v1/models

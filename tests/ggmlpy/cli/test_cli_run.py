@@ -343,7 +343,7 @@ def test_run_offloaded_to_a_second_cpu_device_gives_the_same_greedy_ids(smollm2_
 def test_placement_options_resolve_like_llama_cpp(caplog):
     import argparse
 
-    from ggmlpy.cli.placement_args import add_placement_args, placement_kwargs
+    from ggmlpy.cli.placement_args import add_placement_args, load_kwargs, placement_kwargs
 
     p = argparse.ArgumentParser()
     add_placement_args(p)
@@ -354,6 +354,10 @@ def test_placement_options_resolve_like_llama_cpp(caplog):
         {"devices": ["cpu:1", "cpu:2"], "n_gpu_layers": 8, "tensor_split": [3.0, 1.0], "override_tensor": None}
     assert placement_kwargs(parse([])) == {"devices": None, "n_gpu_layers": 0, "tensor_split": None,
                                            "override_tensor": None}
+    # llama.cpp's -nr / --no-repack, and --repack back on (the last one given wins): Model.load's
+    assert load_kwargs(parse(["-nr", "-ngl", "2", "-dev", "cpu:1"])) == \
+        {"devices": ["cpu:1"], "n_gpu_layers": 2, "tensor_split": None, "override_tensor": None, "repack": False}
+    assert load_kwargs(parse(["--no-repack", "--repack"]))["repack"] is True
     # -ot: comma-separated within one value (as llama.cpp), repeatable, in the order given
     got = placement_kwargs(parse(["-dev", "cpu:1", "-ngl", "99", "-ot", r"ffn_(up|down)=CPU,token_embd=cpu",
                                   "--override-tensor", r"blk\.0\.=cpu:1"]))
@@ -382,6 +386,14 @@ def test_ngl_without_a_gpu_is_ignored_with_a_warning(tiny_path, caplog):
     result = json.loads(out)
     assert result["devices"] == [] and result["n_gpu_layers"] == 0 and len(result["ids"]) == 3
     assert any("-ngl 99 ignored: no GPU device" in r.getMessage() for r in caplog.records)
+
+
+def test_run_no_repack_gives_the_same_greedy_ids(smollm2_path, greedy_ids):
+    """-nr (llama.cpp's --no-repack): every weight read as the file stores it, the same tokens."""
+    rc, out, err = call("run", "-m", str(smollm2_path), "-p", PROMPT, "-n", str(N_GEN), "--temp", "0",
+                        "-c", str(N_CTX), "--json", "-nr")
+    assert rc == 0, err
+    assert json.loads(out)["ids"] == greedy_ids
 
 
 def test_bench_offloaded_reports_its_devices(tiny_path):
