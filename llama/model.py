@@ -86,7 +86,7 @@ class Model:
         TensorDataError for a NaN/Inf weight or quantisation scale, naming the tensor.
         repack=False (llama.cpp's --no-repack) keeps every weight in the file's layout: the CPU
         backend then holds no repacked copy (its products on the file's blocks are slower;
-        IQ3_S, IQ2_XS and IQ2_S repacked take 27-57% more memory than in the file).
+        IQ3_S, IQ3_XXS, IQ2_XS and IQ2_S repacked take 27-57% more memory than in the file).
 
         A file the engine cannot run is refused here, naming what it lacks (UnsupportedModel:
         an unknown architecture, or UnsupportedTensorType for a tensor type it cannot

@@ -6,7 +6,8 @@ of one `vpdpbusd` are 16 weight rows and a token's 4 activation bytes are broadc
 of them: no horizontal sums, one conversion and multiply-add per block and 16 rows, and
 one result vector per token. Each thread streams whole groups, one contiguous region.
 
-The super-block types' layout (the K-quants, IQ4_XS, IQ3_S, IQ2_XS, IQ2_S) is defined in repack_superblocks.py.
+The super-block types' layout (the K-quants, IQ4_XS and the codes of IQ3_S, IQ3_XXS, IQ2_XS,
+IQ2_S) is defined in repack_superblocks.py.
 The layout keeps the bits of the format (a group is as many bytes as its 16 rows in the
 GGUF file), so decode stays a stream of the same bytes. A *step* is two 32-blocks (64
 values) of the group's 16 rows, 64-byte aligned:
@@ -74,13 +75,14 @@ STEP_BYTES = {  # bytes per step of a group (16 rows x 64 values; K-quants: 256 
     GGMLType.Q6_K: 32 * 64 + 16 * 64 + 4 * 64 + 64,
     GGMLType.IQ4_XS: 32 * 64 + 2 * 64 + 64,
     GGMLType.IQ3_S: 32 * 64 + 2 * 64 + 64,   # as codes, laid out as IQ4_XS (repack_superblocks.py)
+    GGMLType.IQ3_XXS: 32 * 64 + 2 * 64 + 64,  # the same
     GGMLType.IQ2_XS: 24 * 64 + 4 * 64 + 64,  # as codes, laid out as Q3_K
     GGMLType.IQ2_S: 24 * 64 + 4 * 64 + 64,   # the same
 }
-# the super-block types (one step: 256 values), the K-quants, IQ4_XS, and IQ3_S, IQ2_XS and
-# IQ2_S, whose codes sit where IQ4_XS's and Q3_K's values do
+# the super-block types (one step: 256 values), the K-quants, IQ4_XS, and IQ3_S, IQ3_XXS, IQ2_XS
+# and IQ2_S, whose codes sit where IQ4_XS's and Q3_K's values do
 KQUANTS = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_XS,
-           GGMLType.IQ3_S, GGMLType.IQ2_XS, GGMLType.IQ2_S)
+           GGMLType.IQ3_S, GGMLType.IQ3_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S)
 
 def step_elems(t: GGMLType) -> int:
     return 256 if t in KQUANTS else 64
@@ -349,7 +351,7 @@ def kquant_table(t: GGMLType, k: int) -> repack_bits.BitTable | None:
     """repack_bits' table for groups of (t, K) rows of a K-quant (None where the layout
     is not bit moves, or t no K-quant): the bit sources of one step (a super-block of 16
     rows) and its table, widened to K's steps, then checked against the layout at K."""
-    if t not in KQUANTS or t in CODE_VALUES or k % 256:   # the codes of IQ3_S and IQ2: grid lookups
+    if t not in KQUANTS or t in CODE_VALUES or k % 256:   # the codes of IQ3_S, IQ3_XXS and IQ2: grid lookups
         return None
     bb, n = type_size(t), k // 256
     sources, constant = repack_bits.bit_sources(

@@ -6,7 +6,9 @@ IQ3_S is repacked as IQ4_XS is, as 4-bit codes with an i8 scale per 32 values: e
 values is d * (1 + 2s) * (+-(2k + 1)) with k in 0..7 (its grid's entries are odd, 1 to 15),
 so code k + 8 * (sign) with the scale 1 + 2s holds it exactly (`CODE_VALUES`). The codes are
 decoded by one byte-table lookup per vector, where the GGUF layout needs a grid row load per
-4 values: products stream the 27% larger layout at the 4-bit types' rate.
+4 values: products stream the 27% larger layout at the 4-bit types' rate. IQ3_XXS the same:
+its grid's entries are eight levels, 4 to 62, and its scale (d / 4) * (1 + 2s) (`K_FACTOR`);
+39% larger than its file (140 bytes a super-block for 98).
 
 IQ2_XS and IQ2_S are repacked as Q3_K is, as 3-bit codes with an i8 scale per 16 values:
 their grids' entries are 8, 25 and 43 (ggml's iq2xs_grid, iq2s_grid), so each value is
@@ -23,7 +25,7 @@ import numpy as np
 
 from ggmlpy.ir.types import GGMLType, type_size
 from ggmlpy.quants import block_dtype
-from ggmlpy.quants.iq_grids import IQ2S_VALUES, IQ2XS_VALUES, IQ3S_VALUES, KSIGNS_IQ2XS
+from ggmlpy.quants.iq_grids import IQ2S_VALUES, IQ2XS_VALUES, IQ3S_VALUES, IQ3XXS_VALUES, KSIGNS_IQ2XS
 
 GROUP = 16   # rows per group: one per dot lane
 
@@ -60,7 +62,8 @@ GROUP = 16   # rows per group: one per dot lane
 # chunks. Then d[16] f16 (Q2_K, Q4_K, Q5_K: then dmin[16] f16; the others 32 bytes of
 # padding).
 K_VECTORS = {GGMLType.Q2_K: (4, 0), GGMLType.Q3_K: (4, 2), GGMLType.Q4_K: (8, 0), GGMLType.Q5_K: (8, 2),
-             GGMLType.Q6_K: (8, 4), GGMLType.IQ4_XS: (8, 0), GGMLType.IQ3_S: (8, 0), GGMLType.IQ2_XS: (4, 2),
+             GGMLType.Q6_K: (8, 4), GGMLType.IQ4_XS: (8, 0), GGMLType.IQ3_S: (8, 0), GGMLType.IQ3_XXS: (8, 0),
+             GGMLType.IQ2_XS: (4, 2),
              GGMLType.IQ2_S: (4, 2)}
 K_CHUNK = {t: 64 * (lo + hi) for t, (lo, hi) in K_VECTORS.items()}   # value bytes per chunk of 64 values
 # the types whose chunks carry their own sub-blocks' scales (one vector after the values):
@@ -71,21 +74,25 @@ K_STRIDE = {t: chunk + (64 if t in K_CHUNK_SCALES else 0) for t, chunk in K_CHUN
 K_D = {t: 4 * K_STRIDE[t] + (0 if t in K_CHUNK_SCALES else 128) for t in K_CHUNK}   # d[16] f16 after the scales
 # stored q + offset, i8 scales; else u8 scales and minimums (IQ4_XS: its codes decode to
 # kvalues + 128, kernels/qcodes.py)
-K_OFFSET = {GGMLType.Q3_K: 4, GGMLType.Q6_K: 32, GGMLType.IQ4_XS: 128, GGMLType.IQ3_S: 15,
+K_OFFSET = {GGMLType.Q3_K: 4, GGMLType.Q6_K: 32, GGMLType.IQ4_XS: 128, GGMLType.IQ3_S: 15, GGMLType.IQ3_XXS: 62,
             **{t: 43 for t in IQ2}}
 # the value each 4-bit code stands for, of a type whose repacked codes are not its own (IQ3_S:
-# code k + 8 * sign for +-(2k + 1); IQ2_XS, IQ2_S: code l + 4 * sign for +-(8, 25, 43)[l], codes 3
-# and 7 unused); IQ4_XS's codes are its kvalues_iq4nl indices (qcodes.py)
+# code k + 8 * sign for +-(2k + 1); IQ3_XXS: code l + 8 * sign for +-(4, 12, ..., 52, 62)[l];
+# IQ2_XS, IQ2_S: code l + 4 * sign for +-(8, 25, 43)[l], codes 3 and 7 unused); IQ4_XS's codes
+# are its kvalues_iq4nl indices (qcodes.py)
 _IQ2_LEVELS = (8, 25, 43, 0)
+_IQ3XXS_LEVELS = (4, 12, 20, 28, 36, 44, 52, 62)
 CODE_VALUES = {GGMLType.IQ3_S: tuple((2 * (c % 8) + 1) * (-1 if c >= 8 else 1) for c in range(16)),
+               GGMLType.IQ3_XXS: tuple(_IQ3XXS_LEVELS[c % 8] * (-1 if c >= 8 else 1) for c in range(16)),
                **{t: tuple(_IQ2_LEVELS[c % 4] * (-1 if c & 4 else 1) * (c < 8) for c in range(16)) for t in IQ2}}
-# d's factor where a type's scale is a fraction of its f16 d (IQ2: d * (0.5 + s) / 4 = d / 8 * (1 + 2s))
-K_FACTOR = {t: 0.125 for t in IQ2}
+# d's factor where a type's scale is a fraction of its f16 d (IQ2: d * (0.5 + s) / 4 = d / 8 * (1 + 2s),
+# IQ3_XXS: d * (0.5 + s) / 2 = d / 4 * (1 + 2s))
+K_FACTOR = {GGMLType.IQ3_XXS: 0.25, **{t: 0.125 for t in IQ2}}
 
 
-def _levels(grid: np.ndarray) -> np.ndarray:
-    """Per row of an IQ2 grid, its 8 values' levels (0, 1, 2 for 8, 25, 43) as a u64."""
-    return np.ascontiguousarray(np.searchsorted(np.array(_IQ2_LEVELS[:3]), grid).astype(np.uint8)).view(np.uint64)[:, 0]
+def _levels(grid: np.ndarray, levels: tuple[int, ...], word: type) -> np.ndarray:
+    """Per row of a grid, its values' levels (their indices in `levels`) as one `word`."""
+    return np.ascontiguousarray(np.searchsorted(np.array(levels), grid).astype(np.uint8)).view(word)[:, 0]
 
 
 def _sign_code_bits(signs: np.ndarray, bit: int) -> np.ndarray:
@@ -94,9 +101,11 @@ def _sign_code_bits(signs: np.ndarray, bit: int) -> np.ndarray:
                                 .astype(np.uint8)).view(np.uint64)[:, 0]
 
 
-_IQ2XS_LEVELS, _IQ2S_LEVELS = _levels(IQ2XS_VALUES), _levels(IQ2S_VALUES)
+_IQ2XS_LEVELS, _IQ2S_LEVELS = (_levels(g, _IQ2_LEVELS[:3], np.uint64) for g in (IQ2XS_VALUES, IQ2S_VALUES))
+_IQ3XXS_ROW_LEVELS = _levels(IQ3XXS_VALUES, _IQ3XXS_LEVELS, np.uint32)   # 4 values a row
 _IQ2XS_SIGN_BITS = _sign_code_bits(KSIGNS_IQ2XS, 2)   # per 7-bit field (ksigns adds the parity bit)
 _IQ2S_SIGN_BITS = _sign_code_bits(np.arange(256), 2)  # per full sign byte
+_IQ3XXS_SIGN_BITS = _sign_code_bits(KSIGNS_IQ2XS, 3)  # per 7-bit field
 _IQ3S_HALVES = np.ascontiguousarray(IQ3S_VALUES >> 1).view(np.uint32)[:, 0]   # per grid row, its 4 values' k
 # per sign byte (ggml's `signs`: bit j minus for value j), its 8 values' code bit 3 (8 for minus)
 _SIGN_CODE_BITS = np.ascontiguousarray(
@@ -108,12 +117,13 @@ _SIGN_CODE_BITS = np.ascontiguousarray(
 K_CHUNK_ORDER = {GGMLType.Q2_K: (0, 1, 2, 3, 4), GGMLType.Q3_K: (0, 1, 2, 3, 4, 6, 5),
                  GGMLType.Q4_K: tuple(range(9)), GGMLType.Q5_K: (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 9),
                  GGMLType.Q6_K: (0, 1, 2, 3, 8, 9, 12, 4, 5, 6, 7, 10, 11), GGMLType.IQ4_XS: tuple(range(8)),
-                 GGMLType.IQ3_S: tuple(range(8)), **{t: (0, 1, 2, 3, 4, 6, 5) for t in IQ2}}
+                 GGMLType.IQ3_S: tuple(range(8)), GGMLType.IQ3_XXS: tuple(range(8)),
+                 **{t: (0, 1, 2, 3, 4, 6, 5) for t in IQ2}}
 _SLOT = {t: {v: i for i, v in enumerate(order)} for t, order in K_CHUNK_ORDER.items()}
 
 
 def _subs_per_chunk(t: GGMLType) -> int:
-    return 2 if t in (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.IQ4_XS, GGMLType.IQ3_S) else 4
+    return 2 if t in (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.IQ4_XS, GGMLType.IQ3_S, GGMLType.IQ3_XXS) else 4
 
 
 def k_scale_offset(t: GGMLType, g: int) -> int:
@@ -176,6 +186,8 @@ def repack_superblock_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarra
         return _repack_iq4_xs_groups(blk, lanes, per_row)
     if t == GGMLType.IQ3_S:
         return _repack_iq3_s_groups(blk, lanes, per_row)
+    if t == GGMLType.IQ3_XXS:
+        return _repack_iq3_xxs_groups(blk, lanes, per_row)
     if t in (GGMLType.Q4_K, GGMLType.Q5_K):
         at = block_dtype(t).fields["qs"][1]
         qs = blk[..., at:at + 128].reshape(g, GROUP, s, 32, 4)   # vector 8j + c = bytes 32j + 4c..
@@ -258,6 +270,23 @@ def _repack_iq3_s_groups(blk: np.ndarray, lanes: Callable, per_row: Callable) ->
     sc = b["scales"].reshape(n, -1)
     scales = (1 + 2 * np.stack([sc & 15, sc >> 4], axis=2).reshape(n, 8)).astype(np.uint8)
     return _code_step(codes.reshape(g, GROUP, s, 256), scales.reshape(g, GROUP, s, 8),
+                      blk[..., 0:2], lanes, per_row)
+
+
+def _repack_iq3_xxs_groups(blk: np.ndarray, lanes: Callable, per_row: Callable) -> np.ndarray:
+    """IQ3_XXS blocks [g, r, s, 98] -> [g, s, STEP_BYTES]: value i's code l + 8 * sign (its grid
+    entry the l-th level, row qs[i / 4]; its sign from field i % 32 / 8 of word i / 32 of the
+    words after the 64 indices, through ggml's ksigns_iq2xs), sub-block b's scale 1 + 2 * (bits
+    28-31 of word b), laid out as IQ4_XS's (`_code_step`)."""
+    g, s = blk.shape[0], blk.shape[2]
+    b = np.ascontiguousarray(blk).reshape(-1, type_size(GGMLType.IQ3_XXS))
+    n = len(b)
+    levels = np.take(_IQ3XXS_ROW_LEVELS, b[:, 2:66], mode="clip").view(np.uint8)          # [n, 256]
+    words = np.ascontiguousarray(b[:, 66:98]).view(np.uint32)                               # [n, 8]
+    fields = (words[:, :, None] >> (7 * np.arange(4, dtype=np.uint32))) & 127                # [n, 8, 4]
+    signs = np.take(_IQ3XXS_SIGN_BITS, fields, mode="clip").view(np.uint8).reshape(n, 256)
+    scales = (1 + 2 * (words >> 28)).astype(np.uint8)
+    return _code_step((levels | signs).reshape(g, GROUP, s, 256), scales.reshape(g, GROUP, s, 8),
                       blk[..., 0:2], lanes, per_row)
 
 

@@ -1,5 +1,5 @@
 """Matrix products on repacked weights (repack.py): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, IQ4_NL,
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ3_S, IQ2_XS, IQ2_S, any number of tokens.
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, and as codes IQ3_S, IQ3_XXS, IQ2_XS, IQ2_S, any number of tokens.
 
 The 16 lanes of a dot are the 16 rows of a group; a token's 4 activation bytes are
 broadcast to every lane (vpdpbusd's {1to16} memory operand). Per 32-block, 16 rows and one
@@ -292,7 +292,7 @@ class RepackedMatmul:
                 corrs[i] = x if corrs[i] is None else b.fadd(corrs[i], x, flags=CONTRACT)
         dd = load_vec(b, kb.byte_ptr(wp, i64(superblocks.K_D[self.t])), ir.HalfType(), 32)
         d = b.fpext(shuffle(b, dd, None, range(16)), vec(F32, 16))
-        if self.t in superblocks.K_FACTOR:   # IQ2_XS, IQ2_S: d / 8 (exact)
+        if self.t in superblocks.K_FACTOR:   # IQ2_XS, IQ2_S: d / 8; IQ3_XXS: d / 4 (exact)
             d = b.fmul(d, splat_const(F32, superblocks.K_FACTOR[self.t], 16))
         if offset is not None:   # i8 scales; the offset's share met by the activation sums
             corr_w = b.fmul(d, splat_const(F32, -float(offset), 16), flags=CONTRACT)
@@ -369,7 +369,7 @@ class RepackedMatmul:
             moved = (b.lshr(qh, splat_const(I16, 2 * e, 32)) if high
                      else b.shl(qh, splat_const(I16, 4 - 2 * e, 32)))
             q = b.or_(q, b.and_(b.bitcast(moved, vec(I8, 64)), splat_const(I8, 0x30, 64)))
-        if self.codes is not None:   # IQ4_XS, IQ3_S: codes to their unsigned values
+        if self.codes is not None:   # IQ4_XS, IQ3_S, IQ3_XXS: codes to their unsigned values
             q = lookup(kb, q, self.codes)
         return q
 
@@ -405,7 +405,7 @@ class RepackedMatmul:
 def _code_book(t: GGMLType) -> tuple[int, ...] | None:
     """The unsigned byte each 4-bit code of a repacked t decodes to: the code-book types'
     own (qcodes.CODE_BOOKS), or the value a repacked code stands for plus the stored offset
-    (IQ3_S, IQ2_XS, IQ2_S: repack_superblocks.CODE_VALUES); None where the bits are the values."""
+    (IQ3_S, IQ3_XXS, IQ2_XS, IQ2_S: repack_superblocks.CODE_VALUES); None where the bits are the values."""
     if t in superblocks.CODE_VALUES:
         return tuple(v + superblocks.K_OFFSET[t] for v in superblocks.CODE_VALUES[t])
     return CODE_BOOKS.get(t)

@@ -37,8 +37,9 @@ MXFP4_CODES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 # ggml-common.h's kvalues_iq4nl, written out here independently of ggmlpy/quants/iq_grids.py
 IQ4NL_CODES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 IQ2_LEVELS = (8, 25, 43)   # the values of ggml's iq2xs_grid and iq2s_grid entries
+IQ3XXS_LEVELS = (4, 12, 20, 28, 36, 44, 52, 62)   # and of its iq3xxs_grid's
 SHAPES = [(64, 16, 1), (64, 32, 2), (96, 16, 3), (96, 32, 5), (576, 48, 7), (1536, 32, 13), (160, 16, 48), (576, 64, 300)]
-KTYPES = (G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K, G.IQ4_XS, G.IQ3_S, G.IQ2_XS, G.IQ2_S)
+KTYPES = (G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K, G.IQ4_XS, G.IQ3_S, G.IQ3_XXS, G.IQ2_XS, G.IQ2_S)
 BIT_MOVED = tuple(t for t in KTYPES if t not in superblocks.CODE_VALUES)   # repacked by repack_bits' tables
 KSHAPES = [(256, 16, 1), (256, 32, 4), (512, 16, 3), (512, 32, 7), (1024, 48, 40), (2048, 16, 13), (768, 64, 300)]
 
@@ -117,6 +118,10 @@ def _unpack_kquant(packed: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarra
                     if t in (G.IQ4_XS, G.IQ3_S):   # codes: IQ4_XS's kvalues_iq4nl, IQ3_S's CODE_VALUES
                         sc = np.float32(step[superblocks.k_scale_offset(t, v // 32) + r].view(np.int8))
                         value = np.float32(d * sc) * np.float32(_code_values(t)[nib])
+                    elif t == G.IQ3_XXS:   # code: level nib % 8 of iq3xxs_grid's, bit 3 a minus sign
+                        sc = np.float32(step[superblocks.k_scale_offset(t, v // 32) + r].view(np.int8))
+                        value = np.float32(np.float32(d / 4) * sc) * np.float32(
+                            IQ3XXS_LEVELS[nib % 8] * (-1 if nib >= 8 else 1))
                     elif t in (G.Q4_K, G.Q5_K):
                         sub = 2 * j + half
                         sc = np.float32(step[superblocks.k_scale_offset(t, sub) + r])
@@ -163,7 +168,7 @@ def _crumb_value(step: np.ndarray, t: GGMLType, r: int, d: np.float32, j: int, w
                                    (G.Q2_K, 256, 16), (G.Q2_K, 512, 32), (G.Q3_K, 256, 16), (G.Q3_K, 512, 32),
                                    (G.Q5_K, 256, 16), (G.Q5_K, 512, 32), (G.IQ4_XS, 256, 16), (G.IQ4_XS, 768, 32),
                                    (G.IQ3_S, 256, 16), (G.IQ3_S, 768, 32), (G.IQ2_XS, 256, 16), (G.IQ2_XS, 768, 32),
-                                   (G.IQ2_S, 256, 16), (G.IQ2_S, 768, 32)],
+                                   (G.IQ2_S, 256, 16), (G.IQ2_S, 768, 32), (G.IQ3_XXS, 256, 16), (G.IQ3_XXS, 768, 32)],
                          ids=str)
 def test_kquant_layout_reads_back_exactly(t, k, m):
     case = OpCase((SrcSpec(t, (k, m, 1, 1)),))
