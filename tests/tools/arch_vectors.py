@@ -81,6 +81,7 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     # may order either way)
     "llama-iq2_xxs": ("llama", {"weight_type": GGMLType.IQ2_XXS, "n_embd": 256, "n_ff": 512, "seed": 3}),
     "llama-iq1_s": ("llama", {"weight_type": GGMLType.IQ1_S, "n_embd": 256, "n_ff": 512}),
+    "llama-iq1_m": ("llama", {"weight_type": GGMLType.IQ1_M, "n_embd": 256, "n_ff": 512}),
     "llama-tq2_0": ("llama", {"weight_type": GGMLType.TQ2_0, "n_embd": 256, "n_ff": 512}),
     "llama-tq1_0": ("llama", {"weight_type": GGMLType.TQ1_0, "n_embd": 256, "n_ff": 512}),
     # Gemma 4: per-layer embeddings, per-layer head sizes and KV heads, shared KV layers (E2B's

@@ -35,6 +35,9 @@ MAX_MEAN_LOGSOFTMAX_DIFF_REF_MXFP4 = 0.05
 # one close choice of experts flips (qwen35moe-q4_0: 0.26 at one position of nine, 0.048 in
 # all).
 MAX_MEAN_LOGSOFTMAX_DIFF_REF_HYBRID = 0.05
+# IQ1_M (1.75 bits a weight, its values -1, 0, 1 plus a small shift) carries the unrounded
+# activations' difference furthest of the dense files: 0.021 on llama-iq1_m, 0.018-0.030 per position.
+MAX_MEAN_LOGSOFTMAX_DIFF_REF_IQ1_M = 0.03
 # Files the reference backend is not compared on: in qwen3next-q8_0 the unrounded activations
 # flip a close choice of experts (0.22 at one position, 0.057 in all) and, fed back through the
 # recurrent state, the eighth greedy token. The CPU backend, which rounds as llama.cpp does,
@@ -77,6 +80,7 @@ def test_logits_and_greedy_tokens_match_llama_cpp(files, name, backend):
     if backend == "ref" and not name.endswith("f32"):
         bar = (MAX_MEAN_LOGSOFTMAX_DIFF_REF_MXFP4 if name.endswith("mxfp4") else
                MAX_MEAN_LOGSOFTMAX_DIFF_REF_HYBRID if name.startswith("qwen3") else
+               MAX_MEAN_LOGSOFTMAX_DIFF_REF_IQ1_M if name.endswith("iq1_m") else
                MAX_MEAN_LOGSOFTMAX_DIFF_REF_QUANTISED)
     assert diff.mean() <= bar, f"mean |Δ log-softmax| {diff.mean():.4f} (per position {diff.mean(axis=1)})"
     greedy = []
