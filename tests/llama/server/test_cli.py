@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from ggmlpy.cli import build_parser
+from ggmlpy.ir.types import GGMLType
 from ggmlpy.cli.serve_cmd import config_from_args
 
 
@@ -46,6 +47,21 @@ def test_offload_flags_reach_the_model_placement(tmp_path):
     assert p.device_of_name("blk.0.attn_q.weight") == "cpu" and p.device_of_name("blk.1.attn_q.weight") == "cpu:1"
     assert "token_embd.weight" in p.tied and "also on" not in p.describe()  # the output product on the host
     assert llm.tokenize(b"hi") == llm.model.tokenize("hi")
+
+
+def test_no_repack_reaches_the_model(tmp_path):
+    """-nr (llama-server's --no-repack): the server's model keeps every weight as the file has it."""
+    from ggmlpy.testing.models import write_tiny_llama
+    from llama.server.state import load_llama
+
+    path = write_tiny_llama(tmp_path / "tiny.gguf", n_layer=2, weight_type=GGMLType.Q4_0)
+    copies = {}
+    for flags in ([], ["-nr"]):
+        cfg = config_from_args(build_parser().parse_args(["serve", "-m", str(path), "-c", "128", "-t", "1", *flags]))
+        llm = load_llama(cfg)   # its warm-up decode repacks
+        assert cfg.repack == llm.model.repack == (not flags)
+        copies[bool(flags)] = len(llm.model.backend_cache["cpu.repacked"].arrays)
+    assert copies[False] > 0 and copies[True] == 0
 
 
 def test_unknown_flag_is_an_error_naming_it(capsys):
