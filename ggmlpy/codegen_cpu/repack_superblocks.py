@@ -63,8 +63,7 @@ GROUP = 16   # rows per group: one per dot lane
 # padding).
 K_VECTORS = {GGMLType.Q2_K: (4, 0), GGMLType.Q3_K: (4, 2), GGMLType.Q4_K: (8, 0), GGMLType.Q5_K: (8, 2),
              GGMLType.Q6_K: (8, 4), GGMLType.IQ4_XS: (8, 0), GGMLType.IQ3_S: (8, 0), GGMLType.IQ3_XXS: (8, 0),
-             GGMLType.IQ2_XS: (4, 2),
-             GGMLType.IQ2_S: (4, 2)}
+             GGMLType.IQ2_XS: (4, 2), GGMLType.IQ2_S: (4, 2)}
 K_CHUNK = {t: 64 * (lo + hi) for t, (lo, hi) in K_VECTORS.items()}   # value bytes per chunk of 64 values
 # the types whose chunks carry their own sub-blocks' scales (one vector after the values):
 # every K-quant and the IQ2 types; IQ4_XS keeps its 128 bytes of scales after the four chunks
@@ -106,10 +105,8 @@ _IQ3XXS_ROW_LEVELS = _levels(IQ3XXS_VALUES, _IQ3XXS_LEVELS, np.uint32)   # 4 val
 _IQ2XS_SIGN_BITS = _sign_code_bits(KSIGNS_IQ2XS, 2)   # per 7-bit field (ksigns adds the parity bit)
 _IQ2S_SIGN_BITS = _sign_code_bits(np.arange(256), 2)  # per full sign byte
 _IQ3XXS_SIGN_BITS = _sign_code_bits(KSIGNS_IQ2XS, 3)  # per 7-bit field
+_IQ3S_SIGN_BITS = _sign_code_bits(np.arange(256), 3)  # per full sign byte
 _IQ3S_HALVES = np.ascontiguousarray(IQ3S_VALUES >> 1).view(np.uint32)[:, 0]   # per grid row, its 4 values' k
-# per sign byte (ggml's `signs`: bit j minus for value j), its 8 values' code bit 3 (8 for minus)
-_SIGN_CODE_BITS = np.ascontiguousarray(
-    (((np.arange(256)[:, None] >> np.arange(8)) & 1) << 3).astype(np.uint8)).view(np.uint64)[:, 0]
 # A chunk's stored vectors as natural indices (low 0.., high n_lo.., scales n_lo + n_hi):
 # what the first sub-block reads, its scales, then the rest (Q6_K: low 0-3 and their high
 # bits 0-1, the scales, low 4-7 and high 2-3; Q3_K and Q5_K: the second high-bit vector
@@ -266,7 +263,7 @@ def _repack_iq3_s_groups(blk: np.ndarray, lanes: Callable, per_row: Callable) ->
     high = np.unpackbits(b["qh"].reshape(n, -1), axis=1, bitorder="little").astype(np.uint16)
     # (2k + 1) >> 1 of each value; mode "clip" (indices are 9 bits) skips numpy's bounds checks: 8x faster
     k = np.take(_IQ3S_HALVES, b["qs"].reshape(n, -1) | (high << 8), mode="clip").view(np.uint8)
-    codes = k | np.take(_SIGN_CODE_BITS, b["signs"].reshape(n, -1), mode="clip").view(np.uint8)
+    codes = k | np.take(_IQ3S_SIGN_BITS, b["signs"].reshape(n, -1), mode="clip").view(np.uint8)
     sc = b["scales"].reshape(n, -1)
     scales = (1 + 2 * np.stack([sc & 15, sc >> 4], axis=2).reshape(n, 8)).astype(np.uint8)
     return _code_step(codes.reshape(g, GROUP, s, 256), scales.reshape(g, GROUP, s, 8),
