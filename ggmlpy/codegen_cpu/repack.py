@@ -127,19 +127,24 @@ def is_repacked(t: Tensor) -> bool:
     """Whether the CPU backend keeps weight `t` in the repacked layout: a whole 2-D weight of
     a supported type whose rows come in whole groups, not flagged FILE_LAYOUT. (The same
     answer for every graph, so a tensor has one repacked copy.)"""
-    return (t.view_src is None and t.flags & (Flag.WEIGHT | Flag.FILE_LAYOUT) == Flag.WEIGHT and t.type in STEP_BYTES
-            and isinstance(t.ne[0], int) and isinstance(t.ne[1], int)
-            and t.ne[0] % (256 if t.type in KQUANTS else 32) == 0
-            and t.ne[1] % GROUP == 0 and t.ne[2] == 1 and t.ne[3] == 1)
+    return (_own_layout_allowed(t) and isinstance(t.ne[1], int) and t.ne[1] % GROUP == 0
+            and t.ne[2] == 1 and t.ne[3] == 1)
 
 
 def experts_repacked(t: Tensor) -> bool:
     """Whether 3-D expert weights [K, M, n_expert] are kept repacked: every expert's matrix
     as a 2-D weight would be, one after the other (the stack repacked as one matrix of
     M * n_expert rows, groups never straddling two experts since M is whole groups)."""
-    return (t.view_src is None and t.flags & (Flag.WEIGHT | Flag.FILE_LAYOUT) == Flag.WEIGHT and t.type in STEP_BYTES
-            and all(isinstance(n, int) for n in t.ne) and t.ne[3] == 1
-            and t.ne[0] % (256 if t.type in KQUANTS else 32) == 0 and t.ne[1] % GROUP == 0)
+    return (_own_layout_allowed(t) and all(isinstance(n, int) for n in t.ne) and t.ne[3] == 1
+            and t.ne[1] % GROUP == 0)
+
+
+def _own_layout_allowed(t: Tensor) -> bool:
+    """A whole weight, not flagged FILE_LAYOUT, of a type with a repacked layout, its rows
+    whole steps."""
+    return (t.view_src is None and t.flags & (Flag.WEIGHT | Flag.FILE_LAYOUT) == Flag.WEIGHT
+            and t.type in STEP_BYTES and isinstance(t.ne[0], int)
+            and t.ne[0] % (256 if t.type in KQUANTS else 32) == 0)
 
 
 def repacked_rows(t: Tensor) -> int:

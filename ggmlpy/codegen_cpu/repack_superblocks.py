@@ -296,9 +296,7 @@ def _repack_crumb_groups(blk: np.ndarray, t: GGMLType, lanes: Callable, per_row:
     if t == GGMLType.Q2_K:
         d = moved(blk[..., 80:84].reshape(g, GROUP, s, 2, 2), np.uint16, (0, 2, 3, 1)).reshape(g, s, -1)
         return _crumb_step(t, crumbs, None, per_row(blk[..., 0:16]), d, lanes)
-    hm = blk[..., 0:32]                                          # value 32b + l: bit b of byte l
-    third = ((hm[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1).reshape(g, GROUP, s, 256)
-    return _crumb_step(t, crumbs, third, per_row(_q3_scales(blk[..., 96:108]).view(np.uint8)),
+    return _crumb_step(t, crumbs, _bit_planes(blk[..., 0:32]), per_row(_q3_scales(blk[..., 96:108]).view(np.uint8)),
                        _padded_d(blk[..., 108:110]), lanes)
 
 
@@ -360,12 +358,16 @@ def _bit_vectors(bits: np.ndarray, lanes: Callable) -> np.ndarray:
     return lanes(hbytes.reshape(g, GROUP, s, 8, 4)).reshape(g, s, 4, 2 * 64)
 
 
+def _bit_planes(planes: np.ndarray) -> np.ndarray:
+    """32 bytes per block ([g, r, s, 32]) holding one bit per value, value 32b + l at bit b of
+    byte l (Q3_K's hmask, Q5_K's qh) -> the bits in value order ([g, r, s, 256])."""
+    g, s = planes.shape[0], planes.shape[2]
+    return ((planes[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1).reshape(g, GROUP, s, 256)
+
+
 def _fifth_bit_vectors(qh: np.ndarray, lanes: Callable) -> np.ndarray:
-    """Q5_K's qh[32] per block ([g, r, s, 32]; value 64j + 32h + l has bit 2j + h of byte l)
-    as _bit_vectors."""
-    g, s = qh.shape[0], qh.shape[2]
-    return _bit_vectors(((qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1).reshape(g, GROUP, s, 256),
-                        lanes)
+    """Q5_K's qh[32] per block as _bit_vectors."""
+    return _bit_vectors(_bit_planes(qh), lanes)
 
 
 def _q3_scales(packed: np.ndarray) -> np.ndarray:
