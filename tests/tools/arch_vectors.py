@@ -84,6 +84,10 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "llama-iq1_m": ("llama", {"weight_type": GGMLType.IQ1_M, "n_embd": 256, "n_ff": 512}),
     "llama-tq2_0": ("llama", {"weight_type": GGMLType.TQ2_0, "n_embd": 256, "n_ff": 512}),
     "llama-tq1_0": ("llama", {"weight_type": GGMLType.TQ1_0, "n_embd": 256, "n_ff": 512}),
+    # the blocks of 64 and 128 that ggml multiplies against Q8_0
+    "llama-q2_0": ("llama", {"weight_type": GGMLType.Q2_0, "n_embd": 256, "n_ff": 512}),
+    "llama-q1_0": ("llama", {"weight_type": GGMLType.Q1_0, "n_embd": 256, "n_ff": 512}),
+    "llama-nvfp4": ("llama", {"weight_type": GGMLType.NVFP4, "n_embd": 256, "n_ff": 512}),
     # Gemma 4: per-layer embeddings, per-layer head sizes and KV heads, shared KV layers (E2B's
     # shape), and the experts' variant with a dense FFN beside them (26B-A4B's)
     "gemma4-f32": ("gemma4", {}),

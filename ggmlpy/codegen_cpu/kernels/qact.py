@@ -14,13 +14,16 @@ consumes: 64 for 32-block weights, 256 for K-quants), each step 64-byte aligned:
 (broadcasts, conversions, a multiply): stored once per token, they are plain memory operands
 in the dot loop, which matters most for decode, where one token meets every weight row.
 
-- "q8_32_*" (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4): a step is two blocks of 32 with their own f32
+- "q8_32_*" (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, IQ4_NL, and Q2_0, Q1_0, NVFP4 as ggml multiplies them
+  against Q8_0): a step is two blocks of 32 with their own f32
   scale; lanes 0-7 belong to the first block, 8-15 to the second. For weights stored with an
   offset o (Q4_0: 8, Q5_0: 16, Q8_0: 128, MXFP4's decoded codes: 12) aux is the i32 vector
   that starts the dot's accumulator, -o * sum(q) in lanes 0 and 8, so the offset is undone
   exactly and for free;
   for Q4_1 and Q5_1 ("q8_32_min") aux holds d * sum(q) in lanes 1 and 3, where the weight side puts
-  the blocks' minimums. An odd last block gets a step whose second half is zero.
+  the blocks' minimums. An odd last block gets a step whose second half is zero. Weights
+  whose scale changes every 16 values (NVFP4) take "q8_32_off*_sum4": -o * the sum of
+  each lane's own four values, in every lane.
 - "q8_256_32" (Q4_K, Q5_K) and "q8_256_16" (Q6_K): one scale per 256 values (ggml's Q8_K);
   aux lane i holds d * the sum of the i-th group of 32 (lanes 0-7) or of 16 values.
 
@@ -40,7 +43,7 @@ import llvmlite.ir as ir
 from ggmlpy.codegen_cpu.irgen import F32, I8, I32, I64, KernelBuilder, f32, i64
 from ggmlpy.codegen_cpu.kernels.common import n_rows, row_ptr, unravel_row
 from ggmlpy.codegen_cpu.kernels.qvec import (
-    CONTRACT, concat, shuffle, sitofp, splat, store_vec, vabs, vec, vrint, zeros,
+    CONTRACT, concat, shuffle, sitofp, splat, splat_const, store_vec, vabs, vec, vrint, zeros,
 )
 from ggmlpy.ir.tensor import Tensor
 
@@ -69,8 +72,11 @@ class ActFormat:
         return rows * self.row_bytes(k) + ALIGN  # + room to align the base
 
 
-def q8_32(offset: int | None) -> ActFormat:
-    return ActFormat("q8_32_min" if offset is None else f"q8_32_off{offset}", 32, 64, 32, offset)
+def q8_32(offset: int | None, sum_group: int = 32) -> ActFormat:
+    """sum_group 4: the offset's sums per dot lane (weights whose scale changes within a block of
+    32, NVFP4's per-16 scales: kernels/qwide.py)."""
+    name = "q8_32_min" if offset is None else f"q8_32_off{offset}"
+    return ActFormat(name if sum_group == 32 else f"{name}_sum{sum_group}", 32, 64, sum_group, offset)
 
 
 Q8_256_32 = ActFormat("q8_256_32", 256, 256, 32)
@@ -160,14 +166,20 @@ def _f16(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
 
 
 def _block32(kb: KernelBuilder, xrow: ir.Value, blk: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
-    """One block of 32 as ggml's quantize_row_q8_0/q8_1 make it: (q as <32 x i8>, d as the
+    """One block of 32 as ggml's quantize_row_q8_0/q8_1 make it: (q as <32 x i32>, d as the
     f16 scale, sum(q), f16(d * sum(q)) with the unrounded d, Q8_1's s)."""
     b = kb.b
     x = _load32(kb, xrow, b.mul(blk, i64(32)))
     d, inv = _scale(kb, _amax(kb, [x]))
     q = _quantize32(kb, x, inv)
     s = _sum_groups(kb, q, 32)[0]
-    return b.trunc(q, vec(I8, 32)), _f16(b, d), s, _f16(b, b.fmul(d, b.sitofp(s, F32)))
+    return q, _f16(b, d), s, _f16(b, b.fmul(d, b.sitofp(s, F32)))
+
+
+def _lane_sums(b: ir.IRBuilder, q: ir.Value) -> ir.Value:
+    """<32 x i32> -> <8 x i32>: the sums of the four values each dot lane holds."""
+    pairs = b.add(shuffle(b, q, None, range(0, 32, 2)), shuffle(b, q, None, range(1, 32, 2)))
+    return b.add(shuffle(b, pairs, None, range(0, 16, 2)), shuffle(b, pairs, None, range(1, 16, 2)))
 
 
 def _lanes(b: ir.IRBuilder, t: ir.Type, values: dict[int, ir.Value]) -> ir.Value:
@@ -188,11 +200,13 @@ def _rows_q8_32(kb: KernelBuilder, xrow: ir.Value, qrow: ir.Value, fmt: ActForma
         if second:
             q1, d1, s1, ds1 = _block32(kb, xrow, b.add(b.mul(s, i64(2)), i64(1)))
         else:
-            q1, d1, s1, ds1 = zeros(I8, 32), f32(0.0), ir.Constant(I32, 0), f32(0.0)
-        store_vec(b, concat(b, q0, q1), sp)
+            q1, d1, s1, ds1 = zeros(I32, 32), f32(0.0), ir.Constant(I32, 0), f32(0.0)
+        store_vec(b, b.trunc(concat(b, q0, q1), vec(I8, 64)), sp)
         ad = shuffle(b, _lanes(b, F32, {0: d0, 8: d1}), None, [0] * 8 + [8] * 8)
         if fmt.offset is None:
             aux = _lanes(b, F32, {1: ds0, 3: ds1})
+        elif fmt.sum_group == 4:
+            aux = b.mul(concat(b, _lane_sums(b, q0), _lane_sums(b, q1)), splat_const(I32, -fmt.offset, 16))
         else:
             neg = ir.Constant(I32, -fmt.offset)
             aux = _lanes(b, I32, {0: b.mul(s0, neg), 8: b.mul(s1, neg)})

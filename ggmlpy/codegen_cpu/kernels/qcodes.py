@@ -86,3 +86,21 @@ def e8m0_half(b: ir.IRBuilder, e: ir.Value) -> ir.Value:
     tiny = b.select(b.icmp_unsigned("==", w, c(0)), c(0x00200000), c(0x00400000))
     bits = b.select(b.icmp_unsigned("<", w, c(2)), tiny, normal)
     return b.bitcast(bits, F32 if n is None else vec(F32, n))
+
+
+def ue4m3_half(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """NVFP4's scale bytes (<n x i8>) as f32, bit for bit ggml's ggml_ue4m3_to_fp32 (which halves
+    it, as E8M0's: the doubled codes' half). Bit 7 is not read; exponent e (bits 3-6) and
+    mantissa m give 2^(e - 8) (1 + m / 8), built from its bits, or m 2^-10 where e = 0, and 0x7F
+    (E4M3's NaN) is 0."""
+    n = x.type.count
+
+    def c(value: int) -> ir.Value:
+        return splat_const(I32, value, n)
+
+    w = b.zext(x, vec(I32, n))
+    em = b.and_(w, c(0x7F))
+    normal = b.bitcast(b.add(b.shl(em, c(20)), c(119 << 23)), vec(F32, n))
+    tiny = b.fmul(b.sitofp(em, vec(F32, n)), const(F32, [2.0 ** -10] * n))
+    value = b.select(b.icmp_unsigned("<", em, c(8)), tiny, normal)
+    return b.select(b.icmp_unsigned("==", w, c(0x7F)), const(F32, [0.0] * n), value)

@@ -8,7 +8,8 @@ feeding a dot product:
   12, d its E8M0 scale: kernels/qcodes.py);
 - K-quants: d * scale(lane) * u + correction(lane), the correction being the minimum
   (Q2_K, Q4_K, Q5_K: -dmin * m) or the offset (Q3_K: -4 * d * scale, Q6_K: -32 * d * scale;
-  the grid I-quants and ternary types, kernels/qgrid.py: -offset * d * scale, exact in f32).
+  the grid I-quants and ternary types, kernels/qgrid.py: -offset * d * scale, exact in f32);
+- Q2_0, Q1_0, NVFP4 (kernels/qwide.py): d(lane) * (u - offset), 64 values at a time.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ggmlpy.codegen_cpu import repack
 from ggmlpy.codegen_cpu.irgen import F32, I8, I32, KernelBuilder, f32, i64
 from ggmlpy.codegen_cpu.kernels.qdot import KINDS, Block32, KQuant
 from ggmlpy.codegen_cpu.kernels.qcodes import CODE_BOOKS, e8m0_half, lookup
+from ggmlpy.codegen_cpu.kernels.qwide import WideBlock
 from ggmlpy.codegen_cpu.kernels.qvec import (
     CONTRACT, concat, const, load_f16, load_vec, shuffle, sitofp, splat, store_vec, vec,
 )
@@ -30,6 +32,9 @@ def dequant_row(kb: KernelBuilder, t: GGMLType, src: ir.Value, dst: ir.Value, k:
     """k values of type t at src (a row of blocks) as f32 at dst."""
     kind = KINDS[t]
     b = kb.b
+    if isinstance(kind, WideBlock):
+        _wide(kb, kind, src, dst, k)
+        return
     n_blocks = k // block_size(t)
     with kb.loop(i64(0), i64(n_blocks), "dq") as blk:
         bp = kb.byte_ptr(src, b.mul(blk, i64(type_size(t))))
@@ -58,6 +63,16 @@ def block32_values(kb: KernelBuilder, t: GGMLType, bp: ir.Value) -> ir.Value:
         m = splat(b, load_f16(b, kb.byte_ptr(bp, i64(2))), 32)
         return b.fadd(b.fmul(u, d, flags=CONTRACT), m, flags=CONTRACT)
     return b.fmul(b.fsub(u, splat(b, f32(float(kind.offset)), 32)), d)
+
+
+def _wide(kb: KernelBuilder, kind: WideBlock, src: ir.Value, dst: ir.Value, k: int) -> None:
+    """64 values at a time, d(lane) * (u - offset), each lane's scale on its four values."""
+    b = kb.b
+    with kb.loop(i64(0), i64(k // kind.step_elems), "dw") as step:
+        row = kind.row_at(kb, src, step, False)
+        u = b.fsub(_u8_to_f32(b, row["q"]), splat(b, f32(float(kind.offset)), 64))
+        d = shuffle(b, row["wd"], None, [e // 4 for e in range(64)])
+        store_vec(b, b.fmul(u, d), kb.elem_ptr(dst, b.mul(step, i64(64)), F32))
 
 
 def _kquant(kb: KernelBuilder, kind: KQuant, bp: ir.Value, out: ir.Value) -> None:

@@ -4,6 +4,7 @@ A matrix product walks K in *steps* (two 32-blocks, or one 256-value super-block
 step in *chunks* of 64 values. A kind tells the tiling loops (kernels/matmul.py) what to do:
 
     row(wblock)          per weight row and step: scales, and what the chunks decode from
+                         (row_at(wrow, step) finds the step's bytes: `step_bytes` apart)
     tok(arow, step)      per token and step: pointers to the activation step (qact.py)
     chunk_w(row, j)      the chunk's 64 weights as unsigned bytes (+ per-lane scales)
     chunk_a(tok, j)      the chunk's 64 activation bytes
@@ -23,7 +24,8 @@ repacked prefill path (qgemm.py) and get_rows (qdequant.py).
 Here: the 32-block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, IQ4_NL) and the K-quants with
 IQ4_XS; the grid I-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) and the
 ternary TQ1_0 and TQ2_0 are KQuants of kernels/qgrid.py (their values looked up in grids, the
-signs applied before the offset) and qternary.py, registered in KINDS below. The interface (QKind, KQuant)
+signs applied before the offset) and qternary.py; the blocks of 64 and 128 against 32-blocks of
+activations (Q2_0, Q1_0, NVFP4) are kernels/qwide.py's; all registered in KINDS below. The interface (QKind, KQuant)
 lives in qkind.py so that both modules can build on it.
 
 Only whole blocks are ever loaded (16 or 32 bytes at a time, align 1), so nothing is read
@@ -38,6 +40,7 @@ from ggmlpy.codegen_cpu.kernels.qact import Q8_256_16, Q8_256_32, q8_32
 from ggmlpy.codegen_cpu.kernels.qcodes import CODE_BOOKS, CODE_OFFSET, e8m0_half, lookup
 from ggmlpy.codegen_cpu.kernels.qgrid import GRID_KINDS
 from ggmlpy.codegen_cpu.kernels.qternary import TERNARY_KINDS
+from ggmlpy.codegen_cpu.kernels.qwide import WIDE_KINDS
 from ggmlpy.codegen_cpu.kernels.qkind import KQuant, QKind, Vals
 from ggmlpy.codegen_cpu.kernels.qvec import (
     CONTRACT, V16I32, WEIGHT_BYTE_MAX, concat, const, dot_u8s8, load_f16, load_vec, repeat_lanes, shuffle, sitofp,
@@ -374,4 +377,5 @@ KINDS: dict[GGMLType, QKind] = {
     GGMLType.IQ4_XS: IQ4XS(),
     **GRID_KINDS,      # IQ2_XXS ... IQ1_M (kernels/qgrid.py)
     **TERNARY_KINDS,   # TQ2_0, TQ1_0 (kernels/qternary.py)
+    **WIDE_KINDS,      # Q2_0, Q1_0, NVFP4 (kernels/qwide.py)
 }

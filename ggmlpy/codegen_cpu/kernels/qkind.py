@@ -10,7 +10,7 @@ import llvmlite.ir as ir
 from ggmlpy.codegen_cpu.irgen import F32, I8, I32, KernelBuilder, i64
 from ggmlpy.codegen_cpu.kernels.qact import ActFormat
 from ggmlpy.codegen_cpu.kernels.qvec import CONTRACT, WEIGHT_BYTE_MAX, dot_u8s8, load_vec, mul_small, sitofp, zeros
-from ggmlpy.ir.types import GGMLType, type_size
+from ggmlpy.ir.types import GGMLType, block_size, type_size
 
 Vals = dict
 
@@ -35,7 +35,12 @@ class QKind:
 
     def step_bytes(self) -> int:
         """Weight bytes per step."""
-        return self.block_bytes * self.step_elems // self.fmt.block
+        return self.block_bytes * self.step_elems // block_size(self.wtype)
+
+    def row_at(self, kb: KernelBuilder, wrow: ir.Value, step: ir.Value, tail: bool) -> Vals:
+        """Step `step` of the weight row at wrow: `row` of its bytes. (A kind whose steps are
+        parts of one block, Q1_0's halves, overrides it.)"""
+        return self.row(kb, kb.byte_ptr(wrow, kb.b.mul(step, i64(self.step_bytes()))), tail)
 
     def n_steps(self, k: int) -> tuple[int, bool]:
         """(whole steps, whether a half step follows) for rows of k values."""

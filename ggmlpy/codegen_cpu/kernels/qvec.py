@@ -51,6 +51,8 @@ WEIGHT_BYTE_MAX: dict[GGMLType, int] = {
     # IQ1's 8 * grid -+ 1 + 9), the ternary types' q - 1 + 1 (TQ2_0's codes reach 3)
     GGMLType.IQ2_XXS: 86, GGMLType.IQ2_XS: 86, GGMLType.IQ2_S: 86, GGMLType.IQ3_XXS: 124, GGMLType.IQ3_S: 30,
     GGMLType.IQ1_S: 18, GGMLType.IQ1_M: 18, GGMLType.TQ1_0: 2, GGMLType.TQ2_0: 3,
+    # kernels/qwide.py: Q1_0's +-1 + 1, Q2_0's codes, NVFP4's MXFP4 codes + 12
+    GGMLType.Q1_0: 2, GGMLType.Q2_0: 3, GGMLType.NVFP4: 24,
 }
 I16_SAFE = 32767  # the largest i16 partial sum the "avx2" flavour lets a lane reach
 _override: str | None = None  # set_flavour's; never read from the environment

@@ -52,7 +52,8 @@ def _mul_mat_id_cases() -> list[OpCase]:
     cases = []
     for t in (F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.MXFP4, GGMLType.IQ4_NL, GGMLType.Q4_K,
               GGMLType.Q6_K, GGMLType.IQ4_XS, GGMLType.IQ3_S, GGMLType.IQ3_XXS, GGMLType.IQ2_S, GGMLType.IQ2_XS,
-              GGMLType.IQ2_XXS, GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.TQ2_0, GGMLType.TQ1_0):
+              GGMLType.IQ2_XXS, GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.TQ2_0, GGMLType.TQ1_0,
+              GGMLType.Q2_0, GGMLType.Q1_0, GGMLType.NVFP4):
         k = max(block_size(t), 64)
         for n_b, n_tok in ((1, 1), (1, 5), (2, 3)):
             cases.append(OpCase((SrcSpec(t, (k, 6, 4, 1)), SrcSpec(F32, (k, n_b, n_tok, 1)),

@@ -40,7 +40,8 @@ def _get_rows_cases() -> list[OpCase]:
     cases = []
     for t in (F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.MXFP4, GGMLType.IQ4_NL, GGMLType.Q4_K,
               GGMLType.Q6_K, GGMLType.IQ4_XS, GGMLType.IQ3_S, GGMLType.IQ3_XXS, GGMLType.IQ2_S, GGMLType.IQ2_XS,
-              GGMLType.IQ2_XXS, GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.TQ2_0, GGMLType.TQ1_0):
+              GGMLType.IQ2_XXS, GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.TQ2_0, GGMLType.TQ1_0,
+              GGMLType.Q2_0, GGMLType.Q1_0, GGMLType.NVFP4):
         k = max(block_size(t), 32)
         cases.append(OpCase((SrcSpec(t, (k, 10, 1, 1)), SrcSpec(GGMLType.I32, (4,), fill="rows:10")),
                             label=t.name))

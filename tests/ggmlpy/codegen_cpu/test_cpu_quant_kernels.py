@@ -38,12 +38,14 @@ MINIMUMS = (G.Q4_1, G.Q5_1)   # d * q + m: the activations' sums meet the minimu
 # the grid I-quants and ternary types (kernels/qgrid.py); random valid blocks where no quantiser exists
 GRID = (G.IQ3_S, G.IQ3_XXS, G.IQ2_S, G.IQ2_XS, G.IQ2_XXS, G.IQ1_S, G.IQ1_M, G.TQ2_0, G.TQ1_0)
 KQUANTS = (G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K, G.IQ4_XS) + GRID   # super-blocks of 256
+WIDE = (G.Q2_0, G.NVFP4, G.Q1_0)   # blocks of 64 and 128 against activations in 32s (kernels/qwide.py)
 GGML_BAR = 5e-4     # test-backend-ops' bar for quantised mul_mat
 EXACT_BAR = 1e-9    # f32 rounding only
 
 # (K, M weight rows, N tokens): odd row counts, 1/7/32/300 tokens, odd block counts, K to 2048
 SHAPES_32 = [(64, 5, 1), (96, 7, 5), (576, 13, 7), (1024, 33, 32), (2048, 9, 13), (640, 3, 2), (160, 17, 48)]
 SHAPES_K = [(256, 5, 1), (768, 13, 7), (1024, 33, 32), (2048, 9, 13), (512, 3, 2), (256, 18, 40)]
+SHAPES_WIDE = [(128, 5, 1), (384, 7, 5), (640, 13, 7), (1024, 33, 32), (2048, 9, 13), (256, 17, 48)]
 
 
 def _flavours() -> list[str]:
@@ -136,12 +138,20 @@ def test_kquant_mul_mat(flavour, ref, t, shape):
     assert vs_model <= EXACT_BAR
 
 
-@pytest.mark.parametrize("t", BLOCK32 + KQUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", WIDE, ids=lambda t: t.name)
+@pytest.mark.parametrize("flavour,shape", _sweep(SHAPES_WIDE), indirect=["flavour"], ids=str)
+def test_wide_block_mul_mat(flavour, ref, t, shape):
+    vs_ref, vs_model = _check(t, *shape, CpuBackend(n_threads=2), ref)
+    assert vs_ref <= GGML_BAR
+    assert vs_model <= EXACT_BAR
+
+
+@pytest.mark.parametrize("t", BLOCK32 + KQUANTS + WIDE, ids=lambda t: t.name)
 @pytest.mark.parametrize("n", [1, 7, 512])
 def test_quantised_products_run_on_the_cpu(t, n):
     """supports() says yes for every quantised weight type with a kernel, so the scheduler
     gives its products to the CPU backend rather than the numpy reference."""
-    k = 256 if t in KQUANTS else 64
+    k = 256 if t in KQUANTS + WIDE else 64
     graph, _ = build_case_graph("mul_mat", _case(t, k, 9, n))
     assert all(CpuBackend(n_threads=1).supports_op(node) for node in graph.nodes)
 
@@ -228,9 +238,9 @@ def test_host_flavour_uses_vnni_where_present():
 
 
 # get_rows ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("t", BLOCK32 + KQUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", BLOCK32 + KQUANTS + WIDE, ids=lambda t: t.name)
 def test_get_rows_quantised_tables(ref, t):
-    k = 512 if t in KQUANTS else 96
+    k = 512 if t in KQUANTS + WIDE else 96
     case = OpCase((SrcSpec(t, (k, 13, 1, 1)), SrcSpec(G.I32, (9,), fill="rows:13")), label=t.name)
     cpu = CpuBackend(n_threads=2)
     graph, _ = build_case_graph("get_rows", case)
@@ -257,7 +267,9 @@ GUARD_SCRIPT = textwrap.dedent("""
                               ("Q4_K", 256, 1, "get_rows"), ("Q5_0", 96, 3, "get_rows"),
                               ("MXFP4", 96, 3, "mul_mat"), ("MXFP4", 96, 3, "get_rows"),
                               ("IQ1_S", 256, 2, "mul_mat"), ("IQ3_XXS", 256, 1, "get_rows"),
-                              ("IQ2_XXS", 256, 3, "mul_mat"), ("TQ1_0", 256, 2, "mul_mat")]:
+                              ("IQ2_XXS", 256, 3, "mul_mat"), ("TQ1_0", 256, 2, "mul_mat"),
+                              ("NVFP4", 128, 3, "mul_mat"), ("Q1_0", 128, 2, "mul_mat"),
+                              ("Q2_0", 192, 3, "get_rows"), ("Q1_0", 256, 1, "get_rows")]:
         t = GGMLType[name]
         if op == "mul_mat":
             case = OpCase((SrcSpec(t, (k, rows, 1, 1)), SrcSpec(GGMLType.F32, (k, 5, 1, 1))))
@@ -282,7 +294,7 @@ def test_weights_ending_at_a_guard_page():
     load past the last block would kill the process."""
     proc = subprocess.run([sys.executable, "-c", GUARD_SCRIPT], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count(" ok") == 14
+    assert proc.stdout.count(" ok") == 18
 
 
 # float products of attention ---------------------------------------------------------------
