@@ -168,26 +168,24 @@ def test_get_rows_is_dequantize_bit_for_bit(t):
     assert np.array_equal(ours.reshape(rows, K), expected)
 
 
-@pytest.fixture
-def flavour(request):
-    qvec.set_flavour(request.param)
-    yield request.param
-    qvec.set_flavour(None)
-
-
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("flavour", _flavours(), indirect=True)
 @pytest.mark.parametrize("n", [1, 5, 40])
 def test_mul_mat_on_every_index(flavour, t, n):
     """Decode (one token), the direct tiles and qgemm's repacked groups (32 tokens and more)."""
-    data = _blocks(t).reshape(-1, K // 256 * type_size(t))
-    rows = len(data)
-    case = OpCase((SrcSpec(t, (K, rows, 1, 1)), SrcSpec(G.F32, (K, n, 1, 1))))
-    x = np.random.default_rng(n).standard_normal((1, 1, n, K)).astype(np.float32)
+    check_mul_mat(t, _blocks(t).reshape(-1, K // 256 * type_size(t)), n)
+
+
+def check_mul_mat(t: GGMLType, data: np.ndarray, n: int) -> None:
+    """The rows of blocks `data` (rows of K values) against n random tokens on the CPU backend
+    meet both of test_cpu_quant_kernels.py's oracles."""
+    rows, k = len(data), len(data[0]) // type_size(t) * block_size(t)
+    case = OpCase((SrcSpec(t, (k, rows, 1, 1)), SrcSpec(G.F32, (k, n, 1, 1))))
+    x = np.random.default_rng(n).standard_normal((1, 1, n, k)).astype(np.float32)
     inputs = {"src0": data.reshape(1, 1, rows, -1), "src1": x}
     ours, _ = run_case("mul_mat", case, CpuBackend(n_threads=2), inputs=inputs)
     expected, _ = run_case("mul_mat", case, RefBackend(), inputs=inputs)
-    weights = dequantize(data, t, (K, rows))
+    weights = dequantize(data, t, (k, rows))
     assert normalized_error(ours, expected) <= GGML_BAR
     assert normalized_error(ours[0, 0], _kernel_model(t, data, weights, x[0, 0])) <= EXACT_BAR
 

@@ -71,13 +71,6 @@ def _sweep(shapes: list[tuple[int, int, int]]) -> list[tuple[str, tuple[int, int
     return out
 
 
-@pytest.fixture
-def flavour(request):
-    qvec.set_flavour(request.param)
-    yield request.param
-    qvec.set_flavour(None)
-
-
 @pytest.fixture(scope="module")
 def ref():
     return RefBackend()
@@ -122,25 +115,15 @@ def _check(t: GGMLType, k: int, m: int, n: int, cpu, ref, seed: int = 0) -> tupl
     return normalized_error(ours, expected), normalized_error(ours[0, 0], model)
 
 
-@pytest.mark.parametrize("t", BLOCK32, ids=lambda t: t.name)
-@pytest.mark.parametrize("flavour,shape", _sweep(SHAPES_32), indirect=["flavour"], ids=str)
-def test_block32_mul_mat(flavour, ref, t, shape):
-    vs_ref, vs_model = _check(t, *shape, CpuBackend(n_threads=2), ref)
-    assert vs_ref <= GGML_BAR
-    assert vs_model <= EXACT_BAR
+def _mul_mat_cases() -> list:
+    """(type, flavour, shape): each family's types over its shapes (_sweep)."""
+    return [pytest.param(t, f, shape, id=f"{t.name}-{f}-{shape}")
+            for types, shapes in ((BLOCK32, SHAPES_32), (KQUANTS, SHAPES_K), (WIDE, SHAPES_WIDE))
+            for t in types for f, shape in _sweep(shapes)]
 
 
-@pytest.mark.parametrize("t", KQUANTS, ids=lambda t: t.name)
-@pytest.mark.parametrize("flavour,shape", _sweep(SHAPES_K), indirect=["flavour"], ids=str)
-def test_kquant_mul_mat(flavour, ref, t, shape):
-    vs_ref, vs_model = _check(t, *shape, CpuBackend(n_threads=2), ref)
-    assert vs_ref <= GGML_BAR
-    assert vs_model <= EXACT_BAR
-
-
-@pytest.mark.parametrize("t", WIDE, ids=lambda t: t.name)
-@pytest.mark.parametrize("flavour,shape", _sweep(SHAPES_WIDE), indirect=["flavour"], ids=str)
-def test_wide_block_mul_mat(flavour, ref, t, shape):
+@pytest.mark.parametrize("t,flavour,shape", _mul_mat_cases(), indirect=["flavour"])
+def test_mul_mat(flavour, ref, t, shape):
     vs_ref, vs_model = _check(t, *shape, CpuBackend(n_threads=2), ref)
     assert vs_ref <= GGML_BAR
     assert vs_model <= EXACT_BAR

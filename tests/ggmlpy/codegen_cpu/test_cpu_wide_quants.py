@@ -18,10 +18,10 @@ from ggmlpy.codegen_cpu.kernels.qwide import WIDE_KINDS
 from ggmlpy.ir.ops import OpCase, SrcSpec
 from ggmlpy.ir.types import GGMLType, block_size, type_size
 from ggmlpy.quants import block_dtype, dequantize
-from ggmlpy.sched.ref_backend import RefBackend
-from ggmlpy.testing.ops import normalized_error, random_blocks, run_case
+from ggmlpy.testing.ops import random_blocks, run_case
 
-from .test_cpu_quant_kernels import EXACT_BAR, GGML_BAR, WIDE, _flavours, _kernel_model
+from .test_cpu_grid_quants import check_mul_mat
+from .test_cpu_quant_kernels import WIDE, _flavours
 
 G = GGMLType
 K = 256          # two to four blocks a row
@@ -64,27 +64,12 @@ def test_get_rows_is_dequantize_bit_for_bit(t):
     assert np.array_equal(ours.reshape(ROWS, K).view(np.uint32), expected.view(np.uint32))
 
 
-@pytest.fixture
-def flavour(request):
-    qvec.set_flavour(request.param)
-    yield request.param
-    qvec.set_flavour(None)
-
-
 @pytest.mark.parametrize("t", WIDE, ids=lambda t: t.name)
 @pytest.mark.parametrize("flavour", _flavours(), indirect=True)
 @pytest.mark.parametrize("n", [1, 5, 40])
 def test_mul_mat_on_every_byte(flavour, t, n):
     """Decode (one token) and the direct tiles (these types have no repacked path)."""
-    data = _blocks(t)
-    case = OpCase((SrcSpec(t, (K, ROWS, 1, 1)), SrcSpec(G.F32, (K, n, 1, 1))))
-    x = np.random.default_rng(n).standard_normal((1, 1, n, K)).astype(np.float32)
-    inputs = {"src0": data.reshape(1, 1, ROWS, -1), "src1": x}
-    ours, _ = run_case("mul_mat", case, CpuBackend(n_threads=2), inputs=inputs)
-    expected, _ = run_case("mul_mat", case, RefBackend(), inputs=inputs)
-    weights = dequantize(data, t, (K, ROWS))
-    assert normalized_error(ours, expected) <= GGML_BAR
-    assert normalized_error(ours[0, 0], _kernel_model(t, data, weights, x[0, 0])) <= EXACT_BAR
+    check_mul_mat(t, _blocks(t), n)
 
 
 @pytest.mark.parametrize("t", WIDE, ids=lambda t: t.name)
