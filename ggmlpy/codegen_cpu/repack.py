@@ -23,6 +23,11 @@ values) of the group's 16 rows, 64-byte aligned:
          vector's last 32 bytes zero (the kernels build the f32 scale: kernels/qcodes.py).
     m    Q4_1/Q5_1 only: the minimums, laid out as d.
 
+Q1_0 (blocks of 128 sign bits and one d) keeps its bits as masks: 2 vectors of qs, vector h's
+64-bit word c holding values 4c..4c+3 of block h (32 values) of the 16 rows, bit 4r + i for
+value 4c + i of row r, so one word is the mask of one dot (kernels/qrepacked.py); then d,
+laid out as the 32-block types' (the block's d for both halves of each of its two steps).
+
 Which of these a 32-block type has follows from its GGUF block's fields (`high_bits`,
 `minimums`, `exponents`: a `qh` word, an `m` half, an `e` byte), so a type's facts are its
 block layout (ggmlpy/quants/layouts.py) plus its STEP_BYTES entry.
@@ -50,14 +55,14 @@ import numpy as np
 from ggmlpy.codegen_cpu import repack_bits, repack_native
 from ggmlpy.codegen_cpu.repack_superblocks import CODE_VALUES, GROUP, moved as _moved, repack_superblock_groups
 from ggmlpy.ir.tensor import Flag, Tensor
-from ggmlpy.ir.types import GGMLType, type_size
+from ggmlpy.ir.types import GGMLType, block_size, type_size
 from ggmlpy.quants import block_dtype
 
 ALIGN = 64   # bytes; the repacked buffers start on a cache line
 
 
 def _qs_bytes(t: GGMLType) -> int:
-    return 16 * 64 if t == GGMLType.Q8_0 else 8 * 64
+    return {GGMLType.Q8_0: 16 * 64, GGMLType.Q1_0: 2 * 64}.get(t, 8 * 64)
 
 
 STEP_BYTES = {  # bytes per step of a group (16 rows x 64 values; K-quants: 256 values)
@@ -68,6 +73,7 @@ STEP_BYTES = {  # bytes per step of a group (16 rows x 64 values; K-quants: 256 
     GGMLType.Q8_0: 16 * 64 + 64,
     GGMLType.MXFP4: 8 * 64 + 64,
     GGMLType.IQ4_NL: 8 * 64 + 64,
+    GGMLType.Q1_0: 2 * 64 + 64,
     GGMLType.Q2_K: 16 * 64 + 4 * 64 + 64,
     GGMLType.Q3_K: 24 * 64 + 4 * 64 + 64,
     GGMLType.Q4_K: 32 * 64 + 4 * 64 + 64,
@@ -84,8 +90,15 @@ STEP_BYTES = {  # bytes per step of a group (16 rows x 64 values; K-quants: 256 
 KQUANTS = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_XS,
            GGMLType.IQ3_S, GGMLType.IQ3_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S)
 
+
 def step_elems(t: GGMLType) -> int:
     return 256 if t in KQUANTS else 64
+
+
+def unit_elems(t: GGMLType) -> int:
+    """The values of a GGUF block a repacked row must come in whole: a super-block, Q1_0's
+    block of 128, else a block of 32."""
+    return 256 if t in KQUANTS else max(32, block_size(t))
 
 
 def field_at(t: GGMLType, name: str) -> int | None:
@@ -143,8 +156,7 @@ def _own_layout_allowed(t: Tensor) -> bool:
     """A whole weight, not flagged FILE_LAYOUT, of a type with a repacked layout, its rows
     whole steps."""
     return (t.view_src is None and t.flags & (Flag.WEIGHT | Flag.FILE_LAYOUT) == Flag.WEIGHT
-            and t.type in STEP_BYTES and isinstance(t.ne[0], int)
-            and t.ne[0] % (256 if t.type in KQUANTS else 32) == 0)
+            and t.type in STEP_BYTES and isinstance(t.ne[0], int) and t.ne[0] % unit_elems(t.type) == 0)
 
 
 def repacked_rows(t: Tensor) -> int:
@@ -275,7 +287,7 @@ def repack_jobs(raw: np.ndarray, t: GGMLType, k: int, m: int,
     the tests' comparison)."""
     if t not in STEP_BYTES:
         raise ValueError(f"no repacked layout for {t.name}")
-    per_block = 256 if t in KQUANTS else 32
+    per_block = unit_elems(t)
     if k % per_block or m % GROUP:
         raise ValueError(f"a {t.name} weight of {m} x {k} does not come in whole groups of {GROUP} rows")
     row_bytes = k // per_block * type_size(t)
@@ -313,6 +325,8 @@ def repack_jobs(raw: np.ndarray, t: GGMLType, k: int, m: int,
 def _repack_groups(rows: np.ndarray, t: GGMLType, k: int) -> np.ndarray:
     if t in KQUANTS:
         return repack_superblock_groups(rows, t, k)
+    if t == GGMLType.Q1_0:
+        return _q1_groups(rows, k)
     blocks = _blocks(rows, t, k, rows.shape[0])
     g, s = blocks.shape[0], blocks.shape[2]
     parts: list[np.ndarray] = []
@@ -339,7 +353,7 @@ def native_table(t: GGMLType, k: int) -> repack_native.GroupTable | None:
     left to numpy (the quants' lanes are 4 source bytes each: twice the bytes a step of the
     loop), else half-words; either way Q5_0's and Q5_1's high-bit vectors are numpy's. None for the
     K-quants (bit fields: `kquant_table`)."""
-    if t in KQUANTS or t not in STEP_BYTES or k % 32:
+    if t in KQUANTS or t not in STEP_BYTES or k % 32 or t == GGMLType.Q1_0:   # Q1_0: bit moves
         return None
     row_bytes = k // 32 * type_size(t)
     for unit in (4, 2):
@@ -396,6 +410,29 @@ def _computed(t: GGMLType, unit: int) -> list[tuple[int, int, Callable[[np.ndarr
             at_m = field_at(t, "m")
             out.append((m_offset(t), m_offset(t) + 64, lambda blocks: _scales(blocks, at_m)))
     return out
+
+
+def _q1_groups(rows: np.ndarray, k: int, per: int = 16) -> np.ndarray:
+    """Q1_0's layout (module docstring) of whole groups of rows, [g, steps, STEP_BYTES], `per`
+    groups at a time (the bits unpacked to bytes take 8x the source's memory)."""
+    g = rows.shape[0] // GROUP
+    out = np.empty((g, k // 64, STEP_BYTES[GGMLType.Q1_0]), np.uint8)
+    for g0 in range(0, g, per):
+        out[g0:g0 + per] = _q1_some_groups(rows[g0 * GROUP:(g0 + per) * GROUP], k)
+    return out
+
+
+def _q1_some_groups(rows: np.ndarray, k: int) -> np.ndarray:
+    """The sign bits regrouped so that word c of vector h holds values 32h + 4c .. + 3 of the
+    16 rows, four bits a row, and each block's d repeated for its two steps' blocks."""
+    g, s = rows.shape[0] // GROUP, k // 64
+    blocks = rows.reshape(g, GROUP, k // 128, type_size(GGMLType.Q1_0))
+    bits = np.unpackbits(blocks[..., 2:], axis=-1, bitorder="little")       # [g, r, block, 128]
+    bits = bits.reshape(g, GROUP, s, 2, 8, 4).transpose(0, 2, 3, 4, 1, 5)    # [g, s, h, c, r, i]
+    qs = np.packbits(bits.reshape(g, s, 2 * 8 * 64), axis=-1, bitorder="little")
+    d = np.ascontiguousarray(blocks[..., :2]).view(np.uint16)[..., 0]        # [g, r, block]
+    d = np.repeat(d, 4, axis=2).reshape(g, GROUP, s, 2).transpose(0, 2, 3, 1)  # [g, s, h, r]
+    return np.concatenate([qs, np.ascontiguousarray(d).view(np.uint8).reshape(g, s, 64)], axis=2)
 
 
 def _q5_planes(blocks: np.ndarray, at: int) -> np.ndarray:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from ggmlpy.codegen_cpu import repack
-from ggmlpy.codegen_cpu.irgen import F32, I8, I32, KernelBuilder, f32, i64
+from ggmlpy.codegen_cpu.irgen import F32, I8, I32, I64, KernelBuilder, f32, i64
 from ggmlpy.codegen_cpu.kernels.qdot import KINDS, Block32, KQuant
 from ggmlpy.codegen_cpu.kernels.qcodes import CODE_BOOKS, e8m0_half, lookup
 from ggmlpy.codegen_cpu.kernels.qwide import WideBlock
@@ -119,6 +119,11 @@ def dequant_repacked_row(kb: KernelBuilder, t: GGMLType, table: ir.Value, row: i
         if t == GGMLType.Q8_0:
             u = _u8_to_f32(b, _concat_all(b, [lane_bytes(0, 8, c) for c in range(8)]))
             v = b.fmul(b.fsub(u, splat(b, f32(128.0), 32)), d)
+        elif t == GGMLType.Q1_0:   # bits 4r.. of the 8 words of vector h: +d where set, -d where clear
+            words = load_vec(b, kb.byte_ptr(step, b.mul(h, i64(64))), I64, 8)
+            nibbles = b.trunc(b.lshr(words, splat(b, lane, 8)), vec(ir.IntType(4), 8))
+            bits = b.bitcast(b.bitcast(nibbles, I32), vec(ir.IntType(1), 32))
+            v = b.fmul(b.select(bits, splat(b, f32(1.0), 32), splat(b, f32(-1.0), 32)), d)
         else:
             packed = _concat_all(b, [lane_bytes(0, 4, c) for c in range(4)])   # qs bytes 0..15
             q = concat(b, b.and_(packed, splat(b, ir.Constant(I8, 15), 16)),

@@ -1,4 +1,4 @@
-"""Matrix products on repacked weights (repack.py): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, IQ4_NL,
+"""Matrix products on repacked weights (repack.py): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, IQ4_NL, Q1_0,
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, and as codes IQ3_S, IQ3_XXS, IQ2_XS, IQ2_S, any number of tokens.
 
 The 16 lanes of a dot are the 16 rows of a group; a token's 4 activation bytes are
@@ -236,6 +236,10 @@ class RepackedMatmul:
         kb, b = self.kb, self.kb.b
         if self.t == GGMLType.Q8_0:
             return [(load_vec(b, kb.byte_ptr(wp, i64(V * (8 * h + c))), I8, 64), 4 * c) for c in range(8)]
+        if self.t == GGMLType.Q1_0:   # word c: the sign bits of values 4c.. of the 16 rows, 2 or 0 (+-1 + 1)
+            masks = [b.bitcast(b.load(kb.byte_ptr(wp, i64(V * h + 8 * c)), typ=ir.IntType(64), align=8),
+                               vec(ir.IntType(1), 64)) for c in range(8)]
+            return [(b.select(mask, splat_const(I8, 2, 64), zeros(I8, 64)), 4 * c) for c, mask in enumerate(masks)]
         low = splat_const(I8, 15, 64)
         qh = None
         if repack.high_bits(self.t):

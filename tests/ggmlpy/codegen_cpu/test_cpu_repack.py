@@ -41,6 +41,8 @@ IQ3XXS_LEVELS = (4, 12, 20, 28, 36, 44, 52, 62)   # and of its iq3xxs_grid's
 SHAPES = [(64, 16, 1), (64, 32, 2), (96, 16, 3), (96, 32, 5), (576, 48, 7), (1536, 32, 13), (160, 16, 48), (576, 64, 300)]
 KTYPES = (G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K, G.IQ4_XS, G.IQ3_S, G.IQ3_XXS, G.IQ2_XS, G.IQ2_S)
 BIT_MOVED = tuple(t for t in KTYPES if t not in superblocks.CODE_VALUES)   # repacked by repack_bits' tables
+SIGN_BITS = (G.Q1_0,)   # blocks of 128 sign bits, kept as the dots' masks
+BIT_SHAPES = [(128, 16, 1), (256, 32, 2), (384, 16, 3), (1536, 32, 13), (256, 16, 48), (640, 64, 300)]
 KSHAPES = [(256, 16, 1), (256, 32, 4), (512, 16, 3), (512, 32, 7), (1024, 48, 40), (2048, 16, 13), (768, 64, 300)]
 
 
@@ -68,6 +70,11 @@ def _unpack(packed: np.ndarray, t: GGMLType, k: int, m: int) -> np.ndarray:
                         d = _f16(step[repack.d_offset(t) + 2 * (16 * h + r):][:2])[0]
                     vals = np.zeros(32, np.float32)
                     for j in range(32):
+                        if t == G.Q1_0:   # bit 4r + i of word c of vector h: value 4c + i, +d or -d
+                            c, i = divmod(j, 4)
+                            word = int(step[64 * h + 8 * c:64 * h + 8 * c + 8].view("<u8")[0])
+                            vals[j] = d if (word >> (4 * r + i)) & 1 else -d
+                            continue
                         if t == G.Q8_0:
                             c, i = divmod(j, 4)
                             byte = step[64 * (8 * h + c) + 4 * r + i]
@@ -179,8 +186,8 @@ def test_kquant_layout_reads_back_exactly(t, k, m):
     np.testing.assert_array_equal(_unpack_kquant(packed, t, k, m), expected)
 
 
-@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("k,m", [(64, 16), (96, 32), (160, 16)])
+@pytest.mark.parametrize("t,k,m", [(t, k, m) for t in TYPES for k, m in [(64, 16), (96, 32), (160, 16)]]
+                         + [(G.Q1_0, 128, 16), (G.Q1_0, 384, 32)], ids=str)
 def test_layout_reads_back_exactly(t, k, m):
     case = OpCase((SrcSpec(t, (k, m, 1, 1)),))
     raw = make_inputs(case, np.random.default_rng(3))["src0"]
@@ -223,6 +230,12 @@ def test_kquant_mul_mat_on_repacked_weights(t, k, m, n):
     test_mul_mat_on_repacked_weights(t, k, m, n)
 
 
+@pytest.mark.parametrize("t", SIGN_BITS, ids=lambda t: t.name)
+@pytest.mark.parametrize("k,m,n", BIT_SHAPES, ids=str)
+def test_sign_bits_mul_mat_on_repacked_weights(t, k, m, n):
+    test_mul_mat_on_repacked_weights(t, k, m, n)
+
+
 @pytest.mark.parametrize("t", [G.Q4_1, G.Q5_0, G.Q5_1, G.Q3_K, G.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("n", [1, 7, 40])
 def test_result_independent_of_threads(t, n):
@@ -233,11 +246,12 @@ def test_result_independent_of_threads(t, n):
     np.testing.assert_array_equal(results[0], results[2])
 
 
-@pytest.mark.parametrize("t", [G.Q4_1, G.Q5_1, G.Q8_0, G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [G.Q4_1, G.Q5_1, G.Q8_0, G.Q1_0, G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K],
+                         ids=lambda t: t.name)
 def test_batched_tokens_equal_each_token_alone(t):
     """Batched decode: a token's result does not depend on the tile it falls in (tiles of
     4, 2 and 1 tokens), bit for bit."""
-    k = 512 if t in KTYPES else 576
+    k = 512 if t in KTYPES + SIGN_BITS else 576
     full = _weight_case(t, k, 48, 13)
     inputs = make_inputs(full, np.random.default_rng(3))
     backend = CpuBackend(n_threads=2)
@@ -354,9 +368,9 @@ def _mapping_rss_kib(path: str, span: tuple[int, int]) -> int:
     return total
 
 
-@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", TYPES + SIGN_BITS, ids=lambda t: t.name)
 def test_get_rows_from_repacked_table(t):
-    k, m = 160, 48   # an odd number of blocks
+    k, m = (384 if t in SIGN_BITS else 160), 48   # an odd number of blocks (of 32; Q1_0: of 128)
     case = OpCase((SrcSpec(t, (k, m, 1, 1), weight=True), SrcSpec(G.I32, (6,), fill="rows:48")))
     inputs = make_inputs(case, np.random.default_rng(6))
     inputs["src1"] = np.array([0, 15, 16, 47, 31, 15], np.int32)
@@ -431,7 +445,7 @@ def test_one_token_tiles_prefetch_without_vnni():
         assert far == {**dict.fromkeys(flavours, 0), "avx2": 3 * per_loop if t == G.Q8_0 else 0}, (t.name, far)
 
 
-@pytest.mark.parametrize("t", TYPES + KTYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", TYPES + SIGN_BITS + KTYPES, ids=lambda t: t.name)
 def test_every_dot_flavour_gives_the_same_bits(t):
     """The dot flavours the host can run (vpdpbusd; AVX2's vpmaddubsw with i16 partial sums,
     Q8_0's sign trick; plain IR) differ only in how exact integer sums are formed, so
@@ -442,7 +456,7 @@ def test_every_dot_flavour_gives_the_same_bits(t):
 
     from ggmlpy.testing.ops import encode
 
-    k = 512 if t in KTYPES else 576
+    k = 512 if t in KTYPES + SIGN_BITS else 576
     for n, extreme in ((1, False), (5, False), (48, False), (1, True), (5, True)):
         case = _weight_case(t, k, 32, n)
         inputs = make_inputs(case, np.random.default_rng(n))

@@ -68,7 +68,8 @@ def test_get_rows_is_dequantize_bit_for_bit(t):
 @pytest.mark.parametrize("flavour", _flavours(), indirect=True)
 @pytest.mark.parametrize("n", [1, 5, 40])
 def test_mul_mat_on_every_byte(flavour, t, n):
-    """Decode (one token) and the direct tiles (these types have no repacked path)."""
+    """Decode (one token) and the direct tiles (the operand is no model weight, so Q1_0's is
+    not repacked either: test_cpu_repack.py has its repacked path)."""
     check_mul_mat(t, _blocks(t), n)
 
 
