@@ -18,7 +18,7 @@ block of 32, 8-15 the second) as the 32-blocks' is; the weights are unsigned byt
   per lane (qact.py's "_sum4" format).
 
 Model weights of Q1_0 are repacked (repack.py: its bits as the 16 rows' dot masks, and
-kernels/qrepacked.py), which streams 1.4x the file's bytes at several times the rate: the
+kernels/qrepacked.py), which streams 1.33x the file's bytes at several times the rate: the
 direct tiles spend a conversion and two multiplies per 64 values and row, 9 bytes of them.
 Q2_0 and NVFP4 are not, and have no qgemm path: their prompts take the direct tiles.
 """
